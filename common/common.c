@@ -1,0 +1,199 @@
+/* common.c - status names, per-thread error messages, checked allocation, file reading,
+ * clock and half-precision conversions. */
+#include "common.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char error_message[1024];
+
+const char *pl_status_str(Status s) {
+    switch (s) {
+        case PL_OK: return "ok";
+        case PL_ERR_INVALID: return "invalid argument";
+        case PL_ERR_FORMAT: return "malformed file";
+        case PL_ERR_IO: return "I/O error";
+        case PL_ERR_UNSUPPORTED: return "unsupported";
+        case PL_ERR_NOMEM: return "out of memory";
+        case PL_ERR_QUEUE_FULL: return "queue full";
+        case PL_ERR_NOT_FOUND: return "not found";
+    }
+    return "unknown status";
+}
+
+Status pl_error_set(Status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(error_message, sizeof error_message, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *pl_error(void) {
+    return error_message;
+}
+
+_Noreturn void pl_fatal(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "pagellm: fatal: %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
+
+void *pl_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        pl_fatal(__FILE__, __LINE__, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *pl_xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p)
+        pl_fatal(__FILE__, __LINE__, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *pl_xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q)
+        pl_fatal(__FILE__, __LINE__, "out of memory reallocating %zu bytes", n);
+    return q;
+}
+
+char *pl_xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(pl_xmalloc(n), s, n);
+}
+
+Status pl_read_file(const char *path, char **data, size_t *len) {
+    *data = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return pl_error_set(PL_ERR_IO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = pl_xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap)
+            buf = pl_xrealloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return pl_error_set(PL_ERR_IO, "%s: read error", path);
+    }
+    buf[n] = '\0';
+    *data = buf;
+    if (len)
+        *len = n;
+    return PL_OK;
+}
+
+double pl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+size_t pl_dtype_size(DType t) {
+    switch (t) {
+        case DT_F32: return 4;
+        case DT_F16:
+        case DT_BF16: return 2;
+        case DT_OTHER: return 0;
+    }
+    return 0;
+}
+
+const char *pl_dtype_name(DType t) {
+    switch (t) {
+        case DT_F32: return "F32";
+        case DT_F16: return "F16";
+        case DT_BF16: return "BF16";
+        case DT_OTHER: return "other";
+    }
+    return "other";
+}
+
+float pl_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t pl_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a quiet NaN */
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+float pl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400u)) {
+                man <<= 1;
+                exp--;
+            }
+            u = sign | (exp << 23) | ((man & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t pl_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (((u >> 23) & 0xff) == 0xff) /* inf / NaN */
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t half = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1)))
+            half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)exp << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1)))
+        half++;
+    return (uint16_t)half;
+}

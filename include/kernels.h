@@ -1,0 +1,119 @@
+/* kernels.h - the compute ops every backend implements, behind one table of C functions.
+ *
+ * models/ calls only these ops, so the same forward pass runs on the CPU backend
+ * (kernels/cpu, plain C, fp32 math, also the reference every GPU kernel is tested against)
+ * and later on CUDA (kernels/cuda). Pointers are in the backend's memory; activations are
+ * fp32 on the CPU backend; weights may be fp32, fp16 or bf16 (converted on the fly).
+ *
+ * The KV cache is block-major (DESIGN.md 2): physical block b holds, contiguously, every
+ * layer's K and V for block_size tokens:
+ *     block[b] = layer[0..L) x {K, V} x token[0..block_size) x kv_head[0..Hkv) x dim[0..D)
+ * and token position p of a sequence lives in slot block_table[p / block_size] * block_size
+ * + p % block_size. Swapping or copying a block is one contiguous copy. */
+#ifndef PAGELLM_KERNELS_H
+#define PAGELLM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "sampling.h"
+
+/* A weight or activation in backend memory, row-major. 1-D tensors have ndim 1. */
+typedef struct {
+    void *data;
+    DType dtype;
+    int ndim;
+    int64_t shape[4];
+} Tensor;
+
+/* Shape of the paged KV pool (one tensor-parallel rank's heads). */
+typedef struct {
+    int num_layers;
+    int num_kv_heads;
+    int head_dim;
+    int block_size; /* tokens per block */
+    DType dtype;    /* element type stored in the cache (F32 on the CPU backend) */
+} KvLayout;
+
+/* Elements in one physical block, and in one layer's K (or V) half of it. */
+size_t k_kv_block_elems(const KvLayout *l);
+size_t k_kv_half_elems(const KvLayout *l);
+
+/* Attention metadata of one forward step over a batch of sequences. Tokens of sequence s
+ * occupy rows [query_start[s], query_start[s+1]); each token attends causally to positions
+ * 0..positions[t] of its sequence, all of which are in the cache once kv_write has run. */
+typedef struct {
+    int num_tokens;
+    const int32_t *positions;    /* [num_tokens] position of each token in its sequence */
+    const int64_t *slot_mapping; /* [num_tokens] cache slot to write, -1 = padding (skip) */
+    int num_seqs;
+    const int32_t *query_start;  /* [num_seqs + 1] row offsets of each sequence's tokens */
+    const int32_t *block_tables; /* [num_seqs, max_blocks_per_seq] physical block ids */
+    int max_blocks_per_seq;
+} AttnBatch;
+
+/* Rotary embedding frequencies, precomputed once per model (llama3 scaling folded in). */
+typedef struct {
+    int head_dim;
+    const float *inv_freq; /* [head_dim / 2], backend memory */
+} Rope;
+
+/* One sequence's sampling input: its parameters and token history (host memory). */
+typedef struct {
+    const SamplingParams *params;
+    const int32_t *prompt; /* [num_prompt] */
+    int num_prompt;
+    const int32_t *output; /* [num_output] tokens generated so far */
+    int num_output;
+} SampleRequest;
+
+typedef struct KernelOps {
+    const char *name; /* "cpu", "cuda" */
+
+    /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
+    void (*embedding)(float *out, const int32_t *ids, int n, const Tensor *table);
+
+    /* out[i] = x[i] / rms(x[i]) * w, rows of `dim`. */
+    void (*rmsnorm)(float *out, const float *x, const Tensor *w, int n, int dim, float eps);
+
+    /* residual += delta; out = rmsnorm(residual) (the pre-norm block boundary). */
+    void (*add_rmsnorm)(float *residual, const float *delta, float *out, const Tensor *w, int n,
+                        int dim, float eps);
+
+    /* out[n, N] = x[n, K] * w^T (+ bias), w of shape [N, K], bias [N] or NULL. */
+    void (*matmul)(float *out, const float *x, const Tensor *w, const Tensor *bias, int n);
+
+    /* HF rotate-half RoPE in place on q[n, nh, D] and k[n, nkv, D] at the given positions. */
+    void (*rope)(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
+                 const Rope *rope);
+
+    /* Store k, v [n, nkv, D] of `layer` into the cache slots (slot -1 skipped). */
+    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const float *k,
+                     const float *v, const int64_t *slot_mapping, int n);
+
+    /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
+     * Query head h reads KV head h / (nh / nkv). */
+    void (*attention)(float *out, const float *q, const void *kv_cache, const KvLayout *l,
+                      int layer, const AttnBatch *b, int nh, float scale);
+
+    /* out[i] = silu(gate[i]) * up[i] for a [n, dim] pair. */
+    void (*silu_mul)(float *out, const float *gate, const float *up, int n, int dim);
+
+    /* Pick the next token of each row of logits[n, vocab] (modified in place: penalties,
+     * temperature, filters). reqs[i] describes row i. */
+    void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
+} KernelOps;
+
+/* The CPU backend (always available). */
+const KernelOps *k_cpu_ops(void);
+
+/* Fill inv_freq[head_dim/2] for rope_theta with optional llama3 scaling
+ * (factor <= 0 means none). Host memory; shared by every backend. */
+void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
+                     float low_freq_factor, float high_freq_factor, int original_max_pos);
+
+/* Uniform float in [0, 1) that depends only on (seed, index): the per-request random stream. */
+float k_random_uniform(uint64_t seed, uint64_t index);
+
+#endif

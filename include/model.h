@@ -1,0 +1,77 @@
+/* model.h - model configuration (config.json), weights and the forward pass.
+ *
+ * A Model is a decoder-only transformer of the Llama family (LlamaForCausalLM,
+ * MistralForCausalLM, Qwen2ForCausalLM): its config, its weights (mmapped from safetensors,
+ * or random for load-format dummy) and its scratch buffers. model_forward runs one step of a
+ * batch over the paged KV cache through a backend's KernelOps. */
+#ifndef PAGELLM_MODEL_H
+#define PAGELLM_MODEL_H
+
+#include <stdint.h>
+
+#include "common.h"
+#include "kernels.h"
+
+#define MODEL_MAX_EOS 8
+
+typedef struct {
+    char architecture[64]; /* "LlamaForCausalLM", ... */
+    int hidden_size;
+    int intermediate_size;
+    int num_layers;
+    int num_heads;
+    int num_kv_heads;
+    int head_dim; /* config "head_dim", else hidden_size / num_heads */
+    int vocab_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    /* rope_scaling {rope_type: llama3}; factor 0 = no scaling */
+    float rope_llama3_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int rope_original_max_position;
+    int tie_word_embeddings;
+    int qkv_bias;      /* Qwen2, or attention_bias: q/k/v projections carry biases */
+    DType torch_dtype; /* dtype the checkpoint declares */
+    int bos_token_id;  /* -1 if none */
+    int eos_token_ids[MODEL_MAX_EOS]; /* from generation_config.json, else config.json */
+    int num_eos;
+} ModelConfig;
+
+/* Parse config.json text (`path` names it in errors) into cfg. */
+Status model_config_parse(const char *json_text, const char *path, ModelConfig *cfg);
+
+/* Read dir/config.json and, if present, dir/generation_config.json (its eos_token_id,
+ * an int or a list, overrides config.json's). */
+Status model_config_load(const char *dir, ModelConfig *cfg);
+
+typedef struct {
+    const char *dir;   /* Hugging Face model folder */
+    int load_dummy;    /* load-format dummy: random weights of the config's shape */
+    uint64_t seed;     /* for dummy weights */
+    int max_num_tokens; /* largest batch (tokens per forward) the scratch buffers hold */
+    const KernelOps *ops; /* backend; NULL = CPU */
+} ModelLoadOptions;
+
+typedef struct Model Model;
+
+/* Load config and weights. Errors name the file and tensor (missing, wrong shape or dtype,
+ * out-of-file data) and leave *out NULL. */
+Status model_load(const ModelLoadOptions *opt, Model **out);
+
+void model_destroy(Model *m);
+
+const ModelConfig *model_config(const Model *m);
+
+/* Geometry of a KV cache for this model with the given block size. */
+KvLayout model_kv_layout(const Model *m, int block_size);
+
+/* One forward step: token_ids[batch->num_tokens] at the batch's positions and slots, K/V
+ * written into `kv_cache` (layout from model_kv_layout), logits of the rows listed in
+ * logits_rows written to logits[num_logits, vocab]. num_tokens <= max_num_tokens. */
+void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, void *kv_cache,
+                   const KvLayout *kv_layout, const int32_t *logits_rows, int num_logits,
+                   float *logits);
+
+#endif
