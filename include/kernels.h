@@ -100,6 +100,9 @@ typedef struct KernelOps {
     /* out[i] = silu(gate[i]) * up[i] for a [n, dim] pair. */
     void (*silu_mul)(float *out, const float *gate, const float *up, int n, int dim);
 
+    /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
+    void (*gather_rows)(float *out, const float *in, const int32_t *rows, int n, int dim);
+
     /* Pick the next token of each row of logits[n, vocab] (modified in place: penalties,
      * temperature, filters). reqs[i] describes row i. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);

@@ -1,0 +1,114 @@
+/* logits.c - `pagellm logits`: the logits of every position of a prompt, written as raw
+ * little-endian float32 [tokens, vocab] for comparison against a reference implementation
+ * (tools/compare_logits.py runs it against Hugging Face transformers). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char help[] =
+    "usage: pagellm logits (--token-ids ID,ID,... | --prompt TEXT) --output FILE [flags]\n"
+    "\n"
+    "Runs one forward pass over the prompt and writes the logits of every position as\n"
+    "raw little-endian float32, shape [tokens, vocab], to FILE.\n"
+    "\n"
+    "  --token-ids LIST             comma-separated token ids (no BOS is added)\n"
+    "  --prompt TEXT                text, tokenized with the model's tokenizer (BOS added)\n"
+    "  --output FILE                where to write the logits\n";
+
+static int parse_ids(const char *s, int32_t **ids, int *n) {
+    int cap = 16, len = 0;
+    int32_t *v = pl_xmalloc((size_t)cap * sizeof *v);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "pagellm: --token-ids: '%s' is not a list of token ids\n", s);
+            free(v);
+            return 0;
+        }
+        if (len == cap)
+            v = pl_xrealloc(v, (size_t)(cap *= 2) * sizeof *v);
+        v[len++] = (int32_t)x;
+        p = *end ? end + 1 : end;
+    }
+    *ids = v;
+    *n = len;
+    return 1;
+}
+
+int cmd_logits(int argc, char **argv) {
+    EngineConfig cfg = eng_config_default();
+    cfg.model_dir = cli_default_model_dir();
+    const char *ids_arg = NULL, *prompt = NULL, *output = NULL;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_engine_flag(argc, argv, &i, &cfg);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s%s", help, cli_engine_flags_help);
+            return 0;
+        } else if (!strcmp(argv[i], "--token-ids")) {
+            if (!(ids_arg = cli_flag_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--prompt")) {
+            if (!(prompt = cli_flag_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--output")) {
+            if (!(output = cli_flag_value(argc, argv, &i)))
+                return 2;
+        } else {
+            fprintf(stderr, "pagellm logits: unknown flag '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!output || !!ids_arg == !!prompt) {
+        fprintf(stderr, "pagellm logits: give --output and one of --token-ids, --prompt\n");
+        return 2;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (ids_arg && !parse_ids(ids_arg, &ids, &n))
+        return 2;
+    Engine *e = cli_engine_create(&cfg);
+    if (!e) {
+        free(ids);
+        return 1;
+    }
+    int rc = 1;
+    float *logits = NULL;
+    if (prompt && tok_encode(eng_tokenizer(e), prompt, strlen(prompt), 1, &ids, &n) != PL_OK) {
+        fprintf(stderr, "pagellm: %s\n", pl_error());
+        goto done;
+    }
+    int vocab = eng_model_config(e)->vocab_size;
+    logits = pl_xmalloc((size_t)n * vocab * sizeof(float));
+    if (eng_prompt_logits(e, ids, n, logits) != PL_OK) {
+        fprintf(stderr, "pagellm: %s\n", pl_error());
+        goto done;
+    }
+    FILE *f = fopen(output, "wb");
+    if (!f || fwrite(logits, sizeof(float), (size_t)n * vocab, f) != (size_t)n * vocab) {
+        fprintf(stderr, "pagellm: %s: %s\n", output, strerror(errno));
+        if (f)
+            fclose(f);
+        goto done;
+    }
+    if (fclose(f) != 0) {
+        fprintf(stderr, "pagellm: %s: %s\n", output, strerror(errno));
+        goto done;
+    }
+    fprintf(stderr, "wrote %d x %d logits to %s\n", n, vocab, output);
+    rc = 0;
+done:
+    free(logits);
+    free(ids);
+    eng_destroy(e);
+    return rc;
+}

@@ -1,0 +1,160 @@
+/* llama.c - the Llama-family decoder (Llama 2/3, Mistral, Qwen2): load and forward pass.
+ *
+ * The forward pass is a fixed sequence of KernelOps calls over a packed batch (prefill
+ * chunks and decode tokens of many sequences together), with K/V written to and read from
+ * the paged, block-major cache. Scratch activations are allocated once at load for
+ * max_num_tokens rows; model_forward allocates nothing. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "safetensors.h"
+#include "weights.h"
+
+struct Model {
+    ModelConfig cfg;
+    const KernelOps *ops;
+    StCheckpoint *ckpt; /* NULL for dummy weights */
+    ModelWeights w;
+    float *inv_freq; /* [head_dim / 2] */
+    Rope rope;
+    int max_num_tokens;
+    /* scratch, rows = max_num_tokens */
+    float *residual; /* [T, H] */
+    float *normed;   /* [T, H] */
+    float *q;        /* [T, Hq * D] */
+    float *k, *v;    /* [T, Hkv * D] */
+    float *attn;     /* [T, Hq * D] */
+    float *proj;     /* [T, H]: attention-out, then MLP-down */
+    float *gate;     /* [T, I] */
+    float *up;       /* [T, I] */
+    float *picked;   /* [T, H]: normed rows whose logits are wanted */
+};
+
+static Status alloc_scratch(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    size_t t = (size_t)m->max_num_tokens;
+    size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    m->residual = pl_xmalloc(t * c->hidden_size * sizeof(float));
+    m->normed = pl_xmalloc(t * c->hidden_size * sizeof(float));
+    m->q = pl_xmalloc(t * qd * sizeof(float));
+    m->k = pl_xmalloc(t * kvd * sizeof(float));
+    m->v = pl_xmalloc(t * kvd * sizeof(float));
+    m->attn = pl_xmalloc(t * qd * sizeof(float));
+    m->proj = pl_xmalloc(t * c->hidden_size * sizeof(float));
+    m->gate = pl_xmalloc(t * c->intermediate_size * sizeof(float));
+    m->up = pl_xmalloc(t * c->intermediate_size * sizeof(float));
+    m->picked = pl_xmalloc(t * c->hidden_size * sizeof(float));
+    return PL_OK;
+}
+
+Status model_load(const ModelLoadOptions *opt, Model **out) {
+    *out = NULL;
+    if (opt->max_num_tokens <= 0)
+        return pl_error_set(PL_ERR_INVALID, "max_num_tokens must be positive");
+    Model *m = pl_xcalloc(1, sizeof *m);
+    m->ops = opt->ops ? opt->ops : k_cpu_ops();
+    m->max_num_tokens = opt->max_num_tokens;
+    Status st = model_config_load(opt->dir, &m->cfg);
+    if (st != PL_OK)
+        goto fail;
+    if (opt->load_dummy) {
+        st = weights_dummy(&m->cfg, opt->seed, &m->w);
+    } else {
+        st = st_open(opt->dir, &m->ckpt);
+        if (st == PL_OK)
+            st = weights_bind(&m->cfg, m->ckpt, &m->w);
+    }
+    if (st != PL_OK)
+        goto fail;
+    const ModelConfig *c = &m->cfg;
+    m->inv_freq = pl_xmalloc((size_t)(c->head_dim / 2) * sizeof(float));
+    k_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, c->rope_llama3_factor,
+                    c->rope_low_freq_factor, c->rope_high_freq_factor,
+                    c->rope_original_max_position);
+    m->rope = (Rope){.head_dim = c->head_dim, .inv_freq = m->inv_freq};
+    st = alloc_scratch(m);
+    if (st != PL_OK)
+        goto fail;
+    *out = m;
+    return PL_OK;
+fail:
+    model_destroy(m);
+    return st;
+}
+
+void model_destroy(Model *m) {
+    if (!m)
+        return;
+    weights_free(&m->w);
+    st_close(m->ckpt);
+    free(m->inv_freq);
+    free(m->residual);
+    free(m->normed);
+    free(m->q);
+    free(m->k);
+    free(m->v);
+    free(m->attn);
+    free(m->proj);
+    free(m->gate);
+    free(m->up);
+    free(m->picked);
+    free(m);
+}
+
+const ModelConfig *model_config(const Model *m) {
+    return &m->cfg;
+}
+
+KvLayout model_kv_layout(const Model *m, int block_size) {
+    return (KvLayout){.num_layers = m->cfg.num_layers,
+                      .num_kv_heads = m->cfg.num_kv_heads,
+                      .head_dim = m->cfg.head_dim,
+                      .block_size = block_size,
+                      .dtype = DT_F32};
+}
+
+static const Tensor *bias_or_null(const Tensor *b) {
+    return b->data ? b : NULL;
+}
+
+void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, void *kv_cache,
+                   const KvLayout *kv_layout, const int32_t *logits_rows, int num_logits,
+                   float *logits) {
+    const ModelConfig *c = &m->cfg;
+    const KernelOps *ops = m->ops;
+    const int n = batch->num_tokens, hidden = c->hidden_size;
+    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)c->head_dim);
+    PL_CHECK(n > 0 && n <= m->max_num_tokens);
+
+    ops->embedding(m->residual, token_ids, n, &m->w.embed);
+    for (int l = 0; l < c->num_layers; l++) {
+        const LayerWeights *lw = &m->w.layers[l];
+        /* Pre-norm; from layer 1 on this also adds the previous MLP output. */
+        if (l == 0)
+            ops->rmsnorm(m->normed, m->residual, &lw->attn_norm, n, hidden, eps);
+        else
+            ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->attn_norm, n, hidden, eps);
+
+        ops->matmul(m->q, m->normed, &lw->wq, bias_or_null(&lw->bq), n);
+        ops->matmul(m->k, m->normed, &lw->wk, bias_or_null(&lw->bk), n);
+        ops->matmul(m->v, m->normed, &lw->wv, bias_or_null(&lw->bv), n);
+        ops->rope(m->q, m->k, batch->positions, n, c->num_heads, c->num_kv_heads, &m->rope);
+        ops->kv_write(kv_cache, kv_layout, l, m->k, m->v, batch->slot_mapping, n);
+        ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
+        ops->matmul(m->proj, m->attn, &lw->wo, NULL, n);
+
+        ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->mlp_norm, n, hidden, eps);
+        ops->matmul(m->gate, m->normed, &lw->w_gate, NULL, n);
+        ops->matmul(m->up, m->normed, &lw->w_up, NULL, n);
+        ops->silu_mul(m->gate, m->gate, m->up, n, c->intermediate_size);
+        ops->matmul(m->proj, m->gate, &lw->w_down, NULL, n);
+    }
+    if (num_logits == 0)
+        return;
+    ops->add_rmsnorm(m->residual, m->proj, m->normed, &m->w.final_norm, n, hidden, eps);
+    ops->gather_rows(m->picked, m->normed, logits_rows, num_logits, hidden);
+    ops->matmul(logits, m->picked, &m->w.lm_head, NULL, num_logits);
+}

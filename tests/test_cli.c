@@ -1,0 +1,189 @@
+/* test_cli.c - the pagellm binary as a user runs it: golden output on stdout, one-line
+ * errors with non-zero exit codes for bad flags and bad model folders, help texts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define PAGELLM "build/pagellm"
+
+typedef struct {
+    int status; /* exit code */
+    char *out;
+    char *err;
+} RunResult;
+
+static char tmpdir[] = "/tmp/pagellm-cli-XXXXXX";
+
+static int setup(void **state) {
+    (void)state;
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Run `args` (shell syntax) through the binary, capturing stdout, stderr and exit code. */
+static RunResult run(const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", PAGELLM, args, tmpdir, tmpdir);
+    int st = system(cmd);
+    RunResult r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128};
+    char path[512];
+    snprintf(path, sizeof path, "%s/out", tmpdir);
+    assert_int_equal(pl_read_file(path, &r.out, NULL), PL_OK);
+    snprintf(path, sizeof path, "%s/err", tmpdir);
+    assert_int_equal(pl_read_file(path, &r.err, NULL), PL_OK);
+    return r;
+}
+
+static void run_free(RunResult *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static void test_generate_prints_golden_text(void **state) {
+    (void)state;
+    RunResult r = run("generate --prompt 'Once upon a time' --max-tokens 32 --temperature 0");
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, ", there was a little girl named Lily. She loved to play outside "
+                               "in the park. One day, she saw\n");
+    assert_non_null(strstr(r.err, "32 generated (finish: length)"));
+    run_free(&r);
+}
+
+static void test_prompt_file_keeps_input_order(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/prompts.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("Lily and Tom\n\n{\"prompt\": \"Once upon a time\", \"max_tokens\": 16}\n"
+          "The cat sat on the\n",
+          f);
+    fclose(f);
+    char args[1024];
+    snprintf(args, sizeof args, "generate --prompt-file %s --max-tokens 16 --temperature 0", path);
+    RunResult r = run(args);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, " were playing in the park. They liked to play with\n"
+                               ", there was a little girl named Lily. She loved to play\n"
+                               " ground. She liked to see a big bo\n");
+    run_free(&r);
+}
+
+static void test_bad_prompt_file_line_is_named(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.jsonl", tmpdir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"prompt\": \"ok\"}\n{\"prompt\": 5}\n", f);
+    fclose(f);
+    char args[1024];
+    snprintf(args, sizeof args, "generate --prompt-file %s", path);
+    RunResult r = run(args);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "bad.jsonl:2"));
+    assert_string_equal(r.out, "");
+    run_free(&r);
+}
+
+static void test_bad_flags_fail_with_a_message(void **state) {
+    (void)state;
+    static const struct {
+        const char *args;
+        int status;
+        const char *needle;
+    } cases[] = {
+        {"generate --bogus", 2, "--bogus"},
+        {"generate --max-tokens abc", 2, "--max-tokens"},
+        {"generate --temperature -1", 2, "--temperature"},
+        {"generate --top-p 0", 2, "--top-p"},
+        {"generate --max-tokens", 2, "needs a value"},
+        {"generate --block-size 7", 1, "block-size 7"},
+        {"generate --device tpu", 1, "tpu"},
+        {"generate --model /nonexistent/model", 1, "/nonexistent/model"},
+        {"frobnicate", 2, "frobnicate"},
+        {"logits --prompt hi", 2, "--output"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        RunResult r = run(cases[i].args);
+        if (r.status != cases[i].status || !strstr(r.err, cases[i].needle))
+            print_error("'%s': exit %d, stderr: %s\n", cases[i].args, r.status, r.err);
+        assert_int_equal(r.status, cases[i].status);
+        assert_non_null(strstr(r.err, cases[i].needle));
+        assert_non_null(strstr(r.err, "pagellm"));
+        run_free(&r);
+    }
+}
+
+static void test_help_describes_every_flag(void **state) {
+    (void)state;
+    RunResult r = run("--help");
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "generate"));
+    run_free(&r);
+    r = run("generate --help");
+    assert_int_equal(r.status, 0);
+    static const char *flags[] = {"--model",      "--prompt",      "--prompt-file",
+                                  "--max-tokens", "--temperature", "--top-p",
+                                  "--top-k",      "--min-p",       "--seed",
+                                  "--device",     "--block-size",  "--repetition-penalty",
+                                  "--ignore-eos", "--load-format", "--max-model-len"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++)
+        assert_non_null(strstr(r.out, flags[i]));
+    run_free(&r);
+}
+
+static void test_logits_file_has_every_position(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "logits --token-ids 1,403,407,261,378 --output %s/logits.bin",
+             tmpdir);
+    RunResult r = run(args);
+    assert_int_equal(r.status, 0);
+    run_free(&r);
+    char path[512], *data;
+    size_t len;
+    snprintf(path, sizeof path, "%s/logits.bin", tmpdir);
+    assert_int_equal(pl_read_file(path, &data, &len), PL_OK);
+    assert_int_equal(len, 5 * 512 * sizeof(float));
+    /* golden.json: the last position's top logit is token 432 at 17.7994 */
+    const float *last = (const float *)data + 4 * 512;
+    int best = 0;
+    for (int i = 1; i < 512; i++)
+        if (last[i] > last[best])
+            best = i;
+    assert_int_equal(best, 432);
+    assert_float_equal(last[432], 17.7994, 1e-3);
+    free(data);
+}
+
+int main(void) {
+    if (access(PAGELLM, X_OK) != 0) {
+        fprintf(stderr, "%s is not built\n", PAGELLM);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_prints_golden_text),
+        cmocka_unit_test(test_prompt_file_keeps_input_order),
+        cmocka_unit_test(test_bad_prompt_file_line_is_named),
+        cmocka_unit_test(test_bad_flags_fail_with_a_message),
+        cmocka_unit_test(test_help_describes_every_flag),
+        cmocka_unit_test(test_logits_file_has_every_position),
+    };
+    return cmocka_run_group_tests_name("cli", tests, setup, teardown);
+}
