@@ -20,7 +20,7 @@ const char cli_engine_flags_help[] =
 
 const char *cli_default_model_dir(void) {
     static char path[4096];
-    char exe[4096];
+    char exe[2048];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';

@@ -223,8 +223,10 @@ static int run_one(Engine *e, const char *text, const GenerateParams *gp, EngTok
         fprintf(stderr, "pagellm: %s\n", pl_error());
         return 1;
     }
-    if (sink == print_piece)
+    if (sink == print_piece) {
         putchar('\n');
+        fflush(stdout);
+    }
     print_stats(e, &res);
     return 0;
 }

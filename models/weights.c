@@ -1,0 +1,350 @@
+/* weights.c - bind a Llama-family decoder's tensors from a checkpoint, or make random ones.
+ *
+ * weights_bind looks every tensor up by its Hugging Face name and checks presence, dtype
+ * (F32, F16 or BF16; tensors may mix them) and exact shape; the Tensors point into the
+ * checkpoint's read-only mapping. weights_dummy fills one allocation with deterministic
+ * uniform noise of the config's shapes (load-format dummy), scaled so that activations stay
+ * O(1) through the layers and logits come out roughly unit-variance. */
+#include "weights.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- binding -------------------------------------------------------------------------- */
+
+/* What errors name as the checkpoint: its file if every tensor is in one file, else the
+ * folder holding its shards. */
+static void checkpoint_label(const StCheckpoint *ck, char *buf, size_t cap) {
+    int n = st_count(ck);
+    if (n == 0) {
+        snprintf(buf, cap, "checkpoint (no tensors)");
+        return;
+    }
+    const char *first = st_tensor(ck, 0)->file;
+    for (int i = 1; i < n; i++) {
+        if (strcmp(st_tensor(ck, i)->file, first) != 0) {
+            const char *slash = strrchr(first, '/');
+            if (slash)
+                snprintf(buf, cap, "%.*s", (int)(slash - first), first);
+            else
+                snprintf(buf, cap, ".");
+            return;
+        }
+    }
+    snprintf(buf, cap, "%s", first);
+}
+
+static void format_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
+typedef struct {
+    const StCheckpoint *ck;
+    char label[512];
+} Binder;
+
+/* Bind `name` of shape [d0] (d1 == 0) or [d0, d1] into t. */
+static Status bind(Binder *b, const char *name, int64_t d0, int64_t d1, Tensor *t) {
+    const StTensor *st = st_find(b->ck, name);
+    if (!st)
+        return pl_error_set(PL_ERR_FORMAT, "%s: missing tensor '%s'", b->label, name);
+    if (st->dtype != DT_F32 && st->dtype != DT_F16 && st->dtype != DT_BF16)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16", st->file,
+                            name, st->dtype_name);
+    int ndim = d1 ? 2 : 1;
+    int64_t want[2] = {d0, d1};
+    if (st->ndim != ndim || st->shape[0] != d0 || (ndim == 2 && st->shape[1] != d1)) {
+        char have_s[160], want_s[64];
+        format_shape(have_s, sizeof have_s, st->ndim, st->shape);
+        format_shape(want_s, sizeof want_s, ndim, want);
+        return pl_error_set(PL_ERR_FORMAT, "%s: tensor '%s' has shape %s, expected %s", st->file,
+                            name, have_s, want_s);
+    }
+    /* Kernels read elements through typed pointers. The safetensors library pads the header
+     * so that every tensor is aligned; a file that is not would fault or be slow later. */
+    if ((uintptr_t)st->data % pl_dtype_size(st->dtype) != 0)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: tensor '%s' data is not aligned to its %zu-byte elements; "
+                            "re-save the checkpoint with the safetensors library",
+                            st->file, name, pl_dtype_size(st->dtype));
+    memset(t, 0, sizeof *t);
+    t->data = (void *)st->data; /* read-only mapping: never written */
+    t->dtype = st->dtype;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    return PL_OK;
+}
+
+Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w) {
+    memset(w, 0, sizeof *w);
+    Binder b = {.ck = ck};
+    checkpoint_label(ck, b.label, sizeof b.label);
+    const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+    const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
+    const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
+    Status s;
+    if ((s = bind(&b, "model.embed_tokens.weight", V, H, &w->embed)) ||
+        (s = bind(&b, "model.norm.weight", H, 0, &w->final_norm)))
+        goto fail;
+    if (cfg->tie_word_embeddings) {
+        /* As in transformers, tied means the embedding, even if a copy of lm_head is saved. */
+        w->lm_head = w->embed;
+    } else if ((s = bind(&b, "lm_head.weight", V, H, &w->lm_head))) {
+        goto fail;
+    }
+
+    w->layers = pl_xcalloc((size_t)cfg->num_layers, sizeof *w->layers);
+    for (int i = 0; i < cfg->num_layers; i++) {
+        LayerWeights *l = &w->layers[i];
+        char n[128];
+#define BIND(suffix, d0, d1, dst)                                                                  \
+    do {                                                                                           \
+        snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                    \
+        if ((s = bind(&b, n, d0, d1, dst)))                                                        \
+            goto fail;                                                                             \
+    } while (0)
+        BIND("input_layernorm.weight", H, 0, &l->attn_norm);
+        BIND("self_attn.q_proj.weight", QD, H, &l->wq);
+        BIND("self_attn.k_proj.weight", KD, H, &l->wk);
+        BIND("self_attn.v_proj.weight", KD, H, &l->wv);
+        if (cfg->qkv_bias) {
+            BIND("self_attn.q_proj.bias", QD, 0, &l->bq);
+            BIND("self_attn.k_proj.bias", KD, 0, &l->bk);
+            BIND("self_attn.v_proj.bias", KD, 0, &l->bv);
+        }
+        BIND("self_attn.o_proj.weight", H, QD, &l->wo);
+        BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
+        BIND("mlp.gate_proj.weight", I, H, &l->w_gate);
+        BIND("mlp.up_proj.weight", I, H, &l->w_up);
+        BIND("mlp.down_proj.weight", H, I, &l->w_down);
+#undef BIND
+    }
+    return PL_OK;
+fail:
+    weights_free(w);
+    return s;
+}
+
+/* ---- dummy weights -------------------------------------------------------------------- */
+
+typedef enum { FILL_UNIFORM, FILL_ONES } FillKind;
+
+typedef struct {
+    Tensor *t;
+    FillKind kind;
+    float scale; /* uniform in [-scale, scale) */
+} DummySpec;
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Elements 2j and 2j+1 of a stream: two 24-bit uniforms in [-scale, scale) from one draw.
+ * Element i depends only on (key, i), so any split of a tensor over threads gives the same
+ * values. */
+#define UNIFORM_PAIR(key, j, k, scale, a, b)                                                       \
+    do {                                                                                           \
+        uint64_t r_ = mix64((key) + (uint64_t)(j)*0x9e3779b97f4a7c15ull);                          \
+        (a) = (float)(uint32_t)(r_ >> 40) * (k) - (scale);                                         \
+        (b) = (float)(uint32_t)((r_ >> 8) & 0xffffffu) * (k) - (scale);                            \
+    } while (0)
+
+/* Fill elements [begin, end) of a tensor (begin even). One tight loop per dtype. */
+static void fill_uniform(void *dst, DType dt, size_t begin, size_t end, uint64_t key, float scale) {
+    const float k = 2.0f * scale / 16777216.0f;
+    float a, b;
+    size_t i = begin;
+    if (dt == DT_F32) {
+        float *o = dst;
+        for (; i + 1 < end; i += 2) {
+            UNIFORM_PAIR(key, i >> 1, k, scale, a, b);
+            o[i] = a;
+            o[i + 1] = b;
+        }
+        if (i < end) {
+            UNIFORM_PAIR(key, i >> 1, k, scale, a, b);
+            o[i] = a;
+        }
+        return;
+    }
+    uint16_t (*conv)(float) = dt == DT_BF16 ? pl_f32_to_bf16 : pl_f32_to_f16;
+    uint16_t *o = dst;
+    for (; i + 1 < end; i += 2) {
+        UNIFORM_PAIR(key, i >> 1, k, scale, a, b);
+        o[i] = conv(a);
+        o[i + 1] = conv(b);
+    }
+    if (i < end) {
+        UNIFORM_PAIR(key, i >> 1, k, scale, a, b);
+        o[i] = conv(a);
+    }
+}
+
+static void fill_value(void *dst, DType dt, size_t begin, size_t end, float x) {
+    if (dt == DT_F32) {
+        float *f = dst;
+        for (size_t i = begin; i < end; i++)
+            f[i] = x;
+        return;
+    }
+    uint16_t h = dt == DT_BF16 ? pl_f32_to_bf16(x) : pl_f32_to_f16(x);
+    uint16_t *u = dst;
+    for (size_t i = begin; i < end; i++)
+        u[i] = h;
+}
+
+static size_t tensor_elems(const Tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* Thread `part` of `parts` fills its slice of every tensor. */
+typedef struct {
+    const DummySpec *spec;
+    size_t num_spec;
+    DType dt;
+    uint64_t seed;
+    int part, parts;
+    int inline_run;
+} FillJob;
+
+static void *fill_worker(void *arg) {
+    const FillJob *j = arg;
+    for (size_t i = 0; i < j->num_spec; i++) {
+        const DummySpec *sp = &j->spec[i];
+        size_t ne = tensor_elems(sp->t);
+        size_t lo = ne * (size_t)j->part / (size_t)j->parts & ~(size_t)1;
+        size_t hi = j->part == j->parts - 1
+                        ? ne
+                        : ne * (size_t)(j->part + 1) / (size_t)j->parts & ~(size_t)1;
+        if (sp->kind == FILL_ONES)
+            fill_value(sp->t->data, j->dt, lo, hi, 1.0f);
+        else /* an independent stream per tensor */
+            fill_uniform(sp->t->data, j->dt, lo, hi, mix64(j->seed ^ mix64((uint64_t)i + 1)),
+                         sp->scale);
+    }
+    return NULL;
+}
+
+Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
+    memset(w, 0, sizeof *w);
+    const DType dt = cfg->torch_dtype;
+    if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "dummy weights: dtype %s is not supported",
+                            pl_dtype_name(dt));
+    const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+    const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
+    const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
+    const int L = cfg->num_layers;
+    w->layers = pl_xcalloc((size_t)L, sizeof *w->layers);
+
+    /* Scales: a projection with U(-1/sqrt(fan_in), +) keeps unit-RMS input at output RMS
+     * 1/sqrt(3). Embedding rows get RMS 1/sqrt(H), so tied logits (normed x . row) come out
+     * with standard deviation ~1; biases are small. */
+    const float inv_h = 1.0f / sqrtf((float)H);
+    const float emb = sqrtf(3.0f) * inv_h;
+    size_t cap = 3 + (size_t)L * 12, n = 0;
+    DummySpec *spec = pl_xmalloc(cap * sizeof *spec);
+#define ADD(tensor, kind_, scale_, d0, d1)                                                         \
+    do {                                                                                           \
+        Tensor *t_ = (tensor);                                                                     \
+        t_->dtype = dt;                                                                            \
+        t_->ndim = (d1) ? 2 : 1;                                                                   \
+        t_->shape[0] = (d0);                                                                       \
+        t_->shape[1] = (d1);                                                                       \
+        spec[n++] = (DummySpec){t_, kind_, scale_};                                                \
+    } while (0)
+    ADD(&w->embed, FILL_UNIFORM, emb, V, H);
+    ADD(&w->final_norm, FILL_ONES, 0, H, 0);
+    if (!cfg->tie_word_embeddings)
+        ADD(&w->lm_head, FILL_UNIFORM, inv_h, V, H);
+    for (int i = 0; i < L; i++) {
+        LayerWeights *l = &w->layers[i];
+        ADD(&l->attn_norm, FILL_ONES, 0, H, 0);
+        ADD(&l->wq, FILL_UNIFORM, inv_h, QD, H);
+        ADD(&l->wk, FILL_UNIFORM, inv_h, KD, H);
+        ADD(&l->wv, FILL_UNIFORM, inv_h, KD, H);
+        if (cfg->qkv_bias) {
+            ADD(&l->bq, FILL_UNIFORM, 0.01f, QD, 0);
+            ADD(&l->bk, FILL_UNIFORM, 0.01f, KD, 0);
+            ADD(&l->bv, FILL_UNIFORM, 0.01f, KD, 0);
+        }
+        ADD(&l->wo, FILL_UNIFORM, 1.0f / sqrtf((float)QD), H, QD);
+        ADD(&l->mlp_norm, FILL_ONES, 0, H, 0);
+        ADD(&l->w_gate, FILL_UNIFORM, inv_h, I, H);
+        ADD(&l->w_up, FILL_UNIFORM, inv_h, I, H);
+        ADD(&l->w_down, FILL_UNIFORM, 1.0f / sqrtf((float)I), H, I);
+    }
+#undef ADD
+    PL_CHECK(n <= cap);
+
+    /* One buffer, each tensor starting on a 64-byte boundary. */
+    const size_t esize = pl_dtype_size(dt), align = 64;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += (tensor_elems(spec[i].t) * esize + align - 1) / align * align;
+    void *buf = NULL;
+    if (posix_memalign(&buf, align, total ? total : align) != 0) {
+        free(spec);
+        weights_free(w);
+        return pl_error_set(PL_ERR_NOMEM, "dummy weights: cannot allocate %.2f GiB",
+                            (double)total / (1u << 30));
+    }
+    w->dummy_storage = buf;
+    size_t off = 0, elements = 0;
+    for (size_t i = 0; i < n; i++) {
+        Tensor *t = spec[i].t;
+        size_t ne = tensor_elems(t);
+        t->data = (char *)buf + off;
+        off += (ne * esize + align - 1) / align * align;
+        elements += ne;
+    }
+
+    /* Fill on several threads for large models (an 8B model is 8e9 elements); the values
+     * do not depend on the number of threads. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = elements < (1u << 22) || cores < 2 ? 1 : cores > 32 ? 32 : (int)cores;
+    FillJob *jobs = pl_xcalloc((size_t)nt, sizeof *jobs);
+    pthread_t *tids = pl_xcalloc((size_t)nt, sizeof *tids);
+    for (int t = 0; t < nt; t++) {
+        jobs[t] =
+            (FillJob){.spec = spec, .num_spec = n, .dt = dt, .seed = seed, .part = t, .parts = nt};
+        if (t == 0 || pthread_create(&tids[t], NULL, fill_worker, &jobs[t]) != 0)
+            jobs[t].inline_run = 1; /* the caller does it (thread 0, or no thread) */
+    }
+    for (int t = 0; t < nt; t++)
+        if (jobs[t].inline_run)
+            fill_worker(&jobs[t]);
+    for (int t = 1; t < nt; t++)
+        if (!jobs[t].inline_run)
+            pthread_join(tids[t], NULL);
+    free(jobs);
+    free(tids);
+    if (cfg->tie_word_embeddings)
+        w->lm_head = w->embed;
+    free(spec);
+    return PL_OK;
+}
+
+void weights_free(ModelWeights *w) {
+    if (!w)
+        return;
+    free(w->layers);
+    free(w->dummy_storage);
+    memset(w, 0, sizeof *w);
+}
