@@ -212,6 +212,10 @@ static int run_one(Engine *e, const char *text, const GenerateParams *gp, EngTok
                    void *ctx) {
     int32_t *ids;
     int n;
+    if (!eng_tokenizer(e)) {
+        fprintf(stderr, "pagellm: the model folder has no tokenizer.json: generate needs one\n");
+        return 1;
+    }
     if (tok_encode(eng_tokenizer(e), text, strlen(text), 1, &ids, &n) != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());
         return 1;

@@ -83,6 +83,10 @@ int cmd_logits(int argc, char **argv) {
     }
     int rc = 1;
     float *logits = NULL;
+    if (prompt && !eng_tokenizer(e)) {
+        fprintf(stderr, "pagellm: %s has no tokenizer.json: use --token-ids\n", cfg.model_dir);
+        goto done;
+    }
     if (prompt && tok_encode(eng_tokenizer(e), prompt, strlen(prompt), 1, &ids, &n) != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());
         goto done;

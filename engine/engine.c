@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "kernels.h"
@@ -80,9 +81,15 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     st = model_load(&mo, &e->model);
     if (st != PL_OK)
         goto fail;
-    st = tok_load(cfg->model_dir, &e->tok);
-    if (st != PL_OK)
-        goto fail;
+    /* A folder without tokenizer.json still serves token ids (as vLLM's
+     * skip_tokenizer_init); text in or out then needs a tokenizer and is refused. */
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", cfg->model_dir);
+    if (access(tok_path, F_OK) == 0) {
+        st = tok_load(cfg->model_dir, &e->tok);
+        if (st != PL_OK)
+            goto fail;
+    }
     const ModelConfig *mc = model_config(e->model);
     e->max_model_len = cfg->max_model_len ? cfg->max_model_len : mc->max_position_embeddings;
     if (e->max_model_len > mc->max_position_embeddings) {
@@ -216,6 +223,9 @@ Status eng_generate(Engine *e, const int32_t *prompt, int n, const GenerateParam
         return st;
     if (p->max_tokens <= 0)
         return pl_error_set(PL_ERR_INVALID, "max_tokens must be at least 1");
+    if (!e->tok)
+        return pl_error_set(PL_ERR_INVALID, "%s has no tokenizer.json: generation needs one",
+                            e->cfg.model_dir);
     const ModelConfig *mc = model_config(e->model);
     int budget = p->max_tokens < e->max_model_len - n ? p->max_tokens : e->max_model_len - n;
     res->num_prompt_tokens = n;

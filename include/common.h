@@ -9,6 +9,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus /* kernels/cuda/*.cu include this header */
+#define PL_NORETURN [[noreturn]]
+extern "C" {
+#else
+#define PL_NORETURN _Noreturn
+#ifdef __cplusplus
+}
+#endif
+
+#endif
+
 typedef enum {
     PL_OK = 0,
     PL_ERR_INVALID,     /* bad input from a user: request, flag, config value */
@@ -54,7 +65,7 @@ Status pl_read_file(const char *path, char **data, size_t *len);
             pl_fatal(__FILE__, __LINE__, "check failed: %s", #cond);                               \
     } while (0)
 
-_Noreturn void pl_fatal(const char *file, int line, const char *fmt, ...)
+PL_NORETURN void pl_fatal(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Monotonic clock in seconds. */
@@ -65,5 +76,9 @@ float pl_bf16_to_f32(uint16_t h);
 uint16_t pl_f32_to_bf16(float f);
 float pl_f16_to_f32(uint16_t h);
 uint16_t pl_f32_to_f16(float f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

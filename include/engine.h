@@ -34,6 +34,8 @@ typedef struct Engine Engine;
 Status eng_create(const EngineConfig *cfg, Engine **out);
 void eng_destroy(Engine *e);
 
+/* The model's tokenizer, or NULL when its folder has no tokenizer.json (then only token-id
+ * interfaces such as eng_prompt_logits work). */
 const Tokenizer *eng_tokenizer(const Engine *e);
 const ModelConfig *eng_model_config(const Engine *e);
 int eng_max_model_len(const Engine *e);
