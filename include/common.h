@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __cplusplus /* kernels/cuda/*.cu include this header */
+#ifdef __cplusplus /* CUDA sources include this header too */
 #define PL_NORETURN [[noreturn]]
 extern "C" {
 #else
