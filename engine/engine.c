@@ -1,43 +1,28 @@
-/* engine.c - model + tokenizer + paged KV cache, and the generate loop of one request.
- *
- * The prompt is prefilled in chunks of max_num_batched_tokens (each chunk attends to the
- * earlier ones through the cache), then tokens are decoded one step at a time. The cache
- * is block-major and addressed through a block table exactly as the batched scheduler will
- * address it; here one sequence owns blocks 0..n in order. */
+/* engine.c - engine creation (backend, model, tokenizer, KV pools sized from memory, block
+ * manager, scheduler), the thread-safe inbox (add, abort, wait) and statistics. The step
+ * loop is in step.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "engine.h"
-#include "kernels.h"
+#include "engine_internal.h"
 
-struct Engine {
-    EngineConfig cfg;
-    const KernelOps *ops;
-    Model *model;
-    Tokenizer *tok;
-    int max_model_len;
-    KvLayout kv_layout;
-    int num_blocks;
-    float *kv_cache;      /* [num_blocks, block_elems] */
-    int32_t *block_table; /* [num_blocks]: identity for the single sequence */
-    /* per-step metadata, sized for one chunk */
-    int32_t *positions;
-    int64_t *slots;
-    int32_t *row_ids; /* [max_num_batched_tokens]: 0, 1, 2, ... */
-    int32_t *history; /* [max_model_len] output tokens of the running request */
-    float *logits;    /* [vocab] */
-};
+#define WATERMARK 0.01f
+#define GIB       (1024.0 * 1024.0 * 1024.0)
 
 EngineConfig eng_config_default(void) {
     return (EngineConfig){.model_dir = NULL,
                           .device = "auto",
-                          .load_dummy = 0,
-                          .seed = 0,
                           .block_size = 16,
-                          .max_model_len = 0,
-                          .max_num_batched_tokens = 2048};
+                          .max_num_batched_tokens = 2048,
+                          .max_num_seqs = 256,
+                          .enable_chunked_prefill = 1,
+                          .enable_prefix_caching = 1,
+                          .preemption_mode = PREEMPT_SWAP,
+                          .gpu_memory_utilization = 0.9,
+                          .swap_space_gib = 4};
 }
 
 static Status pick_backend(const char *device, const KernelOps **ops) {
@@ -60,7 +45,111 @@ static Status check_config(const EngineConfig *c) {
     if (c->max_num_batched_tokens <= 0)
         return pl_error_set(PL_ERR_INVALID, "max-num-batched-tokens %d must be positive",
                             c->max_num_batched_tokens);
+    if (c->max_num_seqs <= 0)
+        return pl_error_set(PL_ERR_INVALID, "max-num-seqs %d must be positive", c->max_num_seqs);
+    if (c->num_gpu_blocks_override < 0)
+        return pl_error_set(PL_ERR_INVALID, "num-gpu-blocks-override %d must not be negative",
+                            c->num_gpu_blocks_override);
+    if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1))
+        return pl_error_set(PL_ERR_INVALID, "gpu-memory-utilization %g is not in (0, 1]",
+                            c->gpu_memory_utilization);
+    if (!(c->swap_space_gib >= 0) || !(c->kv_cache_memory_gib >= 0))
+        return pl_error_set(PL_ERR_INVALID, "swap-space and kv-cache-memory must not be negative");
     return PL_OK;
+}
+
+/* MemAvailable from /proc/meminfo in bytes (0 when unknown). */
+static double available_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024.0;
+}
+
+/* Size both pools. More blocks than max_num_seqs full-length sequences could use are never
+ * allocated (the pools are lazily touched memory, but an absurd size helps nobody). */
+static Status size_pools(Engine *e) {
+    const EngineConfig *c = &e->cfg;
+    double useful = (double)c->max_num_seqs * e->max_blocks_per_seq + 1;
+    int gpu;
+    if (c->num_gpu_blocks_override > 0) {
+        gpu = c->num_gpu_blocks_override;
+    } else {
+        double bytes = c->kv_cache_memory_gib > 0 ? c->kv_cache_memory_gib * GIB
+                                                  : c->gpu_memory_utilization * available_memory();
+        double blocks = bytes / (double)e->block_bytes;
+        gpu = (int)(blocks < useful ? blocks : useful);
+    }
+    double cpu_blocks = c->swap_space_gib * GIB / (double)e->block_bytes;
+    int cpu = (int)(cpu_blocks < useful ? cpu_blocks : useful);
+    if (gpu < 1)
+        return pl_error_set(PL_ERR_NOMEM, "no memory left for KV-cache blocks of %zu bytes",
+                            e->block_bytes);
+    e->num_gpu_blocks = gpu;
+    e->num_cpu_blocks = cpu;
+    /* One sequence must always fit the pool (minus the admission watermark), or it could
+     * be preempted forever: cap max-model-len to what the pool holds. */
+    int usable = (gpu - (int)(WATERMARK * gpu)) * c->block_size;
+    if (e->max_model_len > usable) {
+        if (!c->quiet)
+            fprintf(stderr,
+                    "pagellm: max-model-len lowered from %d to %d, the tokens the KV "
+                    "cache holds\n",
+                    e->max_model_len, usable);
+        e->max_model_len = usable;
+    }
+    return PL_OK;
+}
+
+static void alloc_step_buffers(Engine *e) {
+    const EngineConfig *c = &e->cfg;
+    size_t t = (size_t)c->max_num_batched_tokens, s = (size_t)c->max_num_seqs;
+    size_t vocab = (size_t)model_config(e->model)->vocab_size;
+    e->tokens = pl_xmalloc(t * sizeof(int32_t));
+    e->positions = pl_xmalloc(t * sizeof(int32_t));
+    e->slots = pl_xmalloc(t * sizeof(int64_t));
+    e->query_start = pl_xmalloc((s + 1) * sizeof(int32_t));
+    e->block_tables = pl_xmalloc(s * (size_t)e->max_blocks_per_seq * sizeof(int32_t));
+    e->logit_rows = pl_xmalloc(s * sizeof(int32_t));
+    e->logits = pl_xmalloc(s * vocab * sizeof(float));
+    e->fork_logits = pl_xmalloc(vocab * sizeof(float));
+    e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
+    e->sampled = pl_xmalloc(s * sizeof(int32_t));
+}
+
+static Status create_scheduling(Engine *e) {
+    const EngineConfig *c = &e->cfg;
+    BlockManagerConfig bc = {.num_gpu_blocks = e->num_gpu_blocks,
+                             .num_cpu_blocks = e->num_cpu_blocks,
+                             .block_size = c->block_size,
+                             .watermark = WATERMARK,
+                             .enable_prefix_caching = c->enable_prefix_caching};
+    if (!(e->bm = blk_create(&bc)))
+        return PL_ERR_INVALID;
+    SchedulerConfig sc = {.max_num_seqs = c->max_num_seqs,
+                          .max_num_batched_tokens = c->max_num_batched_tokens,
+                          .max_model_len = e->max_model_len,
+                          .enable_chunked_prefill = c->enable_chunked_prefill,
+                          .preemption_mode = c->preemption_mode};
+    if (!(e->sched = sched_create(&sc, e->bm)))
+        return PL_ERR_INVALID;
+    return PL_OK;
+}
+
+static void print_budget(const Engine *e) {
+    double mib = 1024.0 * 1024.0;
+    fprintf(stderr,
+            "pagellm: device %s; KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens), "
+            "swap: %d blocks (%.1f MiB); max-model-len %d\n",
+            e->ops->name, e->num_gpu_blocks, e->cfg.block_size,
+            e->num_gpu_blocks * (double)e->block_bytes / mib, e->num_gpu_blocks * e->cfg.block_size,
+            e->num_cpu_blocks, e->num_cpu_blocks * (double)e->block_bytes / mib, e->max_model_len);
 }
 
 Status eng_create(const EngineConfig *cfg, Engine **out) {
@@ -70,26 +159,23 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
         return st;
     Engine *e = pl_xcalloc(1, sizeof *e);
     e->cfg = *cfg;
-    st = pick_backend(cfg->device, &e->ops);
-    if (st != PL_OK)
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    if ((st = pick_backend(cfg->device, &e->ops)) != PL_OK)
         goto fail;
     ModelLoadOptions mo = {.dir = cfg->model_dir,
                            .load_dummy = cfg->load_dummy,
                            .seed = cfg->seed,
                            .max_num_tokens = cfg->max_num_batched_tokens,
                            .ops = e->ops};
-    st = model_load(&mo, &e->model);
-    if (st != PL_OK)
+    if ((st = model_load(&mo, &e->model)) != PL_OK)
         goto fail;
     /* A folder without tokenizer.json still serves token ids (as vLLM's
      * skip_tokenizer_init); text in or out then needs a tokenizer and is refused. */
     char tok_path[4096];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", cfg->model_dir);
-    if (access(tok_path, F_OK) == 0) {
-        st = tok_load(cfg->model_dir, &e->tok);
-        if (st != PL_OK)
-            goto fail;
-    }
+    if (access(tok_path, F_OK) == 0 && (st = tok_load(cfg->model_dir, &e->tok)) != PL_OK)
+        goto fail;
     const ModelConfig *mc = model_config(e->model);
     e->max_model_len = cfg->max_model_len ? cfg->max_model_len : mc->max_position_embeddings;
     if (e->max_model_len > mc->max_position_embeddings) {
@@ -98,18 +184,17 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
         goto fail;
     }
     e->kv_layout = model_kv_layout(e->model, cfg->block_size);
-    e->num_blocks = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
-    e->kv_cache = pl_xcalloc((size_t)e->num_blocks * k_kv_block_elems(&e->kv_layout), 4);
-    e->block_table = pl_xmalloc((size_t)e->num_blocks * sizeof(int32_t));
-    for (int b = 0; b < e->num_blocks; b++)
-        e->block_table[b] = b;
-    e->positions = pl_xmalloc((size_t)cfg->max_num_batched_tokens * sizeof(int32_t));
-    e->slots = pl_xmalloc((size_t)cfg->max_num_batched_tokens * sizeof(int64_t));
-    e->row_ids = pl_xmalloc((size_t)cfg->max_num_batched_tokens * sizeof(int32_t));
-    for (int i = 0; i < cfg->max_num_batched_tokens; i++)
-        e->row_ids[i] = i;
-    e->history = pl_xmalloc((size_t)e->max_model_len * sizeof(int32_t));
-    e->logits = pl_xmalloc((size_t)mc->vocab_size * sizeof(float));
+    e->block_bytes = k_kv_block_elems(&e->kv_layout) * pl_dtype_size(e->kv_layout.dtype);
+    e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
+    if ((st = size_pools(e)) != PL_OK)
+        goto fail;
+    e->kv_gpu = pl_xcalloc((size_t)e->num_gpu_blocks, e->block_bytes);
+    e->kv_cpu = pl_xcalloc((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1), e->block_bytes);
+    if ((st = create_scheduling(e)) != PL_OK)
+        goto fail;
+    alloc_step_buffers(e);
+    if (!cfg->quiet)
+        print_budget(e);
     *out = e;
     return PL_OK;
 fail:
@@ -117,18 +202,49 @@ fail:
     return st;
 }
 
+void eng_request_free(Engine *e, Request *r) {
+    for (int i = 0; i < r->num_started; i++) {
+        if (r->seqs[i]->state != SEQ_FINISHED)
+            sched_remove(e->sched, r->seqs[i]);
+        seq_destroy(r->seqs[i]);
+        tok_stream_destroy(r->data[i].stream);
+    }
+    free(r->seqs);
+    free(r->data);
+    free(r->prompt);
+    free(r);
+}
+
 void eng_destroy(Engine *e) {
     if (!e)
         return;
+    for (int i = 0; i < e->active_n; i++)
+        eng_request_free(e, e->active[i]);
+    for (int i = 0; i < e->inbox_n; i++)
+        eng_request_free(e, e->inbox[i]);
+    free(e->active);
+    free(e->inbox);
+    free(e->aborts);
+    sched_destroy(e->sched);
+    blk_destroy(e->bm);
     model_destroy(e->model);
     tok_destroy(e->tok);
-    free(e->kv_cache);
-    free(e->block_table);
+    free(e->kv_gpu);
+    free(e->kv_cpu);
+    free(e->tokens);
     free(e->positions);
     free(e->slots);
-    free(e->row_ids);
-    free(e->history);
+    free(e->query_start);
+    free(e->block_tables);
+    free(e->logit_rows);
     free(e->logits);
+    free(e->fork_logits);
+    free(e->sample_reqs);
+    free(e->sampled);
+    free(e->events);
+    free(e->text);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
     free(e);
 }
 
@@ -162,117 +278,112 @@ const char *eng_finish_reason_str(FinishReason r) {
     return "none";
 }
 
-/* Run tokens ids[0..n) at positions start..start+n-1 of the single sequence. When
- * `all_logits` is set, logits of every row go to `logits`, else only the last row's. */
-static void forward_span(Engine *e, const int32_t *ids, int start, int n, int all_logits,
-                         float *logits) {
-    for (int i = 0; i < n; i++) {
-        e->positions[i] = start + i;
-        e->slots[i] = start + i; /* identity block table: slot == position */
-    }
-    int32_t query_start[2] = {0, n};
-    AttnBatch b = {.num_tokens = n,
-                   .positions = e->positions,
-                   .slot_mapping = e->slots,
-                   .num_seqs = 1,
-                   .query_start = query_start,
-                   .block_tables = e->block_table,
-                   .max_blocks_per_seq = e->num_blocks};
-    const int32_t *rows = all_logits ? e->row_ids : e->row_ids + n - 1;
-    model_forward(e->model, ids, &b, e->kv_cache, &e->kv_layout, rows, all_logits ? n : 1, logits);
-}
-
-static Status check_prompt(const Engine *e, const int32_t *ids, int n) {
-    if (n <= 0)
+/* Checks that need no engine-thread state, so they run on the caller's thread. */
+static Status validate_request(const Engine *e, const EngRequest *r) {
+    if (r->num_prompt <= 0)
         return pl_error_set(PL_ERR_INVALID, "the prompt is empty (no tokens)");
-    if (n >= e->max_model_len)
+    if (r->num_prompt >= e->max_model_len)
         return pl_error_set(PL_ERR_INVALID,
                             "the prompt has %d tokens; max-model-len is %d, which leaves no "
                             "room to generate",
-                            n, e->max_model_len);
+                            r->num_prompt, e->max_model_len);
     int vocab = model_config(e->model)->vocab_size;
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= vocab)
+    for (int i = 0; i < r->num_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= vocab)
             return pl_error_set(PL_ERR_INVALID,
-                                "token id %d at prompt position %d is outside "
-                                "the vocabulary [0, %d)",
-                                ids[i], i, vocab);
-    return PL_OK;
-}
-
-static void prefill(Engine *e, const int32_t *ids, int n) {
-    int chunk = e->cfg.max_num_batched_tokens;
-    for (int s = 0; s < n; s += chunk) {
-        int len = n - s < chunk ? n - s : chunk;
-        forward_span(e, ids + s, s, len, 0, e->logits);
-    }
-}
-
-static int is_eos(const ModelConfig *mc, const Tokenizer *tok, int32_t t) {
-    for (int i = 0; i < mc->num_eos; i++)
-        if (mc->eos_token_ids[i] == t)
-            return 1;
-    return t == tok_eos_id(tok);
-}
-
-Status eng_generate(Engine *e, const int32_t *prompt, int n, const GenerateParams *p,
-                    EngTokenFn on_token, void *ctx, GenerateResult *res) {
-    memset(res, 0, sizeof *res);
-    Status st = check_prompt(e, prompt, n);
-    if (st != PL_OK)
-        return st;
-    if (p->max_tokens <= 0)
+                                "token id %d at prompt position %d is outside the vocabulary "
+                                "[0, %d)",
+                                r->prompt[i], i, vocab);
+    if (r->params.max_tokens <= 0)
         return pl_error_set(PL_ERR_INVALID, "max_tokens must be at least 1");
-    if (!e->tok)
-        return pl_error_set(PL_ERR_INVALID, "%s has no tokenizer.json: generation needs one",
-                            e->cfg.model_dir);
-    const ModelConfig *mc = model_config(e->model);
-    int budget = p->max_tokens < e->max_model_len - n ? p->max_tokens : e->max_model_len - n;
-    res->num_prompt_tokens = n;
-    TokStream *ts = tok_stream_create(e->tok, prompt, n);
-    double t0 = pl_now();
-    prefill(e, prompt, n);
-    int generated = 0;
-    FinishReason why = FINISH_LENGTH;
-    while (generated < budget) {
-        SampleRequest req = {.params = &p->sampling,
-                             .prompt = prompt,
-                             .num_prompt = n,
-                             .output = e->history,
-                             .num_output = generated};
-        int32_t tok;
-        e->ops->sample(&tok, e->logits, 1, mc->vocab_size, &req);
-        if (generated == 0)
-            res->prefill_seconds = pl_now() - t0;
-        if (!p->ignore_eos && is_eos(mc, e->tok, tok)) {
-            why = FINISH_STOP;
-            break;
-        }
-        e->history[generated++] = tok;
-        if (on_token && on_token(ctx, tok, tok_stream_push(ts, tok))) {
-            why = FINISH_ABORT;
-            break;
-        }
-        if (generated < budget)
-            forward_span(e, &tok, n + generated - 1, 1, 0, e->logits);
-    }
-    const char *rest = tok_stream_finish(ts);
-    if (on_token && rest[0])
-        on_token(ctx, -1, rest);
-    tok_stream_destroy(ts);
-    res->finish_reason = why;
-    res->num_generated_tokens = generated;
-    res->decode_seconds = pl_now() - t0 - res->prefill_seconds;
+    if (r->params.n < 0 || r->params.n > e->cfg.max_num_seqs)
+        return pl_error_set(PL_ERR_INVALID, "n = %d is not in [1, max-num-seqs = %d]", r->params.n,
+                            e->cfg.max_num_seqs);
+    if (!e->cfg.enable_chunked_prefill && r->num_prompt > e->cfg.max_num_batched_tokens)
+        return pl_error_set(PL_ERR_INVALID,
+                            "the prompt has %d tokens, more than max-num-batched-tokens %d "
+                            "(and chunked prefill is off)",
+                            r->num_prompt, e->cfg.max_num_batched_tokens);
     return PL_OK;
 }
 
-Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
-    Status st = check_prompt(e, ids, n);
+Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
+    Status st = validate_request(e, r);
     if (st != PL_OK)
         return st;
-    if (n > e->cfg.max_num_batched_tokens)
-        return pl_error_set(PL_ERR_INVALID, "%d tokens exceed max-num-batched-tokens %d", n,
-                            e->cfg.max_num_batched_tokens);
-    forward_span(e, ids, 0, n, 1, logits);
+    Request *q = pl_xcalloc(1, sizeof *q);
+    q->user = r->user;
+    q->params = r->params;
+    q->n = r->params.n > 1 ? r->params.n : 1;
+    q->prompt = pl_xmalloc((size_t)r->num_prompt * sizeof(int32_t));
+    memcpy(q->prompt, r->prompt, (size_t)r->num_prompt * sizeof(int32_t));
+    q->num_prompt = r->num_prompt;
+    q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
+    q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
+    pthread_mutex_lock(&e->mu);
+    q->id = ++e->next_request_id;
+    if (e->inbox_n == e->inbox_cap) {
+        e->inbox_cap = e->inbox_cap ? 2 * e->inbox_cap : 16;
+        e->inbox = pl_xrealloc(e->inbox, (size_t)e->inbox_cap * sizeof *e->inbox);
+    }
+    e->inbox[e->inbox_n++] = q;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    if (id)
+        *id = q->id;
     return PL_OK;
+}
+
+void eng_abort(Engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    if (e->aborts_n == e->aborts_cap) {
+        e->aborts_cap = e->aborts_cap ? 2 * e->aborts_cap : 16;
+        e->aborts = pl_xrealloc(e->aborts, (size_t)e->aborts_cap * sizeof *e->aborts);
+    }
+    e->aborts[e->aborts_n++] = id;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int eng_has_work(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int work = e->inbox_n > 0 || e->aborts_n > 0 || e->busy > 0;
+    pthread_mutex_unlock(&e->mu);
+    return work;
+}
+
+void eng_wait_for_work(Engine *e, int timeout_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&e->mu);
+    while (e->inbox_n == 0 && e->aborts_n == 0 && e->busy == 0)
+        if (pthread_cond_timedwait(&e->work, &e->mu, &until) != 0)
+            break;
+    pthread_mutex_unlock(&e->mu);
+}
+
+EngineStats eng_stats(Engine *e) {
+    EngineStats s = {.sched = sched_counters(e->sched),
+                     .blocks = blk_stats(e->bm),
+                     .num_gpu_blocks = e->num_gpu_blocks,
+                     .num_cpu_blocks = e->num_cpu_blocks,
+                     .free_gpu_blocks = blk_num_free_gpu(e->bm),
+                     .free_cpu_blocks = blk_num_free_cpu(e->bm)};
+    for (int i = 0; i < e->active_n; i++) {
+        Request *r = e->active[i];
+        for (int j = 0; j < r->num_started; j++) {
+            const Sequence *q = r->seqs[j];
+            if (q->state != SEQ_RUNNING)
+                continue;
+            s.kv_slots_allocated += (int64_t)q->table.num_blocks * e->cfg.block_size;
+            s.kv_slots_used += q->table.num_tokens;
+        }
+    }
+    return s;
 }

@@ -1,10 +1,11 @@
-/* engine.h - the inference engine: a loaded model, its tokenizer, its KV cache and the loop
- * that turns a prompt into tokens.
+/* engine.h - the inference engine: model, tokenizer, paged KV cache (GPU pool + CPU swap
+ * pool), block manager and scheduler, and the step loop that serves many requests at once.
  *
- * This is the foundation's engine: one request runs at a time, prefilled in chunks of
- * max_num_batched_tokens and decoded token by token over a paged KV cache. The
- * continuous-batching scheduler (many requests per step, swap, preemption) replaces the
- * inside of eng_generate without changing its contract. */
+ * Threads: eng_add_request, eng_abort and eng_wait_for_work may be called from any thread;
+ * eng_step from one engine thread only (it owns the scheduler and block manager, so they
+ * need no locks). Each step schedules a batch (decode tokens and prefill chunks), runs the
+ * model on it, samples, and returns output events: new tokens with their text, and finish
+ * reasons. eng_generate is a single-request convenience over the same loop. */
 #ifndef PAGELLM_ENGINE_H
 #define PAGELLM_ENGINE_H
 
@@ -13,24 +14,35 @@
 #include "common.h"
 #include "model.h"
 #include "sampling.h"
+#include "scheduler.h"
 #include "tokenizer.h"
 
 typedef struct {
-    const char *model_dir;      /* Hugging Face folder */
-    const char *device;         /* "auto", "cpu" or "cuda" */
-    int load_dummy;             /* load-format dummy */
-    uint64_t seed;              /* dummy weights; default request seed */
-    int block_size;             /* tokens per KV block: 8, 16, 32, 64, 128 */
-    int max_model_len;          /* 0 = the model's max_position_embeddings */
-    int max_num_batched_tokens; /* tokens per forward step (prefill chunk size) */
+    const char *model_dir;          /* Hugging Face folder */
+    const char *device;             /* "auto", "cpu" or "cuda" */
+    int load_dummy;                 /* load-format dummy */
+    uint64_t seed;                  /* dummy weights */
+    int block_size;                 /* tokens per KV block: 8, 16, 32, 64, 128 */
+    int max_model_len;              /* 0 = the model's max_position_embeddings */
+    int max_num_batched_tokens;     /* tokens per step (prefill chunk budget) */
+    int max_num_seqs;               /* sequences per step */
+    int enable_chunked_prefill;     /* split long prompts across steps */
+    int enable_prefix_caching;      /* reuse computed prompt blocks across requests */
+    PreemptionMode preemption_mode; /* swap (recompute when the swap pool is full) */
+    int num_gpu_blocks_override;    /* 0 = size from memory */
+    double gpu_memory_utilization;  /* fraction of device memory (of RAM on CPU) for KV */
+    double kv_cache_memory_gib;     /* CPU backend: KV pool size; 0 = from utilization */
+    double swap_space_gib;          /* CPU swap pool for preempted sequences */
+    int quiet;                      /* no memory-budget line on stderr */
 } EngineConfig;
 
-/* Defaults: bundled model folder given by the caller, device auto, block 16, len 0, 2048. */
+/* vLLM's defaults: device auto, block 16, 2048 batched tokens, 256 seqs, chunked prefill
+ * and prefix caching on, swap preemption, utilization 0.9, swap space 4 GiB. */
 EngineConfig eng_config_default(void);
 
 typedef struct Engine Engine;
 
-/* Load model and tokenizer and size the KV cache. Errors name the file or key. */
+/* Load model and tokenizer, size the KV pools. Errors name the file, key or value. */
 Status eng_create(const EngineConfig *cfg, Engine **out);
 void eng_destroy(Engine *e);
 
@@ -47,8 +59,59 @@ const char *eng_finish_reason_str(FinishReason r); /* "length", "stop", "abort" 
 typedef struct {
     int max_tokens; /* new tokens to generate at most */
     int ignore_eos; /* keep going past end-of-sequence tokens */
+    int n;          /* parallel samples sharing the prompt's blocks; 0 or 1 = one.
+                     * Sample i uses seed sampling.seed + i. */
     SamplingParams sampling;
 } GenerateParams;
+
+typedef struct {
+    const int32_t *prompt; /* copied by eng_add_request */
+    int num_prompt;
+    GenerateParams params;
+    void *user; /* returned in every event of this request */
+} EngRequest;
+
+/* Queue a request (thread-safe). Validates it first: empty prompt, ids outside the
+ * vocabulary, a prompt too long for max-model-len or for the whole KV pool are
+ * PL_ERR_INVALID with a message. *id identifies it for eng_abort and in events. */
+Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id);
+
+/* Abort a request (thread-safe): its sequences finish with FINISH_ABORT at the next step
+ * and their blocks are freed. Unknown or finished ids are ignored. */
+void eng_abort(Engine *e, uint64_t id);
+
+/* One output event: a new token of one sample of a request, or its end. */
+typedef struct {
+    uint64_t request_id;
+    void *user;
+    int index;           /* which sample (0 .. n-1) */
+    int32_t token;       /* the new token, -1 when the event only finishes */
+    const char *text;    /* new text of that sample, in context ("" while incomplete) */
+    FinishReason finish; /* FINISH_NONE while the sample goes on */
+    int num_prompt_tokens;
+    int num_generated; /* tokens generated by this sample so far */
+} EngEvent;
+
+/* Run one step. *events (valid until the next eng_step) gets what happened; returns the
+ * number of events. With nothing to do it returns 0 at once. */
+int eng_step(Engine *e, const EngEvent **events);
+
+/* 1 if requests are queued or running. */
+int eng_has_work(Engine *e);
+
+/* Block until there is work or timeout_ms passes (thread-safe; for an engine thread). */
+void eng_wait_for_work(Engine *e, int timeout_ms);
+
+typedef struct {
+    SchedulerCounters sched;
+    BlockStats blocks;
+    int num_gpu_blocks, num_cpu_blocks;
+    int free_gpu_blocks, free_cpu_blocks;
+    int64_t kv_slots_allocated; /* token slots in blocks held by running sequences */
+    int64_t kv_slots_used;      /* tokens those sequences hold */
+} EngineStats;
+
+EngineStats eng_stats(Engine *e);
 
 typedef struct {
     FinishReason finish_reason;
@@ -59,15 +122,17 @@ typedef struct {
 } GenerateResult;
 
 /* Called for each generated token with its text in context (may be "" while a UTF-8
- * character is incomplete). Return non-zero to stop (finish reason abort). */
+ * character is incomplete); token -1 carries held-back text at the end. Return non-zero to
+ * stop (finish reason abort). */
 typedef int (*EngTokenFn)(void *ctx, int32_t token, const char *text);
 
-/* Generate from prompt token ids. The final held-back text (if any) is delivered through a
- * last on_token call with token -1. Errors: empty prompt, prompt longer than max_model_len. */
+/* Run one request (n = 1) alone to completion. Must not be mixed with eng_step calls from
+ * another thread. */
 Status eng_generate(Engine *e, const int32_t *prompt, int n, const GenerateParams *p,
                     EngTokenFn on_token, void *ctx, GenerateResult *res);
 
-/* Logits of every position of `ids` (a verification aid): logits[n, vocab]. */
+/* Logits of every position of `ids` (a verification aid): logits[n, vocab]. Uses KV blocks
+ * of its own; do not call while requests run. */
 Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits);
 
 #endif

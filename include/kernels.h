@@ -103,6 +103,11 @@ typedef struct KernelOps {
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
     void (*gather_rows)(float *out, const float *in, const int32_t *rows, int n, int dim);
 
+    /* Copy whole KV blocks: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool
+     * (the pools may be the same, or one on the host for swapping). */
+    void (*copy_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                        size_t block_bytes);
+
     /* Pick the next token of each row of logits[n, vocab] (modified in place: penalties,
      * temperature, filters). reqs[i] describes row i. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);

@@ -1,0 +1,90 @@
+/* engine_internal.h - (internal to engine/) the Engine's state, shared by engine.c
+ * (creation, sizing, the thread-safe inbox), step.c (the step loop) and generate.c. */
+#ifndef PAGELLM_ENGINE_INTERNAL_H
+#define PAGELLM_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "block_manager.h"
+#include "engine.h"
+#include "kernels.h"
+#include "scheduler.h"
+
+typedef struct Request Request;
+
+/* Per-sequence engine data (Sequence.owner). */
+typedef struct {
+    Request *req;
+    int index; /* sample number within the request */
+    SamplingParams sampling;
+    TokStream *stream; /* NULL without a tokenizer */
+    int num_generated;
+    FinishReason finish;
+} SeqData;
+
+struct Request {
+    uint64_t id;
+    void *user;
+    GenerateParams params;
+    int32_t *prompt;
+    int num_prompt;
+    int n;           /* samples wanted */
+    int num_started; /* sequences created so far (1 until the prompt's first sample) */
+    int num_finished;
+    Sequence **seqs; /* [n] */
+    SeqData *data;   /* [n] */
+};
+
+struct Engine {
+    EngineConfig cfg;
+    const KernelOps *ops;
+    Model *model;
+    Tokenizer *tok;
+    int max_model_len;
+    KvLayout kv_layout;
+    size_t block_bytes;
+    int num_gpu_blocks, num_cpu_blocks;
+    void *kv_gpu; /* the device pool (host memory on the CPU backend) */
+    void *kv_cpu; /* the swap pool */
+    BlockManager *bm;
+    Scheduler *sched;
+    int64_t next_seq_id;
+
+    /* inbox: written by any thread under `mu` */
+    pthread_mutex_t mu;
+    pthread_cond_t work;
+    Request **inbox;
+    int inbox_n, inbox_cap;
+    uint64_t *aborts;
+    int aborts_n, aborts_cap;
+    uint64_t next_request_id;
+    int busy; /* requests active on the engine thread (read under mu) */
+
+    /* engine-thread state */
+    Request **active;
+    int active_n, active_cap;
+
+    /* per-step buffers, sized at creation */
+    int max_blocks_per_seq;
+    int32_t *tokens;            /* [max_num_batched_tokens] */
+    int32_t *positions;         /* [max_num_batched_tokens] */
+    int64_t *slots;             /* [max_num_batched_tokens] */
+    int32_t *query_start;       /* [max_num_seqs + 1] */
+    int32_t *block_tables;      /* [max_num_seqs, max_blocks_per_seq] */
+    int32_t *logit_rows;        /* [max_num_seqs] */
+    float *logits;              /* [max_num_seqs, vocab] */
+    float *fork_logits;         /* [vocab]: a row copied for each extra sample */
+    SampleRequest *sample_reqs; /* [max_num_seqs] */
+    int32_t *sampled;           /* [max_num_seqs] */
+
+    /* events of the last step and the text they point into */
+    EngEvent *events;
+    int events_n, events_cap;
+    char *text;
+    size_t text_len, text_cap;
+};
+
+/* Free a finished request and its sequences (engine thread). */
+void eng_request_free(Engine *e, Request *r);
+
+#endif

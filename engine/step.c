@@ -1,0 +1,271 @@
+/* step.c - one engine step: take new requests and aborts from the inbox, let the scheduler
+ * plan the batch, perform its block copies, run the model over the packed batch, sample,
+ * and turn the new tokens into output events (text in context, finish reasons). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+_Static_assert(sizeof(BlockCopy) == 2 * sizeof(int32_t), "BlockCopy is a (src, dst) pair");
+
+/* Copy `s` into the step's text arena; returns its offset (events store offsets until the
+ * step ends, since the arena may move while it grows). */
+static size_t arena_put(Engine *e, const char *s) {
+    size_t n = strlen(s), at = e->text_len;
+    if (at + n + 1 > e->text_cap) {
+        e->text_cap = (at + n + 1) * 2;
+        e->text = pl_xrealloc(e->text, e->text_cap);
+    }
+    memcpy(e->text + at, s, n + 1);
+    e->text_len += n + 1;
+    return at;
+}
+
+static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at,
+                 FinishReason finish) {
+    if (e->events_n == e->events_cap) {
+        e->events_cap = e->events_cap ? 2 * e->events_cap : 64;
+        e->events = pl_xrealloc(e->events, (size_t)e->events_cap * sizeof *e->events);
+    }
+    e->events[e->events_n++] = (EngEvent){.request_id = r->id,
+                                          .user = r->user,
+                                          .index = index,
+                                          .token = token,
+                                          .text = (const char *)(uintptr_t)text_at,
+                                          .finish = finish,
+                                          .num_prompt_tokens = r->num_prompt,
+                                          .num_generated = r->data[index].num_generated};
+}
+
+static void start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
+    SeqData *d = &r->data[index];
+    d->req = r;
+    d->index = index;
+    d->sampling = r->params.sampling;
+    d->sampling.seed += (uint64_t)index;
+    d->stream = e->tok ? tok_stream_create(e->tok, r->prompt, r->num_prompt) : NULL;
+    seq->owner = d;
+    r->seqs[index] = seq;
+    r->num_started++;
+}
+
+/* End one sample: flush held-back text, emit its last event, release its blocks. */
+static void finish_sequence(Engine *e, Sequence *seq, FinishReason why, int32_t token,
+                            const char *text) {
+    SeqData *d = seq->owner;
+    Request *r = d->req;
+    /* The stream's buffer holding `text` is reused by tok_stream_finish: copy it first. */
+    size_t at = arena_put(e, text);
+    if (d->stream) {
+        const char *rest = tok_stream_finish(d->stream);
+        if (rest[0]) {
+            e->text_len--; /* drop the NUL and append the rest */
+            size_t n = strlen(rest);
+            if (e->text_len + n + 1 > e->text_cap) {
+                e->text_cap = (e->text_len + n + 1) * 2;
+                e->text = pl_xrealloc(e->text, e->text_cap);
+            }
+            memcpy(e->text + e->text_len, rest, n + 1);
+            e->text_len += n + 1;
+        }
+    }
+    d->finish = why;
+    emit(e, r, d->index, token, at, why);
+    sched_remove(e->sched, seq);
+    r->num_finished++;
+}
+
+static void take_inbox(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    Request **inbox = e->inbox;
+    int n = e->inbox_n;
+    uint64_t *aborts = e->aborts;
+    int na = e->aborts_n;
+    e->inbox = NULL;
+    e->inbox_n = e->inbox_cap = 0;
+    e->aborts = NULL;
+    e->aborts_n = e->aborts_cap = 0;
+    e->busy += n;
+    pthread_mutex_unlock(&e->mu);
+
+    for (int i = 0; i < n; i++) {
+        Request *r = inbox[i];
+        Sequence *seq =
+            seq_create(e->next_seq_id++, r->prompt, r->num_prompt, r->params.max_tokens);
+        start_sequence(e, r, 0, seq);
+        PL_CHECK(sched_add(e->sched, seq) == PL_OK); /* validated by eng_add_request */
+        if (e->active_n == e->active_cap) {
+            e->active_cap = e->active_cap ? 2 * e->active_cap : 16;
+            e->active = pl_xrealloc(e->active, (size_t)e->active_cap * sizeof *e->active);
+        }
+        e->active[e->active_n++] = r;
+    }
+    for (int a = 0; a < na; a++) {
+        for (int i = 0; i < e->active_n; i++) {
+            Request *r = e->active[i];
+            if (r->id != aborts[a])
+                continue;
+            for (int j = 0; j < r->num_started; j++)
+                if (r->data[j].finish == FINISH_NONE)
+                    finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "");
+            /* samples not forked yet will never start */
+            r->num_finished += r->n - r->num_started;
+        }
+    }
+    free(inbox);
+    free(aborts);
+}
+
+static void do_block_copies(Engine *e, const SchedulerOutput *o) {
+    const KernelOps *ops = e->ops;
+    if (o->num_swap_out)
+        ops->copy_blocks(e->kv_cpu, e->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
+                         e->block_bytes);
+    if (o->num_swap_in)
+        ops->copy_blocks(e->kv_gpu, e->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
+                         e->block_bytes);
+    if (o->num_copies)
+        ops->copy_blocks(e->kv_gpu, e->kv_gpu, (const int32_t *)o->copies, o->num_copies,
+                         e->block_bytes);
+}
+
+/* Pack the scheduled tokens into the model's batch; returns the number of logit rows. */
+static int build_batch(Engine *e, const SchedulerOutput *o, AttnBatch *b) {
+    int bs = e->cfg.block_size, t = 0, rows = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        const ScheduledSeq *ss = &o->seqs[i];
+        const Sequence *seq = ss->seq;
+        e->query_start[i] = t;
+        for (int j = 0; j < ss->num_tokens; j++, t++) {
+            int p = ss->start + j;
+            e->tokens[t] = seq->tokens[p];
+            e->positions[t] = p;
+            e->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
+        }
+        PL_CHECK(seq->table.num_blocks <= e->max_blocks_per_seq);
+        memcpy(e->block_tables + (size_t)i * e->max_blocks_per_seq, seq->table.blocks,
+               (size_t)seq->table.num_blocks * sizeof(int32_t));
+        if (ss->sample)
+            e->logit_rows[rows++] = t - 1;
+    }
+    e->query_start[o->num_seqs] = t;
+    *b = (AttnBatch){.num_tokens = t,
+                     .positions = e->positions,
+                     .slot_mapping = e->slots,
+                     .num_seqs = o->num_seqs,
+                     .query_start = e->query_start,
+                     .block_tables = e->block_tables,
+                     .max_blocks_per_seq = e->max_blocks_per_seq};
+    return rows;
+}
+
+static SampleRequest sample_request(const Sequence *seq) {
+    const SeqData *d = seq->owner;
+    return (SampleRequest){.params = &d->sampling,
+                           .prompt = seq->tokens,
+                           .num_prompt = seq->num_prompt,
+                           .output = seq->tokens + seq->num_prompt,
+                           .num_output = seq->num_tokens - seq->num_prompt};
+}
+
+static int is_eos(const Engine *e, int32_t t) {
+    const ModelConfig *mc = model_config(e->model);
+    for (int i = 0; i < mc->num_eos; i++)
+        if (mc->eos_token_ids[i] == t)
+            return 1;
+    return e->tok && t == tok_eos_id(e->tok);
+}
+
+/* Record a sampled token on its sequence: stop on EOS, append, check lengths, emit. */
+static void accept_token(Engine *e, Sequence *seq, int32_t token) {
+    SeqData *d = seq->owner;
+    Request *r = d->req;
+    if (!r->params.ignore_eos && is_eos(e, token)) {
+        finish_sequence(e, seq, FINISH_STOP, -1, "");
+        return;
+    }
+    seq_append(seq, token);
+    d->num_generated++;
+    const char *text = d->stream ? tok_stream_push(d->stream, token) : "";
+    if (d->num_generated >= r->params.max_tokens || seq->num_tokens >= e->max_model_len) {
+        finish_sequence(e, seq, FINISH_LENGTH, token, text);
+        return;
+    }
+    emit(e, r, d->index, token, arena_put(e, text), FINISH_NONE);
+}
+
+/* The prompt's first sample of an n > 1 request: fork the other samples off it, each
+ * drawing its own first token from a copy of the same logits row. */
+static void fork_samples(Engine *e, Sequence *parent, const float *row, int vocab) {
+    Request *r = ((SeqData *)parent->owner)->req;
+    for (int i = 1; i < r->n; i++) {
+        Sequence *child =
+            seq_create(e->next_seq_id++, parent->tokens, parent->num_tokens, r->params.max_tokens);
+        start_sequence(e, r, i, child);
+        sched_fork(e->sched, parent, child);
+        memcpy(e->fork_logits, row, (size_t)vocab * sizeof(float));
+        SampleRequest sr = sample_request(child);
+        int32_t token;
+        e->ops->sample(&token, e->fork_logits, 1, vocab, &sr);
+        accept_token(e, child, token);
+    }
+}
+
+static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
+    int vocab = model_config(e->model)->vocab_size, k = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        Sequence *seq = o->seqs[i].seq;
+        Request *r = ((SeqData *)seq->owner)->req;
+        if (r->n > r->num_started) /* before sampling modifies the row in place */
+            fork_samples(e, seq, e->logits + (size_t)k * vocab, vocab);
+        e->sample_reqs[k++] = sample_request(seq);
+    }
+    e->ops->sample(e->sampled, e->logits, k, vocab, e->sample_reqs);
+    k = 0;
+    for (int i = 0; i < o->num_seqs; i++)
+        if (o->seqs[i].sample)
+            accept_token(e, o->seqs[i].seq, e->sampled[k++]);
+}
+
+/* Drop requests whose samples have all finished. */
+static void retire_finished(Engine *e) {
+    int kept = 0, retired = 0;
+    for (int i = 0; i < e->active_n; i++) {
+        Request *r = e->active[i];
+        if (r->num_finished >= r->n) {
+            eng_request_free(e, r);
+            retired++;
+        } else {
+            e->active[kept++] = r;
+        }
+    }
+    e->active_n = kept;
+    if (retired) {
+        pthread_mutex_lock(&e->mu);
+        e->busy -= retired;
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+int eng_step(Engine *e, const EngEvent **events) {
+    e->events_n = 0;
+    e->text_len = 0;
+    take_inbox(e);
+    const SchedulerOutput *o = sched_schedule(e->sched);
+    do_block_copies(e, o);
+    if (o->num_seqs > 0) {
+        AttnBatch b;
+        int rows = build_batch(e, o, &b);
+        model_forward(e->model, e->tokens, &b, e->kv_gpu, &e->kv_layout, e->logit_rows, rows,
+                      e->logits);
+        sched_step_done(e->sched, o);
+        sample_and_emit(e, o);
+    }
+    for (int i = 0; i < e->events_n; i++) /* offsets become pointers now the arena is final */
+        e->events[i].text = e->text + (uintptr_t)e->events[i].text;
+    retire_finished(e);
+    *events = e->events;
+    return e->events_n;
+}

@@ -1,0 +1,18 @@
+/* copy.c - data movement ops of the CPU backend: gathering the hidden-state rows whose
+ * logits are wanted, and whole-block copies between KV pools (swap out, swap in,
+ * copy-on-write): one memcpy per block thanks to the block-major layout. */
+#include <string.h>
+
+#include "cpu_internal.h"
+
+void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim) {
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * dim, in + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+}
+
+void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                     size_t block_bytes) {
+    for (int i = 0; i < n; i++)
+        memcpy((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
+               (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes, block_bytes);
+}
