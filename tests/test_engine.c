@@ -1,0 +1,380 @@
+/* test_engine.c - the continuous-batching engine on the bundled model: many concurrent
+ * requests under KV-memory pressure (swap and recompute) give exactly the completions of
+ * undisturbed runs, blocks never leak (aborts included), forked samples share their
+ * prompt's blocks, prefix caching skips recomputation, and KV waste stays under a block. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define MODEL_DIR    "models/stories260K"
+#define NUM_REQUESTS 64
+#define MAX_OUT      64
+
+static const char *sentences[] = {
+    "Once upon a time",       "Lily and Tom",
+    "The cat sat on the",     "One day, a little bird",
+    "Tim had a big red ball", "The sun was shining and",
+    "Mom said to Sue",        "There was a small dog named Max. He",
+};
+
+typedef struct {
+    int32_t prompt[64];
+    int num_prompt;
+    int max_tokens;
+    int32_t out[MAX_OUT];
+    int num_out;
+    FinishReason finish;
+} Job;
+
+static EngineConfig base_config(void) {
+    EngineConfig c = eng_config_default();
+    c.model_dir = MODEL_DIR;
+    c.quiet = 1;
+    return c;
+}
+
+static Engine *make_engine(const EngineConfig *c) {
+    Engine *e = NULL;
+    if (eng_create(c, &e) != PL_OK)
+        fail_msg("eng_create: %s", pl_error());
+    return e;
+}
+
+/* Bytes of one KV block of the bundled model (fp32 K and V of every layer). */
+static double block_gib(int block_size) {
+    return 5.0 * 2 * block_size * 4 * 8 * 4 / (1024.0 * 1024.0 * 1024.0);
+}
+
+static void make_jobs(Engine *e, Job *jobs, int n) {
+    for (int i = 0; i < n; i++) {
+        const char *text = sentences[i % 8];
+        int32_t *ids;
+        int len;
+        assert_int_equal(tok_encode(eng_tokenizer(e), text, strlen(text), 1, &ids, &len), PL_OK);
+        memcpy(jobs[i].prompt, ids, (size_t)len * sizeof(int32_t));
+        free(ids);
+        /* vary prompts beyond the 8 sentences so that prefixes are shared but not all */
+        jobs[i].prompt[len++] = 300 + i;
+        jobs[i].num_prompt = len;
+        jobs[i].max_tokens = 24 + (i * 7) % 40;
+        jobs[i].num_out = 0;
+        jobs[i].finish = FINISH_NONE;
+    }
+}
+
+/* Run every job concurrently to the end; returns the number of steps. */
+static int run_jobs(Engine *e, Job *jobs, int n, const GenerateParams *base) {
+    for (int i = 0; i < n; i++) {
+        EngRequest r = {
+            .prompt = jobs[i].prompt, .num_prompt = jobs[i].num_prompt, .user = &jobs[i]};
+        r.params = *base;
+        r.params.max_tokens = jobs[i].max_tokens;
+        assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    }
+    int steps = 0;
+    while (eng_has_work(e)) {
+        const EngEvent *ev;
+        int count = eng_step(e, &ev);
+        steps++;
+        for (int k = 0; k < count; k++) {
+            Job *j = ev[k].user;
+            if (ev[k].token >= 0) {
+                assert_true(j->num_out < MAX_OUT);
+                j->out[j->num_out++] = ev[k].token;
+            }
+            if (ev[k].finish != FINISH_NONE)
+                j->finish = ev[k].finish;
+        }
+        assert_true(steps < 100000);
+    }
+    return steps;
+}
+
+static void assert_all_blocks_free(Engine *e) {
+    EngineStats s = eng_stats(e);
+    assert_int_equal(s.free_gpu_blocks, s.num_gpu_blocks);
+    assert_int_equal(s.free_cpu_blocks, s.num_cpu_blocks);
+    assert_int_equal(s.sched.num_running + s.sched.num_waiting + s.sched.num_swapped, 0);
+}
+
+/* Reference: each job alone on a roomy engine. */
+static void run_alone(Job *jobs, int n, const GenerateParams *gp) {
+    EngineConfig c = base_config();
+    c.enable_prefix_caching = 0;
+    Engine *e = make_engine(&c);
+    for (int i = 0; i < n; i++)
+        run_jobs(e, &jobs[i], 1, gp);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+}
+
+static void assert_same_outputs(const Job *a, const Job *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (a[i].num_out != b[i].num_out || memcmp(a[i].out, b[i].out, a[i].num_out * 4))
+            fail_msg("request %d: %d tokens vs %d alone, or different tokens", i, a[i].num_out,
+                     b[i].num_out);
+        assert_int_equal(a[i].finish, b[i].finish);
+    }
+}
+
+static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute, int seeded) {
+    EngineConfig c = base_config();
+    c.num_gpu_blocks_override = 40; /* 64 requests need ~250 blocks at once */
+    c.swap_space_gib = swap_blocks * block_gib(16);
+    c.max_num_batched_tokens = 64;
+    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = 1};
+    if (seeded) {
+        gp.sampling.temperature = 0.8f;
+        gp.sampling.top_p = 0.9f;
+        gp.sampling.seed = 1234;
+    }
+    Engine *e = make_engine(&c);
+    static Job batch[NUM_REQUESTS], alone[NUM_REQUESTS];
+    make_jobs(e, batch, NUM_REQUESTS);
+    memcpy(alone, batch, sizeof batch);
+    run_jobs(e, batch, NUM_REQUESTS, &gp);
+    EngineStats s = eng_stats(e);
+    print_message("swap blocks %d: preempt swap %lld, recompute %lld, swapped out %lld, in %lld\n",
+                  swap_blocks, (long long)s.sched.preempt_swap,
+                  (long long)s.sched.preempt_recompute, (long long)s.blocks.swapped_out,
+                  (long long)s.blocks.swapped_in);
+    if (expect_swap) {
+        assert_true(s.sched.preempt_swap > 0);
+        assert_true(s.blocks.swapped_out > 0);
+        assert_true(s.blocks.swapped_in > 0);
+    }
+    if (expect_recompute)
+        assert_true(s.sched.preempt_recompute > 0);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+    run_alone(alone, NUM_REQUESTS, &gp);
+    assert_same_outputs(batch, alone, NUM_REQUESTS);
+}
+
+/* Roomy swap pool: preemption by swapping; outputs equal solo runs. */
+static void test_swap_preemption_keeps_outputs(void **state) {
+    (void)state;
+    pressure_run(400, 1, 0, 0);
+}
+
+/* Tiny swap pool: swapping until it is full, then recompute; outputs still equal. */
+static void test_swap_and_recompute_keep_outputs(void **state) {
+    (void)state;
+    pressure_run(6, 1, 1, 0);
+}
+
+/* No swap space: recompute only; sampled (seeded) outputs equal too. */
+static void test_recompute_keeps_seeded_outputs(void **state) {
+    (void)state;
+    pressure_run(0, 0, 1, 1);
+}
+
+static void test_abort_frees_blocks(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    c.max_num_batched_tokens = 4; /* prompts take several steps to prefill */
+    Engine *e = make_engine(&c);
+    static Job jobs[8];
+    make_jobs(e, jobs, 8);
+    uint64_t ids[8];
+    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = 1, .max_tokens = 50};
+    for (int i = 0; i < 8; i++) {
+        EngRequest r = {.prompt = jobs[i].prompt,
+                        .num_prompt = jobs[i].num_prompt,
+                        .params = gp,
+                        .user = &jobs[i]};
+        assert_int_equal(eng_add_request(e, &r, &ids[i]), PL_OK);
+    }
+    const EngEvent *ev;
+    int aborted = 0;
+    for (int step = 0; eng_has_work(e); step++) {
+        if (step == 1) {
+            eng_abort(e, ids[0]); /* mid-prefill */
+            eng_abort(e, ids[7]); /* still waiting */
+        } else if (step == 30) {
+            for (int i = 1; i < 7; i++) /* mid-decode */
+                eng_abort(e, ids[i]);
+        }
+        int n = eng_step(e, &ev);
+        for (int k = 0; k < n; k++) {
+            Job *j = ev[k].user;
+            if (ev[k].finish != FINISH_NONE)
+                j->finish = ev[k].finish;
+            aborted += ev[k].finish == FINISH_ABORT;
+        }
+    }
+    assert_int_equal(aborted, 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(jobs[i].finish, FINISH_ABORT);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+}
+
+/* n = 4 with a seed: the samples share the prompt's blocks and equal four separate
+ * requests seeded seed + i. */
+static void test_forked_samples_share_blocks(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    c.enable_prefix_caching = 0;
+    Engine *e = make_engine(&c);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = i == 0 ? 1 : 259 + (i * 13) % 200; /* 40 tokens: 2 full blocks + 8 */
+    GenerateParams gp = {
+        .sampling = sampling_params_default(), .max_tokens = 20, .ignore_eos = 1, .n = 4};
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.seed = 99;
+    static Job forked[4];
+    EngRequest r = {.prompt = prompt, .num_prompt = 40, .params = gp};
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    const EngEvent *ev;
+    int max_used = 0;
+    while (eng_has_work(e)) {
+        int n = eng_step(e, &ev);
+        for (int k = 0; k < n; k++)
+            if (ev[k].token >= 0)
+                forked[ev[k].index].out[forked[ev[k].index].num_out++] = ev[k].token;
+        EngineStats s = eng_stats(e);
+        if (s.num_gpu_blocks - s.free_gpu_blocks > max_used)
+            max_used = s.num_gpu_blocks - s.free_gpu_blocks;
+    }
+    /* separate: 4 x ceil(60/16) = 16 blocks; shared: 2 prompt blocks + 4 x 2 = 10 */
+    print_message("forked samples used at most %d blocks\n", max_used);
+    assert_true(max_used <= 10);
+    assert_all_blocks_free(e);
+    for (int i = 0; i < 4; i++) {
+        Job alone = {.num_prompt = 40, .max_tokens = 20};
+        memcpy(alone.prompt, prompt, sizeof prompt);
+        GenerateParams one = gp;
+        one.n = 1;
+        one.sampling.seed = 99 + i;
+        run_jobs(e, &alone, 1, &one);
+        assert_int_equal(alone.num_out, 20);
+        assert_int_equal(forked[i].num_out, 20);
+        assert_memory_equal(alone.out, forked[i].out, 20 * sizeof(int32_t));
+    }
+    assert_true(memcmp(forked[0].out, forked[1].out, 20 * sizeof(int32_t)) != 0);
+    eng_destroy(e);
+}
+
+/* A request sharing a long prefix with an earlier one prefills only its new tokens. */
+static void test_prefix_cache_hit(void **state) {
+    (void)state;
+    static Job with[2], without[2];
+    int32_t prefix[50];
+    for (int i = 0; i < 50; i++)
+        prefix[i] = i == 0 ? 1 : 259 + (i * 31) % 240;
+    for (int j = 0; j < 2; j++) {
+        memcpy(with[j].prompt, prefix, sizeof prefix);
+        with[j].prompt[50] = 400 + j;
+        with[j].prompt[51] = 410 + j;
+        with[j].num_prompt = 52;
+        with[j].max_tokens = 16;
+    }
+    memcpy(without, with, sizeof with);
+    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = 1};
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    run_jobs(e, &with[0], 1, &gp);
+    EngineStats before = eng_stats(e);
+    run_jobs(e, &with[1], 1, &gp);
+    EngineStats after = eng_stats(e);
+    int64_t computed = after.sched.prompt_tokens - before.sched.prompt_tokens;
+    int64_t cached = after.sched.cached_prompt_tokens - before.sched.cached_prompt_tokens;
+    print_message("second request: %lld prompt tokens computed, %lld from cache\n",
+                  (long long)computed, (long long)cached);
+    assert_int_equal(cached, 48); /* the 3 full blocks of the shared 50-token prefix */
+    assert_int_equal(computed, 52 - 48);
+    assert_true(after.blocks.prefix_hits - before.blocks.prefix_hits >= 3);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+    c.enable_prefix_caching = 0;
+    e = make_engine(&c);
+    run_jobs(e, without, 2, &gp);
+    assert_int_equal(eng_stats(e).sched.cached_prompt_tokens, 0);
+    eng_destroy(e);
+    assert_same_outputs(with, without, 2);
+}
+
+/* Allocated slots minus used slots stays under one block per running sequence. */
+static void test_kv_waste_under_one_block_per_sequence(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    static Job jobs[32];
+    make_jobs(e, jobs, 32);
+    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = 1};
+    for (int i = 0; i < 32; i++) {
+        EngRequest r = {.prompt = jobs[i].prompt,
+                        .num_prompt = jobs[i].num_prompt,
+                        .params = gp,
+                        .user = &jobs[i]};
+        r.params.max_tokens = jobs[i].max_tokens;
+        assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    }
+    double worst = 0;
+    while (eng_has_work(e)) {
+        const EngEvent *ev;
+        eng_step(e, &ev);
+        EngineStats s = eng_stats(e);
+        int64_t waste = s.kv_slots_allocated - s.kv_slots_used;
+        assert_true(waste >= 0);
+        assert_true(waste < (int64_t)s.sched.num_running * 16 || s.sched.num_running == 0);
+        if (s.kv_slots_allocated > 0 && (double)waste / s.kv_slots_allocated > worst)
+            worst = (double)waste / s.kv_slots_allocated;
+    }
+    print_message("worst KV waste: %.1f%% of allocated slots\n", worst * 100);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+}
+
+static void test_impossible_requests_are_rejected(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    c.num_gpu_blocks_override = 4; /* 64 tokens: max-model-len is capped to fit */
+    Engine *e = make_engine(&c);
+    assert_true(eng_max_model_len(e) <= 64);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++)
+        prompt[i] = 1 + i;
+    EngRequest r = {.prompt = prompt,
+                    .num_prompt = 100,
+                    .params = {.max_tokens = 4, .sampling = sampling_params_default()}};
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_ERR_INVALID);
+    assert_non_null(strstr(pl_error(), "max-model-len"));
+    r.num_prompt = 0;
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_ERR_INVALID);
+    r.num_prompt = 10;
+    r.params.max_tokens = 0;
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_ERR_INVALID);
+    eng_destroy(e);
+    c = base_config();
+    c.enable_chunked_prefill = 0;
+    c.max_num_batched_tokens = 32;
+    e = make_engine(&c);
+    r.num_prompt = 40;
+    r.params.max_tokens = 4;
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_ERR_INVALID);
+    assert_non_null(strstr(pl_error(), "chunked prefill"));
+    eng_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_swap_preemption_keeps_outputs),
+        cmocka_unit_test(test_swap_and_recompute_keep_outputs),
+        cmocka_unit_test(test_recompute_keeps_seeded_outputs),
+        cmocka_unit_test(test_abort_frees_blocks),
+        cmocka_unit_test(test_forked_samples_share_blocks),
+        cmocka_unit_test(test_prefix_cache_hit),
+        cmocka_unit_test(test_kv_waste_under_one_block_per_sequence),
+        cmocka_unit_test(test_impossible_requests_are_rejected),
+    };
+    return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+}
