@@ -166,25 +166,6 @@ static int print_piece(void *ctx, int32_t token, const char *text) {
     return 0;
 }
 
-/* Batch sink: append pieces to a growing string. */
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} TextBuf;
-
-static int collect_piece(void *ctx, int32_t token, const char *text) {
-    (void)token;
-    TextBuf *b = ctx;
-    size_t n = strlen(text);
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->buf = pl_xrealloc(b->buf, b->cap);
-    }
-    memcpy(b->buf + b->len, text, n + 1);
-    b->len += n;
-    return 0;
-}
-
 static void print_escaped_line(const char *s) {
     for (; *s; s++) {
         if (*s == '\n')
@@ -207,32 +188,112 @@ static void print_stats(const Engine *e, const GenerateResult *r) {
             r->prefill_seconds * 1e3, decode_rate, eng_device_name(e));
 }
 
-/* Tokenize and run one prompt; returns 0 on success. */
-static int run_one(Engine *e, const char *text, const GenerateParams *gp, EngTokenFn sink,
-                   void *ctx) {
+static void print_counters(Engine *e) {
+    EngineStats s = eng_stats(e);
+    fprintf(
+        stderr,
+        "pagellm: scheduler: %lld prompt tokens computed (%lld from the prefix cache, "
+        "%lld of %lld blocks hit), %lld decode tokens computed; preemptions: %lld by swap, %lld by "
+        "recompute; blocks swapped out %lld, in %lld\n",
+        (long long)s.sched.prompt_tokens, (long long)s.sched.cached_prompt_tokens,
+        (long long)s.blocks.prefix_hits, (long long)s.blocks.prefix_queries,
+        (long long)s.sched.generation_tokens, (long long)s.sched.preempt_swap,
+        (long long)s.sched.preempt_recompute, (long long)s.blocks.swapped_out,
+        (long long)s.blocks.swapped_in);
+}
+
+/* Tokenize a prompt; prints the error and returns NULL on failure. */
+static int32_t *encode(Engine *e, const char *text, int *n) {
     int32_t *ids;
-    int n;
     if (!eng_tokenizer(e)) {
         fprintf(stderr, "pagellm: the model folder has no tokenizer.json: generate needs one\n");
-        return 1;
+        return NULL;
     }
-    if (tok_encode(eng_tokenizer(e), text, strlen(text), 1, &ids, &n) != PL_OK) {
+    if (tok_encode(eng_tokenizer(e), text, strlen(text), 1, &ids, n) != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());
-        return 1;
+        return NULL;
     }
+    return ids;
+}
+
+static int run_single(Engine *e, const char *text, const GenerateParams *gp) {
+    int n;
+    int32_t *ids = encode(e, text, &n);
+    if (!ids)
+        return 1;
     GenerateResult res;
-    Status st = eng_generate(e, ids, n, gp, sink, ctx, &res);
+    Status st = eng_generate(e, ids, n, gp, print_piece, NULL, &res);
     free(ids);
     if (st != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());
         return 1;
     }
-    if (sink == print_piece) {
-        putchar('\n');
-        fflush(stdout);
-    }
+    putchar('\n');
+    fflush(stdout);
     print_stats(e, &res);
     return 0;
+}
+
+/* Batch mode: every prompt enters the engine at once; completions print in input order. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int done;
+} Completion;
+
+static void completion_add(Completion *c, const char *text) {
+    size_t n = strlen(text);
+    if (c->len + n + 1 > c->cap) {
+        c->cap = (c->len + n + 1) * 2;
+        c->buf = pl_xrealloc(c->buf, c->cap);
+    }
+    memcpy(c->buf + c->len, text, n + 1);
+    c->len += n;
+}
+
+static int run_batch(Engine *e, const Prompt *prompts, int count, const GenerateParams *gp) {
+    Completion *out = pl_xcalloc((size_t)count, sizeof *out);
+    int rc = 0;
+    double t0 = pl_now();
+    long generated = 0;
+    for (int i = 0; i < count && rc == 0; i++) {
+        int n;
+        int32_t *ids = encode(e, prompts[i].text, &n);
+        if (!ids) {
+            rc = 1;
+            break;
+        }
+        EngRequest r = {.prompt = ids, .num_prompt = n, .params = *gp, .user = &out[i]};
+        r.params.n = 1;
+        if (prompts[i].max_tokens)
+            r.params.max_tokens = prompts[i].max_tokens;
+        if (eng_add_request(e, &r, NULL) != PL_OK) {
+            fprintf(stderr, "pagellm: prompt %d: %s\n", i + 1, pl_error());
+            rc = 1;
+        }
+        free(ids);
+    }
+    for (int next = 0; rc == 0 && next < count;) {
+        const EngEvent *ev;
+        int n = eng_step(e, &ev);
+        for (int k = 0; k < n; k++) {
+            Completion *c = ev[k].user;
+            completion_add(c, ev[k].text);
+            generated += ev[k].token >= 0;
+            c->done |= ev[k].finish != FINISH_NONE;
+        }
+        for (; next < count && out[next].done; next++) /* print in order as they finish */
+            print_escaped_line(out[next].buf ? out[next].buf : "");
+        fflush(stdout);
+    }
+    double secs = pl_now() - t0;
+    if (rc == 0)
+        fprintf(stderr, "pagellm: %d prompts, %ld tokens generated in %.2f s (%.1f tokens/s)\n",
+                count, generated, secs, generated / (secs > 0 ? secs : 1));
+    for (int i = 0; i < count; i++)
+        free(out[i].buf);
+    free(out);
+    return rc;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -268,25 +329,15 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     int count = 1;
-    Prompt single = {.text = (char *)(prompt ? prompt : ""), .max_tokens = 0};
-    Prompt *prompts = prompt_file ? read_prompt_file(prompt_file, &count) : &single;
-    if (!prompts)
+    Prompt *prompts = prompt_file ? read_prompt_file(prompt_file, &count) : NULL;
+    if (prompt_file && !prompts)
         return 2;
     Engine *e = cli_engine_create(&cfg);
-    int rc = e ? 0 : 1;
-    for (int i = 0; e && i < count && rc == 0; i++) {
-        GenerateParams p = gp;
-        if (prompts[i].max_tokens)
-            p.max_tokens = prompts[i].max_tokens;
-        if (!prompt_file) {
-            rc = run_one(e, prompts[i].text, &p, print_piece, NULL);
-        } else {
-            TextBuf out = {.buf = pl_xstrdup(""), .len = 0, .cap = 1};
-            rc = run_one(e, prompts[i].text, &p, collect_piece, &out);
-            if (rc == 0)
-                print_escaped_line(out.buf);
-            free(out.buf);
-        }
+    int rc = 1;
+    if (e) {
+        rc = prompt_file ? run_batch(e, prompts, count, &gp)
+                         : run_single(e, prompt ? prompt : "", &gp);
+        print_counters(e);
     }
     eng_destroy(e);
     if (prompt_file) {
