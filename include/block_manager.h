@@ -14,7 +14,10 @@
  * blocks stay cached (reusable) until the pool needs them, evicted least recently used.
  *
  * Swapping moves only the blocks a sequence owns alone (ref count 1): blocks it shares stay
- * on the GPU, still referenced, so swapping never takes a block away from another sequence. */
+ * on the GPU, still referenced, so swapping never takes a block away from another sequence.
+ * A registered block that is swapped out stays registered (and evictable) on the GPU: its
+ * data there is valid until the block is reused, which happens only after the engine has
+ * performed the step's swap-out copies. */
 #ifndef PAGELLM_BLOCK_MANAGER_H
 #define PAGELLM_BLOCK_MANAGER_H
 
@@ -51,7 +54,8 @@ typedef struct {
 typedef enum {
     BLK_ALLOC_OK,    /* enough free blocks now */
     BLK_ALLOC_LATER, /* not now; after others finish */
-    BLK_ALLOC_NEVER, /* more than the whole pool (minus watermark): reject the request */
+    BLK_ALLOC_NEVER, /* more blocks than the whole pool minus the watermark, cached or
+                      * not: reject the request (the caller keeps sequences shorter) */
 } AllocStatus;
 
 typedef struct {
@@ -65,7 +69,8 @@ typedef struct {
 
 typedef struct BlockManager BlockManager;
 
-/* NULL with pl_error() set when the config is invalid (non-positive pool, bad block size). */
+/* NULL with pl_error() set when the config is invalid (no GPU block, negative CPU pool
+ * (0 = no swap space), block size not a power of two up to 1024, watermark outside [0, 1)). */
 BlockManager *blk_create(const BlockManagerConfig *cfg);
 void blk_destroy(BlockManager *bm);
 
