@@ -26,8 +26,10 @@ static const char help[] =
     "  --repetition-penalty R       > 1 discourages repeats of prompt/output tokens (1)\n"
     "  --presence-penalty X         subtracted from tokens already generated (0)\n"
     "  --frequency-penalty X        subtracted per earlier occurrence (0)\n"
-    "  --seed S                     random seed of the sampler (default 0)\n"
-    "  --ignore-eos                 keep generating past end-of-sequence tokens\n";
+    "  --ignore-eos                 keep generating past end-of-sequence tokens\n"
+    "  (the sampler's seed is the --seed key below)\n"
+    "\n"
+    "Configuration (a --config YAML file, then these flags; keys as vLLM's):\n";
 
 typedef struct {
     char *text;
@@ -58,9 +60,6 @@ static int sampling_flag(int argc, char **argv, int *i, GenerateParams *gp) {
         if (!cli_parse_int(f, v, -1, 1 << 24, &n))
             return -1;
         s->top_k = (int)n;
-    } else if (!strcmp(f, "--seed")) {
-        if (!cli_parse_u64(f, v, &s->seed))
-            return -1;
     } else if (!strcmp(f, "--temperature")) {
         if (!cli_parse_float(f, v, 0, 100, &x))
             return -1;
@@ -297,43 +296,54 @@ static int run_batch(Engine *e, const Prompt *prompts, int count, const Generate
 }
 
 int cmd_generate(int argc, char **argv) {
-    EngineConfig cfg = eng_config_default();
-    cfg.model_dir = cli_default_model_dir();
+    Config cfg;
+    if (!cli_config_begin(&cfg, argc, argv)) {
+        cfg_free(&cfg);
+        return 1;
+    }
     GenerateParams gp = {.max_tokens = 64, .sampling = sampling_params_default()};
     gp.sampling.temperature = 1.0f;
     const char *prompt = NULL, *prompt_file = NULL;
+    int rc = 2;
     for (int i = 1; i < argc; i++) {
-        int r = cli_engine_flag(argc, argv, &i, &cfg);
+        int r = cfg_parse_flag(&cfg, argc, argv, &i);
         if (r == 0)
             r = sampling_flag(argc, argv, &i, &gp);
         if (r < 0)
-            return 2;
+            goto done;
         if (r > 0)
             continue;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s%s", help, cli_engine_flags_help);
-            return 0;
+            fputs(help, stdout);
+            cfg_print_help(stdout);
+            rc = 0;
+            goto done;
         } else if (!strcmp(argv[i], "--prompt")) {
             if (!(prompt = cli_flag_value(argc, argv, &i)))
-                return 2;
+                goto done;
         } else if (!strcmp(argv[i], "--prompt-file")) {
             if (!(prompt_file = cli_flag_value(argc, argv, &i)))
-                return 2;
+                goto done;
         } else {
-            fprintf(stderr, "pagellm generate: unknown flag '%s' (see --help)\n", argv[i]);
-            return 2;
+            rc = cli_unknown_flag("generate", argv[i]);
+            goto done;
         }
     }
     if (prompt && prompt_file) {
         fprintf(stderr, "pagellm generate: give --prompt or --prompt-file, not both\n");
-        return 2;
+        goto done;
     }
+    rc = 1;
+    if (!cli_config_end(&cfg))
+        goto done;
+    gp.sampling.seed = cfg.engine.seed;
     int count = 1;
     Prompt *prompts = prompt_file ? read_prompt_file(prompt_file, &count) : NULL;
-    if (prompt_file && !prompts)
-        return 2;
-    Engine *e = cli_engine_create(&cfg);
-    int rc = 1;
+    if (prompt_file && !prompts) {
+        rc = 2;
+        goto done;
+    }
+    Engine *e = cli_engine_create(&cfg.engine);
     if (e) {
         rc = prompt_file ? run_batch(e, prompts, count, &gp)
                          : run_single(e, prompt ? prompt : "", &gp);
@@ -345,5 +355,7 @@ int cmd_generate(int argc, char **argv) {
             free(prompts[i].text);
         free(prompts);
     }
+done:
+    cfg_free(&cfg);
     return rc;
 }

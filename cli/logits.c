@@ -16,7 +16,9 @@ static const char help[] =
     "\n"
     "  --token-ids LIST             comma-separated token ids (no BOS is added)\n"
     "  --prompt TEXT                text, tokenized with the model's tokenizer (BOS added)\n"
-    "  --output FILE                where to write the logits\n";
+    "  --output FILE                where to write the logits\n"
+    "\n"
+    "Configuration (a --config YAML file, then these flags):\n";
 
 static int parse_ids(const char *s, int32_t **ids, int *n) {
     int cap = 16, len = 0;
@@ -41,42 +43,14 @@ static int parse_ids(const char *s, int32_t **ids, int *n) {
     return 1;
 }
 
-int cmd_logits(int argc, char **argv) {
-    EngineConfig cfg = eng_config_default();
-    cfg.model_dir = cli_default_model_dir();
-    const char *ids_arg = NULL, *prompt = NULL, *output = NULL;
-    for (int i = 1; i < argc; i++) {
-        int r = cli_engine_flag(argc, argv, &i, &cfg);
-        if (r < 0)
-            return 2;
-        if (r > 0)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s%s", help, cli_engine_flags_help);
-            return 0;
-        } else if (!strcmp(argv[i], "--token-ids")) {
-            if (!(ids_arg = cli_flag_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(argv[i], "--prompt")) {
-            if (!(prompt = cli_flag_value(argc, argv, &i)))
-                return 2;
-        } else if (!strcmp(argv[i], "--output")) {
-            if (!(output = cli_flag_value(argc, argv, &i)))
-                return 2;
-        } else {
-            fprintf(stderr, "pagellm logits: unknown flag '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
-    }
-    if (!output || !!ids_arg == !!prompt) {
-        fprintf(stderr, "pagellm logits: give --output and one of --token-ids, --prompt\n");
-        return 2;
-    }
+/* Load the engine, run the forward pass, write the file. */
+static int logits_run(const Config *cfg, const char *ids_arg, const char *prompt,
+                      const char *output) {
     int32_t *ids = NULL;
     int n = 0;
     if (ids_arg && !parse_ids(ids_arg, &ids, &n))
         return 2;
-    Engine *e = cli_engine_create(&cfg);
+    Engine *e = cli_engine_create(&cfg->engine);
     if (!e) {
         free(ids);
         return 1;
@@ -84,7 +58,8 @@ int cmd_logits(int argc, char **argv) {
     int rc = 1;
     float *logits = NULL;
     if (prompt && !eng_tokenizer(e)) {
-        fprintf(stderr, "pagellm: %s has no tokenizer.json: use --token-ids\n", cfg.model_dir);
+        fprintf(stderr, "pagellm: %s has no tokenizer.json: use --token-ids\n",
+                cfg->engine.model_dir);
         goto done;
     }
     if (prompt && tok_encode(eng_tokenizer(e), prompt, strlen(prompt), 1, &ids, &n) != PL_OK) {
@@ -114,5 +89,51 @@ done:
     free(logits);
     free(ids);
     eng_destroy(e);
+    return rc;
+}
+
+int cmd_logits(int argc, char **argv) {
+    Config cfg;
+    if (!cli_config_begin(&cfg, argc, argv)) {
+        cfg_free(&cfg);
+        return 1;
+    }
+    const char *ids_arg = NULL, *prompt = NULL, *output = NULL;
+    int rc = 2;
+    for (int i = 1; i < argc; i++) {
+        int r = cfg_parse_flag(&cfg, argc, argv, &i);
+        if (r < 0)
+            goto out;
+        if (r > 0)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            cfg_print_help(stdout);
+            rc = 0;
+            goto out;
+        } else if (!strcmp(argv[i], "--token-ids")) {
+            if (!(ids_arg = cli_flag_value(argc, argv, &i)))
+                goto out;
+        } else if (!strcmp(argv[i], "--prompt")) {
+            if (!(prompt = cli_flag_value(argc, argv, &i)))
+                goto out;
+        } else if (!strcmp(argv[i], "--output")) {
+            if (!(output = cli_flag_value(argc, argv, &i)))
+                goto out;
+        } else {
+            rc = cli_unknown_flag("logits", argv[i]);
+            goto out;
+        }
+    }
+    if (!output || !!ids_arg == !!prompt) {
+        fprintf(stderr, "pagellm logits: give --output and one of --token-ids, --prompt\n");
+        goto out;
+    }
+    rc = 1;
+    if (!cli_config_end(&cfg))
+        goto out;
+    rc = logits_run(&cfg, ids_arg, prompt, output);
+out:
+    cfg_free(&cfg);
     return rc;
 }

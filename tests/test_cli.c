@@ -113,8 +113,10 @@ static void test_bad_flags_fail_with_a_message(void **state) {
         {"generate --temperature -1", 2, "--temperature"},
         {"generate --top-p 0", 2, "--top-p"},
         {"generate --max-tokens", 2, "needs a value"},
-        {"generate --block-size 7", 1, "block-size 7"},
-        {"generate --device tpu", 1, "tpu"},
+        {"generate --block-size 7", 2, "--block-size: 7 is not one of"},
+        {"generate --device tpu", 2, "tpu"},
+        {"generate --blok-size 8", 2, "did you mean '--block-size'"},
+        {"generate --max-num-seqs 0", 2, "--max-num-seqs"},
         {"generate --model /nonexistent/model", 1, "/nonexistent/model"},
         {"frobnicate", 2, "frobnicate"},
         {"logits --prompt hi", 2, "--output"},
@@ -128,6 +130,39 @@ static void test_bad_flags_fail_with_a_message(void **state) {
         assert_non_null(strstr(r.err, "pagellm"));
         run_free(&r);
     }
+}
+
+static void test_config_file_and_flag_override(void **state) {
+    (void)state;
+    char path[512], args[1024];
+    snprintf(path, sizeof path, "%s/config.yaml", tmpdir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("block-size: 8\nnum-gpu-blocks-override: 6\nswap-space: 0\n", f);
+    fclose(f);
+    /* 6 blocks of 8 tokens = 48 tokens: the budget line shows the file's values */
+    snprintf(args, sizeof args,
+             "generate --config %s --prompt 'Once upon a time' --max-tokens 16 --temperature 0",
+             path);
+    RunResult r = run(args);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, ", there was a little girl named Lily. She loved to play\n");
+    assert_non_null(strstr(r.err, "6 blocks of 8 tokens"));
+    run_free(&r);
+    snprintf(args, sizeof args, "generate --config %s --block-size 16 --max-tokens 2", path);
+    r = run(args);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "6 blocks of 16 tokens"));
+    run_free(&r);
+    f = fopen(path, "w");
+    fputs("block-size: 8\nblok-size: 8\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "generate --config %s", path);
+    r = run(args);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "config.yaml:2"));
+    assert_non_null(strstr(r.err, "blok-size"));
+    run_free(&r);
 }
 
 static void test_help_describes_every_flag(void **state) {
@@ -182,6 +217,7 @@ int main(void) {
         cmocka_unit_test(test_prompt_file_keeps_input_order),
         cmocka_unit_test(test_bad_prompt_file_line_is_named),
         cmocka_unit_test(test_bad_flags_fail_with_a_message),
+        cmocka_unit_test(test_config_file_and_flag_override),
         cmocka_unit_test(test_help_describes_every_flag),
         cmocka_unit_test(test_logits_file_has_every_position),
     };
