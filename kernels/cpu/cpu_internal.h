@@ -1,0 +1,87 @@
+/* cpu_internal.h - (internal to kernels/cpu/) the CPU ops, shared by ops.c's table, plus the
+ * helpers they share: dtype conversion, per-thread scratch and the worker pool.
+ *
+ * Determinism rule for every op here: the floating-point operations that produce one output
+ * element depend only on that element's inputs and the shapes, never on the batch size, the
+ * row's position in the batch or the number of threads. So a sequence computes bit-identical
+ * values whatever it is batched with, and after preemption. */
+#ifndef PAGELLM_KERNELS_CPU_INTERNAL_H
+#define PAGELLM_KERNELS_CPU_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common.h"
+#include "kernels.h"
+
+/* ---- ops (one file each) ---- */
+void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim);
+void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                     size_t block_bytes);
+void cpu_embedding(float *out, const int32_t *ids, int n, const Tensor *table);
+void cpu_rmsnorm(float *out, const float *x, const Tensor *w, int n, int dim, float eps);
+void cpu_add_rmsnorm(float *residual, const float *delta, float *out, const Tensor *w, int n,
+                     int dim, float eps);
+void cpu_matmul(float *out, const float *x, const Tensor *w, const Tensor *bias, int n);
+void cpu_rope(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
+              const Rope *rope);
+void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const float *k, const float *v,
+                  const int64_t *slot_mapping, int n);
+void cpu_attention(float *out, const float *q, const void *kv_cache, const KvLayout *l, int layer,
+                   const AttnBatch *b, int nh, float scale);
+void cpu_silu_mul(float *out, const float *gate, const float *up, int n, int dim);
+void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim);
+void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                     size_t block_bytes);
+void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
+
+/* Tests only: 0 forces the portable matmul path, 1 allows the SIMD one where the CPU has it.
+ * Returns the previous setting. Not thread-safe; set it before any matmul runs. */
+int cpu_matmul_set_simd(int enable);
+
+/* ---- dtype helpers (util.c) ---- */
+
+/* Element i of a F32 / F16 / BF16 array as fp32. */
+static inline float cpu_load_f32(const void *p, DType dt, size_t i) {
+    switch (dt) {
+        case DT_F32:
+            return ((const float *)p)[i];
+        case DT_F16:
+            return pl_f16_to_f32(((const uint16_t *)p)[i]);
+        case DT_BF16: {
+            uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            return f;
+        }
+        default:
+            pl_fatal(__FILE__, __LINE__, "unsupported dtype %s", pl_dtype_name(dt));
+    }
+}
+
+/* dst[0..n) = src[first .. first+n) converted to fp32. */
+void cpu_to_f32(float *dst, const void *src, DType dt, size_t first, size_t n);
+
+/* A per-thread buffer of at least `bytes` for scratch slot `slot` (< CPU_SCRATCH_SLOTS),
+ * 64-byte aligned. It grows (never shrinks) and lives as long as the thread; contents are
+ * not preserved across growth. No allocation once it has reached the working size. */
+enum { CPU_SCRATCH_SLOTS = 4 };
+void *cpu_scratch(int slot, size_t bytes);
+
+/* ---- worker pool (pool.c) ---- */
+
+/* One share of a parallel region: do part `tid` of `nthreads`. */
+typedef void (*CpuTaskFn)(void *ctx, int tid, int nthreads);
+
+/* Threads the pool can use, caller included (>= 1): the CPUs this process may run on, or
+ * PAGELLM_CPU_THREADS when set. */
+int cpu_num_threads(void);
+
+/* Run fn(ctx, tid, nt) for tid in [0, nt) on nt threads, nt = min(want, cpu_num_threads()),
+ * the caller running tid 0, and return when all are done. If the pool is already in use by
+ * another thread, or want <= 1, the caller runs fn(ctx, 0, 1) alone: every op is written so
+ * that the split does not change its results. */
+void cpu_parallel(CpuTaskFn fn, void *ctx, int want);
+
+#endif

@@ -1,0 +1,13 @@
+/* embedding.c - token embedding lookup: rows of a F32/F16/BF16 table copied out as fp32. */
+#include "cpu_internal.h"
+
+void cpu_embedding(float *out, const int32_t *ids, int n, const Tensor *table) {
+    PL_CHECK(table->ndim == 2);
+    int64_t vocab = table->shape[0];
+    size_t hidden = (size_t)table->shape[1];
+    for (int i = 0; i < n; i++) {
+        PL_CHECK(ids[i] >= 0 && ids[i] < vocab);
+        cpu_to_f32(out + (size_t)i * hidden, table->data, table->dtype, (size_t)ids[i] * hidden,
+                   hidden);
+    }
+}

@@ -1,0 +1,25 @@
+/* ops.c - the CPU backend's KernelOps table. Every op is plain C on host memory with fp32
+ * activations; it is both a real backend and the reference the CUDA kernels are tested
+ * against. The ops themselves live in one file each (see cpu_internal.h). */
+#include "cpu_internal.h"
+
+static const KernelOps cpu_ops = {
+    .name = "cpu",
+    .embedding = cpu_embedding,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+    .gather_rows = cpu_gather_rows,
+    .copy_blocks = cpu_copy_blocks,
+    .gather_rows = cpu_gather_rows,
+    .copy_blocks = cpu_copy_blocks,
+    .sample = cpu_sample,
+};
+
+const KernelOps *k_cpu_ops(void) {
+    return &cpu_ops;
+}

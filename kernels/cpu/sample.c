@@ -1,0 +1,317 @@
+/* sample.c - next-token selection with vLLM's sampling semantics, deterministic per request.
+ *
+ * Per row: (1) repetition penalty over prompt and output tokens, then frequency and presence
+ * penalties over output tokens; (2) temperature ~0: argmax, lowest id on ties; otherwise
+ * (3) logits /= temperature, (4) top-k, (5) top-p over the top-k set renormalised,
+ * (6) min-p relative to the top probability, (7) one draw u = k_random_uniform(seed,
+ * num_output) walked down the kept tokens in descending probability (ties: lower id first).
+ *
+ * Every filter keeps a prefix of the tokens ranked by (logit desc, id asc), and the draw is
+ * the inverse CDF along that ranking, so nothing is fully sorted: top-k selects k tokens
+ * with a bounded heap (O(V log k)); the top-p cut and the draw are weighted quickselects
+ * (O(V) expected) that find where the cumulative mass along the ranking crosses a target.
+ * Filtered-out logits are set to -inf, so the row left behind is the distribution that was
+ * sampled from. Rows run in parallel on the worker pool. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cpu_internal.h"
+
+typedef struct {
+    float v; /* logit after penalties and temperature */
+    float w; /* expf(v - max logit): unnormalised probability */
+    int32_t id;
+} Cand;
+
+/* Ranking: a is worse than b if its logit is lower, or equal with a higher id. */
+static inline int worse(Cand a, Cand b) {
+    return a.v < b.v || (a.v == b.v && a.id > b.id);
+}
+
+static inline void swap(Cand *a, Cand *b) {
+    Cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Heap whose root is the worst element. */
+static void sift_down(Cand *a, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && worse(a[l], a[m]))
+            m = l;
+        if (r < n && worse(a[r], a[m]))
+            m = r;
+        if (m == i)
+            return;
+        swap(&a[i], &a[m]);
+        i = m;
+    }
+}
+
+/* Sort best first (heapsort: in place, no allocation, O(n log n) worst case). */
+static void sort_best_first(Cand *a, int n) {
+    for (int i = n / 2 - 1; i >= 0; i--)
+        sift_down(a, n, i);
+    for (int end = n - 1; end > 0; end--) {
+        swap(&a[0], &a[end]);
+        sift_down(a, end, 0);
+    }
+}
+
+static inline int reached(double cum, double target, int inclusive) {
+    return inclusive ? cum >= target : cum > target;
+}
+
+/* Weighted selection: find the first element, in rank order, at which the cumulative weight
+ * reaches `target` (cum > target, or cum >= target when inclusive) without sorting: a
+ * quickselect that recurses into the side holding the crossing point, O(n) expected. On
+ * return a[0..r) all rank before a[r] and a[r+1..n) after it. Returns -1 when the total
+ * falls short of the target (only by rounding). After too many rounds (bad pivots) the rest
+ * is heapsorted, so the worst case stays O(n log n). Deterministic. */
+static int mass_select(Cand *a, int n, double target, int inclusive) {
+    int lo = 0, hi = n, rounds = 0;
+    double before = 0.0; /* weight of a[0..lo), all ranked before a[lo..hi) */
+    while (hi - lo > 16 && rounds++ < 64) {
+        /* median of three by rank, moved to a[hi - 1] */
+        int mid = lo + (hi - lo) / 2;
+        if (worse(a[mid], a[lo]))
+            swap(&a[mid], &a[lo]);
+        if (worse(a[hi - 1], a[lo]))
+            swap(&a[hi - 1], &a[lo]);
+        if (worse(a[mid], a[hi - 1]))
+            swap(&a[mid], &a[hi - 1]);
+        Cand piv = a[hi - 1];
+        int s = lo;
+        double better = 0.0;
+        for (int j = lo; j < hi - 1; j++) {
+            if (worse(piv, a[j])) {
+                better += a[j].w;
+                swap(&a[s], &a[j]);
+                s++;
+            }
+        }
+        swap(&a[s], &a[hi - 1]);
+        if (s > lo && reached(before + better, target, inclusive)) {
+            hi = s;
+            continue;
+        }
+        before += better;
+        if (reached(before + a[s].w, target, inclusive))
+            return s;
+        before += a[s].w;
+        lo = s + 1;
+    }
+    sort_best_first(a + lo, hi - lo);
+    for (int j = lo; j < hi; j++) {
+        before += a[j].w;
+        if (reached(before, target, inclusive))
+            return j;
+    }
+    return -1;
+}
+
+/* Per-thread occurrence counts, [vocab], all zero between calls (cleared through the
+ * history, not by a memset of the vocabulary). */
+static _Thread_local uint32_t *counts;
+static _Thread_local size_t counts_cap;
+
+enum { REP_DONE = 1u << 31, FP_DONE = 1u << 30, COUNT_MASK = FP_DONE - 1 };
+
+static void apply_penalties(float *lg, int V, const SampleRequest *rq) {
+    const SamplingParams *p = rq->params;
+    int rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
+    int fp = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (!rep && !fp)
+        return;
+    if (counts_cap < (size_t)V) {
+        free(counts);
+        counts = pl_xcalloc((size_t)V, sizeof *counts);
+        counts_cap = (size_t)V;
+    }
+    for (int i = 0; i < rq->num_prompt; i++)
+        PL_CHECK(rq->prompt[i] >= 0 && rq->prompt[i] < V);
+    for (int i = 0; i < rq->num_output; i++) {
+        PL_CHECK(rq->output[i] >= 0 && rq->output[i] < V);
+        counts[rq->output[i]]++;
+    }
+    if (rep) {
+        float r = p->repetition_penalty;
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *toks = pass ? rq->output : rq->prompt;
+            int nt = pass ? rq->num_output : rq->num_prompt;
+            for (int i = 0; i < nt; i++) {
+                int32_t t = toks[i];
+                if (counts[t] & REP_DONE)
+                    continue;
+                counts[t] |= REP_DONE;
+                lg[t] = lg[t] > 0.0f ? lg[t] / r : lg[t] * r;
+            }
+        }
+    }
+    if (fp) {
+        for (int i = 0; i < rq->num_output; i++) {
+            int32_t t = rq->output[i];
+            if (counts[t] & FP_DONE)
+                continue;
+            float c = (float)(counts[t] & COUNT_MASK);
+            counts[t] |= FP_DONE;
+            lg[t] -= p->frequency_penalty * c;
+            lg[t] -= p->presence_penalty;
+        }
+    }
+    for (int i = 0; i < rq->num_prompt; i++)
+        counts[rq->prompt[i]] = 0;
+    for (int i = 0; i < rq->num_output; i++)
+        counts[rq->output[i]] = 0;
+}
+
+/* Largest value in 8 lanes (vectorisable; no NaN left by then). */
+static float row_max(const float *lg, int V) {
+    float lane[8];
+    for (int j = 0; j < 8; j++)
+        lane[j] = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= V; i += 8)
+        for (int j = 0; j < 8; j++)
+            lane[j] = lg[i + j] > lane[j] ? lg[i + j] : lane[j];
+    float m = -INFINITY;
+    for (int j = 0; j < 8; j++)
+        m = lane[j] > m ? lane[j] : m;
+    for (; i < V; i++)
+        m = lg[i] > m ? lg[i] : m;
+    return m;
+}
+
+/* First index holding the largest logit. */
+static int32_t argmax(const float *lg, int V) {
+    float m = row_max(lg, V);
+    for (int i = 0; i < V; i++)
+        if (lg[i] == m)
+            return i;
+    return 0;
+}
+
+static int32_t sample_row(float *lg, int V, const SampleRequest *rq, Cand *cand) {
+    const SamplingParams *p = rq->params;
+    PL_CHECK(p != NULL);
+    for (int i = 0; i < V; i++)
+        if (isnan(lg[i]))
+            lg[i] = -INFINITY;
+    apply_penalties(lg, V, rq);
+    if (!(p->temperature >= 1e-5f))
+        return argmax(lg, V);
+
+    float temp = p->temperature;
+    for (int i = 0; i < V; i++)
+        lg[i] /= temp;
+    float lmax = row_max(lg, V);
+    if (!(lmax > -INFINITY) || lmax == INFINITY)
+        return argmax(lg, V); /* no finite distribution to draw from */
+
+    /* candidates: the top-k tokens, or every token of nonzero weight */
+    int m = 0;
+    int k = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    if (k < V) {
+        /* bounded heap of the k best, root = worst kept: O(V log k), usually O(V) */
+        for (int i = 0; i < V; i++) {
+            Cand c = {lg[i], 0.0f, i};
+            if (m < k) {
+                cand[m++] = c;
+                if (m == k)
+                    for (int j = k / 2 - 1; j >= 0; j--)
+                        sift_down(cand, k, j);
+            } else if (worse(cand[0], c)) {
+                cand[0] = c;
+                sift_down(cand, k, 0);
+            }
+        }
+        for (int j = 0; j < m; j++)
+            cand[j].w = expf(cand[j].v - lmax);
+    } else {
+        for (int i = 0; i < V; i++) {
+            float w = expf(lg[i] - lmax);
+            if (w > 0.0f)
+                cand[m++] = (Cand){lg[i], w, i};
+        }
+    }
+    double total = 0.0;
+    for (int j = 0; j < m; j++)
+        total += (double)cand[j].w;
+
+    /* top-p over the (top-k) candidates: keep up to the token where the mass reaches p */
+    int keep = m;
+    double kept_total = total;
+    if (p->top_p < 1.0f) {
+        int r = mass_select(cand, m, (double)p->top_p * total, 1);
+        if (r >= 0 && r + 1 < m) {
+            keep = r + 1;
+            kept_total = 0.0;
+            for (int j = 0; j < keep; j++)
+                kept_total += (double)cand[j].w;
+        }
+    }
+    /* min-p relative to the top token (weight 1), which always stays */
+    if (p->min_p > 0.0f) {
+        float thr = p->min_p < 1.0f ? p->min_p : 1.0f;
+        int j = 0;
+        for (int i = 0; i < keep; i++)
+            if (cand[i].w >= thr)
+                cand[j++] = cand[i];
+        if (j < keep) {
+            keep = j;
+            kept_total = 0.0;
+            for (int i = 0; i < keep; i++)
+                kept_total += (double)cand[i].w;
+        }
+    }
+
+    double u = (double)k_random_uniform(p->seed, (uint64_t)rq->num_output);
+    int r = mass_select(cand, keep, u * kept_total, 0);
+    if (r < 0) { /* rounding put the target past the end: the last token of nonzero weight */
+        for (int j = 0; j < keep; j++)
+            if (cand[j].w > 0.0f && (r < 0 || worse(cand[j], cand[r])))
+                r = j;
+    }
+    PL_CHECK(r >= 0);
+    int32_t token = cand[r].id;
+
+    /* leave the sampled-from distribution in the row: everything ranked after the worst kept
+     * token becomes -inf (zero-weight tokens are left alone when nothing was cut) */
+    if (k < V || keep < m) {
+        Cand last = cand[0];
+        for (int j = 1; j < keep; j++)
+            if (worse(cand[j], last))
+                last = cand[j];
+        for (int i = 0; i < V; i++) {
+            Cand c = {lg[i], 0.0f, i};
+            if (worse(c, last))
+                lg[i] = -INFINITY;
+        }
+    }
+    return token;
+}
+
+typedef struct {
+    int32_t *tokens;
+    float *logits;
+    int n, vocab;
+    const SampleRequest *reqs;
+} SampleJob;
+
+static void sample_task(void *ctx, int tid, int nt) {
+    const SampleJob *jb = ctx;
+    Cand *cand = NULL;
+    for (int i = tid; i < jb->n; i += nt) {
+        if (!cand)
+            cand = cpu_scratch(1, (size_t)jb->vocab * sizeof(Cand));
+        jb->tokens[i] =
+            sample_row(jb->logits + (size_t)i * jb->vocab, jb->vocab, &jb->reqs[i], cand);
+    }
+}
+
+void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs) {
+    PL_CHECK(vocab > 0);
+    SampleJob jb = {tokens, logits, n, vocab, reqs};
+    cpu_parallel(sample_task, &jb, (double)n * vocab < 65536.0 ? 1 : n);
+}

@@ -1,0 +1,78 @@
+/* kernels.c - backend-independent helpers of the kernel API: KV block geometry, RoPE
+ * frequencies (with llama3 scaling), the per-request random stream and the default
+ * sampling parameters. Everything here runs on the host and is shared by every backend. */
+#include <math.h>
+
+#include "kernels.h"
+#include "sampling.h"
+
+size_t k_kv_half_elems(const KvLayout *l) {
+    return (size_t)l->block_size * (size_t)l->num_kv_heads * (size_t)l->head_dim;
+}
+
+size_t k_kv_block_elems(const KvLayout *l) {
+    return (size_t)l->num_layers * 2 * k_kv_half_elems(l);
+}
+
+/* Mirrors transformers' _compute_default_rope_parameters and _compute_llama3_parameters
+ * step by step in float32 (torch evaluates these on float32 tensors), so that the
+ * frequencies, and which band each one falls into, match the reference bit for bit or
+ * within an ulp. The power itself is taken in double and rounded once. */
+void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
+                     float low_freq_factor, float high_freq_factor, int original_max_pos) {
+    PL_CHECK(head_dim > 0 && head_dim % 2 == 0);
+    for (int i = 0; i < head_dim / 2; i++) {
+        float e = (float)(2 * i) / (float)head_dim;
+        float p = (float)pow((double)theta, (double)e);
+        inv_freq[i] = 1.0f / p;
+    }
+    if (llama3_factor <= 0.0f)
+        return;
+    PL_CHECK(high_freq_factor != low_freq_factor && original_max_pos > 0);
+    float factor = llama3_factor;
+    float old_ctx = (float)original_max_pos;
+    float low_freq_wavelen = (float)((double)original_max_pos / (double)low_freq_factor);
+    float high_freq_wavelen = (float)((double)original_max_pos / (double)high_freq_factor);
+    float band = (float)((double)high_freq_factor - (double)low_freq_factor);
+    for (int i = 0; i < head_dim / 2; i++) {
+        float inv = inv_freq[i];
+        /* torch evaluates `2 * math.pi / t` as reciprocal(t) * (2 * pi) */
+        float wavelen = (1.0f / inv) * (float)(2.0 * M_PI);
+        float v = wavelen > low_freq_wavelen ? inv / factor : inv;
+        int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+        if (medium) {
+            float smooth = ((1.0f / wavelen) * old_ctx - low_freq_factor) / band;
+            v = (1.0f - smooth) * v / factor + smooth * v;
+        }
+        inv_freq[i] = v;
+    }
+}
+
+/* splitmix64's finaliser: a bijective 64-bit mixer with full avalanche. */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Counter-based: the value for (seed, index) needs no state, so a request's draws do not
+ * depend on what else ran in its batch or whether it was preempted and resumed. */
+float k_random_uniform(uint64_t seed, uint64_t index) {
+    uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull);
+    z = mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+SamplingParams sampling_params_default(void) {
+    SamplingParams p = {
+        .temperature = 0.0f,
+        .top_p = 1.0f,
+        .top_k = 0,
+        .min_p = 0.0f,
+        .repetition_penalty = 1.0f,
+        .presence_penalty = 0.0f,
+        .frequency_penalty = 0.0f,
+        .seed = 0,
+    };
+    return p;
+}
