@@ -212,6 +212,7 @@ void eng_request_free(Engine *e, Request *r) {
     free(r->seqs);
     free(r->data);
     free(r->prompt);
+    free(r->stop_ids);
     free(r);
 }
 
@@ -243,6 +244,9 @@ void eng_destroy(Engine *e) {
     free(e->sampled);
     free(e->events);
     free(e->text);
+    free(e->top_ids);
+    free(e->top_vals);
+    free(e->raw_rows);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     free(e);
@@ -296,6 +300,9 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
                                 r->prompt[i], i, vocab);
     if (r->params.max_tokens <= 0)
         return pl_error_set(PL_ERR_INVALID, "max_tokens must be at least 1");
+    if (r->params.top_logprobs < 0 || r->params.top_logprobs > 64)
+        return pl_error_set(PL_ERR_INVALID, "top_logprobs = %d is not in [0, 64]",
+                            r->params.top_logprobs);
     if (r->params.n < 0 || r->params.n > e->cfg.max_num_seqs)
         return pl_error_set(PL_ERR_INVALID, "n = %d is not in [1, max-num-seqs = %d]", r->params.n,
                             e->cfg.max_num_seqs);
@@ -318,6 +325,11 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     q->prompt = pl_xmalloc((size_t)r->num_prompt * sizeof(int32_t));
     memcpy(q->prompt, r->prompt, (size_t)r->num_prompt * sizeof(int32_t));
     q->num_prompt = r->num_prompt;
+    if (r->params.num_stop_token_ids > 0) {
+        size_t bytes = (size_t)r->params.num_stop_token_ids * sizeof(int32_t);
+        q->stop_ids = memcpy(pl_xmalloc(bytes), r->params.stop_token_ids, bytes);
+    }
+    q->params.stop_token_ids = q->stop_ids;
     q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
     q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
     pthread_mutex_lock(&e->mu);

@@ -28,8 +28,9 @@ struct Request {
     GenerateParams params;
     int32_t *prompt;
     int num_prompt;
-    int n;           /* samples wanted */
-    int num_started; /* sequences created so far (1 until the prompt's first sample) */
+    int32_t *stop_ids; /* copy of params.stop_token_ids */
+    int n;             /* samples wanted */
+    int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
     Sequence **seqs; /* [n] */
     SeqData *data;   /* [n] */
@@ -77,12 +78,25 @@ struct Engine {
     SampleRequest *sample_reqs; /* [max_num_seqs] */
     int32_t *sampled;           /* [max_num_seqs] */
 
-    /* events of the last step and the text they point into */
+    /* events of the last step and the text and logprobs they point into */
     EngEvent *events;
     int events_n, events_cap;
     char *text;
     size_t text_len, text_cap;
+    int32_t *top_ids; /* [top_cap] */
+    float *top_vals;  /* [top_cap] */
+    size_t top_len, top_cap;
+    float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
+    size_t raw_cap;
 };
+
+/* Log-probabilities of one sampled row, computed from its raw logits before sampling. */
+typedef struct {
+    const float *raw; /* the row's raw logits, NULL when not wanted */
+    float lse;        /* log-sum-exp of the row */
+    size_t top_at;    /* offset of its top-k in the step's top arrays */
+    int num_top;
+} RowLogprobs;
 
 /* Free a finished request and its sequences (engine thread). */
 void eng_request_free(Engine *e, Request *r);

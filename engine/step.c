@@ -1,6 +1,7 @@
 /* step.c - one engine step: take new requests and aborts from the inbox, let the scheduler
  * plan the batch, perform its block copies, run the model over the packed batch, sample,
  * and turn the new tokens into output events (text in context, finish reasons). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +23,7 @@ static size_t arena_put(Engine *e, const char *s) {
 }
 
 static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at,
-                 FinishReason finish) {
+                 FinishReason finish, const RowLogprobs *lp) {
     if (e->events_n == e->events_cap) {
         e->events_cap = e->events_cap ? 2 * e->events_cap : 64;
         e->events = pl_xrealloc(e->events, (size_t)e->events_cap * sizeof *e->events);
@@ -35,6 +36,12 @@ static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at
                                           .finish = finish,
                                           .num_prompt_tokens = r->num_prompt,
                                           .num_generated = r->data[index].num_generated};
+    if (lp && lp->raw && token >= 0) {
+        EngEvent *ev = &e->events[e->events_n - 1];
+        ev->logprob = lp->raw[token] - lp->lse;
+        ev->top_ids = (const int32_t *)(uintptr_t)lp->top_at; /* offsets until the step ends */
+        ev->num_top = lp->num_top;
+    }
 }
 
 static void start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
@@ -51,7 +58,7 @@ static void start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
 
 /* End one sample: flush held-back text, emit its last event, release its blocks. */
 static void finish_sequence(Engine *e, Sequence *seq, FinishReason why, int32_t token,
-                            const char *text) {
+                            const char *text, const RowLogprobs *lp) {
     SeqData *d = seq->owner;
     Request *r = d->req;
     /* The stream's buffer holding `text` is reused by tok_stream_finish: copy it first. */
@@ -70,7 +77,7 @@ static void finish_sequence(Engine *e, Sequence *seq, FinishReason why, int32_t 
         }
     }
     d->finish = why;
-    emit(e, r, d->index, token, at, why);
+    emit(e, r, d->index, token, at, why, lp);
     sched_remove(e->sched, seq);
     r->num_finished++;
 }
@@ -107,7 +114,7 @@ static void take_inbox(Engine *e) {
                 continue;
             for (int j = 0; j < r->num_started; j++)
                 if (r->data[j].finish == FINISH_NONE)
-                    finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "");
+                    finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "", NULL);
             /* samples not forked yet will never start */
             r->num_finished += r->n - r->num_started;
         }
@@ -168,7 +175,12 @@ static SampleRequest sample_request(const Sequence *seq) {
                            .num_output = seq->num_tokens - seq->num_prompt};
 }
 
-static int is_eos(const Engine *e, int32_t t) {
+static int is_stop_token(const Engine *e, const Request *r, int32_t t) {
+    for (int i = 0; i < r->params.num_stop_token_ids; i++)
+        if (r->stop_ids[i] == t)
+            return 1;
+    if (r->params.ignore_eos)
+        return 0;
     const ModelConfig *mc = model_config(e->model);
     for (int i = 0; i < mc->num_eos; i++)
         if (mc->eos_token_ids[i] == t)
@@ -176,27 +188,75 @@ static int is_eos(const Engine *e, int32_t t) {
     return e->tok && t == tok_eos_id(e->tok);
 }
 
-/* Record a sampled token on its sequence: stop on EOS, append, check lengths, emit. */
-static void accept_token(Engine *e, Sequence *seq, int32_t token) {
+/* Record a sampled token on its sequence: stop on EOS or a stop token, append, check
+ * lengths, emit. */
+static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp) {
     SeqData *d = seq->owner;
     Request *r = d->req;
-    if (!r->params.ignore_eos && is_eos(e, token)) {
-        finish_sequence(e, seq, FINISH_STOP, -1, "");
+    if (is_stop_token(e, r, token)) {
+        finish_sequence(e, seq, FINISH_STOP, -1, "", NULL);
         return;
     }
     seq_append(seq, token);
     d->num_generated++;
     const char *text = d->stream ? tok_stream_push(d->stream, token) : "";
     if (d->num_generated >= r->params.max_tokens || seq->num_tokens >= e->max_model_len) {
-        finish_sequence(e, seq, FINISH_LENGTH, token, text);
+        finish_sequence(e, seq, FINISH_LENGTH, token, text, lp);
         return;
     }
-    emit(e, r, d->index, token, arena_put(e, text), FINISH_NONE);
+    emit(e, r, d->index, token, arena_put(e, text), FINISH_NONE, lp);
+}
+
+/* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
+ * likely tokens (best first) for the events. */
+static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k, RowLogprobs *lp) {
+    if ((size_t)(slot + 1) * vocab > e->raw_cap) {
+        e->raw_cap = (size_t)(slot + 1) * vocab * 2;
+        e->raw_rows = pl_xrealloc(e->raw_rows, e->raw_cap * sizeof(float));
+    }
+    float *raw = e->raw_rows + (size_t)slot * vocab;
+    memcpy(raw, row, (size_t)vocab * sizeof(float));
+    float max = raw[0];
+    for (int i = 1; i < vocab; i++)
+        max = raw[i] > max ? raw[i] : max;
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)(raw[i] - max));
+    lp->raw = raw;
+    lp->lse = max + (float)log(sum);
+    if (k > vocab)
+        k = vocab;
+    if (e->top_len + (size_t)k > e->top_cap) {
+        e->top_cap = (e->top_len + (size_t)k) * 2 + 64;
+        e->top_ids = pl_xrealloc(e->top_ids, e->top_cap * sizeof(int32_t));
+        e->top_vals = pl_xrealloc(e->top_vals, e->top_cap * sizeof(float));
+    }
+    int32_t *ids = e->top_ids + e->top_len;
+    float *vals = e->top_vals + e->top_len;
+    int n = 0;
+    for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
+        if (n == k && raw[i] <= vals[k - 1])
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < raw[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = raw[i];
+        ids[j] = i;
+    }
+    for (int i = 0; i < n; i++)
+        vals[i] -= lp->lse;
+    lp->top_at = e->top_len;
+    lp->num_top = n;
+    e->top_len += (size_t)n;
 }
 
 /* The prompt's first sample of an n > 1 request: fork the other samples off it, each
  * drawing its own first token from a copy of the same logits row. */
-static void fork_samples(Engine *e, Sequence *parent, const float *row, int vocab) {
+static void fork_samples(Engine *e, Sequence *parent, const float *row, int vocab,
+                         const RowLogprobs *lp) {
     Request *r = ((SeqData *)parent->owner)->req;
     for (int i = 1; i < r->n; i++) {
         Sequence *child =
@@ -207,26 +267,35 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
         SampleRequest sr = sample_request(child);
         int32_t token;
         e->ops->sample(&token, e->fork_logits, 1, vocab, &sr);
-        accept_token(e, child, token);
+        accept_token(e, child, token, lp);
     }
 }
 
 static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
     int vocab = model_config(e->model)->vocab_size, k = 0;
+    RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
+    int num_raw = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (!o->seqs[i].sample)
             continue;
         Sequence *seq = o->seqs[i].seq;
         Request *r = ((SeqData *)seq->owner)->req;
+        float *row = e->logits + (size_t)k * vocab;
+        lps[k] = (RowLogprobs){0};
+        if (r->params.logprobs)
+            row_logprobs(e, row, vocab, num_raw++, r->params.top_logprobs, &lps[k]);
         if (r->n > r->num_started) /* before sampling modifies the row in place */
-            fork_samples(e, seq, e->logits + (size_t)k * vocab, vocab);
+            fork_samples(e, seq, row, vocab, &lps[k]);
         e->sample_reqs[k++] = sample_request(seq);
     }
     e->ops->sample(e->sampled, e->logits, k, vocab, e->sample_reqs);
     k = 0;
-    for (int i = 0; i < o->num_seqs; i++)
-        if (o->seqs[i].sample)
-            accept_token(e, o->seqs[i].seq, e->sampled[k++]);
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (o->seqs[i].sample) {
+            accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k]);
+            k++;
+        }
+    }
 }
 
 /* Drop requests whose samples have all finished. */
@@ -252,6 +321,7 @@ static void retire_finished(Engine *e) {
 int eng_step(Engine *e, const EngEvent **events) {
     e->events_n = 0;
     e->text_len = 0;
+    e->top_len = 0;
     take_inbox(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
     do_block_copies(e, o);
@@ -263,8 +333,17 @@ int eng_step(Engine *e, const EngEvent **events) {
         sched_step_done(e->sched, o);
         sample_and_emit(e, o);
     }
-    for (int i = 0; i < e->events_n; i++) /* offsets become pointers now the arena is final */
-        e->events[i].text = e->text + (uintptr_t)e->events[i].text;
+    for (int i = 0; i < e->events_n; i++) { /* offsets become pointers: the arenas are final */
+        EngEvent *ev = &e->events[i];
+        ev->text = e->text + (uintptr_t)ev->text;
+        if (ev->num_top > 0) {
+            size_t at = (uintptr_t)ev->top_ids;
+            ev->top_ids = e->top_ids + at;
+            ev->top_logprobs = e->top_vals + at;
+        } else {
+            ev->top_ids = NULL;
+        }
+    }
     retire_finished(e);
     *events = e->events;
     return e->events_n;

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -365,6 +366,72 @@ static void test_impossible_requests_are_rejected(void **state) {
     eng_destroy(e);
 }
 
+/* Logprobs are the log-softmax of the raw logits; the greedy token is the top one; a stop
+ * token id ends the sample with "stop". */
+static void test_logprobs_and_stop_token_ids(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    int32_t prompt[] = {1, 403, 407, 261, 378};
+    GenerateParams gp = {
+        .sampling = sampling_params_default(), .max_tokens = 3, .logprobs = 1, .top_logprobs = 5};
+    EngRequest r = {.prompt = prompt, .num_prompt = 5, .params = gp};
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    const EngEvent *ev;
+    int32_t first = -1;
+    float first_lp = 0, top_lp[5];
+    int32_t top_ids[5];
+    while (eng_has_work(e)) {
+        int n = eng_step(e, &ev);
+        for (int k = 0; k < n; k++) {
+            if (ev[k].token < 0 || first >= 0)
+                continue;
+            first = ev[k].token;
+            first_lp = ev[k].logprob;
+            assert_int_equal(ev[k].num_top, 5);
+            memcpy(top_ids, ev[k].top_ids, sizeof top_ids);
+            memcpy(top_lp, ev[k].top_logprobs, sizeof top_lp);
+        }
+    }
+    /* golden.json: first greedy token 432, then 383, 322, 353, 323 */
+    assert_int_equal(first, 432);
+    static const int32_t want_top[5] = {432, 383, 322, 353, 323};
+    assert_memory_equal(top_ids, want_top, sizeof want_top);
+    for (int i = 1; i < 5; i++)
+        assert_true(top_lp[i] <= top_lp[i - 1]);
+    float logits[5 * 512];
+    assert_int_equal(eng_prompt_logits(e, prompt, 5, logits), PL_OK);
+    const float *row = logits + 4 * 512;
+    double sum = 0;
+    for (int i = 0; i < 512; i++)
+        sum += exp(row[i] - row[432]);
+    assert_float_equal(first_lp, -log(sum), 1e-4);
+    assert_float_equal(top_lp[0], first_lp, 1e-6);
+    assert_float_equal(top_lp[1] - top_lp[0], 14.28126 - 17.7994, 1e-3);
+
+    int32_t stop_ids[] = {383}; /* the second greedy token */
+    gp.stop_token_ids = stop_ids;
+    gp.num_stop_token_ids = 1;
+    gp.max_tokens = 10;
+    r.params = gp;
+    Job j = {.num_out = 0};
+    r.user = &j;
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    while (eng_has_work(e)) {
+        int n = eng_step(e, &ev);
+        for (int k = 0; k < n; k++) {
+            if (ev[k].token >= 0)
+                j.out[j.num_out++] = ev[k].token;
+            if (ev[k].finish)
+                j.finish = ev[k].finish;
+        }
+    }
+    assert_int_equal(j.num_out, 1);
+    assert_int_equal(j.out[0], 432);
+    assert_int_equal(j.finish, FINISH_STOP);
+    eng_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_swap_preemption_keeps_outputs),
@@ -375,6 +442,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_hit),
         cmocka_unit_test(test_kv_waste_under_one_block_per_sequence),
         cmocka_unit_test(test_impossible_requests_are_rejected),
+        cmocka_unit_test(test_logprobs_and_stop_token_ids),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

@@ -1,0 +1,138 @@
+/* api.h - the OpenAI-compatible request layer: parse and validate the JSON bodies of
+ * POST /v1/completions and /v1/chat/completions into plain structs, render chat messages
+ * with the model's chat template family, and write OpenAI-shaped error objects.
+ *
+ * Pure functions over text (jansson inside): no sockets, no engine, so every rule is unit
+ * tested. Unknown fields are ignored, as OpenAI's and vLLM's servers do. */
+#ifndef PAGELLM_API_H
+#define PAGELLM_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+#define API_MAX_STOP 16
+
+/* An error to send back: HTTP status and the fields of {"error": {...}}. */
+typedef struct {
+    int status;        /* 400, 401, 404, 405, 413, 503 ... */
+    char message[512];
+    const char *type;  /* "invalid_request_error", "authentication_error", "not_found_error",
+                        * "server_error" ... (static) */
+    char param[64];    /* offending field, "" when none (serialised as null) */
+    const char *code;  /* machine code or NULL (serialised as null) */
+} ApiError;
+
+/* Limits the server checks requests against. */
+typedef struct {
+    int max_model_len; /* prompt + max_tokens must fit */
+    int max_n;         /* upper bound of n and best_of */
+    int vocab_size;    /* token ids must be below */
+    int max_logprobs;  /* upper bound of logprobs (top-k) */
+} ApiLimits;
+
+/* One prompt: text, or token ids (exactly one of the two set). */
+typedef struct {
+    char *text;   /* NUL-terminated, owned; NULL for token ids */
+    int32_t *ids; /* owned; NULL for text */
+    int num_ids;
+} ApiPrompt;
+
+typedef struct {
+    char *model;          /* NULL when absent */
+    ApiPrompt *prompts;   /* [num_prompts] >= 1 */
+    int num_prompts;
+    int max_tokens;       /* default 16; chat: default = what is left of max-model-len (-1) */
+    int n;                /* default 1 */
+    int best_of;          /* default n; >= n */
+    float temperature;    /* default 1 */
+    float top_p;          /* default 1 */
+    int top_k;            /* default -1 (off) */
+    float min_p;          /* default 0 */
+    float presence_penalty, frequency_penalty; /* default 0, in [-2, 2] */
+    float repetition_penalty; /* default 1, > 0 */
+    int has_seed;
+    uint64_t seed;
+    char *stop[API_MAX_STOP]; /* owned */
+    int num_stop;
+    int32_t *stop_token_ids;  /* owned */
+    int num_stop_token_ids;
+    int stream;
+    int include_usage;    /* stream_options.include_usage */
+    int logprobs;         /* -1 = none; else top-k alternatives per token (0 = chosen only) */
+    int echo;             /* completions: prepend the prompt to the text */
+    int ignore_eos;
+    char *user;
+    int is_chat;          /* parsed from /v1/chat/completions: prompts[0].text is the rendered
+                           * template, which already holds any BOS text, so the server
+                           * tokenizes it with add_special = 0 (as vLLM does for chat) */
+} ApiRequest;
+
+/* Parse a completions body. On failure returns PL_ERR_INVALID with *err filled (status 400,
+ * param naming the field) and *req left empty. */
+Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, ApiRequest *req,
+                            ApiError *err);
+
+/* Check one tokenized prompt of `req` against lim->max_model_len and resolve max_tokens:
+ * returns req->max_tokens, or for -1 (chat default) what is left of max-model-len; on
+ * failure returns -1 with *err filled (400; param "prompt" when the prompt alone leaves no
+ * room, else "max_tokens" with code "context_length_exceeded"). max_model_len <= 0 means
+ * unchecked (a -1 then gives 16). */
+int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tokens,
+                     ApiError *err);
+
+/* Chat template families pagellm knows. CHAT_ZEPHYR is the <|user|> / <|assistant|> format
+ * of Zephyr and TinyLlama-Chat. */
+typedef enum { CHAT_NONE = 0, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR } ChatTemplate;
+
+/* Recognise the family of a tokenizer_config.json "chat_template" string (NULL or unknown
+ * gives CHAT_NONE): "<|im_start|>" ChatML, "<|start_header_id|>" Llama-3, "[INST]"
+ * Llama-2/Mistral, "<|user|>" with "<|assistant|>" Zephyr. */
+ChatTemplate api_detect_chat_template(const char *jinja_source);
+
+/* Family by name: "chatml", "llama3", "llama2" (or "mistral"), "zephyr"; CHAT_NONE when
+ * unknown. */
+ChatTemplate api_chat_template_by_name(const char *name);
+
+/* The name api_chat_template_by_name takes ("none" for CHAT_NONE). Static string. */
+const char *api_chat_template_name(ChatTemplate t);
+
+/* One chat message as the renderer sees it (borrowed strings). */
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content; /* text parts already joined */
+} ApiChatMessage;
+
+/* Render `msgs` with family `tmpl` exactly as the family's Hugging Face template does with
+ * add_generation_prompt (Llama-2 has none: it ends after the last " [/INST]"). bos / eos are
+ * the token texts the template writes; NULL gives the family's usual one ("<s>" / "</s>",
+ * "<|begin_of_text|>"). Returns a malloc'd string, or NULL with *err filled (400, param
+ * "messages"): unknown role, Llama-2 roles not alternating user/assistant after an optional
+ * system message, CHAT_NONE. */
+char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs,
+                      const char *bos, const char *eos, ApiError *err);
+
+/* Parse a chat body: messages [{role: system|user|assistant, content: string or list of
+ * {type: text, text} parts (joined with "\n", as vLLM does)}] rendered by api_chat_render
+ * into prompts[0].text; `bos` / `eos` are the tokenizer's BOS / EOS token texts (NULL: the
+ * family's usual ones). Sampling fields as for completions (no best_of, echo); `max_tokens`
+ * or `max_completion_tokens` (the latter wins; default -1: see api_check_length);
+ * `logprobs` is a bool with `top_logprobs` (0-20). CHAT_NONE gives a 400 "the model has no
+ * chat template". */
+Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTemplate tmpl,
+                      const char *bos, const char *eos, ApiRequest *req, ApiError *err);
+
+/* Free what `req` owns and zero it (safe to call twice). */
+void api_request_free(ApiRequest *req);
+
+/* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
+ * from the status (400 invalid_request_error, 401 authentication_error, 404
+ * not_found_error, 5xx server_error ...); param NULL or "" serialises as null. */
+void api_error_set(ApiError *err, int status, const char *type, const char *param,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
+char *api_error_json(const ApiError *err);
+
+#endif
