@@ -76,9 +76,13 @@ int cli_config_begin(Config *cfg, int argc, char **argv) {
 }
 
 int cli_config_end(Config *cfg) {
-    if (!cfg->model && cfg_set(cfg, "model", cli_default_model_dir(), NULL) != PL_OK) {
-        fprintf(stderr, "pagellm: %s\n", pl_error());
-        return 0;
+    if (!cfg->model) { /* the bundled model, served under its own name */
+        if (cfg_set(cfg, "model", cli_default_model_dir(), NULL) != PL_OK ||
+            (!cfg->served_model_name &&
+             cfg_set(cfg, "served-model-name", "stories260K", NULL) != PL_OK)) {
+            fprintf(stderr, "pagellm: %s\n", pl_error());
+            return 0;
+        }
     }
     if (cfg_validate(cfg) != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());

@@ -12,6 +12,7 @@ static const char usage[] =
     "An LLM inference server for Llama-family models (Llama 2/3, Mistral, Qwen2).\n"
     "\n"
     "commands:\n"
+    "  serve      run the OpenAI-compatible HTTP server\n"
     "  generate   complete a prompt (or a file of prompts) and print the text\n"
     "  logits     write the logits of every position of a prompt to a file (verification)\n"
     "\n"
@@ -34,6 +35,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "generate"))
         return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve"))
+        return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits"))
         return cmd_logits(argc - 1, argv + 1);
     fprintf(stderr, "pagellm: unknown command '%s'\n\n%s", cmd, usage);

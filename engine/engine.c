@@ -357,6 +357,10 @@ void eng_abort(Engine *e, uint64_t id) {
     pthread_mutex_unlock(&e->mu);
 }
 
+void eng_abort_all(Engine *e) {
+    eng_abort(e, ENG_ABORT_ALL);
+}
+
 int eng_has_work(Engine *e) {
     pthread_mutex_lock(&e->mu);
     int work = e->inbox_n > 0 || e->aborts_n > 0 || e->busy > 0;

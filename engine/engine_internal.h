@@ -12,6 +12,9 @@
 
 typedef struct Request Request;
 
+/* Abort id meaning "every request" (eng_abort_all). */
+#define ENG_ABORT_ALL UINT64_MAX
+
 /* Per-sequence engine data (Sequence.owner). */
 typedef struct {
     Request *req;
@@ -32,6 +35,7 @@ struct Request {
     int n;             /* samples wanted */
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
+    int aborted;
     Sequence **seqs; /* [n] */
     SeqData *data;   /* [n] */
 };

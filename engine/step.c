@@ -82,6 +82,20 @@ static void finish_sequence(Engine *e, Sequence *seq, FinishReason why, int32_t 
     r->num_finished++;
 }
 
+/* Finish every unfinished sample of a request with "abort" (once). */
+static void abort_request(Engine *e, Request *r) {
+    if (r->aborted)
+        return;
+    r->aborted = 1;
+    for (int j = 0; j < r->num_started; j++)
+        if (r->data[j].finish == FINISH_NONE)
+            finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "", NULL);
+    /* samples not forked yet will never start: they end here too */
+    for (int j = r->num_started; j < r->n; j++)
+        emit(e, r, j, -1, arena_put(e, ""), FINISH_ABORT, NULL);
+    r->num_finished += r->n - r->num_started;
+}
+
 static void take_inbox(Engine *e) {
     pthread_mutex_lock(&e->mu);
     Request **inbox = e->inbox;
@@ -107,18 +121,10 @@ static void take_inbox(Engine *e) {
         }
         e->active[e->active_n++] = r;
     }
-    for (int a = 0; a < na; a++) {
-        for (int i = 0; i < e->active_n; i++) {
-            Request *r = e->active[i];
-            if (r->id != aborts[a])
-                continue;
-            for (int j = 0; j < r->num_started; j++)
-                if (r->data[j].finish == FINISH_NONE)
-                    finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "", NULL);
-            /* samples not forked yet will never start */
-            r->num_finished += r->n - r->num_started;
-        }
-    }
+    for (int a = 0; a < na; a++)
+        for (int i = 0; i < e->active_n; i++)
+            if (e->active[i]->id == aborts[a] || aborts[a] == ENG_ABORT_ALL)
+                abort_request(e, e->active[i]);
     free(inbox);
     free(aborts);
 }

@@ -84,6 +84,9 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id);
  * and their blocks are freed. Unknown or finished ids are ignored. */
 void eng_abort(Engine *e, uint64_t id);
 
+/* Abort every queued and running request (thread-safe; for shutdown). */
+void eng_abort_all(Engine *e);
+
 /* One output event: a new token of one sample of a request, or its end. */
 typedef struct {
     uint64_t request_id;

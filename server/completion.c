@@ -1,0 +1,629 @@
+/* completion.c - one /v1/completions or /v1/chat/completions request from admission to
+ * the last byte: validation and tokenization on the HTTP thread, one engine request per
+ * prompt (n or best_of samples each), events applied on the engine thread (text, stop
+ * strings, logprobs), and the answer as one JSON body or as SSE chunks, one per token.
+ *
+ * A CompletionReq is shared by the HTTP side (the connection), the engine side (until the
+ * last engine event of every prompt) and a streaming response; it is freed when all three
+ * let go. Its mutex guards everything below `mu`. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server_internal.h"
+
+static void choice_append(Choice *ch, const char *text) {
+    size_t n = strlen(text);
+    if (ch->len + n + 1 > ch->cap) {
+        ch->cap = (ch->len + n + 1) * 2;
+        ch->text = pl_xrealloc(ch->text, ch->cap);
+    }
+    memcpy(ch->text + ch->len, text, n + 1);
+    ch->len += n;
+}
+
+static void out_append(CompletionReq *cr, const char *data, size_t n) {
+    size_t pending = cr->out_len - cr->out_sent;
+    if (cr->out_sent > 0) { /* drop what was sent */
+        memmove(cr->out, cr->out + cr->out_sent, pending);
+        cr->out_len = pending;
+        cr->out_sent = 0;
+    }
+    cr->out = pl_xrealloc(cr->out, cr->out_len + n + 1);
+    memcpy(cr->out + cr->out_len, data, n);
+    cr->out_len += n;
+    cr->out[cr->out_len] = '\0';
+}
+
+static void unref(CompletionReq *cr) {
+    pthread_mutex_lock(&cr->mu);
+    int left = --cr->refs;
+    pthread_mutex_unlock(&cr->mu);
+    if (left > 0)
+        return;
+    for (int i = 0; i < cr->num_choices; i++) {
+        Choice *ch = &cr->choices[i];
+        free(ch->text);
+        for (int t = 0; t < ch->num_tokens && ch->tok_text; t++) {
+            free(ch->tok_text[t]);
+            free(ch->top_json[t]);
+        }
+        free(ch->tok_text);
+        free(ch->tok_logprob);
+        free(ch->top_json);
+        free(ch->tok_offset);
+    }
+    for (int i = 0; i < cr->req.num_prompts; i++)
+        free(cr->prompt_text ? cr->prompt_text[i] : NULL);
+    free(cr->prompt_text);
+    free(cr->choices);
+    free(cr->runs);
+    free(cr->out);
+    api_request_free(&cr->req);
+    pthread_mutex_destroy(&cr->mu);
+    free(cr);
+}
+
+static const char *finish_str(FinishReason r) {
+    return r == FINISH_NONE ? NULL : eng_finish_reason_str(r);
+}
+
+/* ---- JSON pieces ---------------------------------------------------------------- */
+
+static json_t *bytes_of(const char *s) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+/* Logprobs of choice tokens [from, to) in the completions or chat shape. */
+static json_t *logprobs_json(const CompletionReq *cr, const Choice *ch, int from, int to) {
+    if (cr->req.logprobs < 0)
+        return json_null();
+    if (cr->req.is_chat) {
+        json_t *content = json_array();
+        for (int t = from; t < to; t++) {
+            json_t *top = json_array(), *obj = json_loads(ch->top_json[t], 0, NULL);
+            const char *k;
+            json_t *v;
+            json_object_foreach(obj, k, v) {
+                json_array_append_new(top, json_pack("{s:s, s:O, s:o}", "token", k, "logprob", v,
+                                                     "bytes", bytes_of(k)));
+            }
+            json_decref(obj);
+            json_array_append_new(content,
+                                  json_pack("{s:s, s:f, s:o, s:o}", "token", ch->tok_text[t],
+                                            "logprob", (double)ch->tok_logprob[t], "bytes",
+                                            bytes_of(ch->tok_text[t]), "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (int t = from; t < to; t++) {
+        json_array_append_new(tokens, json_string(ch->tok_text[t]));
+        json_array_append_new(lps, json_real(ch->tok_logprob[t]));
+        json_array_append_new(tops, json_loads(ch->top_json[t], 0, NULL));
+        json_array_append_new(offs, json_integer((json_int_t)ch->tok_offset[t]));
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+static json_t *usage_json(const CompletionReq *cr) {
+    int prompt = 0, completion = 0;
+    for (int i = 0; i < cr->req.num_prompts; i++)
+        prompt += cr->runs[i].num_prompt_tokens;
+    for (int i = 0; i < cr->num_choices; i++)
+        completion += cr->choices[i].num_tokens;
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt, "completion_tokens", completion,
+                     "total_tokens", prompt + completion);
+}
+
+static json_t *envelope(const CompletionReq *cr, const char *object) {
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", cr->id, "object", object, "created",
+                     (json_int_t)cr->created, "model", cr->srv->model_name);
+}
+
+/* The final body: per prompt, the n best of best_of choices by cumulative logprob. */
+static char *final_json(CompletionReq *cr) {
+    const ApiRequest *q = &cr->req;
+    json_t *root = envelope(cr, q->is_chat ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    for (int p = 0; p < q->num_prompts; p++) {
+        Choice *base = &cr->choices[p * q->best_of];
+        int order[q->best_of];
+        for (int i = 0; i < q->best_of; i++)
+            order[i] = i;
+        if (q->best_of > q->n) /* stable selection of the most likely samples */
+            for (int i = 1; i < q->best_of; i++)
+                for (int j = i;
+                     j > 0 && base[order[j]].cum_logprob > base[order[j - 1]].cum_logprob; j--) {
+                    int t = order[j];
+                    order[j] = order[j - 1];
+                    order[j - 1] = t;
+                }
+        for (int r = 0; r < q->n; r++) {
+            Choice *ch = &base[order[r]];
+            const char *fin = finish_str(ch->finish);
+            json_t *c;
+            if (q->is_chat) {
+                c = json_pack("{s:i, s:{s:s, s:s#}, s:o, s:s?}", "index", p * q->n + r, "message",
+                              "role", "assistant", "content", ch->text ? ch->text : "", ch->len,
+                              "logprobs", logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason",
+                              fin);
+            } else {
+                const char *echo = q->echo ? cr->prompt_text[p] : "";
+                char *text = pl_xmalloc(strlen(echo) + ch->len + 1);
+                strcpy(text, echo);
+                memcpy(text + strlen(echo), ch->text ? ch->text : "", ch->len);
+                text[strlen(echo) + ch->len] = '\0';
+                c = json_pack("{s:i, s:s, s:o, s:s?}", "index", p * q->n + r, "text", text,
+                              "logprobs", logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason",
+                              fin);
+                free(text);
+            }
+            json_array_append_new(choices, c);
+        }
+    }
+    json_object_set_new(root, "choices", choices);
+    json_object_set_new(root, "usage", usage_json(cr));
+    char *body = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return body;
+}
+
+static void sse(CompletionReq *cr, json_t *chunk) {
+    char *s = json_dumps(chunk, JSON_COMPACT);
+    json_decref(chunk);
+    out_append(cr, "data: ", 6);
+    out_append(cr, s, strlen(s));
+    out_append(cr, "\n\n", 2);
+    free(s);
+}
+
+/* One streaming chunk for choice `index` carrying text [from, to) and tokens [t0, t1). */
+static void stream_chunk(CompletionReq *cr, int index, const Choice *ch, size_t from, size_t to,
+                         int t0, int t1, const char *finish) {
+    const ApiRequest *q = &cr->req;
+    json_t *root = envelope(cr, q->is_chat ? "chat.completion.chunk" : "text_completion");
+    json_t *c;
+    if (q->is_chat) {
+        json_t *delta = json_object();
+        if (!cr->sent_role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            cr->sent_role = 1;
+        }
+        if (to > from || !finish)
+            json_object_set_new(delta, "content", json_stringn(ch->text + from, to - from));
+        c = json_pack("{s:i, s:o, s:o, s:s?}", "index", index, "delta", delta, "logprobs",
+                      logprobs_json(cr, ch, t0, t1), "finish_reason", finish);
+    } else {
+        c = json_pack("{s:i, s:s#, s:o, s:s?}", "index", index, "text",
+                      ch->text ? ch->text + from : "", to - from, "logprobs",
+                      logprobs_json(cr, ch, t0, t1), "finish_reason", finish);
+    }
+    json_object_set_new(root, "choices", json_pack("[o]", c));
+    sse(cr, root);
+}
+
+/* ---- engine side ------------------------------------------------------------------ */
+
+/* Text of the choice that may be streamed now: everything once finished, else all but the
+ * last (longest stop string - 1) bytes, cut back to a UTF-8 character boundary. */
+static size_t streamable(const CompletionReq *cr, const Choice *ch) {
+    if (ch->finish != FINISH_NONE || cr->req.num_stop == 0)
+        return ch->len;
+    size_t hold = 0;
+    for (int i = 0; i < cr->req.num_stop; i++)
+        if (strlen(cr->req.stop[i]) > hold + 1)
+            hold = strlen(cr->req.stop[i]) - 1;
+    if (ch->len <= hold)
+        return ch->sent;
+    size_t end = ch->len - hold;
+    while (end > ch->sent && ((unsigned char)ch->text[end] & 0xC0) == 0x80)
+        end--;
+    return end > ch->sent ? end : ch->sent;
+}
+
+/* Look for a stop string in the text added since `old_len`; cut the text there. */
+static int apply_stop_strings(const CompletionReq *cr, Choice *ch, size_t old_len) {
+    size_t best = (size_t)-1;
+    for (int i = 0; i < cr->req.num_stop; i++) {
+        size_t n = strlen(cr->req.stop[i]);
+        size_t from = old_len >= n ? old_len - n + 1 : 0;
+        char *hit = ch->len >= from ? strstr(ch->text + from, cr->req.stop[i]) : NULL;
+        if (hit && (size_t)(hit - ch->text) < best)
+            best = (size_t)(hit - ch->text);
+    }
+    if (best == (size_t)-1)
+        return 0;
+    ch->len = best;
+    ch->text[best] = '\0';
+    return 1;
+}
+
+static void record_logprobs(CompletionReq *cr, Choice *ch, const EngEvent *ev, size_t offset) {
+    int t = ch->num_tokens - 1;
+    if (t >= ch->lp_cap) {
+        ch->lp_cap = ch->lp_cap ? 2 * ch->lp_cap : 16;
+        ch->tok_text = pl_xrealloc(ch->tok_text, (size_t)ch->lp_cap * sizeof(char *));
+        ch->tok_logprob = pl_xrealloc(ch->tok_logprob, (size_t)ch->lp_cap * sizeof(float));
+        ch->top_json = pl_xrealloc(ch->top_json, (size_t)ch->lp_cap * sizeof(char *));
+        ch->tok_offset = pl_xrealloc(ch->tok_offset, (size_t)ch->lp_cap * sizeof(size_t));
+    }
+    ch->tok_text[t] = pl_xstrdup(ev->text);
+    ch->tok_logprob[t] = ev->logprob;
+    ch->tok_offset[t] = offset;
+    const Tokenizer *tok = eng_tokenizer(cr->srv->engine);
+    json_t *top = json_object();
+    int k = cr->req.logprobs > 0 ? cr->req.logprobs : 0;
+    for (int i = 0; i < ev->num_top && i < k; i++) {
+        char *s = tok_decode(tok, &ev->top_ids[i], 1, 0);
+        json_object_set_new(top, s, json_real(ev->top_logprobs[i]));
+        free(s);
+    }
+    ch->top_json[t] = json_dumps(top, JSON_COMPACT);
+    json_decref(top);
+}
+
+static void finish_request(Server *s, CompletionReq *cr) {
+    cr->done = 1;
+    if (cr->req.stream) {
+        if (cr->req.include_usage) {
+            json_t *root =
+                envelope(cr, cr->req.is_chat ? "chat.completion.chunk" : "text_completion");
+            json_object_set_new(root, "choices", json_array());
+            json_object_set_new(root, "usage", usage_json(cr));
+            sse(cr, root);
+        }
+        out_append(cr, "data: [DONE]\n\n", 14);
+    } else {
+        free(cr->out);
+        cr->out = final_json(cr);
+        cr->out_len = strlen(cr->out);
+        cr->out_sent = 0;
+    }
+    int generated = 0, prompt = 0;
+    for (int i = 0; i < cr->num_choices; i++)
+        generated += cr->choices[i].num_tokens;
+    for (int i = 0; i < cr->req.num_prompts; i++)
+        prompt += cr->runs[i].num_prompt_tokens;
+    double now = pl_now();
+    MetRequestTimes t = {.queue_seconds = -1, /* not measured yet: the engine does not say */
+                         .ttft_seconds =
+                             cr->t_first_token > 0 ? cr->t_first_token - cr->t_arrival : -1,
+                         .e2e_seconds = now - cr->t_arrival,
+                         .prompt_tokens = prompt,
+                         .generation_tokens = generated,
+                         .finish_reason = finish_str(cr->choices[0].finish)};
+    met_request_done(s->metrics, &t);
+}
+
+void completion_on_event(Server *s, const EngEvent *ev) {
+    PromptRun *run = ev->user;
+    CompletionReq *cr = run->cr;
+    pthread_mutex_lock(&cr->mu);
+    const ApiRequest *q = &cr->req;
+    Choice *ch = &cr->choices[run->prompt_index * q->best_of + ev->index];
+    int was_open = ch->finish == FINISH_NONE;
+    if (was_open) {
+        size_t old_len = ch->len, sent_before = ch->sent;
+        int t0 = ch->num_tokens;
+        if (ev->token >= 0) {
+            double now = pl_now();
+            if (cr->t_first_token == 0)
+                cr->t_first_token = now;
+            else if (cr->t_last_token > 0)
+                met_observe_itl(s->metrics, now - cr->t_last_token);
+            cr->t_last_token = now;
+            ch->num_tokens++;
+            ch->cum_logprob += ev->logprob;
+            if (q->logprobs >= 0)
+                record_logprobs(cr, ch, ev, old_len);
+        }
+        choice_append(ch, ev->text);
+        if (apply_stop_strings(cr, ch, old_len)) {
+            ch->finish = FINISH_STOP;
+            ch->stopped_by_string = 1;
+        } else if (ev->finish != FINISH_NONE) {
+            ch->finish = ev->finish;
+        }
+        if (q->stream) {
+            size_t end = streamable(cr, ch);
+            const char *fin = finish_str(ch->finish);
+            if (end > sent_before || fin || (q->logprobs >= 0 && ch->num_tokens > t0))
+                stream_chunk(cr, run->prompt_index * q->n + ev->index, ch, sent_before, end, t0,
+                             ch->num_tokens, fin);
+            ch->sent = end;
+        }
+        if (ch->finish != FINISH_NONE)
+            cr->num_done++;
+    }
+    int engine_done = 0;
+    if (ev->finish != FINISH_NONE && ++run->num_finished == q->best_of)
+        engine_done = 1;
+    else if (!run->aborted && ch->stopped_by_string) { /* all samples stopped by strings? */
+        int open = 0;
+        for (int i = 0; i < q->best_of; i++)
+            open += cr->choices[run->prompt_index * q->best_of + i].finish == FINISH_NONE;
+        if (!open) {
+            run->aborted = 1;
+            eng_abort(s->engine, run->engine_id);
+        }
+    }
+    if (cr->num_done == cr->num_choices && !cr->done)
+        finish_request(s, cr);
+    if (cr->suspended && (cr->done || q->stream)) {
+        cr->suspended = 0;
+        MHD_resume_connection(cr->conn);
+    }
+    int all_engine_done = 0;
+    if (engine_done) {
+        all_engine_done = 1;
+        for (int i = 0; i < q->num_prompts; i++)
+            all_engine_done &= cr->runs[i].num_finished == q->best_of;
+    }
+    pthread_mutex_unlock(&cr->mu);
+    if (all_engine_done) {
+        atomic_fetch_sub(&s->in_flight, 1);
+        unref(cr); /* the engine side lets go */
+    }
+}
+
+/* ---- HTTP side -------------------------------------------------------------------- */
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    CompletionReq *cr = cls;
+    pthread_mutex_lock(&cr->mu);
+    ssize_t n;
+    if (cr->out_sent < cr->out_len) {
+        size_t left = cr->out_len - cr->out_sent;
+        n = (ssize_t)(left < max ? left : max);
+        memcpy(buf, cr->out + cr->out_sent, (size_t)n);
+        cr->out_sent += (size_t)n;
+    } else if (cr->done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else { /* nothing yet: park the connection until the engine has a token */
+        cr->suspended = 1;
+        MHD_suspend_connection(cr->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&cr->mu);
+    return n;
+}
+
+static void stream_free(void *cls) {
+    unref(cls);
+}
+
+enum MHD_Result completion_resume(CompletionReq *cr, struct MHD_Connection *conn) {
+    pthread_mutex_lock(&cr->mu);
+    char *body = cr->out ? pl_xstrdup(cr->out) : pl_xstrdup("{}");
+    pthread_mutex_unlock(&cr->mu);
+    return srv_send_json(cr->srv, conn, 200, body);
+}
+
+void completion_release_http(CompletionReq *cr, int completed_ok) {
+    pthread_mutex_lock(&cr->mu);
+    int abort_runs = !cr->done && !completed_ok;
+    if (abort_runs)
+        cr->client_gone = 1;
+    pthread_mutex_unlock(&cr->mu);
+    if (abort_runs) /* the client left: free its KV blocks at the next step */
+        for (int i = 0; i < cr->req.num_prompts; i++)
+            eng_abort(cr->srv->engine, cr->runs[i].engine_id);
+    unref(cr);
+}
+
+/* Tokenize prompt p (text or ids) and check it against max-model-len; fills ids/n
+ * (malloc'd) and the prompt's resolved max_tokens. */
+static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids, int *n,
+                           int *max_tokens, ApiError *err) {
+    const ApiPrompt *ap = &q->prompts[p];
+    const Tokenizer *tok = eng_tokenizer(s->engine);
+    if (ap->text) {
+        if (!tok) {
+            api_error_set(err, 400, "invalid_request_error", "prompt",
+                          "the model has no tokenizer: send token ids");
+            return 0;
+        }
+        if (tok_encode(tok, ap->text, strlen(ap->text), !q->is_chat, ids, n) != PL_OK) {
+            api_error_set(err, 400, "invalid_request_error", "prompt", "%s", pl_error());
+            return 0;
+        }
+    } else {
+        *n = ap->num_ids;
+        *ids = pl_xmalloc((size_t)(*n ? *n : 1) * sizeof(int32_t));
+        memcpy(*ids, ap->ids, (size_t)*n * sizeof(int32_t));
+    }
+    ApiLimits lim = {.max_model_len = eng_max_model_len(s->engine)};
+    if (*n == 0) {
+        api_error_set(err, 400, "invalid_request_error", "prompt", "the prompt is empty");
+    } else if ((*max_tokens = api_check_length(&lim, q, *n, err)) > 0) {
+        return 1;
+    }
+    free(*ids);
+    *ids = NULL;
+    return 0;
+}
+
+static GenerateParams engine_params(const ApiRequest *q, int max_tokens) {
+    GenerateParams gp = {.max_tokens = max_tokens,
+                         .ignore_eos = q->ignore_eos,
+                         .n = q->best_of,
+                         .logprobs = q->logprobs >= 0 || q->best_of > q->n,
+                         .top_logprobs = q->logprobs > 0 ? q->logprobs : 0,
+                         .stop_token_ids = q->stop_token_ids,
+                         .num_stop_token_ids = q->num_stop_token_ids,
+                         .sampling = sampling_params_default()};
+    SamplingParams *sp = &gp.sampling;
+    sp->temperature = q->temperature;
+    sp->top_p = q->top_p;
+    sp->top_k = q->top_k;
+    sp->min_p = q->min_p;
+    sp->presence_penalty = q->presence_penalty;
+    sp->frequency_penalty = q->frequency_penalty;
+    sp->repetition_penalty = q->repetition_penalty;
+    if (q->has_seed) {
+        sp->seed = q->seed;
+    } else { /* an unseeded request still needs its own random stream */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp->seed = ((uint64_t)ts.tv_sec * 1000000007ULL) ^ (uint64_t)ts.tv_nsec ^
+                   ((uint64_t)(uintptr_t)q << 17);
+    }
+    return gp;
+}
+
+static CompletionReq *new_request(Server *s, struct MHD_Connection *conn, ApiRequest *q) {
+    CompletionReq *cr = pl_xcalloc(1, sizeof *cr);
+    cr->srv = s;
+    cr->conn = conn;
+    cr->req = *q;
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&cr->mu, NULL);
+    uint64_t x = atomic_fetch_add(&s->next_id, 1) + 0x9e3779b97f4a7c15ULL * (uint64_t)time(NULL);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL; /* splitmix64: ids that do not look serial */
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    snprintf(cr->id, sizeof cr->id, "%s-%016llx", cr->req.is_chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)(x ^ (x >> 31)));
+    cr->created = (long)time(NULL);
+    cr->t_arrival = pl_now();
+    cr->runs = pl_xcalloc((size_t)cr->req.num_prompts, sizeof *cr->runs);
+    cr->prompt_text = pl_xcalloc((size_t)cr->req.num_prompts, sizeof(char *));
+    cr->num_choices = cr->req.num_prompts * cr->req.best_of;
+    cr->choices = pl_xcalloc((size_t)cr->num_choices, sizeof *cr->choices);
+    cr->refs = 1; /* HTTP side */
+    return cr;
+}
+
+static int check_request(Server *s, const ApiRequest *q, ApiError *err) {
+    if (q->model && strcmp(q->model, s->model_name) != 0) {
+        api_error_set(err, 404, "not_found_error", "model", "The model '%s' does not exist.",
+                      q->model);
+        return 0;
+    }
+    if (q->stream && q->best_of > q->n) {
+        api_error_set(err, 400, "invalid_request_error", "best_of",
+                      "best_of must equal n when streaming");
+        return 0;
+    }
+    if (q->echo && q->logprobs >= 0) {
+        api_error_set(err, 400, "invalid_request_error", "echo",
+                      "echo together with logprobs is not supported");
+        return 0;
+    }
+    if (atomic_load(&s->in_flight) >= s->cfg->max_queue_len) {
+        api_error_set(err, 503, "server_error", NULL,
+                      "the server is at capacity (max-queue-len %d); retry later",
+                      s->cfg->max_queue_len);
+        return 0;
+    }
+    return 1;
+}
+
+enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_chat,
+                                 const char *body, size_t len, CompletionReq **ctx) {
+    *ctx = NULL;
+    const ModelConfig *mc = eng_model_config(s->engine);
+    ApiLimits lim = {.max_model_len = eng_max_model_len(s->engine),
+                     .max_n = s->cfg->engine.max_num_seqs < 128 ? s->cfg->engine.max_num_seqs : 128,
+                     .vocab_size = mc->vocab_size,
+                     .max_logprobs = 20};
+    ApiRequest q;
+    ApiError err;
+    Status st = is_chat ? api_parse_chat(body, len, &lim, s->chat_template, s->bos_text,
+                                         s->eos_text, &q, &err)
+                        : api_parse_completion(body, len, &lim, &q, &err);
+    if (st != PL_OK)
+        return srv_send_error(s, conn, &err);
+    if (!check_request(s, &q, &err)) {
+        api_request_free(&q);
+        return srv_send_error(s, conn, &err);
+    }
+    /* tokenize everything before anything reaches the engine */
+    int np = q.num_prompts;
+    int32_t **ids = pl_xcalloc((size_t)np, sizeof *ids);
+    int *lens = pl_xcalloc((size_t)np, sizeof *lens);
+    int *max_tokens = pl_xcalloc((size_t)np, sizeof *max_tokens);
+    int ok = 1;
+    for (int p = 0; p < np && ok; p++)
+        ok = tokenize_prompt(s, &q, p, &ids[p], &lens[p], &max_tokens[p], &err);
+    CompletionReq *cr = NULL;
+    if (ok) {
+        cr = new_request(s, conn, &q);
+        const Tokenizer *tok = eng_tokenizer(s->engine);
+        for (int p = 0; p < np; p++) {
+            const ApiPrompt *ap = &cr->req.prompts[p];
+            cr->prompt_text[p] = ap->text ? pl_xstrdup(ap->text)
+                                 : tok    ? tok_decode(tok, ap->ids, ap->num_ids, 1)
+                                          : pl_xstrdup("");
+        }
+        cr->refs++; /* the engine side */
+        atomic_fetch_add(&s->in_flight, 1);
+        for (int p = 0; p < np && ok; p++) {
+            PromptRun *run = &cr->runs[p];
+            run->cr = cr;
+            run->prompt_index = p;
+            run->num_prompt_tokens = lens[p];
+            EngRequest er = {.prompt = ids[p],
+                             .num_prompt = lens[p],
+                             .params = engine_params(&cr->req, max_tokens[p]),
+                             .user = run};
+            if (eng_add_request(s->engine, &er, &run->engine_id) != PL_OK) {
+                api_error_set(&err, 400, "invalid_request_error", "prompt", "%s", pl_error());
+                ok = 0;
+                /* the prompts already queued are aborted; their events release the engine
+                 * side as usual, and the ones never queued count as finished */
+                for (int r = p; r < np; r++)
+                    cr->runs[r].num_finished = cr->req.best_of;
+                for (int r = 0; r < p; r++)
+                    eng_abort(s->engine, cr->runs[r].engine_id);
+                if (p == 0) {
+                    atomic_fetch_sub(&s->in_flight, 1);
+                    cr->refs--;
+                }
+            }
+        }
+    }
+    for (int p = 0; p < np; p++)
+        free(ids[p]);
+    free(ids);
+    free(lens);
+    free(max_tokens);
+    if (!ok) {
+        api_request_free(&q);
+        if (cr) {
+            cr->done = 1;
+            cr->client_gone = 1;
+            unref(cr);
+        }
+        return srv_send_error(s, conn, &err);
+    }
+    *ctx = cr;
+    if (cr->req.stream) {
+        pthread_mutex_lock(&cr->mu);
+        cr->refs++; /* the streaming response */
+        pthread_mutex_unlock(&cr->mu);
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                                   stream_reader, cr, stream_free);
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(conn, 200, r);
+        MHD_destroy_response(r);
+        met_http_request(s->metrics, 200);
+        return ret;
+    }
+    pthread_mutex_lock(&cr->mu);
+    int done = cr->done;
+    if (!done) { /* the engine thread resumes the connection when the answer is ready */
+        cr->suspended = 1;
+        MHD_suspend_connection(conn);
+    }
+    pthread_mutex_unlock(&cr->mu);
+    return done ? completion_resume(cr, conn) : MHD_YES;
+}

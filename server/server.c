@@ -1,0 +1,334 @@
+/* server.c - the HTTP daemon (libmicrohttpd, epoll, internal thread pool, suspend/resume),
+ * routing of every endpoint, authentication, body limits, the engine thread and shutdown. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server_internal.h"
+
+#define PAGELLM_VERSION "0.1.0"
+
+/* Per-connection state while the request body arrives. */
+typedef struct {
+    char *body;
+    size_t len, cap;
+    int too_big;
+    CompletionReq *cr; /* set once a completion was submitted */
+} ConnCtx;
+
+enum MHD_Result srv_send_json(Server *s, struct MHD_Connection *conn, int status, char *body) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, "Retry-After", "1");
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    if (s->metrics)
+        met_http_request(s->metrics, status);
+    return ret;
+}
+
+enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err) {
+    return srv_send_json(s, conn, err->status, api_error_json(err));
+}
+
+static enum MHD_Result send_text(Server *s, struct MHD_Connection *conn, int status,
+                                 const char *type, char *body) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    met_http_request(s->metrics, status);
+    return ret;
+}
+
+/* Constant-time comparison of the bearer token with the configured key. */
+static int authorized(const Server *s, struct MHD_Connection *conn) {
+    const char *key = s->cfg->api_key;
+    if (!key)
+        return 1;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7) != 0)
+        return 0;
+    h += 7;
+    size_t hl = strlen(h), kl = strlen(key);
+    unsigned char diff = (unsigned char)(hl != kl);
+    for (size_t i = 0; i < kl; i++)
+        diff |= (unsigned char)(key[i] ^ (i < hl ? h[i] : 0));
+    return diff == 0;
+}
+
+static enum MHD_Result models(Server *s, struct MHD_Connection *conn) {
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:i}", "id", s->model_name, "object", "model",
+                          "created", (json_int_t)time(NULL), "owned_by", "pagellm", "root",
+                          s->cfg->engine.model_dir, "max_model_len",
+                          s->engine ? eng_max_model_len(s->engine) : 0);
+    json_t *list = json_pack("{s:s, s:[o]}", "object", "list", "data", m);
+    char *body = json_dumps(list, JSON_COMPACT);
+    json_decref(list);
+    return srv_send_json(s, conn, 200, body);
+}
+
+static enum MHD_Result metrics(Server *s, struct MHD_Connection *conn) {
+    pthread_mutex_lock(&s->stats_mu);
+    EngineStats st = s->stats;
+    pthread_mutex_unlock(&s->stats_mu);
+    return send_text(s, conn, 200, MET_CONTENT_TYPE, met_render(s->metrics, &st));
+}
+
+typedef struct {
+    const char *path;
+    const char *method;
+    int needs_model; /* 503 while loading */
+    int completion;  /* 0 = GET route, 1 = completions, 2 = chat */
+} Route;
+
+static const Route routes[] = {
+    {"/health", "GET", 1, 0},          {"/version", "GET", 0, 0},
+    {"/v1/models", "GET", 1, 0},       {"/metrics", "GET", 0, 0},
+    {"/v1/completions", "POST", 1, 1}, {"/v1/chat/completions", "POST", 1, 2},
+};
+
+static const Route *find_route(const char *url, int *path_known) {
+    *path_known = 0;
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
+        if (!strcmp(url, routes[i].path)) {
+            *path_known = 1;
+            return &routes[i];
+        }
+    return NULL;
+}
+
+static enum MHD_Result fail(Server *s, struct MHD_Connection *conn, int status, const char *type,
+                            const char *fmt, const char *arg) {
+    ApiError err;
+    api_error_set(&err, status, type, NULL, fmt, arg);
+    return srv_send_error(s, conn, &err);
+}
+
+/* The final call for a request whose body is complete. */
+static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const char *url,
+                                const char *method, ConnCtx *c) {
+    int known;
+    const Route *rt = find_route(url, &known);
+    if (!known)
+        return fail(s, conn, 404, "not_found_error", "no route %s", url);
+    if (strcmp(method, rt->method) != 0)
+        return fail(s, conn, 405, "invalid_request_error", "method not allowed; use %s",
+                    rt->method);
+    if (strcmp(url, "/health") != 0 && !authorized(s, conn))
+        return fail(s, conn, 401, "authentication_error", "%s",
+                    "missing or invalid API key (Authorization: Bearer ...)");
+    if (c->too_big) {
+        ApiError err;
+        api_error_set(&err, 413, "invalid_request_error", NULL,
+                      "request body exceeds max-request-bytes (%d)", s->cfg->max_request_bytes);
+        return srv_send_error(s, conn, &err);
+    }
+    if (rt->needs_model && !atomic_load(&s->ready))
+        return fail(s, conn, 503, "server_error", "%s", "the model is still loading");
+    if (!strcmp(url, "/health"))
+        return send_text(s, conn, 200, "text/plain", pl_xstrdup(""));
+    if (!strcmp(url, "/version"))
+        return srv_send_json(s, conn, 200, pl_xstrdup("{\"version\": \"" PAGELLM_VERSION "\"}"));
+    if (!strcmp(url, "/v1/models"))
+        return models(s, conn);
+    if (!strcmp(url, "/metrics"))
+        return metrics(s, conn);
+    if (atomic_load(&s->stopping))
+        return fail(s, conn, 503, "server_error", "%s", "the server is shutting down");
+    return completion_start(s, conn, rt->completion == 2, c->body ? c->body : "", c->len, &c->cr);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls) {
+    Server *s = cls;
+    ConnCtx *c = *con_cls;
+    if (!c) {
+        *con_cls = c = pl_xcalloc(1, sizeof *c);
+        return MHD_YES;
+    }
+    if (c->cr) /* resumed after the engine finished a non-streaming request */
+        return completion_resume(c->cr, conn);
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (c->too_big || c->len + n > (size_t)s->cfg->max_request_bytes) {
+            c->too_big = 1;
+            return MHD_YES;
+        }
+        if (c->len + n + 1 > c->cap) {
+            c->cap = (c->len + n + 1) * 2;
+            c->body = pl_xrealloc(c->body, c->cap);
+        }
+        memcpy(c->body + c->len, upload_data, n);
+        c->len += n;
+        c->body[c->len] = '\0';
+        return MHD_YES;
+    }
+    return dispatch(s, conn, url, method, c);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    ConnCtx *c = *con_cls;
+    if (!c)
+        return;
+    if (c->cr)
+        completion_release_http(c->cr, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    free(c->body);
+    free(c);
+    *con_cls = NULL;
+}
+
+static void *engine_loop(void *arg) {
+    Server *s = arg;
+    for (;;) {
+        if (!eng_has_work(s->engine)) {
+            if (atomic_load(&s->stopping) && atomic_load(&s->in_flight) == 0)
+                break;
+            eng_wait_for_work(s->engine, 100);
+            continue;
+        }
+        const EngEvent *ev;
+        int n = eng_step(s->engine, &ev);
+        for (int i = 0; i < n; i++)
+            completion_on_event(s, &ev[i]);
+        EngineStats st = eng_stats(s->engine);
+        pthread_mutex_lock(&s->stats_mu);
+        s->stats = st;
+        pthread_mutex_unlock(&s->stats_mu);
+    }
+    return NULL;
+}
+
+/* 1,000+ concurrent connections need more descriptors than the usual soft limit. */
+static void raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+static Status load_chat_template(Server *s) {
+    const char *name = s->cfg->chat_template;
+    if (name) {
+        s->chat_template = api_chat_template_by_name(name);
+    } else {
+        char path[4096], *text = NULL;
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", s->cfg->engine.model_dir);
+        if (pl_read_file(path, &text, NULL) == PL_OK) {
+            json_t *root = json_loads(text, 0, NULL);
+            const char *tmpl = json_string_value(json_object_get(root, "chat_template"));
+            s->chat_template = api_detect_chat_template(tmpl);
+            json_decref(root);
+            free(text);
+        }
+    }
+    const Tokenizer *tok = eng_tokenizer(s->engine);
+    int bos = tok ? tok_bos_id(tok) : -1, eos = tok ? tok_eos_id(tok) : -1;
+    if (bos >= 0 && tok_id_to_token(tok, bos))
+        s->bos_text = pl_xstrdup(tok_id_to_token(tok, bos));
+    if (eos >= 0 && tok_id_to_token(tok, eos))
+        s->eos_text = pl_xstrdup(tok_id_to_token(tok, eos));
+    return PL_OK;
+}
+
+Status srv_start(const Config *cfg, Server **out) {
+    *out = NULL;
+    Server *s = pl_xcalloc(1, sizeof *s);
+    s->cfg = cfg;
+    s->model_name = cfg->served_model_name ? cfg->served_model_name : cfg->engine.model_dir;
+    pthread_mutex_init(&s->stats_mu, NULL);
+    s->metrics = met_create(s->model_name);
+    signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit();
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
+        srv_destroy(s);
+        return pl_error_set(PL_ERR_INVALID, "host '%s' is not an IPv4 address", cfg->host);
+    }
+    unsigned timeout = cfg->request_timeout > 0 ? (unsigned)cfg->request_timeout : 0;
+    s->daemon = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+        (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
+        MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_LIMIT, 8192u,
+        MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+    if (!s->daemon) {
+        srv_destroy(s);
+        return pl_error_set(PL_ERR_IO, "cannot listen on %s:%d (%s)", cfg->host, cfg->port,
+                            strerror(errno));
+    }
+    fprintf(stderr, "pagellm: listening on http://%s:%d, loading %s\n", cfg->host, cfg->port,
+            cfg->engine.model_dir);
+    Status st = eng_create(&cfg->engine, &s->engine);
+    if (st == PL_OK)
+        st = load_chat_template(s);
+    if (st != PL_OK) {
+        srv_destroy(s);
+        return st;
+    }
+    s->stats = eng_stats(s->engine);
+    if (pthread_create(&s->engine_thread, NULL, engine_loop, s) != 0)
+        pl_fatal(__FILE__, __LINE__, "cannot start the engine thread");
+    s->engine_thread_started = 1;
+    atomic_store(&s->ready, 1);
+    fprintf(stderr, "pagellm: serving %s on http://%s:%d\n", s->model_name, cfg->host, cfg->port);
+    *out = s;
+    return PL_OK;
+}
+
+static volatile sig_atomic_t signals_seen;
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (++signals_seen > 1)
+        _exit(1); /* a second signal: stop at once */
+}
+
+void srv_wait_and_drain(Server *s, double grace_seconds) {
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    while (!signals_seen)
+        pause();
+    fprintf(stderr, "pagellm: shutting down: %d requests in flight\n", atomic_load(&s->in_flight));
+    atomic_store(&s->stopping, 1);
+    double until = pl_now() + grace_seconds;
+    while (atomic_load(&s->in_flight) > 0 && pl_now() < until)
+        usleep(10000);
+}
+
+void srv_destroy(Server *s) {
+    if (!s)
+        return;
+    atomic_store(&s->stopping, 1);
+    if (s->daemon)
+        MHD_quiesce_daemon(s->daemon);
+    if (s->engine_thread_started) {
+        /* abort what is left; the engine thread ends once their last events are out */
+        eng_abort_all(s->engine);
+        pthread_join(s->engine_thread, NULL);
+    }
+    if (s->daemon)
+        MHD_stop_daemon(s->daemon);
+    eng_destroy(s->engine);
+    met_destroy(s->metrics);
+    free(s->bos_text);
+    free(s->eos_text);
+    pthread_mutex_destroy(&s->stats_mu);
+    free(s);
+}

@@ -1,0 +1,107 @@
+/* server_internal.h - (internal to server/) the server's state shared by server.c (daemon,
+ * routes, engine thread, shutdown) and completion.c (completion requests: submission,
+ * engine events, JSON and SSE output). */
+#ifndef PAGELLM_SERVER_INTERNAL_H
+#define PAGELLM_SERVER_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "api.h"
+#include "engine.h"
+#include "metrics.h"
+#include "server.h"
+
+struct Server {
+    const Config *cfg;
+    const char *model_name; /* served-model-name, else the model folder */
+    struct MHD_Daemon *daemon;
+    Engine *engine;
+    ChatTemplate chat_template;
+    char *bos_text; /* BOS / EOS token texts for chat templates, or NULL */
+    char *eos_text;
+    Metrics *metrics;
+    atomic_int ready;     /* model loaded */
+    atomic_int stopping;  /* engine thread should exit once idle */
+    atomic_int in_flight; /* completion requests admitted and not yet finished */
+    pthread_t engine_thread;
+    int engine_thread_started;
+    pthread_mutex_t stats_mu;
+    EngineStats stats; /* snapshot taken by the engine thread after each step */
+    atomic_ullong next_id;
+};
+
+/* One choice of a completion response. */
+typedef struct {
+    char *text; /* generated text (prompt excluded) */
+    size_t len, cap;
+    size_t sent; /* bytes of text already streamed */
+    int num_tokens;
+    double cum_logprob;
+    FinishReason finish;
+    int stopped_by_string; /* finished early on a stop string */
+    /* logprobs (when asked): one entry per token */
+    char **tok_text;
+    float *tok_logprob;
+    char **top_json; /* serialised top_logprobs object per token */
+    size_t *tok_offset;
+    int lp_cap;
+} Choice;
+
+/* The engine request of one prompt (events carry a pointer to it). */
+typedef struct CompletionReq CompletionReq;
+typedef struct {
+    CompletionReq *cr;
+    int prompt_index;
+    uint64_t engine_id;
+    int num_prompt_tokens;
+    int num_finished; /* samples of this prompt finished */
+    int aborted;
+} PromptRun;
+
+struct CompletionReq {
+    Server *srv;
+    pthread_mutex_t mu;
+    int refs; /* HTTP side, engine side, streaming response */
+    struct MHD_Connection *conn;
+    int suspended;
+    ApiRequest req;
+    char id[48];
+    long created;
+    PromptRun *runs;    /* [num_prompts] */
+    char **prompt_text; /* [num_prompts] decoded prompts (for echo) */
+    Choice *choices;    /* [num_prompts * best_of] */
+    int num_choices;
+    int num_done; /* choices finished */
+    int done;     /* every choice finished: the response is complete */
+    int client_gone;
+    char *out; /* streaming: SSE bytes not yet sent; else the final JSON */
+    size_t out_len, out_sent;
+    int status; /* HTTP status of a non-streaming reply */
+    double t_arrival, t_first_token, t_last_token;
+    int sent_role; /* chat streaming: the first delta carries the role */
+};
+
+/* POST /v1/completions and /v1/chat/completions, body complete: validate, tokenize, submit.
+ * Queues a response or suspends the connection; returns MHD_YES/MHD_NO. *ctx gets the
+ * CompletionReq (or NULL when answered at once). */
+enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_chat,
+                                 const char *body, size_t len, CompletionReq **ctx);
+
+/* Called again by MHD after a resumed non-streaming request: queue its JSON. */
+enum MHD_Result completion_resume(CompletionReq *cr, struct MHD_Connection *conn);
+
+/* Engine thread: apply one event to its request (locks it). */
+void completion_on_event(Server *s, const EngEvent *ev);
+
+/* The HTTP side is done with the request (connection closed or answered). */
+void completion_release_http(CompletionReq *cr, int completed_ok);
+
+/* Send an OpenAI-shaped error. */
+enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err);
+
+/* Send a JSON body with a status. Takes ownership of `body` (malloc'd). */
+enum MHD_Result srv_send_json(Server *s, struct MHD_Connection *conn, int status, char *body);
+
+#endif
