@@ -24,7 +24,7 @@ typedef struct {
     const char *code;  /* machine code or NULL (serialised as null) */
 } ApiError;
 
-/* Limits the server checks requests against. */
+/* Limits the server checks requests against; a field <= 0 is not checked. */
 typedef struct {
     int max_model_len; /* prompt + max_tokens must fit */
     int max_n;         /* upper bound of n and best_of */
@@ -69,8 +69,10 @@ typedef struct {
                            * tokenizes it with add_special = 0 (as vLLM does for chat) */
 } ApiRequest;
 
-/* Parse a completions body. On failure returns PL_ERR_INVALID with *err filled (status 400,
- * param naming the field) and *req left empty. */
+/* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
+ * be below max-model-len; the server checks it with the prompt (api_check_length) after
+ * tokenizing. On failure returns PL_ERR_INVALID with *err filled (status 400, param naming
+ * the field, message naming it too) and *req left zeroed. */
 Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, ApiRequest *req,
                             ApiError *err);
 

@@ -31,7 +31,7 @@ static const CfgEnumValue preemption_modes[] = {
 static const CfgEnumValue log_levels[] = {
     {"debug", 0}, {"info", 0}, {"warning", 0}, {"error", 0}, {NULL, 0}};
 static const CfgEnumValue chat_templates[] = {
-    {"chatml", 0}, {"llama3", 0}, {"llama2", 0}, {NULL, 0}};
+    {"chatml", 0}, {"llama3", 0}, {"llama2", 0}, {"zephyr", 0}, {NULL, 0}};
 
 /* Row helpers: name, field, range / values, metavar, help, text shown when unset. */
 #define KEY_INT(n, f, lo, hi, mv, h, u)                                                            \
@@ -113,11 +113,12 @@ static const CfgKey keys[] = {
             "waiting requests at most; more get 503", NULL),
     KEY_INT("max-request-bytes", max_request_bytes, 1, NO_MAX, "N",
             "largest request body, bytes; larger get 413", NULL),
-    KEY_DOUBLE("request-timeout", request_timeout, 0, 0, HUGE_VAL, "SECONDS",
-               "time a request may take; 0 = no limit"),
+    KEY_DOUBLE(
+        "request-timeout", request_timeout, 0, 0, HUGE_VAL, "SECONDS",
+        "idle seconds before a silent connection is closed, and the shutdown grace; 0 = none"),
     KEY_ENUM("log-level", log_level, log_levels, 1, "LEVEL", "debug, info, warning or error", NULL),
     KEY_ENUM("chat-template", chat_template, chat_templates, 1, "NAME",
-             "chat template: chatml, llama3 or llama2", "from tokenizer_config.json"),
+             "chat template: chatml, llama3, llama2 or zephyr", "from tokenizer_config.json"),
 };
 
 #define NUM_KEYS ((int)(sizeof keys / sizeof keys[0]))

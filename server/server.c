@@ -229,7 +229,7 @@ static Status load_chat_template(Server *s) {
         char path[4096], *text = NULL;
         snprintf(path, sizeof path, "%s/tokenizer_config.json", s->cfg->engine.model_dir);
         if (pl_read_file(path, &text, NULL) == PL_OK) {
-            json_t *root = json_loads(text, 0, NULL);
+            json_t *root = json_loads(text, JSON_DECODE_INT_AS_REAL, NULL);
             const char *tmpl = json_string_value(json_object_get(root, "chat_template"));
             s->chat_template = api_detect_chat_template(tmpl);
             json_decref(root);

@@ -1,0 +1,621 @@
+/* api.c - the OpenAI request layer: JSON bodies of /v1/completions and /v1/chat/completions
+ * (jansson) checked field by field into an ApiRequest, the prompt-length check made after
+ * tokenizing, and OpenAI-shaped error objects. Chat templates are in chat.c.
+ *
+ * Every refusal is a 400 invalid_request_error whose param is the offending field and whose
+ * message names it. Types are strict: booleans are not numbers, strings are not numbers;
+ * an integer field takes a JSON integer or a real with an integral value (16.0). null means
+ * "absent" for every optional field. Unknown fields are ignored. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api.h"
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+static const char *default_type(int status) {
+    switch (status) {
+        case 401:
+            return "authentication_error";
+        case 403:
+            return "permission_error";
+        case 404:
+            return "not_found_error";
+        case 429:
+            return "rate_limit_error";
+        default:
+            return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+/* Length of the valid UTF-8 sequence at s (at most `avail` bytes), 0 when invalid. */
+static size_t utf8_valid(const unsigned char *s, size_t avail) {
+    size_t n = s[0] < 0x80                    ? 1
+               : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+               : (s[0] & 0xf0) == 0xe0        ? 3
+               : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
+                                              : 0;
+    if (n == 0 || n > avail)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    if ((n == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (n == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
+        (n == 4 && s[0] == 0xf0 && s[1] < 0x90) || (n == 4 && s[0] == 0xf4 && s[1] >= 0x90))
+        return 0; /* overlong, surrogate, above U+10FFFF */
+    return n;
+}
+
+/* Copy `in` to `out` (same size), each byte of an invalid UTF-8 sequence becoming '?'. */
+static void utf8_clean(const char *in, char *out) {
+    const unsigned char *s = (const unsigned char *)in;
+    size_t len = strlen(in), i = 0;
+    while (i < len) {
+        size_t n = utf8_valid(s + i, len - i);
+        if (n == 0)
+            out[i++] = '?';
+        for (; n > 0; n--, i++)
+            out[i] = in[i];
+    }
+    out[len] = 0;
+}
+
+void api_error_set(ApiError *err, int status, const char *type, const char *param, const char *fmt,
+                   ...) {
+    memset(err, 0, sizeof *err);
+    err->status = status;
+    err->type = type ? type : default_type(status);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof err->message) { /* cut: drop a character left incomplete */
+        size_t k = strlen(err->message);
+        size_t lead = k;
+        while (lead > 0 && ((unsigned char)err->message[lead - 1] & 0xc0) == 0x80)
+            lead--;
+        if (lead > 0 && (unsigned char)err->message[lead - 1] >= 0xc0 &&
+            !utf8_valid((unsigned char *)err->message + lead - 1, k - lead + 1))
+            err->message[lead - 1] = 0;
+    }
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+}
+
+char *api_error_json(const ApiError *err) {
+    char msg[sizeof err->message], param[sizeof err->param];
+    utf8_clean(err->message, msg);
+    utf8_clean(err->param, param);
+    json_t *e = json_object();
+    json_object_set_new(e, "message", json_string(msg));
+    json_object_set_new(e, "type", json_string(err->type ? err->type : default_type(err->status)));
+    json_object_set_new(e, "param", param[0] ? json_string(param) : json_null());
+    json_object_set_new(e, "code", err->code ? json_string(err->code) : json_null());
+    json_t *root = json_object();
+    json_object_set_new(root, "error", e);
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    PL_CHECK(s != NULL);
+    return s;
+}
+
+/* A 400 about `param`; returns -1 so parsers can `return bad(...)`. */
+static int bad(ApiError *err, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int bad(ApiError *err, const char *param, const char *fmt, ...) {
+    char msg[sizeof err->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    api_error_set(err, 400, "invalid_request_error", param, "%s", msg);
+    return -1;
+}
+
+/* ---- typed getters: 1 present, 0 absent or null, -1 wrong type (error set) -------------- */
+
+/* A JSON integer, or a real with an integral value that a double holds exactly. */
+static int as_int(const json_t *v, long long *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 1;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (d == floor(d) && fabs(d) <= 9007199254740992.0) {
+            *out = (long long)d;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static json_t *field(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int opt_int(json_t *o, const char *key, long long *out, ApiError *err) {
+    json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    return as_int(v, out) ? 1 : bad(err, key, "'%s' must be an integer", key);
+}
+
+static int opt_bool(json_t *o, const char *key, const char *param, int *out, ApiError *err) {
+    json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v)) {
+        int nested = strcmp(param, key) != 0;
+        return bad(err, param, "'%s%s%s' must be a boolean", nested ? param : "", nested ? "." : "",
+                   key);
+    }
+    *out = json_is_true(v);
+    return 1;
+}
+
+static int opt_str(json_t *o, const char *key, char **out, ApiError *err) {
+    json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return bad(err, key, "'%s' must be a string", key);
+    *out = pl_xstrdup(json_string_value(v));
+    return 1;
+}
+
+/* A number in [lo, hi], or (lo, hi] when lo_open. */
+static int opt_float(json_t *o, const char *key, double lo, int lo_open, double hi, float *out,
+                     ApiError *err) {
+    json_t *v = field(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return bad(err, key, "'%s' must be a number", key);
+    double d = json_number_value(v);
+    if (d < lo || (lo_open && d == lo) || d > hi)
+        return bad(err, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo, hi,
+                   d);
+    *out = (float)d;
+    return 1;
+}
+
+/* An integer in [lo, hi]. */
+static int opt_int_in(json_t *o, const char *key, long long lo, long long hi, int *out,
+                      ApiError *err) {
+    long long v;
+    int k = opt_int(o, key, &v, err);
+    if (k <= 0)
+        return k;
+    if (v < lo || v > hi)
+        return bad(err, key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, v);
+    *out = (int)v;
+    return 1;
+}
+
+static long long limit_or(int lim, long long dflt) {
+    return lim > 0 ? lim : dflt;
+}
+
+/* ---- fields ------------------------------------------------------------------------------ */
+
+/* max_tokens-like field `key`: >= 1 and, alone, below max-model-len. */
+static int parse_max_tokens(json_t *o, const char *key, const ApiLimits *lim, int *out,
+                            ApiError *err) {
+    long long v;
+    int k = opt_int(o, key, &v, err);
+    if (k <= 0)
+        return k;
+    if (v < 1)
+        return bad(err, key, "'%s' must be at least 1, got %lld", key, v);
+    if (lim->max_model_len > 0 && v >= lim->max_model_len)
+        return bad(err, key, "%s (%lld) plus the prompt must not exceed max-model-len (%d)", key, v,
+                   lim->max_model_len);
+    if (v > INT_MAX)
+        return bad(err, key, "'%s' is too large: %lld", key, v);
+    *out = (int)v;
+    return 1;
+}
+
+/* A token id in [0, vocab_size). */
+static int token_id(const json_t *v, const ApiLimits *lim, const char *param, int32_t *out,
+                    ApiError *err) {
+    long long id;
+    if (!as_int(v, &id))
+        return bad(err, param, "'%s' must hold integer token ids", param);
+    if (id < 0 || id >= limit_or(lim->vocab_size, INT32_MAX))
+        return bad(err, param, "token id %lld in '%s' is out of vocabulary (vocab size %d)", id,
+                   param, lim->vocab_size);
+    *out = (int32_t)id;
+    return 0;
+}
+
+static const char PROMPT_FORMS[] = "'prompt' must be a string, a list of strings, a list of token "
+                                   "ids or a list of token-id lists";
+
+static int prompt_ids(const json_t *arr, const ApiLimits *lim, ApiPrompt *p, ApiError *err) {
+    size_t n = json_array_size(arr);
+    if (n == 0)
+        return bad(err, "prompt", "prompt must not be empty (an empty token-id list)");
+    if (n > INT_MAX)
+        return bad(err, "prompt", "'prompt' is too long");
+    p->ids = pl_xmalloc(n * sizeof *p->ids);
+    p->num_ids = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(arr, i);
+        if (!json_is_number(v))
+            return bad(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
+        if (token_id(v, lim, "prompt", &p->ids[i], err))
+            return -1;
+    }
+    return 0;
+}
+
+static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    json_t *p = field(o, "prompt");
+    if (!p)
+        return bad(err, "prompt", "'prompt' is required");
+    if (json_is_string(p)) {
+        r->prompts = pl_xcalloc(1, sizeof *r->prompts);
+        r->num_prompts = 1;
+        r->prompts[0].text = pl_xstrdup(json_string_value(p));
+        return 0;
+    }
+    if (!json_is_array(p))
+        return bad(err, "prompt", "%s", PROMPT_FORMS);
+    size_t n = json_array_size(p);
+    if (n == 0)
+        return bad(err, "prompt", "prompt must not be empty");
+    json_t *first = json_array_get(p, 0);
+    if (json_is_number(first)) { /* one prompt of token ids */
+        r->prompts = pl_xcalloc(1, sizeof *r->prompts);
+        r->num_prompts = 1;
+        return prompt_ids(p, lim, &r->prompts[0], err);
+    }
+    if (!json_is_string(first) && !json_is_array(first))
+        return bad(err, "prompt", "%s", PROMPT_FORMS);
+    if (n > INT_MAX)
+        return bad(err, "prompt", "'prompt' has too many entries");
+    r->prompts = pl_xcalloc(n, sizeof *r->prompts);
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(p, i);
+        r->num_prompts++;
+        if (json_is_string(first) && json_is_string(e))
+            r->prompts[i].text = pl_xstrdup(json_string_value(e));
+        else if (json_is_array(first) && json_is_array(e)) {
+            if (prompt_ids(e, lim, &r->prompts[i], err))
+                return -1;
+        } else
+            return bad(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
+    }
+    return 0;
+}
+
+static int parse_stop(json_t *o, ApiRequest *r, ApiError *err) {
+    json_t *v = field(o, "stop");
+    if (!v)
+        return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) > 0)
+            r->stop[r->num_stop++] = pl_xstrdup(json_string_value(v));
+        return 0;
+    }
+    if (!json_is_array(v))
+        return bad(err, "stop", "'stop' must be a string or a list of strings");
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_string(e))
+            return bad(err, "stop", "'stop' must be a string or a list of strings");
+        if (json_string_length(e) == 0) /* would match everywhere: ignored */
+            continue;
+        if (r->num_stop == API_MAX_STOP)
+            return bad(err, "stop", "'stop' must have at most %d entries", API_MAX_STOP);
+        r->stop[r->num_stop++] = pl_xstrdup(json_string_value(e));
+    }
+    return 0;
+}
+
+static int parse_stop_ids(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    json_t *v = field(o, "stop_token_ids");
+    if (!v)
+        return 0;
+    if (!json_is_array(v))
+        return bad(err, "stop_token_ids", "'stop_token_ids' must be a list of integers");
+    size_t n = json_array_size(v);
+    if (n > 4096)
+        return bad(err, "stop_token_ids", "'stop_token_ids' has more than 4096 entries");
+    r->stop_token_ids = pl_xmalloc((n ? n : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) {
+        if (token_id(json_array_get(v, i), lim, "stop_token_ids", &r->stop_token_ids[i], err))
+            return -1;
+        r->num_stop_token_ids++;
+    }
+    return 0;
+}
+
+/* Fields both endpoints share. */
+static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    long long seed, top_k = -1;
+    json_t *so;
+    if (opt_str(o, "model", &r->model, err) < 0 ||
+        opt_int_in(o, "n", 1, limit_or(lim->max_n, INT_MAX), &r->n, err) < 0 ||
+        opt_float(o, "temperature", 0, 0, 100, &r->temperature, err) < 0 ||
+        opt_float(o, "top_p", 0, 1, 1, &r->top_p, err) < 0 ||
+        opt_int(o, "top_k", &top_k, err) < 0 ||
+        opt_float(o, "min_p", 0, 0, 1, &r->min_p, err) < 0 ||
+        opt_float(o, "presence_penalty", -2, 0, 2, &r->presence_penalty, err) < 0 ||
+        opt_float(o, "frequency_penalty", -2, 0, 2, &r->frequency_penalty, err) < 0 ||
+        opt_float(o, "repetition_penalty", 0, 1, 100, &r->repetition_penalty, err) < 0)
+        return -1;
+    if (top_k < -1 || top_k > INT_MAX)
+        return bad(err, "top_k", "'top_k' must be -1 or 0 (off) or at least 1, got %lld", top_k);
+    r->top_k = top_k == 0 ? -1 : (int)top_k; /* 0 and -1 both mean off */
+    switch (opt_int(o, "seed", &seed, err)) {
+        case -1:
+            return -1;
+        case 1:
+            r->has_seed = 1;
+            r->seed = (uint64_t)seed;
+    }
+    if (parse_stop(o, r, err) || parse_stop_ids(o, lim, r, err) ||
+        opt_bool(o, "stream", "stream", &r->stream, err) < 0)
+        return -1;
+    if ((so = field(o, "stream_options"))) {
+        if (!r->stream)
+            return bad(err, "stream_options",
+                       "'stream_options' can only be defined when 'stream' is true");
+        if (!json_is_object(so))
+            return bad(err, "stream_options", "'stream_options' must be an object");
+        if (opt_bool(so, "include_usage", "stream_options", &r->include_usage, err) < 0)
+            return -1;
+    }
+    if (opt_bool(o, "ignore_eos", "ignore_eos", &r->ignore_eos, err) < 0 ||
+        opt_str(o, "user", &r->user, err) < 0)
+        return -1;
+    return 0;
+}
+
+static void defaults(ApiRequest *r, int max_tokens) {
+    memset(r, 0, sizeof *r);
+    r->max_tokens = max_tokens;
+    r->n = 1;
+    r->temperature = 1;
+    r->top_p = 1;
+    r->top_k = -1;
+    r->repetition_penalty = 1;
+    r->logprobs = -1;
+}
+
+static json_t *load(const char *body, size_t len, ApiError *err) {
+    json_error_t je;
+    json_t *o = json_loadb(body ? body : "", body ? len : 0, JSON_DECODE_ANY, &je);
+    if (!o) {
+        bad(err, NULL, "invalid JSON in the request body: %s (line %d, column %d, byte %d)",
+            je.text, je.line, je.column, je.position);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        bad(err, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+/* ---- completions ------------------------------------------------------------------------- */
+
+Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, ApiRequest *req,
+                            ApiError *err) {
+    defaults(req, 16);
+    json_t *o = load(body, len, err);
+    if (!o) {
+        api_request_free(req);
+        return PL_ERR_INVALID;
+    }
+    long long best_of = 0;
+    int got_best_of = 0;
+    if (parse_prompt(o, lim, req, err) ||
+        parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
+        parse_common(o, lim, req, err) || (got_best_of = opt_int(o, "best_of", &best_of, err)) < 0)
+        goto fail;
+    req->best_of = req->n;
+    if (got_best_of) {
+        if (best_of < req->n || best_of > limit_or(lim->max_n, INT_MAX)) {
+            bad(err, "best_of", "'best_of' must be between n (%d) and %lld, got %lld", req->n,
+                limit_or(lim->max_n, INT_MAX), best_of);
+            goto fail;
+        }
+        req->best_of = (int)best_of;
+        if (req->stream && req->best_of > req->n) {
+            bad(err, "best_of", "'best_of' greater than 'n' cannot be used with stream");
+            goto fail;
+        }
+    }
+    if (opt_int_in(o, "logprobs", 0, limit_or(lim->max_logprobs, INT_MAX), &req->logprobs, err) <
+            0 ||
+        opt_bool(o, "echo", "echo", &req->echo, err) < 0)
+        goto fail;
+    json_decref(o);
+    return PL_OK;
+fail:
+    json_decref(o);
+    api_request_free(req);
+    return PL_ERR_INVALID;
+}
+
+/* ---- chat -------------------------------------------------------------------------------- */
+
+/* The text of messages[i].content: a string, or text parts joined with "\n" (as vLLM). */
+static int message_text(json_t *m, int i, char **out, ApiError *err) {
+    json_t *c = field(m, "content");
+    const char *role = json_string_value(json_object_get(m, "role"));
+    if (!c && strcmp(role, "assistant") == 0) { /* OpenAI allows it (tool calls) */
+        *out = pl_xstrdup("");
+        return 0;
+    }
+    if (c && json_is_string(c)) {
+        *out = pl_xstrdup(json_string_value(c));
+        return 0;
+    }
+    if (!c || !json_is_array(c))
+        return bad(err, "messages",
+                   "'messages[%d].content' must be a string or a list of text parts", i);
+    size_t len = 0, k;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!type || strcmp(type, "text") != 0)
+            return bad(err, "messages",
+                       "'messages[%d].content[%zu]': only parts of type 'text' are supported "
+                       "(got %s%s%s)",
+                       i, k, type ? "'" : "", type ? type : "no type", type ? "'" : "");
+        if (!json_is_string(text))
+            return bad(err, "messages", "'messages[%d].content[%zu].text' must be a string", i, k);
+        len += json_string_length(text) + 1;
+    }
+    char *s = pl_xmalloc(len + 1), *p = s;
+    json_array_foreach(c, k, part) {
+        json_t *text = json_object_get(part, "text");
+        if (k)
+            *p++ = '\n';
+        memcpy(p, json_string_value(text), json_string_length(text));
+        p += json_string_length(text);
+    }
+    *p = 0;
+    *out = s;
+    return 0;
+}
+
+/* Fill msgs[] (roles borrowed from the JSON, contents owned) from body.messages. */
+static int parse_messages(json_t *o, ApiChatMessage **msgs, int *num, ApiError *err) {
+    json_t *arr = field(o, "messages");
+    if (!arr)
+        return bad(err, "messages", "'messages' is required");
+    if (!json_is_array(arr))
+        return bad(err, "messages", "'messages' must be a list of messages");
+    size_t n = json_array_size(arr);
+    if (n == 0)
+        return bad(err, "messages", "'messages' must not be empty");
+    if (n > INT_MAX)
+        return bad(err, "messages", "'messages' has too many entries");
+    *msgs = pl_xcalloc(n, sizeof **msgs);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(arr, i);
+        if (!json_is_object(m))
+            return bad(err, "messages", "'messages[%zu]' must be an object", i);
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role))
+            return bad(err, "messages", "'messages[%zu].role' must be a string", i);
+        (*msgs)[i].role = json_string_value(role);
+        char *text = NULL;
+        if (message_text(m, (int)i, &text, err))
+            return -1;
+        (*msgs)[i].content = text;
+        *num = (int)i + 1;
+    }
+    return 0;
+}
+
+/* Chat's logprobs (bool) and top_logprobs (0-20) as req->logprobs. */
+static int parse_chat_logprobs(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    int want = 0, top = 0,
+        hi = lim->max_logprobs > 0 && lim->max_logprobs < 20 ? lim->max_logprobs : 20;
+    if (opt_bool(o, "logprobs", "logprobs", &want, err) < 0 ||
+        opt_int_in(o, "top_logprobs", 0, hi, &top, err) < 0)
+        return -1;
+    if (top > 0 && !want)
+        return bad(err, "top_logprobs", "when using 'top_logprobs', 'logprobs' must be true");
+    r->logprobs = want ? top : -1;
+    return 0;
+}
+
+Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTemplate tmpl,
+                      const char *bos, const char *eos, ApiRequest *req, ApiError *err) {
+    defaults(req, -1);
+    json_t *o = load(body, len, err);
+    if (!o) {
+        api_request_free(req);
+        return PL_ERR_INVALID;
+    }
+    ApiChatMessage *msgs = NULL;
+    int num = 0;
+    Status st = PL_ERR_INVALID;
+    if (parse_messages(o, &msgs, &num, err) ||
+        parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
+        parse_max_tokens(o, "max_completion_tokens", lim, &req->max_tokens, err) < 0 ||
+        parse_common(o, lim, req, err) || parse_chat_logprobs(o, lim, req, err))
+        goto done;
+    req->best_of = req->n;
+    char *text = api_chat_render(tmpl, msgs, num, bos, eos, err);
+    if (!text)
+        goto done;
+    req->prompts = pl_xcalloc(1, sizeof *req->prompts);
+    req->prompts[0].text = text;
+    req->num_prompts = 1;
+    req->is_chat = 1;
+    st = PL_OK;
+done:
+    for (int i = 0; i < num; i++)
+        free((char *)msgs[i].content);
+    free(msgs);
+    json_decref(o);
+    if (st != PL_OK)
+        api_request_free(req);
+    return st;
+}
+
+/* ---- after tokenizing -------------------------------------------------------------------- */
+
+int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tokens,
+                     ApiError *err) {
+    int L = lim->max_model_len;
+    const char *what = req->is_chat ? "messages" : "prompt";
+    if (L <= 0)
+        return req->max_tokens < 0 ? 16 : req->max_tokens;
+    if (prompt_tokens >= L) {
+        bad(err, what,
+            "This model's maximum context length is %d tokens, but the %s has %d tokens, "
+            "which leaves no room for the completion. Please reduce the length of the %s.",
+            L, what, prompt_tokens, what);
+        err->code = "context_length_exceeded";
+        return -1;
+    }
+    if (req->max_tokens < 0)
+        return L - prompt_tokens;
+    if ((long long)prompt_tokens + req->max_tokens > L) {
+        bad(err, "max_tokens",
+            "This model's maximum context length is %d tokens. However, you requested %lld "
+            "tokens (%d in the %s, %d in max_tokens). Please reduce the length of the %s or "
+            "max_tokens.",
+            L, (long long)prompt_tokens + req->max_tokens, prompt_tokens, what, req->max_tokens,
+            what);
+        err->code = "context_length_exceeded";
+        return -1;
+    }
+    return req->max_tokens;
+}
+
+void api_request_free(ApiRequest *req) {
+    if (!req)
+        return;
+    free(req->model);
+    for (int i = 0; i < req->num_prompts; i++) {
+        free(req->prompts[i].text);
+        free(req->prompts[i].ids);
+    }
+    free(req->prompts);
+    for (int i = 0; i < req->num_stop; i++)
+        free(req->stop[i]);
+    free(req->stop_token_ids);
+    free(req->user);
+    memset(req, 0, sizeof *req);
+}

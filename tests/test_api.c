@@ -1,0 +1,876 @@
+/* test_api.c - the OpenAI request layer (server/api.c, server/chat.c).
+ *
+ * Completions: every accepted form of prompt, defaults, every field read back, and one case
+ * per bad input this layer can see (status 400, the right param, a message naming the
+ * field, *req left zeroed). Chat: rendering of each template family against strings
+ * written out by hand from the Hugging Face templates (Llama-2's from the published
+ * llama-tokenizer test target), role errors, content parts, chat-only fields. Template
+ * detection on real chat_template strings. Error JSON shape and escaping. Run from the
+ * repository root. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api.h"
+
+static const ApiLimits LIM = {
+    .max_model_len = 2048, .max_n = 8, .vocab_size = 32000, .max_logprobs = 20};
+
+static Status comp(const char *json, ApiRequest *r, ApiError *e) {
+    return api_parse_completion(json, strlen(json), &LIM, r, e);
+}
+
+static Status chat(ChatTemplate t, const char *json, ApiRequest *r, ApiError *e) {
+    return api_parse_chat(json, strlen(json), &LIM, t, NULL, NULL, r, e);
+}
+
+static void assert_zeroed(const ApiRequest *r) {
+    static const ApiRequest zero;
+    assert_memory_equal(r, &zero, sizeof zero);
+}
+
+static void check_error(Status s, const ApiRequest *r, const ApiError *e, const char *json,
+                        const char *param, const char *needle) {
+    if (getenv("PL_TEST_VERBOSE"))
+        fprintf(stderr, "  %-60.60s -> [%s] %s\n", json, e->param, e->message);
+    if (s != PL_ERR_INVALID || e->status != 400 || strcmp(e->param, param) != 0 ||
+        !strstr(e->message, needle))
+        fail_msg("%s: status %d/%d param '%s' (want '%s') message '%s' (want '%s')", json, s,
+                 e->status, e->param, param, e->message, needle);
+    assert_string_equal(e->type, "invalid_request_error");
+    assert_zeroed(r);
+}
+
+/* A completions body that must be refused with `param` and a message holding `needle`. */
+static void bad(const char *json, const char *param, const char *needle) {
+    ApiRequest r;
+    ApiError e;
+    check_error(comp(json, &r, &e), &r, &e, json, param, needle);
+}
+
+static void bad_chat(ChatTemplate t, const char *json, const char *param, const char *needle) {
+    ApiRequest r;
+    ApiError e;
+    check_error(chat(t, json, &r, &e), &r, &e, json, param, needle);
+}
+
+/* ---- completions: prompt forms ----------------------------------------------------------- */
+
+static void test_prompt_string_and_defaults(void **state) {
+    ApiRequest r;
+    ApiError e;
+    assert_int_equal(comp("{\"prompt\": \"Hello\"}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "Hello");
+    assert_null(r.prompts[0].ids);
+    assert_null(r.model);
+    assert_int_equal(r.max_tokens, 16);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.best_of, 1);
+    assert_true(r.temperature == 1.0f && r.top_p == 1.0f && r.min_p == 0.0f);
+    assert_int_equal(r.top_k, -1);
+    assert_true(r.presence_penalty == 0 && r.frequency_penalty == 0);
+    assert_true(r.repetition_penalty == 1.0f);
+    assert_int_equal(r.has_seed, 0);
+    assert_int_equal(r.num_stop, 0);
+    assert_int_equal(r.num_stop_token_ids, 0);
+    assert_int_equal(r.stream, 0);
+    assert_int_equal(r.include_usage, 0);
+    assert_int_equal(r.logprobs, -1);
+    assert_int_equal(r.echo, 0);
+    assert_int_equal(r.ignore_eos, 0);
+    assert_null(r.user);
+    assert_int_equal(r.is_chat, 0);
+    api_request_free(&r);
+    assert_zeroed(&r);
+    api_request_free(&r); /* twice is fine */
+    assert_zeroed(&r);
+    api_request_free(NULL);
+}
+
+static void test_prompt_forms(void **state) {
+    ApiRequest r;
+    ApiError e;
+    /* empty string: allowed (BOS only once tokenized); UTF-8 and escapes kept */
+    assert_int_equal(comp("{\"prompt\": \"\"}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "");
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"h\\u00e9 \xe6\x97\xa5\\n\\\"\"}", &r, &e), PL_OK);
+    assert_string_equal(r.prompts[0].text, "h\xc3\xa9 \xe6\x97\xa5\n\"");
+    api_request_free(&r);
+    /* list of strings, one of them empty */
+    assert_int_equal(comp("{\"prompt\": [\"a\", \"\", \"c d\"]}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 3);
+    assert_string_equal(r.prompts[0].text, "a");
+    assert_string_equal(r.prompts[1].text, "");
+    assert_string_equal(r.prompts[2].text, "c d");
+    api_request_free(&r);
+    /* token ids */
+    assert_int_equal(comp("{\"prompt\": [1, 15043, 0, 31999]}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 1);
+    assert_null(r.prompts[0].text);
+    assert_int_equal(r.prompts[0].num_ids, 4);
+    int32_t want[] = {1, 15043, 0, 31999};
+    assert_memory_equal(r.prompts[0].ids, want, sizeof want);
+    api_request_free(&r);
+    /* list of token-id lists */
+    assert_int_equal(comp("{\"prompt\": [[1, 2], [3], [4, 5, 6]]}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 3);
+    assert_int_equal(r.prompts[0].num_ids, 2);
+    assert_int_equal(r.prompts[1].num_ids, 1);
+    assert_int_equal(r.prompts[2].num_ids, 3);
+    assert_int_equal(r.prompts[1].ids[0], 3);
+    assert_int_equal(r.prompts[2].ids[2], 6);
+    api_request_free(&r);
+    /* a single string in a list */
+    assert_int_equal(comp("{\"prompt\": [\"only\"]}", &r, &e), PL_OK);
+    assert_int_equal(r.num_prompts, 1);
+    assert_string_equal(r.prompts[0].text, "only");
+    api_request_free(&r);
+}
+
+static void test_all_fields(void **state) {
+    ApiRequest r;
+    ApiError e;
+    const char *json =
+        "{\"model\": \"m\", \"prompt\": \"p\", \"max_tokens\": 100, \"n\": 2, \"best_of\": 3,"
+        " \"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05,"
+        " \"presence_penalty\": 0.5, \"frequency_penalty\": -0.5, \"repetition_penalty\": 1.1,"
+        " \"seed\": 42, \"stop\": [\"\\n\", \"END\"], \"stop_token_ids\": [2, 7],"
+        " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"logprobs\": 5,"
+        " \"echo\": true, \"ignore_eos\": true, \"user\": \"u1\", \"suffix\": null,"
+        " \"unknown_field\": {\"x\": [1]}}";
+    assert_int_equal(comp(json, &r, &e), PL_ERR_INVALID); /* best_of > n with stream */
+    assert_string_equal(e.param, "best_of");
+    /* the same without best_of */
+    const char *json2 =
+        "{\"model\": \"m\", \"prompt\": \"p\", \"max_tokens\": 100, \"n\": 2,"
+        " \"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05,"
+        " \"presence_penalty\": 0.5, \"frequency_penalty\": -0.5, \"repetition_penalty\": 1.1,"
+        " \"seed\": 42, \"stop\": [\"\\n\", \"END\"], \"stop_token_ids\": [2, 7],"
+        " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"logprobs\": 5,"
+        " \"echo\": true, \"ignore_eos\": true, \"user\": \"u1\", \"suffix\": null,"
+        " \"unknown_field\": {\"x\": [1]}}";
+    assert_int_equal(comp(json2, &r, &e), PL_OK);
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.max_tokens, 100);
+    assert_int_equal(r.n, 2);
+    assert_int_equal(r.best_of, 2);
+    assert_float_equal(r.temperature, 0.5, 1e-6);
+    assert_float_equal(r.top_p, 0.9, 1e-6);
+    assert_int_equal(r.top_k, 40);
+    assert_float_equal(r.min_p, 0.05, 1e-6);
+    assert_float_equal(r.presence_penalty, 0.5, 1e-6);
+    assert_float_equal(r.frequency_penalty, -0.5, 1e-6);
+    assert_float_equal(r.repetition_penalty, 1.1, 1e-6);
+    assert_int_equal(r.has_seed, 1);
+    assert_int_equal(r.seed, 42);
+    assert_int_equal(r.num_stop, 2);
+    assert_string_equal(r.stop[0], "\n");
+    assert_string_equal(r.stop[1], "END");
+    assert_int_equal(r.num_stop_token_ids, 2);
+    assert_int_equal(r.stop_token_ids[1], 7);
+    assert_int_equal(r.stream, 1);
+    assert_int_equal(r.include_usage, 1);
+    assert_int_equal(r.logprobs, 5);
+    assert_int_equal(r.echo, 1);
+    assert_int_equal(r.ignore_eos, 1);
+    assert_string_equal(r.user, "u1");
+    api_request_free(&r);
+    /* best_of without stream */
+    assert_int_equal(comp("{\"prompt\": \"p\", \"n\": 2, \"best_of\": 5}", &r, &e), PL_OK);
+    assert_int_equal(r.n, 2);
+    assert_int_equal(r.best_of, 5);
+    api_request_free(&r);
+}
+
+static void test_nulls_and_edge_values(void **state) {
+    ApiRequest r;
+    ApiError e;
+    /* null means absent */
+    assert_int_equal(comp("{\"prompt\": \"p\", \"model\": null, \"max_tokens\": null,"
+                          " \"temperature\": null, \"top_p\": null, \"n\": null, \"stop\": null,"
+                          " \"seed\": null, \"stream\": null, \"stream_options\": null,"
+                          " \"logprobs\": null, \"best_of\": null, \"user\": null}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.max_tokens, 16);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.best_of, 1);
+    assert_int_equal(r.has_seed, 0);
+    assert_int_equal(r.logprobs, -1);
+    assert_null(r.model);
+    api_request_free(&r);
+    /* top_k 0 is off; negative seed wraps; an integral real is an integer; temperature 0 is
+     * greedy; top_p 1 and logprobs 0 are allowed; boundaries of the ranges */
+    assert_int_equal(comp("{\"prompt\": \"p\", \"top_k\": 0, \"seed\": -1,"
+                          " \"temperature\": 0, \"top_p\": 1, \"logprobs\": 0, \"min_p\": 1,"
+                          " \"presence_penalty\": -2, \"frequency_penalty\": 2,"
+                          " \"max_tokens\": 2047, \"n\": 8, \"best_of\": 8, \"stream\": false}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.top_k, -1);
+    assert_int_equal(r.has_seed, 1);
+    assert_true(r.seed == UINT64_MAX);
+    assert_int_equal(r.max_tokens, 2047);
+    assert_true(r.temperature == 0.0f);
+    assert_int_equal(r.logprobs, 0);
+    assert_int_equal(r.n, 8);
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"p\", \"max_tokens\": 32.0, \"top_k\": -1}", &r, &e),
+                     PL_OK);
+    assert_int_equal(r.max_tokens, 32);
+    assert_int_equal(r.top_k, -1);
+    api_request_free(&r);
+    /* stream_options with stream; include_usage false */
+    assert_int_equal(comp("{\"prompt\": \"p\", \"stream\": true, \"stream_options\": {}}", &r, &e),
+                     PL_OK);
+    assert_int_equal(r.include_usage, 0);
+    api_request_free(&r);
+}
+
+static void test_stop(void **state) {
+    ApiRequest r;
+    ApiError e;
+    assert_int_equal(comp("{\"prompt\": \"p\", \"stop\": \"###\"}", &r, &e), PL_OK);
+    assert_int_equal(r.num_stop, 1);
+    assert_string_equal(r.stop[0], "###");
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"p\", \"stop\": \"\"}", &r, &e), PL_OK);
+    assert_int_equal(r.num_stop, 0);
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"p\", \"stop\": [\"\", \"x\", \"\"]}", &r, &e), PL_OK);
+    assert_int_equal(r.num_stop, 1);
+    assert_string_equal(r.stop[0], "x");
+    api_request_free(&r);
+    /* 16 stops fit (and empty ones do not count); 17 do not */
+    char json[512] = "{\"prompt\": \"p\", \"stop\": [\"\"";
+    for (int i = 0; i < 16; i++)
+        sprintf(json + strlen(json), ", \"s%d\"", i);
+    strcat(json, "]}");
+    assert_int_equal(comp(json, &r, &e), PL_OK);
+    assert_int_equal(r.num_stop, 16);
+    assert_string_equal(r.stop[15], "s15");
+    api_request_free(&r);
+    json[strlen(json) - 2] = 0;
+    strcat(json, ", \"s16\"]}");
+    bad(json, "stop", "'stop'");
+    bad(json, "stop", "16");
+}
+
+/* ---- completions: bad input -------------------------------------------------------------- */
+
+static void test_bad_json(void **state) {
+    bad("{\"prompt\": \"a\",}", "", "invalid JSON");
+    bad("{\"prompt\": \"a\"", "", "line 1");
+    bad("{\"prompt\": 'a'}", "", "invalid JSON");
+    bad("", "", "invalid JSON");
+    bad("{\"prompt\": \"a\"} x", "", "invalid JSON");
+    bad("[{\"prompt\": \"a\"}]", "", "must be a JSON object");
+    bad("\"prompt\"", "", "must be a JSON object");
+    bad("3", "", "must be a JSON object");
+    bad("null", "", "must be a JSON object");
+    /* invalid UTF-8 (a lone continuation byte, an overlong '/') and an escaped NUL */
+    bad("{\"prompt\": \"a\x80\"}", "", "invalid JSON");
+    bad("{\"prompt\": \"\xc0\xaf\"}", "", "invalid JSON");
+    bad("{\"prompt\": \"a\\u0000b\"}", "", "invalid JSON");
+    /* NULL body */
+    ApiRequest r;
+    ApiError e;
+    assert_int_equal(api_parse_completion(NULL, 0, &LIM, &r, &e), PL_ERR_INVALID);
+    assert_int_equal(e.status, 400);
+}
+
+static void test_bad_prompt(void **state) {
+    bad("{}", "prompt", "'prompt' is required");
+    bad("{\"prompt\": null}", "prompt", "'prompt' is required");
+    bad("{\"prompt\": 5}", "prompt", "'prompt' must be");
+    bad("{\"prompt\": true}", "prompt", "'prompt' must be");
+    bad("{\"prompt\": {\"text\": \"a\"}}", "prompt", "'prompt' must be");
+    bad("{\"prompt\": []}", "prompt", "prompt must not be empty");
+    bad("{\"prompt\": [[]]}", "prompt", "prompt must not be empty");
+    bad("{\"prompt\": [[1], []]}", "prompt", "prompt must not be empty");
+    bad("{\"prompt\": [\"a\", 1]}", "prompt", "mixed");
+    bad("{\"prompt\": [1, \"a\"]}", "prompt", "mixed");
+    bad("{\"prompt\": [[1], 2]}", "prompt", "mixed");
+    bad("{\"prompt\": [[1], [\"a\"]]}", "prompt", "mixed");
+    bad("{\"prompt\": [\"a\", [1]]}", "prompt", "mixed");
+    bad("{\"prompt\": [null]}", "prompt", "'prompt' must be");
+    bad("{\"prompt\": [true, 1]}", "prompt", "'prompt' must be");
+    bad("{\"prompt\": [1.5]}", "prompt", "integer token ids");
+    bad("{\"prompt\": [32000]}", "prompt", "out of vocabulary");
+    bad("{\"prompt\": [1, -1]}", "prompt", "token id -1");
+    bad("{\"prompt\": [[1], [2, 99999]]}", "prompt", "token id 99999");
+    bad("{\"prompt\": [99999999999999]}", "prompt", "out of vocabulary");
+}
+
+static void test_bad_numbers(void **state) {
+    bad("{\"prompt\": \"p\", \"max_tokens\": -1}", "max_tokens", "'max_tokens' must be at least 1");
+    bad("{\"prompt\": \"p\", \"max_tokens\": 0}", "max_tokens", "'max_tokens' must be at least 1");
+    bad("{\"prompt\": \"p\", \"max_tokens\": 2048}", "max_tokens",
+        "max_tokens (2048) plus the prompt must not exceed max-model-len (2048)");
+    bad("{\"prompt\": \"p\", \"max_tokens\": 1000000000000}", "max_tokens", "max_tokens");
+    bad("{\"prompt\": \"p\", \"max_tokens\": \"16\"}", "max_tokens",
+        "'max_tokens' must be an integer");
+    bad("{\"prompt\": \"p\", \"max_tokens\": true}", "max_tokens",
+        "'max_tokens' must be an integer");
+    bad("{\"prompt\": \"p\", \"max_tokens\": 1.5}", "max_tokens",
+        "'max_tokens' must be an integer");
+    bad("{\"prompt\": \"p\", \"temperature\": -0.1}", "temperature",
+        "'temperature' must be in [0,");
+    bad("{\"prompt\": \"p\", \"temperature\": 101}", "temperature", "'temperature'");
+    bad("{\"prompt\": \"p\", \"temperature\": \"1\"}", "temperature",
+        "'temperature' must be a number");
+    bad("{\"prompt\": \"p\", \"temperature\": true}", "temperature",
+        "'temperature' must be a number");
+    bad("{\"prompt\": \"p\", \"top_p\": 0}", "top_p", "'top_p' must be in (0, 1]");
+    bad("{\"prompt\": \"p\", \"top_p\": 1.01}", "top_p", "'top_p' must be in (0, 1]");
+    bad("{\"prompt\": \"p\", \"top_p\": -1}", "top_p", "'top_p'");
+    bad("{\"prompt\": \"p\", \"top_k\": -2}", "top_k", "'top_k' must be -1");
+    bad("{\"prompt\": \"p\", \"top_k\": 1.5}", "top_k", "'top_k' must be an integer");
+    bad("{\"prompt\": \"p\", \"min_p\": 1.5}", "min_p", "'min_p'");
+    bad("{\"prompt\": \"p\", \"min_p\": -0.1}", "min_p", "'min_p'");
+    bad("{\"prompt\": \"p\", \"n\": 0}", "n", "'n' must be between 1 and 8");
+    bad("{\"prompt\": \"p\", \"n\": 9}", "n", "'n' must be between 1 and 8, got 9");
+    bad("{\"prompt\": \"p\", \"n\": \"2\"}", "n", "'n' must be an integer");
+    bad("{\"prompt\": \"p\", \"n\": 2, \"best_of\": 1}", "best_of", "'best_of' must be");
+    bad("{\"prompt\": \"p\", \"best_of\": 9}", "best_of", "'best_of'");
+    bad("{\"prompt\": \"p\", \"best_of\": 0}", "best_of", "'best_of'");
+    bad("{\"prompt\": \"p\", \"best_of\": 2, \"stream\": true}", "best_of", "stream");
+    bad("{\"prompt\": \"p\", \"presence_penalty\": 2.5}", "presence_penalty", "'presence_penalty'");
+    bad("{\"prompt\": \"p\", \"frequency_penalty\": -3}", "frequency_penalty",
+        "'frequency_penalty'");
+    bad("{\"prompt\": \"p\", \"repetition_penalty\": 0}", "repetition_penalty",
+        "'repetition_penalty' must be in (0,");
+    bad("{\"prompt\": \"p\", \"repetition_penalty\": -1}", "repetition_penalty",
+        "'repetition_penalty'");
+    bad("{\"prompt\": \"p\", \"seed\": \"x\"}", "seed", "'seed' must be an integer");
+    bad("{\"prompt\": \"p\", \"seed\": 1.5}", "seed", "'seed' must be an integer");
+    bad("{\"prompt\": \"p\", \"logprobs\": 21}", "logprobs", "'logprobs' must be between 0 and 20");
+    bad("{\"prompt\": \"p\", \"logprobs\": -1}", "logprobs", "'logprobs'");
+    bad("{\"prompt\": \"p\", \"logprobs\": true}", "logprobs", "'logprobs' must be an integer");
+}
+
+static void test_bad_other_types(void **state) {
+    bad("{\"prompt\": \"p\", \"model\": 5}", "model", "'model' must be a string");
+    bad("{\"prompt\": \"p\", \"user\": [\"u\"]}", "user", "'user' must be a string");
+    bad("{\"prompt\": \"p\", \"stop\": 5}", "stop", "'stop' must be a string or a list");
+    bad("{\"prompt\": \"p\", \"stop\": [\"a\", 1]}", "stop", "'stop' must be");
+    bad("{\"prompt\": \"p\", \"stop\": {}}", "stop", "'stop' must be");
+    bad("{\"prompt\": \"p\", \"stop_token_ids\": \"2\"}", "stop_token_ids",
+        "'stop_token_ids' must be a list");
+    bad("{\"prompt\": \"p\", \"stop_token_ids\": [\"a\"]}", "stop_token_ids", "'stop_token_ids'");
+    bad("{\"prompt\": \"p\", \"stop_token_ids\": [32000]}", "stop_token_ids", "out of vocabulary");
+    bad("{\"prompt\": \"p\", \"stop_token_ids\": [2, -1]}", "stop_token_ids", "token id -1");
+    bad("{\"prompt\": \"p\", \"stream\": \"yes\"}", "stream", "'stream' must be a boolean");
+    bad("{\"prompt\": \"p\", \"stream\": 1}", "stream", "'stream' must be a boolean");
+    bad("{\"prompt\": \"p\", \"stream_options\": {\"include_usage\": true}}", "stream_options",
+        "'stream_options' can only be defined when 'stream' is true");
+    bad("{\"prompt\": \"p\", \"stream\": false, \"stream_options\": {}}", "stream_options",
+        "'stream_options'");
+    bad("{\"prompt\": \"p\", \"stream\": true, \"stream_options\": true}", "stream_options",
+        "'stream_options' must be an object");
+    bad("{\"prompt\": \"p\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}",
+        "stream_options", "'stream_options.include_usage' must be a boolean");
+    bad("{\"prompt\": \"p\", \"echo\": \"x\"}", "echo", "'echo' must be a boolean");
+    bad("{\"prompt\": \"p\", \"ignore_eos\": 1}", "ignore_eos", "'ignore_eos' must be a boolean");
+}
+
+static void test_unchecked_limits(void **state) {
+    ApiLimits none = {0};
+    ApiRequest r;
+    ApiError e;
+    const char *json =
+        "{\"prompt\": [100000], \"max_tokens\": 100000, \"n\": 50, \"logprobs\": 99}";
+    assert_int_equal(api_parse_completion(json, strlen(json), &none, &r, &e), PL_OK);
+    assert_int_equal(r.prompts[0].ids[0], 100000);
+    assert_int_equal(r.max_tokens, 100000);
+    assert_int_equal(r.n, 50);
+    api_request_free(&r);
+}
+
+/* ---- length check after tokenizing ------------------------------------------------------- */
+
+static void test_check_length(void **state) {
+    ApiRequest r = {.max_tokens = 100};
+    ApiError e;
+    assert_int_equal(api_check_length(&LIM, &r, 1948, &e), 100); /* exactly fits */
+    assert_int_equal(api_check_length(&LIM, &r, 1949, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "max_tokens");
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_non_null(strstr(e.message, "maximum context length is 2048 tokens"));
+    assert_non_null(strstr(e.message, "2049 tokens (1949 in the prompt, 100 in max_tokens)"));
+    assert_int_equal(api_check_length(&LIM, &r, 2048, &e), -1);
+    assert_string_equal(e.param, "prompt");
+    assert_non_null(strstr(e.message, "the prompt has 2048 tokens"));
+    r.max_tokens = -1; /* chat default: what is left */
+    r.is_chat = 1;
+    assert_int_equal(api_check_length(&LIM, &r, 48, &e), 2000);
+    assert_int_equal(api_check_length(&LIM, &r, 2047, &e), 1);
+    assert_int_equal(api_check_length(&LIM, &r, 3000, &e), -1);
+    assert_string_equal(e.param, "messages");
+    ApiLimits none = {0};
+    assert_int_equal(api_check_length(&none, &r, 3000, &e), 16);
+}
+
+/* ---- error objects ----------------------------------------------------------------------- */
+
+static json_t *error_object(const ApiError *e) {
+    char *s = api_error_json(e);
+    json_error_t je;
+    json_t *root = json_loads(s, 0, &je);
+    if (!root)
+        fail_msg("api_error_json gave invalid JSON: %s (%s)", s, je.text);
+    free(s);
+    assert_int_equal(json_object_size(root), 1);
+    json_t *err = json_object_get(root, "error");
+    assert_true(json_is_object(err));
+    assert_int_equal(json_object_size(err), 4);
+    json_incref(err);
+    json_decref(root);
+    return err;
+}
+
+static void test_error_json(void **state) {
+    ApiError e;
+    api_error_set(&e, 400, NULL, "temperature", "'%s' must be %s", "temperature",
+                  "a \"number\"\\\n\t\x01 \xc3\xa9");
+    json_t *o = error_object(&e);
+    assert_string_equal(json_string_value(json_object_get(o, "message")),
+                        "'temperature' must be a \"number\"\\\n\t\x01 \xc3\xa9");
+    assert_string_equal(json_string_value(json_object_get(o, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(o, "param")), "temperature");
+    assert_true(json_is_null(json_object_get(o, "code")));
+    json_decref(o);
+    /* the exact text: compact, fixed key order, escapes */
+    api_error_set(&e, 404, NULL, NULL, "model \"x\" not found");
+    e.code = "model_not_found";
+    char *s = api_error_json(&e);
+    assert_string_equal(s, "{\"error\":{\"message\":\"model \\\"x\\\" not found\",\"type\":"
+                           "\"not_found_error\",\"param\":null,\"code\":\"model_not_found\"}}");
+    free(s);
+    /* default types */
+    api_error_set(&e, 401, NULL, "", "no key");
+    assert_string_equal(e.type, "authentication_error");
+    api_error_set(&e, 503, NULL, NULL, "loading");
+    assert_string_equal(e.type, "server_error");
+    api_error_set(&e, 405, "custom_error", NULL, "x");
+    assert_string_equal(e.type, "custom_error");
+    o = error_object(&e);
+    assert_true(json_is_null(json_object_get(o, "param")));
+    json_decref(o);
+    /* invalid UTF-8 in a message (say, an echoed URL) becomes '?' */
+    api_error_set(&e, 404, NULL, NULL, "no route /a\xff\xc3 b");
+    o = error_object(&e);
+    assert_string_equal(json_string_value(json_object_get(o, "message")), "no route /a?? b");
+    json_decref(o);
+    /* a long message is cut at a character boundary and stays valid */
+    char longmsg[1200] = "";
+    for (int i = 0; i < 500; i++)
+        strcat(longmsg, "\xc3\xa9");
+    api_error_set(&e, 400, NULL, NULL, "%s", longmsg);
+    assert_true(strlen(e.message) == sizeof e.message - 2); /* 255 whole 2-byte characters */
+    o = error_object(&e);
+    assert_int_equal(json_string_length(json_object_get(o, "message")), strlen(e.message));
+    json_decref(o);
+    /* a parse error serialised */
+    ApiRequest r;
+    assert_int_equal(comp("{\"prompt\": \"p\", \"n\": 99}", &r, &e), PL_ERR_INVALID);
+    o = error_object(&e);
+    assert_string_equal(json_string_value(json_object_get(o, "param")), "n");
+    assert_non_null(strstr(json_string_value(json_object_get(o, "message")), "'n'"));
+    json_decref(o);
+}
+
+/* ---- chat rendering ---------------------------------------------------------------------- */
+
+/* The conversation the Hugging Face chat-template tests use. */
+#define SYS_MSG                                                                                    \
+    "{\"role\": \"system\", \"content\": \"You are a friendly chatbot who always responds in the " \
+    "style of a pirate\"}, "
+#define CONV                                                                                       \
+    "{\"role\": \"user\", \"content\": \"Hello, how are you?\"}, "                                 \
+    "{\"role\": \"assistant\", \"content\": \"I'm doing great. How can I help you today?\"}, "     \
+    "{\"role\": \"user\", \"content\": \"I'd like to show off how chat templating works!\"}"
+
+static void expect_render(ChatTemplate t, const char *messages, const char *bos, const char *eos,
+                          const char *want) {
+    char json[4096];
+    snprintf(json, sizeof json, "{\"messages\": [%s]}", messages);
+    ApiRequest r;
+    ApiError e;
+    Status s = api_parse_chat(json, strlen(json), &LIM, t, bos, eos, &r, &e);
+    if (s != PL_OK)
+        fail_msg("%s: %s", json, e.message);
+    assert_int_equal(r.is_chat, 1);
+    assert_int_equal(r.num_prompts, 1);
+    assert_null(r.prompts[0].ids);
+    assert_string_equal(r.prompts[0].text, want);
+    api_request_free(&r);
+}
+
+static void test_render_chatml(void **state) {
+    expect_render(CHAT_CHATML, SYS_MSG CONV, NULL, NULL,
+                  "<|im_start|>system\nYou are a friendly chatbot who always responds in the "
+                  "style of a pirate<|im_end|>\n"
+                  "<|im_start|>user\nHello, how are you?<|im_end|>\n"
+                  "<|im_start|>assistant\nI'm doing great. How can I help you today?<|im_end|>\n"
+                  "<|im_start|>user\nI'd like to show off how chat templating works!<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+    /* content kept verbatim (no trimming), any role order */
+    expect_render(CHAT_CHATML,
+                  "{\"role\": \"user\", \"content\": \" a \\n\"}, {\"role\": \"user\", "
+                  "\"content\": \"\"}",
+                  "<s>", NULL,
+                  "<|im_start|>user\n a \n<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+}
+
+static void test_render_llama3(void **state) {
+    expect_render(CHAT_LLAMA3, SYS_MSG CONV, "<|begin_of_text|>", NULL,
+                  "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a "
+                  "friendly chatbot who always responds in the style of a pirate<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHello, how are you?<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\nI'm doing great. How can I "
+                  "help you today?<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nI'd like to show off how chat "
+                  "templating works!<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* content | trim: Python whitespace (incl. U+00A0, U+3000) at both ends, not inside;
+     * bos defaults to <|begin_of_text|> */
+    expect_render(CHAT_LLAMA3,
+                  "{\"role\": \"user\", \"content\": \" \\t\\n\\u00a0Hi \\n there\\u3000\\r\\n\"}",
+                  NULL, NULL,
+                  "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi \n "
+                  "there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    expect_render(CHAT_LLAMA3, "{\"role\": \"user\", \"content\": \"   \"}", "<BOS>", NULL,
+                  "<BOS><|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void test_render_llama2(void **state) {
+    /* the target of Hugging Face's hf-internal-testing/llama-tokenizer chat template test */
+    expect_render(CHAT_LLAMA2, SYS_MSG CONV, "<s>", "</s>",
+                  "<s>[INST] <<SYS>>\nYou are a friendly chatbot who always responds in the style "
+                  "of a pirate\n<</SYS>>\n\nHello, how are you? [/INST] I'm doing great. How can I "
+                  "help you today? </s><s>[INST] I'd like to show off how chat templating works! "
+                  "[/INST]");
+    expect_render(CHAT_LLAMA2, CONV, NULL, NULL,
+                  "<s>[INST] Hello, how are you? [/INST] I'm doing great. How can I help you "
+                  "today? </s><s>[INST] I'd like to show off how chat templating works! [/INST]");
+    /* strip() of each turn (of the folded system+user text as a whole), eos at the end of
+     * an assistant turn, a final assistant turn rendered as is */
+    expect_render(CHAT_LLAMA2,
+                  "{\"role\": \"system\", \"content\": \"  S  \"}, "
+                  "{\"role\": \"user\", \"content\": \" U \"}, "
+                  "{\"role\": \"assistant\", \"content\": \"\\n A \\n\"}",
+                  "<s>", "</s>", "<s>[INST] <<SYS>>\n  S  \n<</SYS>>\n\n U [/INST] A </s>");
+    expect_render(CHAT_LLAMA2,
+                  "{\"role\": \"system\", \"content\": \"\"}, {\"role\": \"user\", \"content\": "
+                  "\"q\"}",
+                  "<s>", "</s>", "<s>[INST] <<SYS>>\n\n<</SYS>>\n\nq [/INST]");
+}
+
+static void test_render_zephyr(void **state) {
+    /* TinyLlama-1.1B-Chat's model card prompt */
+    expect_render(CHAT_ZEPHYR,
+                  "{\"role\": \"system\", \"content\": \"You are a friendly chatbot who always "
+                  "responds in the style of a pirate\"}, {\"role\": \"user\", \"content\": \"How "
+                  "many helicopters can a human eat in one sitting?\"}",
+                  "<s>", "</s>",
+                  "<|system|>\nYou are a friendly chatbot who always responds in the style of a "
+                  "pirate</s>\n<|user|>\nHow many helicopters can a human eat in one "
+                  "sitting?</s>\n<|assistant|>\n");
+    expect_render(CHAT_ZEPHYR, CONV, NULL, NULL,
+                  "<|user|>\nHello, how are you?</s>\n<|assistant|>\nI'm doing great. How can I "
+                  "help you today?</s>\n<|user|>\nI'd like to show off how chat templating "
+                  "works!</s>\n<|assistant|>\n");
+}
+
+static void test_role_errors(void **state) {
+    const char *alt = "Conversation roles must alternate user/assistant/user/assistant/...";
+    bad_chat(CHAT_LLAMA2,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", "
+             "\"content\": \"b\"}]}",
+             "messages", alt);
+    bad_chat(CHAT_LLAMA2, "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}]}",
+             "messages", alt);
+    bad_chat(CHAT_LLAMA2,
+             "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": "
+             "\"assistant\", \"content\": \"a\"}]}",
+             "messages", alt);
+    bad_chat(CHAT_LLAMA2,
+             "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", "
+             "\"content\": \"u\"}, {\"role\": \"system\", \"content\": \"s2\"}]}",
+             "messages", alt);
+    bad_chat(CHAT_LLAMA2, "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}",
+             "messages", "user message");
+    /* unknown roles, in every family */
+    ChatTemplate all[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR};
+    for (int i = 0; i < 4; i++) {
+        bad_chat(all[i],
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"tool\", "
+                 "\"content\": \"b\"}]}",
+                 "messages", "unknown role 'tool' in messages[1]");
+        bad_chat(all[i], "{\"messages\": [{\"role\": \"User\", \"content\": \"a\"}]}", "messages",
+                 "'User'");
+    }
+    /* other families do not require alternation */
+    expect_render(CHAT_CHATML,
+                  "{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"system\", "
+                  "\"content\": \"s\"}",
+                  NULL, NULL,
+                  "<|im_start|>assistant\na<|im_end|>\n<|im_start|>system\ns<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+}
+
+static void test_messages_errors(void **state) {
+    ChatTemplate t = CHAT_CHATML;
+    bad_chat(t, "{\"prompt\": \"a\"}", "messages", "'messages' is required");
+    bad_chat(t, "{\"messages\": null}", "messages", "'messages' is required");
+    bad_chat(t, "{\"messages\": \"hi\"}", "messages", "'messages' must be a list");
+    bad_chat(t, "{\"messages\": {\"role\": \"user\"}}", "messages", "'messages' must be a list");
+    bad_chat(t, "{\"messages\": []}", "messages", "'messages' must not be empty");
+    bad_chat(t, "{\"messages\": [\"hi\"]}", "messages", "'messages[0]' must be an object");
+    bad_chat(t, "{\"messages\": [{\"content\": \"hi\"}]}", "messages",
+             "'messages[0].role' must be a string");
+    bad_chat(t, "{\"messages\": [{\"role\": 1, \"content\": \"hi\"}]}", "messages",
+             "'messages[0].role'");
+    bad_chat(t, "{\"messages\": [{\"role\": \"user\"}]}", "messages",
+             "'messages[0].content' must be a string or a list of text parts");
+    bad_chat(t, "{\"messages\": [{\"role\": \"user\", \"content\": null}]}", "messages",
+             "'messages[0].content'");
+    bad_chat(t, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "messages",
+             "'messages[0].content'");
+    bad_chat(t,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"user\", "
+             "\"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}]}",
+             "messages", "'messages[1].content[0]': only parts of type 'text'");
+    bad_chat(t, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"text\": \"a\"}]}]}",
+             "messages", "no type");
+    bad_chat(t, "{\"messages\": [{\"role\": \"user\", \"content\": [\"a\"]}]}", "messages",
+             "only parts of type 'text'");
+    bad_chat(t,
+             "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+             "3}]}]}",
+             "messages", "'messages[0].content[0].text' must be a string");
+    bad_chat(t, "[]", "", "must be a JSON object");
+    bad_chat(t, "{\"messages\": [", "", "invalid JSON");
+    /* no template */
+    bad_chat(CHAT_NONE, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}", "",
+             "no chat template");
+}
+
+static void test_content_parts(void **state) {
+    /* parts joined with "\n" (vLLM); an empty list is empty text; name and extra keys
+     * ignored; an assistant message without content is empty */
+    expect_render(CHAT_CHATML,
+                  "{\"role\": \"user\", \"name\": \"bob\", \"content\": [{\"type\": \"text\", "
+                  "\"text\": \"one\"}, {\"type\": \"text\", \"text\": \"two\", \"x\": 1}]}, "
+                  "{\"role\": \"assistant\"}, {\"role\": \"assistant\", \"content\": null}, "
+                  "{\"role\": \"user\", \"content\": []}",
+                  NULL, NULL,
+                  "<|im_start|>user\none\ntwo<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+                  "<|im_start|>assistant\n<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+}
+
+static void test_chat_fields(void **state) {
+    ApiRequest r;
+    ApiError e;
+#define MSG "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
+    assert_int_equal(chat(CHAT_CHATML, "{" MSG "}", &r, &e), PL_OK);
+    assert_int_equal(r.max_tokens, -1);
+    assert_int_equal(r.logprobs, -1);
+    assert_int_equal(r.n, 1);
+    assert_int_equal(r.best_of, 1);
+    assert_int_equal(r.is_chat, 1);
+    api_request_free(&r);
+    assert_int_equal(chat(CHAT_CHATML,
+                          "{" MSG ", \"max_tokens\": 10, \"max_completion_tokens\": 20,"
+                          " \"logprobs\": true, \"top_logprobs\": 3, \"n\": 3, \"seed\": 7,"
+                          " \"temperature\": 0, \"stop\": \"x\", \"stream\": true,"
+                          " \"stream_options\": {\"include_usage\": true}, \"model\": \"m\","
+                          " \"best_of\": 99, \"echo\": 5}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.max_tokens, 20); /* max_completion_tokens wins */
+    assert_int_equal(r.logprobs, 3);
+    assert_int_equal(r.n, 3);
+    assert_int_equal(r.best_of, 3); /* not a chat field: ignored */
+    assert_int_equal(r.seed, 7);
+    assert_int_equal(r.num_stop, 1);
+    assert_int_equal(r.include_usage, 1);
+    assert_string_equal(r.model, "m");
+    api_request_free(&r);
+    assert_int_equal(chat(CHAT_CHATML, "{" MSG ", \"max_tokens\": 10, \"logprobs\": true}", &r, &e),
+                     PL_OK);
+    assert_int_equal(r.max_tokens, 10);
+    assert_int_equal(r.logprobs, 0);
+    api_request_free(&r);
+    assert_int_equal(
+        chat(CHAT_CHATML, "{" MSG ", \"logprobs\": false, \"top_logprobs\": 0}", &r, &e), PL_OK);
+    assert_int_equal(r.logprobs, -1);
+    api_request_free(&r);
+    ChatTemplate t = CHAT_CHATML;
+    bad_chat(t, "{" MSG ", \"max_tokens\": 0}", "max_tokens", "'max_tokens' must be at least 1");
+    bad_chat(t, "{" MSG ", \"max_completion_tokens\": -5}", "max_completion_tokens",
+             "'max_completion_tokens'");
+    bad_chat(t, "{" MSG ", \"max_completion_tokens\": 4096}", "max_completion_tokens",
+             "max-model-len (2048)");
+    bad_chat(t, "{" MSG ", \"top_logprobs\": 2}", "top_logprobs", "'logprobs' must be true");
+    bad_chat(t, "{" MSG ", \"logprobs\": true, \"top_logprobs\": 21}", "top_logprobs",
+             "'top_logprobs' must be between 0 and 20");
+    bad_chat(t, "{" MSG ", \"logprobs\": 1}", "logprobs", "'logprobs' must be a boolean");
+    bad_chat(t, "{" MSG ", \"stream_options\": {\"include_usage\": true}}", "stream_options",
+             "'stream_options'");
+    bad_chat(t, "{" MSG ", \"temperature\": -1}", "temperature", "'temperature'");
+    bad_chat(t, "{" MSG ", \"n\": 9}", "n", "'n'");
+    bad_chat(t, "{" MSG ", \"top_p\": 0}", "top_p", "'top_p'");
+    bad_chat(t, "{" MSG ", \"stop_token_ids\": [40000]}", "stop_token_ids", "out of vocabulary");
+#undef MSG
+}
+
+/* ---- template detection ------------------------------------------------------------------ */
+
+/* tokenizer_config.json's chat_template (NULL when it has none); caller frees. */
+static char *config_template(const char *path) {
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* 1e30 max lengths */
+    if (!cfg)
+        fail_msg("%s: %s", path, je.text);
+    const char *t = json_string_value(json_object_get(cfg, "chat_template"));
+    char *out = t ? strdup(t) : NULL;
+    json_decref(cfg);
+    return out;
+}
+
+/* Hugging Face chat_template strings, verbatim. */
+static const char LLAMA2_CHAT_HF[] = /* meta-llama/Llama-2-7b-chat-hf */
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
+    "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% "
+    "set system_message = false %}{% endif %}{% for message in loop_messages %}{% if "
+    "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
+    "roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == "
+    "0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
+    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] "
+    "%}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + "
+    "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + "
+    "eos_token }}{% endif %}{% endfor %}";
+static const char MIXTRAL_HF[] = /* mistralai/Mixtral-8x7B-Instruct-v0.1 */
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ "
+    "'[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
+    "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
+    "roles are supported!') }}{% endif %}{% endfor %}";
+static const char LLAMA3_HF[] = /* meta-llama/Meta-Llama-3-8B-Instruct */
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
+    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
+    "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+static const char CHATML_HF[] = /* the generic ChatML template of transformers' docs */
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|im_start|>assistant\n' }}{% endif %}";
+static const char GEMMA_HF[] = /* google/gemma-7b-it: a family we do not know */
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+    "supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
+    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') "
+    "%}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ "
+    "'<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% "
+    "endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
+
+static void test_detect(void **state) {
+    char *tiny = config_template("tests/data/tokenizers/tinyllama-1.1b-chat-v1.0/"
+                                 "tokenizer_config.json");
+    assert_non_null(tiny);
+    assert_int_equal(api_detect_chat_template(tiny), CHAT_ZEPHYR);
+    free(tiny);
+    /* SmolLM-135M (the base model) has ChatML special tokens but no chat_template */
+    char *smol = config_template("tests/data/tokenizers/smollm-135m/tokenizer_config.json");
+    assert_null(smol);
+    assert_int_equal(api_detect_chat_template(smol), CHAT_NONE);
+    assert_int_equal(api_detect_chat_template(LLAMA2_CHAT_HF), CHAT_LLAMA2);
+    assert_int_equal(api_detect_chat_template(MIXTRAL_HF), CHAT_LLAMA2);
+    assert_int_equal(api_detect_chat_template(LLAMA3_HF), CHAT_LLAMA3);
+    assert_int_equal(api_detect_chat_template(CHATML_HF), CHAT_CHATML);
+    assert_int_equal(api_detect_chat_template(GEMMA_HF), CHAT_NONE);
+    assert_int_equal(api_detect_chat_template(""), CHAT_NONE);
+    assert_int_equal(api_detect_chat_template(NULL), CHAT_NONE);
+    assert_int_equal(api_detect_chat_template("{{ '<|user|>' }}"), CHAT_NONE);
+}
+
+static void test_template_names(void **state) {
+    assert_int_equal(api_chat_template_by_name("chatml"), CHAT_CHATML);
+    assert_int_equal(api_chat_template_by_name("llama3"), CHAT_LLAMA3);
+    assert_int_equal(api_chat_template_by_name("llama2"), CHAT_LLAMA2);
+    assert_int_equal(api_chat_template_by_name("mistral"), CHAT_LLAMA2);
+    assert_int_equal(api_chat_template_by_name("zephyr"), CHAT_ZEPHYR);
+    assert_int_equal(api_chat_template_by_name("ChatML"), CHAT_NONE);
+    assert_int_equal(api_chat_template_by_name("gemma"), CHAT_NONE);
+    assert_int_equal(api_chat_template_by_name(""), CHAT_NONE);
+    assert_int_equal(api_chat_template_by_name(NULL), CHAT_NONE);
+    ChatTemplate all[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(api_chat_template_by_name(api_chat_template_name(all[i])), all[i]);
+    assert_string_equal(api_chat_template_name(CHAT_NONE), "none");
+    assert_string_equal(api_chat_template_name(CHAT_LLAMA2), "llama2");
+}
+
+/* The renderer straight, as the server could call it for a /tokenize-style endpoint. */
+static void test_render_direct(void **state) {
+    ApiError e;
+    ApiChatMessage m[] = {{"user", "hi"}};
+    char *s = api_chat_render(CHAT_LLAMA2, m, 1, "<s>", "</s>", &e);
+    assert_string_equal(s, "<s>[INST] hi [/INST]");
+    free(s);
+    assert_null(api_chat_render(CHAT_NONE, m, 1, NULL, NULL, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "");
+    assert_null(api_chat_render(CHAT_LLAMA2, m, 0, NULL, NULL, &e));
+    s = api_chat_render(CHAT_CHATML, m, 0, NULL, NULL, &e);
+    assert_string_equal(s, "<|im_start|>assistant\n");
+    free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prompt_string_and_defaults),
+        cmocka_unit_test(test_prompt_forms),
+        cmocka_unit_test(test_all_fields),
+        cmocka_unit_test(test_nulls_and_edge_values),
+        cmocka_unit_test(test_stop),
+        cmocka_unit_test(test_bad_json),
+        cmocka_unit_test(test_bad_prompt),
+        cmocka_unit_test(test_bad_numbers),
+        cmocka_unit_test(test_bad_other_types),
+        cmocka_unit_test(test_unchecked_limits),
+        cmocka_unit_test(test_check_length),
+        cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_render_chatml),
+        cmocka_unit_test(test_render_llama3),
+        cmocka_unit_test(test_render_llama2),
+        cmocka_unit_test(test_render_zephyr),
+        cmocka_unit_test(test_role_errors),
+        cmocka_unit_test(test_messages_errors),
+        cmocka_unit_test(test_content_parts),
+        cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_detect),
+        cmocka_unit_test(test_template_names),
+        cmocka_unit_test(test_render_direct),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
