@@ -321,6 +321,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     Request *q = pl_xcalloc(1, sizeof *q);
     q->user = r->user;
     q->params = r->params;
+    q->t_added = pl_now();
     q->n = r->params.n > 1 ? r->params.n : 1;
     q->prompt = pl_xmalloc((size_t)r->num_prompt * sizeof(int32_t));
     memcpy(q->prompt, r->prompt, (size_t)r->num_prompt * sizeof(int32_t));

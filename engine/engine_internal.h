@@ -36,8 +36,10 @@ struct Request {
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
     int aborted;
-    Sequence **seqs; /* [n] */
-    SeqData *data;   /* [n] */
+    double t_added;     /* eng_add_request */
+    double t_scheduled; /* first step that computed any of it (0 = not yet) */
+    Sequence **seqs;    /* [n] */
+    SeqData *data;      /* [n] */
 };
 
 struct Engine {

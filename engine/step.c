@@ -28,14 +28,16 @@ static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at
         e->events_cap = e->events_cap ? 2 * e->events_cap : 64;
         e->events = pl_xrealloc(e->events, (size_t)e->events_cap * sizeof *e->events);
     }
-    e->events[e->events_n++] = (EngEvent){.request_id = r->id,
-                                          .user = r->user,
-                                          .index = index,
-                                          .token = token,
-                                          .text = (const char *)(uintptr_t)text_at,
-                                          .finish = finish,
-                                          .num_prompt_tokens = r->num_prompt,
-                                          .num_generated = r->data[index].num_generated};
+    e->events[e->events_n++] =
+        (EngEvent){.request_id = r->id,
+                   .user = r->user,
+                   .index = index,
+                   .token = token,
+                   .text = (const char *)(uintptr_t)text_at,
+                   .finish = finish,
+                   .num_prompt_tokens = r->num_prompt,
+                   .num_generated = r->data[index].num_generated,
+                   .queue_seconds = r->t_scheduled > 0 ? r->t_scheduled - r->t_added : -1};
     if (lp && lp->raw && token >= 0) {
         EngEvent *ev = &e->events[e->events_n - 1];
         ev->logprob = lp->raw[token] - lp->lse;
@@ -332,6 +334,12 @@ int eng_step(Engine *e, const EngEvent **events) {
     const SchedulerOutput *o = sched_schedule(e->sched);
     do_block_copies(e, o);
     if (o->num_seqs > 0) {
+        double now = pl_now();
+        for (int i = 0; i < o->num_seqs; i++) {
+            Request *r = ((SeqData *)o->seqs[i].seq->owner)->req;
+            if (r->t_scheduled == 0)
+                r->t_scheduled = now;
+        }
         AttnBatch b;
         int rows = build_batch(e, o, &b);
         model_forward(e->model, e->tokens, &b, e->kv_gpu, &e->kv_layout, e->logit_rows, rows,

@@ -292,7 +292,7 @@ static void finish_request(Server *s, CompletionReq *cr) {
     for (int i = 0; i < cr->req.num_prompts; i++)
         prompt += cr->runs[i].num_prompt_tokens;
     double now = pl_now();
-    MetRequestTimes t = {.queue_seconds = -1, /* not measured yet: the engine does not say */
+    MetRequestTimes t = {.queue_seconds = cr->queue_seconds,
                          .ttft_seconds =
                              cr->t_first_token > 0 ? cr->t_first_token - cr->t_arrival : -1,
                          .e2e_seconds = now - cr->t_arrival,
@@ -309,6 +309,8 @@ void completion_on_event(Server *s, const EngEvent *ev) {
     const ApiRequest *q = &cr->req;
     Choice *ch = &cr->choices[run->prompt_index * q->best_of + ev->index];
     int was_open = ch->finish == FINISH_NONE;
+    if (ev->queue_seconds >= 0 && (cr->queue_seconds < 0 || ev->queue_seconds > cr->queue_seconds))
+        cr->queue_seconds = ev->queue_seconds; /* the longest wait of its prompts */
     if (was_open) {
         size_t old_len = ch->len, sent_before = ch->sent;
         int t0 = ch->num_tokens;
@@ -493,6 +495,7 @@ static CompletionReq *new_request(Server *s, struct MHD_Connection *conn, ApiReq
              (unsigned long long)(x ^ (x >> 31)));
     cr->created = (long)time(NULL);
     cr->t_arrival = pl_now();
+    cr->queue_seconds = -1;
     cr->runs = pl_xcalloc((size_t)cr->req.num_prompts, sizeof *cr->runs);
     cr->prompt_text = pl_xcalloc((size_t)cr->req.num_prompts, sizeof(char *));
     cr->num_choices = cr->req.num_prompts * cr->req.best_of;

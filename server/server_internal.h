@@ -80,7 +80,8 @@ struct CompletionReq {
     size_t out_len, out_sent;
     int status; /* HTTP status of a non-streaming reply */
     double t_arrival, t_first_token, t_last_token;
-    int sent_role; /* chat streaming: the first delta carries the role */
+    double queue_seconds; /* reported by the engine; -1 until known */
+    int sent_role;        /* chat streaming: the first delta carries the role */
 };
 
 /* POST /v1/completions and /v1/chat/completions, body complete: validate, tokenize, submit.

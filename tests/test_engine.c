@@ -384,6 +384,8 @@ static void test_logprobs_and_stop_token_ids(void **state) {
     while (eng_has_work(e)) {
         int n = eng_step(e, &ev);
         for (int k = 0; k < n; k++) {
+            if (ev[k].token >= 0) /* it ran, so its wait in the queue is known */
+                assert_true(ev[k].queue_seconds >= 0 && ev[k].queue_seconds < 10);
             if (ev[k].token < 0 || first >= 0)
                 continue;
             first = ev[k].token;
