@@ -104,6 +104,28 @@ int cli_unknown_flag(const char *command, const char *arg) {
     return 2;
 }
 
+int cli_parse_command(const char *command, const char *help, int argc, char **argv, Config *cfg,
+                      CliFlagFn own, void *ctx) {
+    if (!cli_config_begin(cfg, argc, argv))
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        int r = cfg_parse_flag(cfg, argc, argv, &i);
+        if (r == 0 && own)
+            r = own(ctx, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(help, stdout);
+            cfg_print_help(stdout);
+            return 0;
+        }
+        return cli_unknown_flag(command, argv[i]);
+    }
+    return cli_config_end(cfg) ? -1 : 1;
+}
+
 Engine *cli_engine_create(const EngineConfig *cfg) {
     Engine *e;
     if (eng_create(cfg, &e) != PL_OK) {

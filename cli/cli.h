@@ -33,6 +33,18 @@ int cli_config_begin(Config *cfg, int argc, char **argv);
  * the message printed on failure. */
 int cli_config_end(Config *cfg);
 
+/* A subcommand's own flags: 1 consumed (advancing *i past a value), 0 not its flag, -1 a bad
+ * or missing value (message printed). */
+typedef int (*CliFlagFn)(void *ctx, int argc, char **argv, int *i);
+
+/* A subcommand's whole command line: --config FILE first, then every config --key flag and
+ * the command's own flags (through `own`), --help (prints `help` and the config keys), and
+ * finally cli_config_end. Returns -1 when the command should go on, else the exit code to
+ * return (0 after --help, 2 for bad usage, 1 for a bad config). cfg must be freed either
+ * way. */
+int cli_parse_command(const char *command, const char *help, int argc, char **argv, Config *cfg,
+                      CliFlagFn own, void *ctx);
+
 /* Report an argument that is neither a config key nor the command's own flag (exit 2). */
 int cli_unknown_flag(const char *command, const char *arg);
 

@@ -295,47 +295,40 @@ static int run_batch(Engine *e, const Prompt *prompts, int count, const Generate
     return rc;
 }
 
+typedef struct {
+    GenerateParams gp;
+    const char *prompt, *prompt_file;
+} GenerateArgs;
+
+static int generate_flag(void *ctx, int argc, char **argv, int *i) {
+    GenerateArgs *a = ctx;
+    int r = sampling_flag(argc, argv, i, &a->gp);
+    if (r != 0)
+        return r;
+    const char **dst = !strcmp(argv[*i], "--prompt")        ? &a->prompt
+                       : !strcmp(argv[*i], "--prompt-file") ? &a->prompt_file
+                                                            : NULL;
+    if (!dst)
+        return 0;
+    return (*dst = cli_flag_value(argc, argv, i)) ? 1 : -1;
+}
+
 int cmd_generate(int argc, char **argv) {
     Config cfg;
-    if (!cli_config_begin(&cfg, argc, argv)) {
-        cfg_free(&cfg);
-        return 1;
-    }
-    GenerateParams gp = {.max_tokens = 64, .sampling = sampling_params_default()};
-    gp.sampling.temperature = 1.0f;
-    const char *prompt = NULL, *prompt_file = NULL;
-    int rc = 2;
-    for (int i = 1; i < argc; i++) {
-        int r = cfg_parse_flag(&cfg, argc, argv, &i);
-        if (r == 0)
-            r = sampling_flag(argc, argv, &i, &gp);
-        if (r < 0)
-            goto done;
-        if (r > 0)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            cfg_print_help(stdout);
-            rc = 0;
-            goto done;
-        } else if (!strcmp(argv[i], "--prompt")) {
-            if (!(prompt = cli_flag_value(argc, argv, &i)))
-                goto done;
-        } else if (!strcmp(argv[i], "--prompt-file")) {
-            if (!(prompt_file = cli_flag_value(argc, argv, &i)))
-                goto done;
-        } else {
-            rc = cli_unknown_flag("generate", argv[i]);
-            goto done;
-        }
-    }
-    if (prompt && prompt_file) {
+    GenerateArgs a = {.gp = {.max_tokens = 64, .sampling = sampling_params_default()}};
+    a.gp.sampling.temperature = 1.0f;
+    int rc = cli_parse_command("generate", help, argc, argv, &cfg, generate_flag, &a);
+    if (rc < 0 && a.prompt && a.prompt_file) {
         fprintf(stderr, "pagellm generate: give --prompt or --prompt-file, not both\n");
-        goto done;
+        rc = 2;
     }
+    if (rc >= 0) {
+        cfg_free(&cfg);
+        return rc;
+    }
+    GenerateParams gp = a.gp;
+    const char *prompt = a.prompt, *prompt_file = a.prompt_file;
     rc = 1;
-    if (!cli_config_end(&cfg))
-        goto done;
     gp.sampling.seed = cfg.engine.seed;
     int count = 1;
     Prompt *prompts = prompt_file ? read_prompt_file(prompt_file, &count) : NULL;

@@ -92,48 +92,31 @@ done:
     return rc;
 }
 
+typedef struct {
+    const char *ids, *prompt, *output;
+} LogitsArgs;
+
+static int logits_flag(void *ctx, int argc, char **argv, int *i) {
+    LogitsArgs *a = ctx;
+    const char **dst = !strcmp(argv[*i], "--token-ids") ? &a->ids
+                       : !strcmp(argv[*i], "--prompt")  ? &a->prompt
+                       : !strcmp(argv[*i], "--output")  ? &a->output
+                                                        : NULL;
+    if (!dst)
+        return 0;
+    return (*dst = cli_flag_value(argc, argv, i)) ? 1 : -1;
+}
+
 int cmd_logits(int argc, char **argv) {
     Config cfg;
-    if (!cli_config_begin(&cfg, argc, argv)) {
-        cfg_free(&cfg);
-        return 1;
-    }
-    const char *ids_arg = NULL, *prompt = NULL, *output = NULL;
-    int rc = 2;
-    for (int i = 1; i < argc; i++) {
-        int r = cfg_parse_flag(&cfg, argc, argv, &i);
-        if (r < 0)
-            goto out;
-        if (r > 0)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            cfg_print_help(stdout);
-            rc = 0;
-            goto out;
-        } else if (!strcmp(argv[i], "--token-ids")) {
-            if (!(ids_arg = cli_flag_value(argc, argv, &i)))
-                goto out;
-        } else if (!strcmp(argv[i], "--prompt")) {
-            if (!(prompt = cli_flag_value(argc, argv, &i)))
-                goto out;
-        } else if (!strcmp(argv[i], "--output")) {
-            if (!(output = cli_flag_value(argc, argv, &i)))
-                goto out;
-        } else {
-            rc = cli_unknown_flag("logits", argv[i]);
-            goto out;
-        }
-    }
-    if (!output || !!ids_arg == !!prompt) {
+    LogitsArgs a = {0};
+    int rc = cli_parse_command("logits", help, argc, argv, &cfg, logits_flag, &a);
+    if (rc < 0 && (!a.output || !!a.ids == !!a.prompt)) {
         fprintf(stderr, "pagellm logits: give --output and one of --token-ids, --prompt\n");
-        goto out;
+        rc = 2;
     }
-    rc = 1;
-    if (!cli_config_end(&cfg))
-        goto out;
-    rc = logits_run(&cfg, ids_arg, prompt, output);
-out:
+    if (rc < 0)
+        rc = logits_run(&cfg, a.ids, a.prompt, a.output);
     cfg_free(&cfg);
     return rc;
 }

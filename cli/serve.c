@@ -16,39 +16,21 @@ static const char help[] =
 
 int cmd_serve(int argc, char **argv) {
     Config cfg;
-    if (!cli_config_begin(&cfg, argc, argv)) {
+    int rc = cli_parse_command("serve", help, argc, argv, &cfg, NULL, NULL);
+    if (rc >= 0) {
         cfg_free(&cfg);
-        return 1;
+        return rc;
     }
-    int rc = 2;
-    for (int i = 1; i < argc; i++) {
-        int r = cfg_parse_flag(&cfg, argc, argv, &i);
-        if (r < 0)
-            goto done;
-        if (r > 0)
-            continue;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(help, stdout);
-            cfg_print_help(stdout);
-            rc = 0;
-            goto done;
-        }
-        rc = cli_unknown_flag("serve", argv[i]);
-        goto done;
-    }
-    rc = 1;
-    if (!cli_config_end(&cfg))
-        goto done;
     Server *s;
-    if (srv_start(&cfg, &s) != PL_OK) {
+    rc = 1;
+    if (srv_start(&cfg, &s) == PL_OK) {
+        srv_wait_and_drain(s, cfg.request_timeout > 0 ? cfg.request_timeout : 30);
+        srv_destroy(s);
+        fprintf(stderr, "pagellm: stopped\n");
+        rc = 0;
+    } else {
         fprintf(stderr, "pagellm: %s\n", pl_error());
-        goto done;
     }
-    srv_wait_and_drain(s, cfg.request_timeout > 0 ? cfg.request_timeout : 30);
-    srv_destroy(s);
-    fprintf(stderr, "pagellm: stopped\n");
-    rc = 0;
-done:
     cfg_free(&cfg);
     return rc;
 }
