@@ -225,9 +225,9 @@ static int check_matmul(int n, int N, int K, DType wdt, int bias_mode, int simd)
             mag[(size_t)i * N + j] = m + 1.0;
         }
     }
-    int prev = cpu_matmul_set_simd(simd);
+    int prev = cpu_set_simd(simd);
     ops->matmul(out, x, &w.t, bias_mode ? &b.t : NULL, n);
-    cpu_matmul_set_simd(prev);
+    cpu_set_simd(prev);
     char what[128];
     snprintf(what, sizeof what, "matmul n=%d N=%d K=%d %s bias=%d simd=%d", n, N, K,
              pl_dtype_name(wdt), bias_mode, simd);
@@ -699,6 +699,18 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
             break;
         }
 
+    /* the portable build of attention gives the same bits as the AVX2 one */
+    float *out_base = malloc(sizeof(float) * on);
+    memcpy(out_base, out, sizeof(float) * on);
+    int prev = cpu_set_simd(0);
+    ops->attention(out_base, q, cache, &l, layer, &batch, nh, scale);
+    cpu_set_simd(prev);
+    if (memcmp(out_base, out, sizeof(float) * on) != 0) {
+        print_error("attention: the portable path differs from the SIMD path\n");
+        bad++;
+    }
+    free(out_base);
+
     /* the chunk sequence alone gives bit-identical rows (batch composition invariance) */
     AttnBatch alone = batch;
     int32_t qs2[2] = {qstart[2], qstart[3]};
@@ -779,6 +791,43 @@ static void test_attention_single(void **state) {
     free(cache);
 }
 
+/* ---------------- data movement ---------------- */
+
+static void test_gather_rows(void **state) {
+    (void)state;
+    float in[5 * 3], out[4 * 3];
+    for (int i = 0; i < 15; i++)
+        in[i] = (float)i;
+    int32_t rows[4] = {4, 0, 4, 2};
+    k_cpu_ops()->gather_rows(out, in, rows, 4, 3);
+    for (int i = 0; i < 4; i++)
+        for (int d = 0; d < 3; d++)
+            assert_true(out[i * 3 + d] == in[rows[i] * 3 + d]);
+}
+
+/* Whole-block copies within a pool (copy-on-write) and between pools (swap). */
+static void test_copy_blocks(void **state) {
+    (void)state;
+    KvLayout l = {
+        .num_layers = 2, .num_kv_heads = 2, .head_dim = 8, .block_size = 4, .dtype = DT_F32};
+    size_t be = k_kv_block_elems(&l), bytes = be * sizeof(float);
+    float *gpu = malloc(bytes * 6), *host = malloc(bytes * 3);
+    for (size_t i = 0; i < be * 6; i++)
+        gpu[i] = (float)i;
+    for (size_t i = 0; i < be * 3; i++)
+        host[i] = -1.0f;
+    int32_t out_pairs[4] = {5, 0, 1, 2}; /* gpu 5 -> host 0, gpu 1 -> host 2 */
+    k_cpu_ops()->copy_blocks(host, gpu, out_pairs, 2, bytes);
+    assert_memory_equal(host, gpu + 5 * be, bytes);
+    assert_memory_equal(host + 2 * be, gpu + 1 * be, bytes);
+    assert_true(host[be] == -1.0f && host[2 * be - 1] == -1.0f); /* block 1 untouched */
+    int32_t cow[2] = {3, 4};                                     /* same pool: gpu 3 -> gpu 4 */
+    k_cpu_ops()->copy_blocks(gpu, gpu, cow, 1, bytes);
+    assert_memory_equal(gpu + 4 * be, gpu + 3 * be, bytes);
+    free(gpu);
+    free(host);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),
@@ -797,6 +846,8 @@ int main(void) {
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_single),
+        cmocka_unit_test(test_gather_rows),
+        cmocka_unit_test(test_copy_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

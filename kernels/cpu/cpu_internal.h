@@ -15,10 +15,7 @@
 #include "common.h"
 #include "kernels.h"
 
-/* ---- ops (one file each) ---- */
-void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim);
-void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                     size_t block_bytes);
+/* ---- ops (one file each; gather_rows and copy_blocks in copy.c) ---- */
 void cpu_embedding(float *out, const int32_t *ids, int n, const Tensor *table);
 void cpu_rmsnorm(float *out, const float *x, const Tensor *w, int n, int dim, float eps);
 void cpu_add_rmsnorm(float *residual, const float *delta, float *out, const Tensor *w, int n,
@@ -36,9 +33,22 @@ void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_ds
                      size_t block_bytes);
 void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
 
-/* Tests only: 0 forces the portable matmul path, 1 allows the SIMD one where the CPU has it.
- * Returns the previous setting. Not thread-safe; set it before any matmul runs. */
-int cpu_matmul_set_simd(int enable);
+/* ---- SIMD dispatch (util.c) ---- */
+
+/* 1 where this build has x86-64 AVX2 code paths (gcc or clang), else 0. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CPU_X86_SIMD 1
+#else
+#define CPU_X86_SIMD 0
+#endif
+
+/* 1 if the AVX2 paths run: the build has them, the CPU has AVX2, FMA and F16C with YMM state
+ * enabled by the OS, and they are not switched off; else 0 (portable C). Probed once. */
+int cpu_simd_level(void);
+
+/* Tests only: 0 forces the portable paths, 1 allows the SIMD ones where the CPU has them.
+ * Returns the previous setting. Set it while no op is running. */
+int cpu_set_simd(int enable);
 
 /* ---- dtype helpers (util.c) ---- */
 

@@ -12,12 +12,8 @@
  * time, so no -march flag is needed) and portable C that compilers can vectorise. */
 #include "cpu_internal.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MM_HAVE_AVX2 1
-#include <cpuid.h>
+#if CPU_X86_SIMD
 #include <immintrin.h>
-#else
-#define MM_HAVE_AVX2 0
 #endif
 
 typedef struct {
@@ -56,8 +52,9 @@ static inline float hsum8(const float *l) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-/* R x rows against one weight row already converted to fp32; R is a constant in each
- * instance so the lane loops vectorise. */
+/* R x rows against one weight row already converted to fp32. Plain float lanes in fixed
+ * blocks of 8 (gcc's SLP vectoriser keeps them in SSE/NEON registers at -O2; 32-byte vector
+ * types, by contrast, are lowered through the stack where the hardware lacks them). */
 #define GENERIC_ROWS(R)                                                                            \
     static void generic_rows_##R(const MatmulJob *jb, const float *wrow, int i, int j) {           \
         int K = jb->K, K8 = K & ~7;                                                                \
@@ -97,7 +94,7 @@ static void generic_range(const MatmulJob *jb, int j0, int j1) {
 
 /* ---------------- AVX2 + FMA path ---------------- */
 
-#if MM_HAVE_AVX2
+#if CPU_X86_SIMD
 #define AVX2_FN     __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
@@ -198,53 +195,12 @@ static void avx2_range(const MatmulJob *jb, int j0, int j1) {
     }
 }
 
-/* AVX2, FMA and F16C, with the OS saving YMM state (cpuid + xgetbv, as both gcc and clang
- * support; clang's __builtin_cpu_supports does not know "f16c"). */
-static int cpu_has_avx2(void) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
-    if (!(fma && osxsave && avx && f16c))
-        return 0;
-    unsigned xcr0_lo, xcr0_hi;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    if ((xcr0_lo & 6) != 6)
-        return 0;
-    if (__get_cpuid_max(0, NULL) < 7)
-        return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (b >> 5) & 1;
-}
 #else
 static void avx2_range(const MatmulJob *jb, int j0, int j1) {
     (void)jb, (void)j0, (void)j1;
     PL_CHECK(!"no AVX2 path in this build");
 }
-static int cpu_has_avx2(void) {
-    return 0;
-}
 #endif
-
-/* -1 = not probed yet, 0 = portable path, 1 = AVX2 path; set with atomics because any
- * thread may run the first matmul. */
-static int simd_mode = -1;
-static int simd_allowed = 1;
-
-int cpu_matmul_set_simd(int enable) {
-    int prev = __atomic_exchange_n(&simd_allowed, enable, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&simd_mode, -1, __ATOMIC_SEQ_CST);
-    return prev;
-}
-
-static int matmul_simd_mode(void) {
-    int mode = __atomic_load_n(&simd_mode, __ATOMIC_ACQUIRE);
-    if (mode < 0) {
-        mode = __atomic_load_n(&simd_allowed, __ATOMIC_ACQUIRE) && cpu_has_avx2();
-        __atomic_store_n(&simd_mode, mode, __ATOMIC_RELEASE);
-    }
-    return mode;
-}
 
 static void matmul_task(void *ctx, int tid, int nt) {
     const MatmulJob *jb = ctx;
@@ -280,7 +236,7 @@ void cpu_matmul(float *out, const float *x, const Tensor *w, const Tensor *bias,
         .n = n,
         .N = N,
         .K = K,
-        .simd = matmul_simd_mode(),
+        .simd = cpu_simd_level() > 0,
     };
     /* x rows per tile: about 256 KiB of x, so the tile stays in L2 while the weight rows
      * stream past it; a multiple of 3, the rows of the AVX2 kernel */

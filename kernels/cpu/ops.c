@@ -15,8 +15,6 @@ static const KernelOps cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
     .copy_blocks = cpu_copy_blocks,
-    .gather_rows = cpu_gather_rows,
-    .copy_blocks = cpu_copy_blocks,
     .sample = cpu_sample,
 };
 

@@ -1,8 +1,13 @@
-/* util.c - small helpers shared by the CPU ops: dtype conversion of weight slices and the
- * per-thread scratch buffers that keep allocation out of the step loop. */
+/* util.c - small helpers shared by the CPU ops: dtype conversion of weight slices, the
+ * per-thread scratch buffers that keep allocation out of the step loop, and the choice
+ * between the portable and the AVX2 code paths. */
 #include <stdlib.h>
 
 #include "cpu_internal.h"
+
+#if CPU_X86_SIMD
+#include <cpuid.h>
+#endif
 
 void cpu_to_f32(float *dst, const void *src, DType dt, size_t first, size_t n) {
     switch (dt) {
@@ -48,4 +53,46 @@ void *cpu_scratch(int slot, size_t bytes) {
         s->cap = cap;
     }
     return s->p;
+}
+
+/* AVX2, FMA and F16C, with the OS saving YMM state (cpuid + xgetbv, which gcc and clang both
+ * support; clang's __builtin_cpu_supports does not know "f16c"). */
+static int cpu_has_avx2(void) {
+#if CPU_X86_SIMD
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!(fma && osxsave && avx && f16c))
+        return 0;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & 6) != 6)
+        return 0;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1;
+#else
+    return 0;
+#endif
+}
+
+/* -1 = not probed yet; atomics because any thread may run the first op. */
+static int simd_level = -1;
+static int simd_allowed = 1;
+
+int cpu_simd_level(void) {
+    int level = __atomic_load_n(&simd_level, __ATOMIC_ACQUIRE);
+    if (level < 0) {
+        level = __atomic_load_n(&simd_allowed, __ATOMIC_ACQUIRE) && cpu_has_avx2();
+        __atomic_store_n(&simd_level, level, __ATOMIC_RELEASE);
+    }
+    return level;
+}
+
+int cpu_set_simd(int enable) {
+    int prev = __atomic_exchange_n(&simd_allowed, enable, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&simd_level, -1, __ATOMIC_SEQ_CST);
+    return prev;
 }

@@ -1,0 +1,172 @@
+/* cuda_internal.cuh - (internal to kernels/cuda/) what the .cu files share: element types and
+ * their fp32 conversions, 8-element vector loads, warp reductions, the dtype dispatch that
+ * turns a DType into a template argument (with a loud error for anything else), and the
+ * launch checks. */
+#ifndef PAGELLM_KERNELS_CUDA_INTERNAL_CUH
+#define PAGELLM_KERNELS_CUDA_INTERNAL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+/* Abort unless the launch just made was accepted (bad configuration, no kernel image). */
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+/* Abort with the launcher's name when an argument check fails. */
+#define KC_REQUIRE(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            pl_fatal(__FILE__, __LINE__, __VA_ARGS__);                                             \
+    } while (0)
+
+static inline cudaStream_t kc_stream(void *s) {
+    return (cudaStream_t)s;
+}
+
+/* ---- element conversions (fp32 math everywhere; round to nearest even on the way down) ---- */
+
+__device__ __forceinline__ float to_f32(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_f32(bf16 x) {
+    return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_f32(f16 x) {
+    return __half2float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) {
+    return x;
+}
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
+    return __float2half_rn(x);
+}
+
+/* 8 consecutive elements (16-byte aligned for 16-bit types, 32 for float) as fp32. */
+__device__ __forceinline__ void load8(float out[8], const float *p) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+__device__ __forceinline__ void load8(float out[8], const bf16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over all threads of a block of at most 1024 threads (blockDim.x a multiple of 32);
+ * every thread gets the result. `scratch` holds 32 floats; reusable after the call. */
+__device__ __forceinline__ float block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+/* Row index of the sequence holding query row `row`: the last s with query_start[s] <= row. */
+__device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_seqs, int row) {
+    int lo = 0, hi = num_seqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (query_start[mid] <= row)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* ---- dtype dispatch: body runs with `using T = <C++ type of dt>` ---- */
+
+#define KC_DISPATCH_ACT(dt, what, T, ...)                                                         \
+    do {                                                                                           \
+        switch (dt) {                                                                              \
+            case DT_F32: {                                                                         \
+                using T = float;                                                                   \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            case DT_BF16: {                                                                        \
+                using T = bf16;                                                                    \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            default:                                                                               \
+                pl_fatal(__FILE__, __LINE__, "%s: unsupported dtype %s (F32 or BF16 only)", what,  \
+                         pl_dtype_name(dt));                                                       \
+        }                                                                                          \
+    } while (0)
+
+#define KC_DISPATCH_WEIGHT(dt, what, T, ...)                                                      \
+    do {                                                                                           \
+        switch (dt) {                                                                              \
+            case DT_F32: {                                                                         \
+                using T = float;                                                                   \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            case DT_F16: {                                                                         \
+                using T = f16;                                                                     \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            case DT_BF16: {                                                                        \
+                using T = bf16;                                                                    \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            default:                                                                               \
+                pl_fatal(__FILE__, __LINE__, "%s: unsupported weight dtype %s", what,              \
+                         pl_dtype_name(dt));                                                       \
+        }                                                                                          \
+    } while (0)
+
+/* Blocks for a grid-stride loop over `total` elements with `threads` per block. */
+static inline unsigned kc_blocks(size_t total, int threads) {
+    size_t b = (total + (size_t)threads - 1) / (size_t)threads;
+    if (b < 1)
+        b = 1;
+    if (b > 65535u * 16u)
+        b = 65535u * 16u;
+    return (unsigned)b;
+}
+
+/* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB. */
+template <typename K> static inline void kc_set_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+}
+
+#endif
