@@ -44,6 +44,10 @@ TEST_LIBRARIES = {"cmocka": "libcmocka-dev"}
 ALTERNATIVES = {"libcurl4-openssl-dev": ["libcurl4-gnutls-dev", "libcurl4-nss-dev"]}
 # Command -> Debian package that provides it.
 TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils"}
+# Commands the end-to-end suite (tests/e2e/run.sh, run by `ninja test`) needs; only
+# --install-deps looks at them: without them the suite is skipped, not the build.
+E2E_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl"}
+E2E_SCRIPT = "tests/e2e/run.sh"
 
 # Library folders in link order: each may call only the ones after it. kernels_cuda
 # (kernels/cuda/*.cu) goes right after kernels.
@@ -219,6 +223,7 @@ def dpkg_installed(package):
 
 def missing_packages(have_cc):
     missing = [TOOLS[t] for t in TOOLS if not shutil.which(t)]
+    missing += [E2E_TOOLS[t] for t in E2E_TOOLS if not shutil.which(t)]
     if not have_cc:
         missing.append("gcc")
     wanted = list(LIBRARIES.values()) + list(TEST_LIBRARIES.values()) + ["libc6-dev"]
@@ -781,8 +786,10 @@ def write_ninja(cfg, plan):
     archives = write_libraries(w, plan)
     pagellm, tests = write_programs(w, archives, plan)
     w.newline()
-    w.comment("`ninja test`: every test binary, through tests/run_tests.sh")
-    w.build(["test"], "test", tests, implicit=[pagellm] if pagellm else [])
+    w.comment("`ninja test`: every test binary, then the end-to-end suite, through "
+              "tests/run_tests.sh")
+    e2e = [E2E_SCRIPT] if pagellm and os.path.isfile(E2E_SCRIPT) else []
+    w.build(["test"], "test", tests + e2e, implicit=[pagellm] if pagellm else [])
     w.newline()
     w.comment("Regenerate when configure.py changes or a source folder gains or loses a file.")
     w.build(["build.ninja"], "configure", implicit=["configure.py"] + watched_folders())

@@ -12,6 +12,7 @@
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* The bundled model folder: <dir of the executable>/../models/stories260K, else the same
  * path relative to the working directory. Static storage. */

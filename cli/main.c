@@ -15,6 +15,7 @@ static const char usage[] =
     "  serve      run the OpenAI-compatible HTTP server\n"
     "  generate   complete a prompt (or a file of prompts) and print the text\n"
     "  logits     write the logits of every position of a prompt to a file (verification)\n"
+    "  bench      benchmark a server (serve) or the engine in-process (throughput, latency)\n"
     "\n"
     "  pagellm <command> --help   flags of one command\n"
     "  pagellm --version          print the version\n";
@@ -39,6 +40,8 @@ int main(int argc, char **argv) {
         return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits"))
         return cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "pagellm: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

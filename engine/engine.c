@@ -392,15 +392,28 @@ EngineStats eng_stats(Engine *e) {
                      .num_cpu_blocks = e->num_cpu_blocks,
                      .free_gpu_blocks = blk_num_free_gpu(e->bm),
                      .free_cpu_blocks = blk_num_free_cpu(e->bm)};
+    s.generated_tokens = e->generated_tokens;
     for (int i = 0; i < e->active_n; i++) {
         Request *r = e->active[i];
+        int running = 0, swapped = 0;
         for (int j = 0; j < r->num_started; j++) {
             const Sequence *q = r->seqs[j];
+            running |= q->state == SEQ_RUNNING;
+            swapped |= q->state == SEQ_SWAPPED;
             if (q->state != SEQ_RUNNING)
                 continue;
             s.kv_slots_allocated += (int64_t)q->table.num_blocks * e->cfg.block_size;
             s.kv_slots_used += q->table.num_tokens;
         }
+        if (running)
+            s.num_requests_running++;
+        else if (swapped)
+            s.num_requests_swapped++;
+        else if (r->num_finished < r->n)
+            s.num_requests_waiting++;
     }
+    pthread_mutex_lock(&e->mu);
+    s.num_requests_waiting += e->inbox_n;
+    pthread_mutex_unlock(&e->mu);
     return s;
 }

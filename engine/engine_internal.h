@@ -65,7 +65,8 @@ struct Engine {
     uint64_t *aborts;
     int aborts_n, aborts_cap;
     uint64_t next_request_id;
-    int busy; /* requests active on the engine thread (read under mu) */
+    int busy;                 /* requests active on the engine thread (read under mu) */
+    int64_t generated_tokens; /* tokens sampled (engine thread) */
 
     /* engine-thread state */
     Request **active;

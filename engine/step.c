@@ -207,6 +207,7 @@ static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogpr
     }
     seq_append(seq, token);
     d->num_generated++;
+    e->generated_tokens++;
     const char *text = d->stream ? tok_stream_push(d->stream, token) : "";
     if (d->num_generated >= r->params.max_tokens || seq->num_tokens >= e->max_model_len) {
         finish_sequence(e, seq, FINISH_LENGTH, token, text, lp);

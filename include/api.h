@@ -16,12 +16,12 @@
 
 /* An error to send back: HTTP status and the fields of {"error": {...}}. */
 typedef struct {
-    int status;        /* 400, 401, 404, 405, 413, 503 ... */
+    int status; /* 400, 401, 404, 405, 413, 503 ... */
     char message[512];
-    const char *type;  /* "invalid_request_error", "authentication_error", "not_found_error",
-                        * "server_error" ... (static) */
-    char param[64];    /* offending field, "" when none (serialised as null) */
-    const char *code;  /* machine code or NULL (serialised as null) */
+    const char *type; /* "invalid_request_error", "authentication_error", "not_found_error",
+                       * "server_error" ... (static) */
+    char param[64];   /* offending field, "" when none (serialised as null) */
+    const char *code; /* machine code or NULL (serialised as null) */
 } ApiError;
 
 /* Limits the server checks requests against; a field <= 0 is not checked. */
@@ -40,33 +40,33 @@ typedef struct {
 } ApiPrompt;
 
 typedef struct {
-    char *model;          /* NULL when absent */
-    ApiPrompt *prompts;   /* [num_prompts] >= 1 */
+    char *model;        /* NULL when absent */
+    ApiPrompt *prompts; /* [num_prompts] >= 1 */
     int num_prompts;
-    int max_tokens;       /* default 16; chat: default = what is left of max-model-len (-1) */
-    int n;                /* default 1 */
-    int best_of;          /* default n; >= n */
-    float temperature;    /* default 1 */
-    float top_p;          /* default 1 */
-    int top_k;            /* default -1 (off) */
-    float min_p;          /* default 0 */
+    int max_tokens;    /* default 16; chat: default = what is left of max-model-len (-1) */
+    int n;             /* default 1 */
+    int best_of;       /* default n; >= n */
+    float temperature; /* default 1 */
+    float top_p;       /* default 1 */
+    int top_k;         /* default -1 (off) */
+    float min_p;       /* default 0 */
     float presence_penalty, frequency_penalty; /* default 0, in [-2, 2] */
-    float repetition_penalty; /* default 1, > 0 */
+    float repetition_penalty;                  /* default 1, > 0 */
     int has_seed;
     uint64_t seed;
     char *stop[API_MAX_STOP]; /* owned */
     int num_stop;
-    int32_t *stop_token_ids;  /* owned */
+    int32_t *stop_token_ids; /* owned */
     int num_stop_token_ids;
     int stream;
-    int include_usage;    /* stream_options.include_usage */
-    int logprobs;         /* -1 = none; else top-k alternatives per token (0 = chosen only) */
-    int echo;             /* completions: prepend the prompt to the text */
+    int include_usage; /* stream_options.include_usage */
+    int logprobs;      /* -1 = none; else top-k alternatives per token (0 = chosen only) */
+    int echo;          /* completions: prepend the prompt to the text */
     int ignore_eos;
     char *user;
-    int is_chat;          /* parsed from /v1/chat/completions: prompts[0].text is the rendered
-                           * template, which already holds any BOS text, so the server
-                           * tokenizes it with add_special = 0 (as vLLM does for chat) */
+    int is_chat; /* parsed from /v1/chat/completions: prompts[0].text is the rendered
+                  * template, which already holds any BOS text, so the server
+                  * tokenizes it with add_special = 0 (as vLLM does for chat) */
 } ApiRequest;
 
 /* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
@@ -81,8 +81,7 @@ Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, 
  * failure returns -1 with *err filled (400; param "prompt" when the prompt alone leaves no
  * room, else "max_tokens" with code "context_length_exceeded"). max_model_len <= 0 means
  * unchecked (a -1 then gives 16). */
-int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tokens,
-                     ApiError *err);
+int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tokens, ApiError *err);
 
 /* Chat template families pagellm knows. CHAT_ZEPHYR is the <|user|> / <|assistant|> format
  * of Zephyr and TinyLlama-Chat. */
@@ -112,8 +111,8 @@ typedef struct {
  * "<|begin_of_text|>"). Returns a malloc'd string, or NULL with *err filled (400, param
  * "messages"): unknown role, Llama-2 roles not alternating user/assistant after an optional
  * system message, CHAT_NONE. */
-char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs,
-                      const char *bos, const char *eos, ApiError *err);
+char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs, const char *bos,
+                      const char *eos, ApiError *err);
 
 /* Parse a chat body: messages [{role: system|user|assistant, content: string or list of
  * {type: text, text} parts (joined with "\n", as vLLM does)}] rendered by api_chat_render
@@ -131,8 +130,8 @@ void api_request_free(ApiRequest *req);
 /* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
  * from the status (400 invalid_request_error, 401 authentication_error, 404
  * not_found_error, 5xx server_error ...); param NULL or "" serialises as null. */
-void api_error_set(ApiError *err, int status, const char *type, const char *param,
-                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void api_error_set(ApiError *err, int status, const char *type, const char *param, const char *fmt,
+                   ...) __attribute__((format(printf, 5, 6)));
 
 /* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
 char *api_error_json(const ApiError *err);

@@ -116,14 +116,19 @@ int eng_has_work(Engine *e);
 void eng_wait_for_work(Engine *e, int timeout_ms);
 
 typedef struct {
-    SchedulerCounters sched;
+    SchedulerCounters sched; /* its num_running etc. count sequences */
     BlockStats blocks;
+    int num_requests_running; /* requests with a sequence in the running queue */
+    int num_requests_waiting; /* queued, or preempted for recompute, none running */
+    int num_requests_swapped; /* swapped out, none running */
+    int64_t generated_tokens; /* tokens sampled, over all requests */
     int num_gpu_blocks, num_cpu_blocks;
     int free_gpu_blocks, free_cpu_blocks;
     int64_t kv_slots_allocated; /* token slots in blocks held by running sequences */
     int64_t kv_slots_used;      /* tokens those sequences hold */
 } EngineStats;
 
+/* Counters and gauges (engine thread only: it reads the scheduler's state). */
 EngineStats eng_stats(Engine *e);
 
 typedef struct {

@@ -89,8 +89,8 @@ typedef struct KernelOps {
                  const Rope *rope);
 
     /* Store k, v [n, nkv, D] of `layer` into the cache slots (slot -1 skipped). */
-    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const float *k,
-                     const float *v, const int64_t *slot_mapping, int n);
+    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const float *k, const float *v,
+                     const int64_t *slot_mapping, int n);
 
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
      * Query head h reads KV head h / (nh / nkv). */

@@ -32,9 +32,9 @@ typedef struct {
     float rope_high_freq_factor;
     int rope_original_max_position;
     int tie_word_embeddings;
-    int qkv_bias;      /* Qwen2, or attention_bias: q/k/v projections carry biases */
-    DType torch_dtype; /* dtype the checkpoint declares */
-    int bos_token_id;  /* -1 if none */
+    int qkv_bias;                     /* Qwen2, or attention_bias: q/k/v projections carry biases */
+    DType torch_dtype;                /* dtype the checkpoint declares */
+    int bos_token_id;                 /* -1 if none */
     int eos_token_ids[MODEL_MAX_EOS]; /* from generation_config.json, else config.json */
     int num_eos;
 } ModelConfig;
@@ -47,10 +47,10 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
 Status model_config_load(const char *dir, ModelConfig *cfg);
 
 typedef struct {
-    const char *dir;   /* Hugging Face model folder */
-    int load_dummy;    /* load-format dummy: random weights of the config's shape */
-    uint64_t seed;     /* for dummy weights */
-    int max_num_tokens; /* largest batch (tokens per forward) the scratch buffers hold */
+    const char *dir;      /* Hugging Face model folder */
+    int load_dummy;       /* load-format dummy: random weights of the config's shape */
+    uint64_t seed;        /* for dummy weights */
+    int max_num_tokens;   /* largest batch (tokens per forward) the scratch buffers hold */
     const KernelOps *ops; /* backend; NULL = CPU */
 } ModelLoadOptions;
 

@@ -15,8 +15,8 @@
 
 typedef struct {
     const char *name;
-    const char *file; /* path of the shard holding it (for error messages) */
-    DType dtype;      /* DT_OTHER for dtypes pagellm does not compute with */
+    const char *file;       /* path of the shard holding it (for error messages) */
+    DType dtype;            /* DT_OTHER for dtypes pagellm does not compute with */
     const char *dtype_name; /* as written in the header: "BF16", "I64", ... */
     int ndim;
     int64_t shape[8];

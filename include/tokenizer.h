@@ -33,8 +33,8 @@ int tok_eos_id(const Tokenizer *t);     /* -1 if none */
 /* Encode `len` bytes of text (any bytes; invalid UTF-8 is handled as HF does, never a
  * crash). add_special adds what the post-processor / add_bos_token adds (BOS for Llama).
  * *ids is malloc'd (caller frees), *n its length. */
-Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special,
-                  int32_t **ids, int *n);
+Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                  int *n);
 
 /* Decode ids to a malloc'd NUL-terminated string, as HF decode(ids, skip_special_tokens).
  * Out-of-range ids are skipped. */

@@ -245,6 +245,20 @@ static int apply_stop_strings(const CompletionReq *cr, Choice *ch, size_t old_le
     return 1;
 }
 
+/* The text of token `id` right after token `prev`, as it reads in the sequence (a
+ * SentencePiece word start keeps its space, which decoding it alone would strip). */
+static char *token_text_after(const Tokenizer *tok, int32_t prev, int32_t id) {
+    if (prev < 0)
+        return tok_decode(tok, &id, 1, 0);
+    int32_t pair[2] = {prev, id};
+    char *both = tok_decode(tok, pair, 2, 0), *head = tok_decode(tok, &prev, 1, 0);
+    size_t n = strlen(head);
+    char *out = pl_xstrdup(strncmp(both, head, n) == 0 ? both + n : both);
+    free(both);
+    free(head);
+    return out;
+}
+
 static void record_logprobs(CompletionReq *cr, Choice *ch, const EngEvent *ev, size_t offset) {
     int t = ch->num_tokens - 1;
     if (t >= ch->lp_cap) {
@@ -261,7 +275,7 @@ static void record_logprobs(CompletionReq *cr, Choice *ch, const EngEvent *ev, s
     json_t *top = json_object();
     int k = cr->req.logprobs > 0 ? cr->req.logprobs : 0;
     for (int i = 0; i < ev->num_top && i < k; i++) {
-        char *s = tok_decode(tok, &ev->top_ids[i], 1, 0);
+        char *s = token_text_after(tok, ch->prev_token, ev->top_ids[i]);
         json_object_set_new(top, s, json_real(ev->top_logprobs[i]));
         free(s);
     }
@@ -325,6 +339,7 @@ void completion_on_event(Server *s, const EngEvent *ev) {
             ch->cum_logprob += ev->logprob;
             if (q->logprobs >= 0)
                 record_logprobs(cr, ch, ev, old_len);
+            ch->prev_token = ev->token;
         }
         choice_append(ch, ev->text);
         if (apply_stop_strings(cr, ch, old_len)) {
@@ -573,6 +588,8 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
             run->cr = cr;
             run->prompt_index = p;
             run->num_prompt_tokens = lens[p];
+            for (int c = 0; c < cr->req.best_of; c++) /* logprob keys read after this */
+                cr->choices[p * cr->req.best_of + c].prev_token = ids[p][lens[p] - 1];
             EngRequest er = {.prompt = ids[p],
                              .num_prompt = lens[p],
                              .params = engine_params(&cr->req, max_tokens[p]),

@@ -350,10 +350,11 @@ static void histogram(Out *o, const HistDef *d, const Hist *h) {
 static void engine_metrics(Out *o, const EngineStats *s) {
     const SchedulerCounters *c = &s->sched;
     gauge_int(o, "num_requests_running", "Number of requests in model execution batches.",
-              c->num_running);
+              s->num_requests_running);
     gauge_int(o, "num_requests_waiting", "Number of requests waiting to be processed.",
-              c->num_waiting);
-    gauge_int(o, "num_requests_swapped", "Number of requests swapped to CPU.", c->num_swapped);
+              s->num_requests_waiting);
+    gauge_int(o, "num_requests_swapped", "Number of requests swapped to CPU.",
+              s->num_requests_swapped);
     gauge_double(o, "gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
                  ratio((double)s->num_gpu_blocks - s->free_gpu_blocks, s->num_gpu_blocks));
     gauge_double(o, "cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
@@ -378,7 +379,7 @@ static void engine_metrics(Out *o, const EngineStats *s) {
             s->blocks.swapped_in);
     counter(o, "prompt_tokens_total", "Number of prefill tokens processed.", c->prompt_tokens);
     counter(o, "generation_tokens_total", "Number of generation tokens processed.",
-            c->generation_tokens);
+            s->generated_tokens);
     counter(o, "prefix_cache_queries_total",
             "Prefix cache queries, in terms of number of queried blocks.",
             s->blocks.prefix_queries);

@@ -23,32 +23,27 @@ typedef struct {
     CompletionReq *cr; /* set once a completion was submitted */
 } ConnCtx;
 
-enum MHD_Result srv_send_json(Server *s, struct MHD_Connection *conn, int status, char *body) {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
-        MHD_add_response_header(r, "Retry-After", "1");
-    enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
-    MHD_destroy_response(r);
-    if (s->metrics)
-        met_http_request(s->metrics, status);
-    return ret;
-}
-
-enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err) {
-    return srv_send_json(s, conn, err->status, api_error_json(err));
-}
-
-static enum MHD_Result send_text(Server *s, struct MHD_Connection *conn, int status,
-                                 const char *type, char *body) {
+/* Queue `body` (malloc'd, taken) with a content type and at most one extra header. */
+static enum MHD_Result respond(Server *s, struct MHD_Connection *conn, int status, const char *type,
+                               char *body, const char *header, const char *value) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(r, "Content-Type", type);
+    if (header)
+        MHD_add_response_header(r, header, value);
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     met_http_request(s->metrics, status);
     return ret;
+}
+
+enum MHD_Result srv_send_json(Server *s, struct MHD_Connection *conn, int status, char *body) {
+    int busy = status == MHD_HTTP_SERVICE_UNAVAILABLE;
+    return respond(s, conn, status, "application/json", body, busy ? "Retry-After" : NULL, "1");
+}
+
+enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err) {
+    return srv_send_json(s, conn, err->status, api_error_json(err));
 }
 
 /* Constant-time comparison of the bearer token with the configured key. */
@@ -82,7 +77,7 @@ static enum MHD_Result metrics(Server *s, struct MHD_Connection *conn) {
     pthread_mutex_lock(&s->stats_mu);
     EngineStats st = s->stats;
     pthread_mutex_unlock(&s->stats_mu);
-    return send_text(s, conn, 200, MET_CONTENT_TYPE, met_render(s->metrics, &st));
+    return respond(s, conn, 200, MET_CONTENT_TYPE, met_render(s->metrics, &st), NULL, NULL);
 }
 
 typedef struct {
@@ -122,9 +117,12 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
     const Route *rt = find_route(url, &known);
     if (!known)
         return fail(s, conn, 404, "not_found_error", "no route %s", url);
-    if (strcmp(method, rt->method) != 0)
-        return fail(s, conn, 405, "invalid_request_error", "method not allowed; use %s",
-                    rt->method);
+    if (strcmp(method, rt->method) != 0) {
+        ApiError err;
+        api_error_set(&err, 405, "invalid_request_error", NULL, "method not allowed; use %s",
+                      rt->method);
+        return respond(s, conn, 405, "application/json", api_error_json(&err), "Allow", rt->method);
+    }
     if (strcmp(url, "/health") != 0 && !authorized(s, conn))
         return fail(s, conn, 401, "authentication_error", "%s",
                     "missing or invalid API key (Authorization: Bearer ...)");
@@ -137,7 +135,7 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
     if (rt->needs_model && !atomic_load(&s->ready))
         return fail(s, conn, 503, "server_error", "%s", "the model is still loading");
     if (!strcmp(url, "/health"))
-        return send_text(s, conn, 200, "text/plain", pl_xstrdup(""));
+        return respond(s, conn, 200, "text/plain", pl_xstrdup(""), NULL, NULL);
     if (!strcmp(url, "/version"))
         return srv_send_json(s, conn, 200, pl_xstrdup("{\"version\": \"" PAGELLM_VERSION "\"}"));
     if (!strcmp(url, "/v1/models"))

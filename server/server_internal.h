@@ -38,6 +38,7 @@ typedef struct {
     size_t len, cap;
     size_t sent; /* bytes of text already streamed */
     int num_tokens;
+    int32_t prev_token; /* last token so far (the prompt's last at first) */
     double cum_logprob;
     FinishReason finish;
     int stopped_by_string; /* finished early on a stop string */

@@ -405,13 +405,13 @@ static double cum_at(const HistView *h, double le) {
 static EngineStats sample_stats(void) {
     EngineStats s;
     memset(&s, 0, sizeof s);
-    s.sched.num_running = 3;
-    s.sched.num_waiting = 5;
-    s.sched.num_swapped = 1;
+    s.num_requests_running = 3;
+    s.num_requests_waiting = 5;
+    s.num_requests_swapped = 1;
     s.sched.preempt_swap = 4;
     s.sched.preempt_recompute = 3;
     s.sched.prompt_tokens = 1234;
-    s.sched.generation_tokens = 567;
+    s.generated_tokens = 567;
     s.sched.cached_prompt_tokens = 64;
     s.blocks.prefix_queries = 200;
     s.blocks.prefix_hits = 50;

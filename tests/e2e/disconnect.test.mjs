@@ -1,0 +1,90 @@
+// disconnect.test.mjs - a client that goes away mid-stream aborts its request: /metrics
+// shows nothing running and no KV block in use within a second.
+
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, readSSE, scrape, promValue, sleep, T } from './server.mjs';
+
+// A small KV pool, so one sequence's blocks are a visible share of it.
+const BLOCKS = 64;
+
+// Idle: nothing running, waiting or swapped, no block in use on either pool, and
+// done(prom) (the aborted request counted).
+async function waitIdle(srv, ms, done = () => true) {
+    const deadline = Date.now() + ms;
+    let prom;
+    for (;;) {
+        prom = await scrape(srv);
+        const running = promValue(prom, 'pagellm:num_requests_running');
+        const waiting = promValue(prom, 'pagellm:num_requests_waiting');
+        const swapped = promValue(prom, 'pagellm:num_requests_swapped');
+        const usage = promValue(prom, 'pagellm:gpu_cache_usage_perc');
+        const cpuUsage = promValue(prom, 'pagellm:cpu_cache_usage_perc');
+        if (running === 0 && waiting === 0 && swapped === 0 && usage === 0 && cpuUsage === 0 && done(prom)) return { ok: true, prom };
+        if (Date.now() > deadline) return { ok: false, prom, running, waiting, swapped, usage, cpuUsage };
+        await sleep(20);
+    }
+}
+
+describe('client disconnect', () => {
+    let srv;
+    before(async () => {
+        srv = await startServer(['--num-gpu-blocks-override', String(BLOCKS)]);
+    }, T(30000));
+    after(async () => {
+        if (srv) await srv.stop();
+    });
+
+    // The request runs n sequences of 480 tokens (about a second for n = 8 on the CPU
+    // backend); the client reads `readChunks` SSE chunks, checks the request holds blocks,
+    // and goes away. With n = 16 and 64 blocks of 16 tokens, the sequences outgrow the pool
+    // after 64 tokens each, so some are preempted (swapped out) when the client leaves.
+    for (const [n, readChunks, preempted] of [[8, 3, false], [16, 16 * 100, true]]) {
+        const what = preempted ? 'with sequences swapped out' : 'early';
+        it(`aborting a streaming request (n=${n}) mid-stream ${what} frees its blocks within a second`, T(20000), async () => {
+            const m0 = await scrape(srv);
+            const abortsBefore = promValue(m0, 'pagellm:request_success_total', { finished_reason: 'abort' }) ?? 0;
+            const ac = new AbortController();
+            const res = await fetch(`${srv.url}/v1/completions`, {
+                method: 'POST',
+                headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ model: srv.model, prompt: '', max_tokens: 480, ignore_eos: true,
+                                       temperature: 1, seed: 7, n, stream: true }),
+                signal: ac.signal,
+            });
+            assert.equal(res.status, 200);
+            let chunks = 0;
+            let sawDone = false;
+            let during;
+            try {
+                await readSSE(res, (data) => {
+                    if (data === '[DONE]') sawDone = true;
+                    return ++chunks >= readChunks;
+                });
+                // Mid-stream the request holds blocks.
+                during = await scrape(srv);
+            } finally {
+                ac.abort();
+            }
+            const t0 = Date.now();
+            assert.ok(!sawDone && chunks >= readChunks, `the request finished before the client went away (${chunks} chunks)`);
+            assert.ok(promValue(during, 'pagellm:num_requests_running') >= 1, 'running while streaming');
+            assert.ok(promValue(during, 'pagellm:gpu_cache_usage_perc') > 0, 'blocks in use while streaming');
+            if (preempted) {
+                const p = promValue(during, 'pagellm:num_preemptions_total') - promValue(m0, 'pagellm:num_preemptions_total');
+                assert.ok(p > 0, `no preemption before the disconnect (${chunks} chunks read)`);
+            }
+
+            const abortsOf = (p) => promValue(p, 'pagellm:request_success_total', { finished_reason: 'abort' }) ?? 0;
+            const idle = await waitIdle(srv, 1000, (p) => abortsOf(p) > abortsBefore);
+            assert.ok(idle.ok, `1 s after the disconnect: num_requests_running ${idle.running}, ` +
+                               `num_requests_waiting ${idle.waiting}, num_requests_swapped ${idle.swapped}, ` +
+                               `gpu_cache_usage_perc ${idle.usage}, cpu_cache_usage_perc ${idle.cpuUsage}, ` +
+                               `request_success_total{finished_reason="abort"} +${abortsOf(idle.prom) - abortsBefore}`);
+            assert.equal(abortsOf(idle.prom) - abortsBefore, 1,
+                         'pagellm:request_success_total{finished_reason="abort"} counts the aborted request');
+            const gen = promValue(idle.prom, 'pagellm:generation_tokens_total') - promValue(m0, 'pagellm:generation_tokens_total');
+            assert.ok(gen < 480 * n, `generation stopped early (${gen} tokens of ${480 * n}), freed after ${Date.now() - t0} ms`);
+        });
+    }
+});

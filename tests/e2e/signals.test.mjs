@@ -1,0 +1,107 @@
+// signals.test.mjs - SIGTERM while requests are in flight: the server exits 0, and each
+// client gets either a complete answer or a clean connection close (no reset, no hang).
+// SIGINT on an idle server exits 0 too.
+
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, readSSE, postJSON, sleep, T } from './server.mjs';
+
+const EXIT_WITHIN_MS = 10000;
+
+/** How an error thrown while reading a response ended: a clean close (the server closed the
+ * connection: FIN, "other side closed") is fine; a reset is not. */
+function closeKind(err) {
+    const chain = [];
+    for (let e = err; e; e = e.cause) chain.push(`${e.name}: ${e.code ?? ''} ${e.message}`);
+    const text = chain.join(' <- ');
+    if (/ECONNRESET|EPIPE/.test(text)) return { clean: false, text };
+    if (/other side closed|terminated|UND_ERR_SOCKET|ECONNREFUSED/.test(text)) return { clean: true, text };
+    return { clean: false, text };
+}
+
+async function exitsWithin(srv, ms) {
+    const timer = sleep(ms).then(() => 'timeout');
+    const r = await Promise.race([srv.exited, timer]);
+    if (r === 'timeout') {
+        srv.proc.kill('SIGKILL');
+        return { timedOut: true };
+    }
+    return r;
+}
+
+describe('signals', () => {
+    it('SIGTERM with requests in flight: exit 0; complete answers or clean closes', T(30000), async () => {
+        const srv = await startServer();
+        try {
+            const body = { model: srv.model, prompt: '', max_tokens: 480, ignore_eos: true, temperature: 0 };
+            // A non-streaming request...
+            const plain = postJSON(`${srv.url}/v1/completions`, body, { timeoutMs: EXIT_WITHIN_MS + 5000 })
+                .then((r) => ({ r }), (err) => ({ err }));
+            await sleep(20);
+            // ...and a streaming one, read until its first chunk arrives; then SIGTERM.
+            const res = await fetch(`${srv.url}/v1/completions`, {
+                method: 'POST',
+                headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+                signal: AbortSignal.timeout(EXIT_WITHIN_MS + 5000),
+            });
+            assert.equal(res.status, 200);
+            let first = true;
+            let sigSent = false;
+            let done = false;
+            let usage = null;
+            const stream = readSSE(res, (data) => {
+                if (data === '[DONE]') {
+                    done = true;
+                    return false;
+                }
+                const ev = JSON.parse(data);
+                if (ev.usage) usage = ev.usage;
+                if (first) {
+                    first = false;
+                    srv.proc.kill('SIGTERM');
+                    sigSent = true;
+                }
+                return false;
+            }).then(() => ({}), (err) => ({ err }));
+
+            const s = await stream;
+            assert.ok(sigSent, 'no chunk arrived before the stream ended');
+            if (s.err) {
+                const k = closeKind(s.err);
+                assert.ok(k.clean, `streaming client: not a clean close: ${k.text}`);
+            } else if (done) {
+                assert.equal(usage?.completion_tokens, 480, `a stream that ended with [DONE] is complete: usage ${JSON.stringify(usage)}`);
+            } // else: the response ended cleanly (terminating chunk) without [DONE]: an abort.
+
+            const p = await plain;
+            if (p.err) {
+                const k = closeKind(p.err);
+                assert.ok(k.clean, `non-streaming client: not a clean close: ${k.text}`);
+            } else {
+                assert.ok([200, 503].includes(p.r.status), `non-streaming client got ${p.r.status}: ${p.r.text.slice(0, 300)}`);
+                if (p.r.status === 200) assert.equal(p.r.json.usage.completion_tokens, 480, 'complete answer');
+            }
+
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            assert.ok(!e.timedOut, `the server did not exit within ${EXIT_WITHIN_MS} ms of SIGTERM`);
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null },
+                             `exit after SIGTERM; its output:\n${srv.log().slice(-2000)}`);
+        } finally {
+            await srv.stop(1000);
+        }
+    });
+
+    it('SIGINT on an idle server: exit 0', T(20000), async () => {
+        const srv = await startServer();
+        try {
+            srv.proc.kill('SIGINT');
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            assert.ok(!e.timedOut, `the server did not exit within ${EXIT_WITHIN_MS} ms of SIGINT`);
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null },
+                             `exit after SIGINT; its output:\n${srv.log().slice(-2000)}`);
+        } finally {
+            await srv.stop(1000);
+        }
+    });
+});
