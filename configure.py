@@ -44,9 +44,10 @@ TEST_LIBRARIES = {"cmocka": "libcmocka-dev"}
 ALTERNATIVES = {"libcurl4-openssl-dev": ["libcurl4-gnutls-dev", "libcurl4-nss-dev"]}
 # Command -> Debian package that provides it.
 TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils"}
-# Commands the end-to-end suite (tests/e2e/run.sh, run by `ninja test`) needs; only
-# --install-deps looks at them: without them the suite is skipped, not the build.
-E2E_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl"}
+# Commands that only some tests and features need: the end-to-end suite (tests/e2e/run.sh,
+# run by `ninja test`) and `bench serve --sweep-rates` plots (gnuplot). Only --install-deps
+# looks at them: without them those parts are skipped, not the build.
+OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox"}
 E2E_SCRIPT = "tests/e2e/run.sh"
 
 # Library folders in link order: each may call only the ones after it. kernels_cuda
@@ -223,7 +224,7 @@ def dpkg_installed(package):
 
 def missing_packages(have_cc):
     missing = [TOOLS[t] for t in TOOLS if not shutil.which(t)]
-    missing += [E2E_TOOLS[t] for t in E2E_TOOLS if not shutil.which(t)]
+    missing += [OPTIONAL_TOOLS[t] for t in OPTIONAL_TOOLS if not shutil.which(t)]
     if not have_cc:
         missing.append("gcc")
     wanted = list(LIBRARIES.values()) + list(TEST_LIBRARIES.values()) + ["libc6-dev"]
