@@ -30,16 +30,9 @@ int bflag_value(const char *cmd, const char *name, int argc, char **argv, int *i
 }
 
 int bflag_int(const char *cmd, const char *flag, const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end) {
-        fprintf(stderr, "pagellm bench %s: %s: '%s' is not an integer\n", cmd, flag, s);
-        return 0;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "pagellm bench %s: %s: %ld is out of range [%ld, %ld]\n", cmd, flag, v, lo,
-                hi);
+    long v;
+    if (pl_parse_long(s, lo, hi, &v) != PL_OK) {
+        fprintf(stderr, "pagellm bench %s: %s: %s\n", cmd, flag, pl_error());
         return 0;
     }
     *out = (int)v;
@@ -48,20 +41,10 @@ int bflag_int(const char *cmd, const char *flag, const char *s, long lo, long hi
 
 int bflag_double(const char *cmd, const char *flag, const char *s, double lo, double hi,
                  double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || isnan(v)) {
-        fprintf(stderr, "pagellm bench %s: %s: '%s' is not a number\n", cmd, flag, s);
-        return 0;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "pagellm bench %s: %s: %g is out of range [%g, %g]\n", cmd, flag, v, lo,
-                hi);
-        return 0;
-    }
-    *out = v;
-    return 1;
+    if (pl_parse_double(s, lo, hi, out) == PL_OK)
+        return 1;
+    fprintf(stderr, "pagellm bench %s: %s: %s\n", cmd, flag, pl_error());
+    return 0;
 }
 
 void bflag_set_str(char **dst, const char *s) {

@@ -1,6 +1,5 @@
 /* args.c - flag handling shared by the subcommands: numbers with range checks, the
  * configuration (file, then --key flags, then validation) and the bundled model's location. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,35 +25,17 @@ const char *cli_default_model_dir(void) {
 }
 
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end) {
-        fprintf(stderr, "pagellm: %s: '%s' is not an integer\n", flag, s);
-        return 0;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "pagellm: %s: %ld is out of range [%ld, %ld]\n", flag, v, lo, hi);
-        return 0;
-    }
-    *out = v;
-    return 1;
+    if (pl_parse_long(s, lo, hi, out) == PL_OK)
+        return 1;
+    fprintf(stderr, "pagellm: %s: %s\n", flag, pl_error());
+    return 0;
 }
 
 int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || v != v) {
-        fprintf(stderr, "pagellm: %s: '%s' is not a number\n", flag, s);
-        return 0;
-    }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "pagellm: %s: %g is out of range [%g, %g]\n", flag, v, lo, hi);
-        return 0;
-    }
-    *out = v;
-    return 1;
+    if (pl_parse_double(s, lo, hi, out) == PL_OK)
+        return 1;
+    fprintf(stderr, "pagellm: %s: %s\n", flag, pl_error());
+    return 0;
 }
 
 const char *cli_flag_value(int argc, char **argv, int *i) {

@@ -101,6 +101,30 @@ Status pl_read_file(const char *path, char **data, size_t *len) {
     return PL_OK;
 }
 
+Status pl_parse_long(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        return pl_error_set(PL_ERR_INVALID, "'%s' is not an integer", s);
+    if (v < lo || v > hi)
+        return pl_error_set(PL_ERR_INVALID, "%ld is out of range [%ld, %ld]", v, lo, hi);
+    *out = v;
+    return PL_OK;
+}
+
+Status pl_parse_double(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || v != v)
+        return pl_error_set(PL_ERR_INVALID, "'%s' is not a number", s);
+    if (v < lo || v > hi)
+        return pl_error_set(PL_ERR_INVALID, "%g is out of range [%g, %g]", v, lo, hi);
+    *out = v;
+    return PL_OK;
+}
+
 double pl_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

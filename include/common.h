@@ -68,6 +68,12 @@ Status pl_read_file(const char *path, char **data, size_t *len);
 PL_NORETURN void pl_fatal(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Parse a whole string as a decimal integer / a finite number within [lo, hi]. On failure
+ * return PL_ERR_INVALID with pl_error() saying "'abc' is not an integer" or "7 is out of
+ * range [8, 128]" (callers prefix the flag or key name). */
+Status pl_parse_long(const char *s, long lo, long hi, long *out);
+Status pl_parse_double(const char *s, double lo, double hi, double *out);
+
 /* Monotonic clock in seconds. */
 double pl_now(void);
 
