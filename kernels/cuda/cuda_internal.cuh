@@ -109,7 +109,7 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
 
 /* ---- dtype dispatch: body runs with `using T = <C++ type of dt>` ---- */
 
-#define KC_DISPATCH_ACT(dt, what, T, ...)                                                         \
+#define KC_DISPATCH_ACT(dt, what, T, ...)                                                          \
     do {                                                                                           \
         switch (dt) {                                                                              \
             case DT_F32: {                                                                         \
@@ -128,7 +128,7 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
         }                                                                                          \
     } while (0)
 
-#define KC_DISPATCH_WEIGHT(dt, what, T, ...)                                                      \
+#define KC_DISPATCH_WEIGHT(dt, what, T, ...)                                                       \
     do {                                                                                           \
         switch (dt) {                                                                              \
             case DT_F32: {                                                                         \
@@ -165,8 +165,8 @@ static inline unsigned kc_blocks(size_t total, int threads) {
 /* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB. */
 template <typename K> static inline void kc_set_smem(K kernel, size_t bytes) {
     if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)bytes));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 #endif

@@ -1,0 +1,151 @@
+/* kernels_cuda.h - the CUDA backend's kernel launchers (the .cu files of kernels/cuda/), as a
+ * C ABI.
+ *
+ * Each launcher has the semantics of the CPU op of the same name (kernels/cpu/, the
+ * reference its test compares against), with these differences:
+ *   - every pointer argument is device memory, except Tensor / KvLayout / AttnBatch / Rope
+ *     structs themselves, which are host structs whose data pointers are device memory;
+ *   - activations are in `DType act` (DT_F32 or DT_BF16; the math inside is fp32), weights
+ *     F32 / F16 / BF16, the KV cache in KvLayout.dtype (DT_F32 or DT_BF16);
+ *   - `stream` is a cudaStream_t (NULL = the legacy default stream), so C callers need no
+ *     CUDA header; launches are asynchronous on it;
+ *   - launchers never allocate, never synchronize, and are safe to capture in a CUDA graph
+ *     (grids are sized from host-side bounds, never from device data). Bad arguments and
+ *     unsupported dtypes abort with a message (pl_fatal); CUDA errors through CUDA_CHECK.
+ *
+ * Shape limits: head_dim a multiple of 8, at most 1024; rows of any length elsewhere. */
+#ifndef PAGELLM_KERNELS_CUDA_H
+#define PAGELLM_KERNELS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus /* kernels.h has no linkage block of its own */
+extern "C" {
+#endif
+
+#include "common.h"
+#include "kernels.h"
+
+/* ---- runtime helpers (kernels/cuda/runtime.cu) ---- */
+
+/* Abort with "CUDA error <name> (<string>) in <expr> at file:line". `err` is a cudaError_t. */
+PL_NORETURN void k_cuda_check_fail(int err, const char *expr, const char *file, int line);
+
+/* CUDA_CHECK(cudaMalloc(...)): abort with the expression, file and line unless it returns
+ * cudaSuccess (0). Usable from C files that include cuda_runtime.h, and from .cu files. */
+#ifndef CUDA_CHECK
+#define CUDA_CHECK(expr)                                                                           \
+    do {                                                                                           \
+        int cuda_check_err_ = (int)(expr);                                                         \
+        if (cuda_check_err_ != 0)                                                                  \
+            k_cuda_check_fail(cuda_check_err_, #expr, __FILE__, __LINE__);                         \
+    } while (0)
+#endif
+
+/* Number of usable CUDA devices; 0 when there is no driver or no GPU (never aborts, and
+ * leaves no sticky error behind). */
+int k_cuda_device_count(void);
+
+/* Plain device memory (cudaMalloc; aborts on failure) and synchronous copies in any
+ * direction (unified addressing decides host or device). For start-up and tests: the step
+ * loop never calls these. k_cuda_free(NULL) is a no-op. */
+void *k_cuda_malloc(size_t bytes);
+void k_cuda_free(void *p);
+void k_cuda_memcpy(void *dst, const void *src, size_t bytes);
+void k_cuda_memset(void *dst, int byte, size_t bytes);
+void k_cuda_synchronize(void); /* the whole device, then checks for a pending error */
+
+/* A non-blocking stream (as void *), and its destruction and synchronization. */
+void *k_cuda_stream_create(void);
+void k_cuda_stream_destroy(void *stream);
+void k_cuda_stream_synchronize(void *stream);
+
+/* ---- element-wise and row ops ---- */
+
+/* out[n, H] (act) = table[ids[i], :], H = table->shape[1]; ids [n] int32 on the device.
+ * An id outside the table traps the kernel (a sticky CUDA error: the next CUDA_CHECK aborts). */
+void k_cuda_embedding(void *out, DType act, const int32_t *ids, int n, const Tensor *table,
+                      void *stream);
+
+/* out[i] = x[i] / rms(x[i]) * w, rows of `dim`, all in `act`; w [dim] F32/F16/BF16. */
+void k_cuda_rmsnorm(void *out, const void *x, DType act, const Tensor *w, int n, int dim, float eps,
+                    void *stream);
+
+/* residual += delta (rounded to act); out = rmsnorm(residual). delta may be NULL (norm only).
+ * residual, delta and out are [n, dim] in act; out must not alias residual. */
+void k_cuda_add_rmsnorm(void *residual, const void *delta, void *out, DType act, const Tensor *w,
+                        int n, int dim, float eps, void *stream);
+
+/* out[i] = silu(gate[i]) * up[i] over [n, dim] (act); out may alias gate or up. */
+void k_cuda_silu_mul(void *out, const void *gate, const void *up, DType act, int n, int dim,
+                     void *stream);
+
+/* out[i, :] = in[rows[i], :] for i < n, rows [n] int32 on the device, rows of `dim` (act). */
+void k_cuda_gather_rows(void *out, const void *in, const int32_t *rows, DType act, int n, int dim,
+                        void *stream);
+
+/* ---- rotary embedding and the paged KV cache ---- */
+
+/* HF rotate-half RoPE in place on q[n, nh, D] and k[n, nkv, D] (act; either may be NULL) at
+ * positions[n]; rope->inv_freq [D/2] is device memory. */
+void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, int nh, int nkv,
+                 const Rope *rope, void *stream);
+
+/* Store k, v [n, nkv, D] (act) of `layer` into the cache slots slot_mapping[n] (int64 on the
+ * device; -1 = padding, skipped), converting to l->dtype. */
+void k_cuda_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
+                     DType act, const int64_t *slot_mapping, int n, void *stream);
+
+/* k_cuda_rope then k_cuda_kv_write in one launch: q and k are rotated in place (k is written
+ * back too, as the CPU sequence leaves it) and the rotated k and v go to the cache.
+ * nkv must equal l->num_kv_heads and rope->head_dim l->head_dim. */
+void k_cuda_rope_kv_write(void *q, void *k, const void *v, DType act, const int32_t *positions,
+                          const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                          void *kv_cache, const KvLayout *l, int layer, void *stream);
+
+/* Copy whole KV blocks in one launch: block src_dst[2i] of src_pool to block src_dst[2i+1] of
+ * dst_pool for i < n (src_dst [2n] int32 on the device; both pools device memory, possibly
+ * the same: copy-on-write). Host<->device swaps are cudaMemcpyAsync calls, not this. */
+void k_cuda_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                        size_t block_bytes, void *stream);
+
+/* ---- attention over the paged cache ----
+ *
+ * Both kernels compute exactly the CPU `attention` op for any AttnBatch (its arrays are
+ * device copies): out[t, h, :] for rows t in [query_start[0], query_start[num_seqs]), each
+ * attending causally to positions 0..positions[t] of its sequence, query head h reading KV
+ * head h / (nh / nkv). Rows are absolute, so a batch ordered decodes-first can be split into
+ * two views by offsetting query_start and block_tables (positions stay whole):
+ *     decode view  {num_tokens = nd, num_seqs = nd, query_start, block_tables}
+ *     prefill view {num_tokens = T - nd, num_seqs = S - nd, query_start + nd,
+ *                   block_tables + nd * max_blocks_per_seq}
+ * b->num_tokens must be at least the rows of the view (it sizes the grid; extra rows, e.g.
+ * graph padding after query_start[num_seqs], are left untouched). b->max_blocks_per_seq
+ * bounds every context (it sizes the split over the sequence). q, out: [rows, nh, D] in act.
+ *
+ * decode: one block per (row, KV head, 256-position partition) handling all query heads of
+ * that KV head together (each K/V row loaded once for the group), partitions combined by a
+ * second kernel when the bound allows more than one. Best for one query row per sequence.
+ * prefill: one block per (tile of query rows of one sequence, KV head), K/V tiles in shared
+ * memory reused by every row and head of the tile, online softmax (flash-attention style, fp32
+ * CUDA cores for now; tensor cores are the next step). Best for prompt chunks. */
+
+/* Scratch bytes k_cuda_attention_decode needs for the split over the sequence (0 when every
+ * context fits one partition). Allocate it once for the largest batch and reuse it. */
+size_t k_cuda_attention_workspace_bytes(const KvLayout *l, int num_tokens, int nh,
+                                        int max_blocks_per_seq);
+
+void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
+                             const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                             void *workspace, size_t workspace_bytes, void *stream);
+
+void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *kv_cache,
+                              const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                              void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,64 @@
+/* runtime.cu - the CUDA backend's runtime helpers: the CUDA_CHECK failure path, device
+ * discovery that never aborts (so a binary built with CUDA still runs, and its GPU tests
+ * skip, on a machine without a GPU), and thin wrappers over allocation, copies and streams
+ * for C callers that include no CUDA header. */
+#include <stdio.h>
+
+#include "cuda_internal.cuh"
+
+void k_cuda_check_fail(int err, const char *expr, const char *file, int line) {
+    cudaError_t e = (cudaError_t)err;
+    pl_fatal(file, line, "CUDA error %s (%s) in %s", cudaGetErrorName(e), cudaGetErrorString(e),
+             expr);
+}
+
+int k_cuda_device_count(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver / no device: not sticky, clear it anyway */
+        return 0;
+    }
+    return n;
+}
+
+void *k_cuda_malloc(size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+void k_cuda_free(void *p) {
+    if (p)
+        CUDA_CHECK(cudaFree(p));
+}
+
+void k_cuda_memcpy(void *dst, const void *src, size_t bytes) {
+    if (bytes)
+        CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void k_cuda_memset(void *dst, int byte, size_t bytes) {
+    if (bytes)
+        CUDA_CHECK(cudaMemset(dst, byte, bytes));
+}
+
+void k_cuda_synchronize(void) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void *k_cuda_stream_create(void) {
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return (void *)s;
+}
+
+void k_cuda_stream_destroy(void *stream) {
+    if (stream)
+        CUDA_CHECK(cudaStreamDestroy(kc_stream(stream)));
+}
+
+void k_cuda_stream_synchronize(void *stream) {
+    CUDA_CHECK(cudaStreamSynchronize(kc_stream(stream)));
+}
