@@ -14,6 +14,9 @@
 
 #include "server_internal.h"
 
+/* Bytes of SSE a streaming request may have waiting for a client that does not read. */
+#define STREAM_BUFFER_LIMIT (4u << 20)
+
 static void choice_append(Choice *ch, const char *text) {
     size_t n = strlen(text);
     if (ch->len + n + 1 > ch->cap) {
@@ -355,6 +358,13 @@ void completion_on_event(Server *s, const EngEvent *ev) {
                 stream_chunk(cr, run->prompt_index * q->n + ev->index, ch, sent_before, end, t0,
                              ch->num_tokens, fin);
             ch->sent = end;
+            if (cr->out_len - cr->out_sent > STREAM_BUFFER_LIMIT && !cr->client_gone) {
+                /* the client does not read: stop generating for it rather than buffer
+                 * without bound (its connection closes at the request timeout) */
+                cr->client_gone = 1;
+                for (int i = 0; i < q->num_prompts; i++)
+                    eng_abort(s->engine, cr->runs[i].engine_id);
+            }
         }
         if (ch->finish != FINISH_NONE)
             cr->num_done++;

@@ -2,6 +2,7 @@
 // shows nothing running and no KV block in use within a second.
 
 import { describe, it, before, after } from 'node:test';
+import net from 'node:net';
 import assert from 'node:assert/strict';
 import { startServer, readSSE, scrape, promValue, sleep, T } from './server.mjs';
 
@@ -87,4 +88,38 @@ describe('client disconnect', () => {
             assert.ok(gen < 480 * n, `generation stopped early (${gen} tokens of ${480 * n}), freed after ${Date.now() - t0} ms`);
         });
     }
+
+    // A client that keeps its connection open but never reads: the server must not buffer
+    // its stream without bound nor let it hold KV blocks; it aborts the request (the SSE
+    // buffer limit is 4 MiB; 128 samples x 500 tokens with logprobs make about 40 MB, more than the kernel's socket buffers hold) and keeps
+    // serving others.
+    it('a streaming client that never reads is aborted, and others are still served', T(30000), async () => {
+        const m0 = await scrape(srv);
+        // finished requests of any reason: with n = 128 the oldest sample may end by length
+        // before the rest are aborted, and the request is reported by its first sample
+        const doneOf = (p) => ['stop', 'length', 'abort'].reduce(
+            (sum, r) => sum + (promValue(p, 'pagellm:request_success_total', { finished_reason: r }) ?? 0), 0);
+        const body = JSON.stringify({ model: srv.model, prompt: 'Once upon a time', max_tokens: 500,
+                                      n: 128, logprobs: 5, ignore_eos: true, stream: true });
+        const sock = net.connect({ host: '127.0.0.1', port: srv.port });
+        await new Promise((resolve) => sock.once('connect', resolve));
+        sock.pause(); // never read
+        sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                   `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+        try {
+            const idle = await waitIdle(srv, 20000, (p) => doneOf(p) > doneOf(m0));
+            assert.ok(idle.ok, `the unread request still runs: running ${idle.running}, waiting ${idle.waiting}, ` +
+                               `swapped ${idle.swapped}, usage ${idle.usage}`);
+            const gen = promValue(idle.prom, 'pagellm:generation_tokens_total') - promValue(m0, 'pagellm:generation_tokens_total');
+            assert.ok(gen < 500 * 128, `generation stopped early (${gen} of ${500 * 128} tokens)`);
+            const res = await fetch(`${srv.url}/v1/completions`, {
+                method: 'POST', headers: { 'Content-Type': 'application/json' },
+                body: JSON.stringify({ model: srv.model, prompt: 'Lily and Tom', max_tokens: 8, temperature: 0 }),
+            });
+            assert.equal(res.status, 200);
+            assert.equal((await res.json()).choices[0].text, ' were playing in the par');
+        } finally {
+            sock.destroy();
+        }
+    });
 });
