@@ -107,20 +107,56 @@ static Status size_pools(Engine *e) {
     return PL_OK;
 }
 
-static void alloc_step_buffers(Engine *e) {
-    const EngineConfig *c = &e->cfg;
-    size_t t = (size_t)c->max_num_batched_tokens, s = (size_t)c->max_num_seqs;
+/* Sizes in bytes of the BatchBuffers arrays, in field order. */
+static void batch_sizes(const Engine *e, size_t sizes[7]) {
+    size_t t = (size_t)e->cfg.max_num_batched_tokens, s = (size_t)e->cfg.max_num_seqs;
     size_t vocab = (size_t)model_config(e->model)->vocab_size;
-    e->tokens = pl_xmalloc(t * sizeof(int32_t));
-    e->positions = pl_xmalloc(t * sizeof(int32_t));
-    e->slots = pl_xmalloc(t * sizeof(int64_t));
-    e->query_start = pl_xmalloc((s + 1) * sizeof(int32_t));
-    e->block_tables = pl_xmalloc(s * (size_t)e->max_blocks_per_seq * sizeof(int32_t));
-    e->logit_rows = pl_xmalloc(s * sizeof(int32_t));
-    e->logits = pl_xmalloc(s * vocab * sizeof(float));
-    e->fork_logits = pl_xmalloc(vocab * sizeof(float));
+    sizes[0] = sizes[1] = t * sizeof(int32_t);
+    sizes[2] = t * sizeof(int64_t);
+    sizes[3] = (s + 1) * sizeof(int32_t);
+    sizes[4] = s * (size_t)e->max_blocks_per_seq * sizeof(int32_t);
+    sizes[5] = s * sizeof(int32_t);
+    sizes[6] = s * vocab * sizeof(float);
+}
+
+static void batch_fields(BatchBuffers *b, void **f[7]) {
+    f[0] = (void **)&b->tokens;
+    f[1] = (void **)&b->positions;
+    f[2] = (void **)&b->slots;
+    f[3] = (void **)&b->query_start;
+    f[4] = (void **)&b->block_tables;
+    f[5] = (void **)&b->logit_rows;
+    f[6] = (void **)&b->logits;
+}
+
+static void alloc_step_buffers(Engine *e) {
+    size_t sizes[7];
+    void **h[7], **d[7];
+    batch_sizes(e, sizes);
+    batch_fields(&e->h, h);
+    batch_fields(&e->d, d);
+    for (int i = 0; i < 7; i++) {
+        *h[i] = pl_xcalloc(1, sizes[i]);
+        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
+    }
+    size_t s = (size_t)e->cfg.max_num_seqs;
+    e->fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
     e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
     e->sampled = pl_xmalloc(s * sizeof(int32_t));
+}
+
+static void free_step_buffers(Engine *e) {
+    void **h[7], **d[7];
+    batch_fields(&e->h, h);
+    batch_fields(&e->d, d);
+    for (int i = 0; i < 7; i++) {
+        if (*d[i] && *d[i] != *h[i])
+            e->ops->free(*d[i]);
+        free(*h[i]);
+    }
+    free(e->fork_logits);
+    free(e->sample_reqs);
+    free(e->sampled);
 }
 
 static Status create_scheduling(Engine *e) {
@@ -188,8 +224,9 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
     if ((st = size_pools(e)) != PL_OK)
         goto fail;
-    e->kv_gpu = pl_xcalloc((size_t)e->num_gpu_blocks, e->block_bytes);
-    e->kv_cpu = pl_xcalloc((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1), e->block_bytes);
+    e->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes);
+    e->kv_cpu =
+        e->ops->alloc_host((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes);
     if ((st = create_scheduling(e)) != PL_OK)
         goto fail;
     alloc_step_buffers(e);
@@ -230,18 +267,12 @@ void eng_destroy(Engine *e) {
     blk_destroy(e->bm);
     model_destroy(e->model);
     tok_destroy(e->tok);
-    free(e->kv_gpu);
-    free(e->kv_cpu);
-    free(e->tokens);
-    free(e->positions);
-    free(e->slots);
-    free(e->query_start);
-    free(e->block_tables);
-    free(e->logit_rows);
-    free(e->logits);
-    free(e->fork_logits);
-    free(e->sample_reqs);
-    free(e->sampled);
+    if (e->kv_gpu)
+        e->ops->free(e->kv_gpu);
+    if (e->kv_cpu)
+        e->ops->free_host(e->kv_cpu);
+    if (e->sample_reqs) /* step buffers exist */
+        free_step_buffers(e);
     free(e->events);
     free(e->text);
     free(e->top_ids);

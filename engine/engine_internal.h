@@ -12,6 +12,17 @@
 
 typedef struct Request Request;
 
+/* The arrays of one step's batch (see AttnBatch). */
+typedef struct {
+    int32_t *tokens;       /* [max_num_batched_tokens] */
+    int32_t *positions;    /* [max_num_batched_tokens] */
+    int64_t *slots;        /* [max_num_batched_tokens] */
+    int32_t *query_start;  /* [max_num_seqs + 1] */
+    int32_t *block_tables; /* [max_num_seqs, max_blocks_per_seq] */
+    int32_t *logit_rows;   /* [max_num_seqs] */
+    float *logits;         /* [max_num_seqs, vocab] */
+} BatchBuffers;
+
 /* Abort id meaning "every request" (eng_abort_all). */
 #define ENG_ABORT_ALL UINT64_MAX
 
@@ -72,15 +83,10 @@ struct Engine {
     Request **active;
     int active_n, active_cap;
 
-    /* per-step buffers, sized at creation */
+    /* per-step batch, sized at creation: built in host memory (h), read by the model from
+     * backend memory (d; the same buffers when the backend computes in host memory) */
     int max_blocks_per_seq;
-    int32_t *tokens;            /* [max_num_batched_tokens] */
-    int32_t *positions;         /* [max_num_batched_tokens] */
-    int64_t *slots;             /* [max_num_batched_tokens] */
-    int32_t *query_start;       /* [max_num_seqs + 1] */
-    int32_t *block_tables;      /* [max_num_seqs, max_blocks_per_seq] */
-    int32_t *logit_rows;        /* [max_num_seqs] */
-    float *logits;              /* [max_num_seqs, vocab] */
+    BatchBuffers h, d;
     float *fork_logits;         /* [vocab]: a row copied for each extra sample */
     SampleRequest *sample_reqs; /* [max_num_seqs] */
     int32_t *sampled;           /* [max_num_seqs] */

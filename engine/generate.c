@@ -55,27 +55,41 @@ Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
             return pl_error_set(PL_ERR_INVALID, "token id %d is outside the vocabulary [0, %d)",
                                 ids[i], vocab);
     /* A private cache with an identity block table: no scheduler involvement. */
+    const KernelOps *ops = e->ops;
     int bs = e->cfg.block_size, nblocks = (n + bs - 1) / bs;
-    void *kv = pl_xcalloc((size_t)nblocks, e->block_bytes);
     int32_t *table = pl_xmalloc((size_t)nblocks * sizeof(int32_t));
     int32_t *pos = pl_xmalloc((size_t)n * sizeof(int32_t));
     int64_t *slots = pl_xmalloc((size_t)n * sizeof(int64_t));
+    int32_t query_start[2] = {0, n};
     for (int b = 0; b < nblocks; b++)
         table[b] = b;
     for (int i = 0; i < n; i++) {
         pos[i] = i;
         slots[i] = i;
     }
-    int32_t query_start[2] = {0, n};
+    /* host arrays, then their backend copies (the same memory on the CPU backend) */
+    const void *host[] = {ids, table, pos, slots, query_start};
+    size_t bytes[] = {(size_t)n * 4, (size_t)nblocks * 4, (size_t)n * 4, (size_t)n * 8, 8};
+    void *dev[5];
+    for (int i = 0; i < 5; i++) {
+        dev[i] = ops->alloc(bytes[i]);
+        ops->to_device(dev[i], host[i], bytes[i]);
+    }
+    void *kv = ops->alloc((size_t)nblocks * e->block_bytes);
+    float *dev_logits = ops->alloc((size_t)n * vocab * sizeof(float));
     AttnBatch b = {.num_tokens = n,
-                   .positions = pos,
-                   .slot_mapping = slots,
+                   .positions = dev[2],
+                   .slot_mapping = dev[3],
                    .num_seqs = 1,
-                   .query_start = query_start,
-                   .block_tables = table,
+                   .query_start = dev[4],
+                   .block_tables = dev[1],
                    .max_blocks_per_seq = nblocks};
-    model_forward(e->model, ids, &b, kv, &e->kv_layout, pos, n, logits);
-    free(kv);
+    model_forward(e->model, dev[0], &b, kv, &e->kv_layout, dev[2], n, dev_logits);
+    ops->to_host(logits, dev_logits, (size_t)n * vocab * sizeof(float));
+    for (int i = 0; i < 5; i++)
+        ops->free(dev[i]);
+    ops->free(kv);
+    ops->free(dev_logits);
     free(table);
     free(pos);
     free(slots);

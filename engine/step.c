@@ -134,42 +134,54 @@ static void take_inbox(Engine *e) {
 static void do_block_copies(Engine *e, const SchedulerOutput *o) {
     const KernelOps *ops = e->ops;
     if (o->num_swap_out)
-        ops->copy_blocks(e->kv_cpu, e->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
+        ops->swap_blocks(e->kv_cpu, e->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
                          e->block_bytes);
     if (o->num_swap_in)
-        ops->copy_blocks(e->kv_gpu, e->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
+        ops->swap_blocks(e->kv_gpu, e->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
                          e->block_bytes);
     if (o->num_copies)
         ops->copy_blocks(e->kv_gpu, e->kv_gpu, (const int32_t *)o->copies, o->num_copies,
                          e->block_bytes);
 }
 
-/* Pack the scheduled tokens into the model's batch; returns the number of logit rows. */
+/* Pack the scheduled tokens into the model's batch (built in host memory, then copied to
+ * the backend's); returns the number of logit rows. */
 static int build_batch(Engine *e, const SchedulerOutput *o, AttnBatch *b) {
+    BatchBuffers *h = &e->h;
     int bs = e->cfg.block_size, t = 0, rows = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         const ScheduledSeq *ss = &o->seqs[i];
         const Sequence *seq = ss->seq;
-        e->query_start[i] = t;
+        h->query_start[i] = t;
         for (int j = 0; j < ss->num_tokens; j++, t++) {
             int p = ss->start + j;
-            e->tokens[t] = seq->tokens[p];
-            e->positions[t] = p;
-            e->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
+            h->tokens[t] = seq->tokens[p];
+            h->positions[t] = p;
+            h->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
         }
         PL_CHECK(seq->table.num_blocks <= e->max_blocks_per_seq);
-        memcpy(e->block_tables + (size_t)i * e->max_blocks_per_seq, seq->table.blocks,
+        memcpy(h->block_tables + (size_t)i * e->max_blocks_per_seq, seq->table.blocks,
                (size_t)seq->table.num_blocks * sizeof(int32_t));
         if (ss->sample)
-            e->logit_rows[rows++] = t - 1;
+            h->logit_rows[rows++] = t - 1;
     }
-    e->query_start[o->num_seqs] = t;
+    h->query_start[o->num_seqs] = t;
+    if (h->tokens != e->d.tokens) {
+        const KernelOps *ops = e->ops;
+        ops->to_device(e->d.tokens, h->tokens, (size_t)t * sizeof(int32_t));
+        ops->to_device(e->d.positions, h->positions, (size_t)t * sizeof(int32_t));
+        ops->to_device(e->d.slots, h->slots, (size_t)t * sizeof(int64_t));
+        ops->to_device(e->d.query_start, h->query_start, (size_t)(o->num_seqs + 1) * 4);
+        ops->to_device(e->d.block_tables, h->block_tables,
+                       (size_t)o->num_seqs * e->max_blocks_per_seq * sizeof(int32_t));
+        ops->to_device(e->d.logit_rows, h->logit_rows, (size_t)rows * sizeof(int32_t));
+    }
     *b = (AttnBatch){.num_tokens = t,
-                     .positions = e->positions,
-                     .slot_mapping = e->slots,
+                     .positions = e->d.positions,
+                     .slot_mapping = e->d.slots,
                      .num_seqs = o->num_seqs,
-                     .query_start = e->query_start,
-                     .block_tables = e->block_tables,
+                     .query_start = e->d.query_start,
+                     .block_tables = e->d.block_tables,
                      .max_blocks_per_seq = e->max_blocks_per_seq};
     return rows;
 }
@@ -275,7 +287,7 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
         memcpy(e->fork_logits, row, (size_t)vocab * sizeof(float));
         SampleRequest sr = sample_request(child);
         int32_t token;
-        e->ops->sample(&token, e->fork_logits, 1, vocab, &sr);
+        k_cpu_ops()->sample(&token, e->fork_logits, 1, vocab, &sr);
         accept_token(e, child, token, lp);
     }
 }
@@ -289,7 +301,7 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
             continue;
         Sequence *seq = o->seqs[i].seq;
         Request *r = ((SeqData *)seq->owner)->req;
-        float *row = e->logits + (size_t)k * vocab;
+        float *row = e->h.logits + (size_t)k * vocab;
         lps[k] = (RowLogprobs){0};
         if (r->params.logprobs)
             row_logprobs(e, row, vocab, num_raw++, r->params.top_logprobs, &lps[k]);
@@ -297,7 +309,7 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
             fork_samples(e, seq, row, vocab, &lps[k]);
         e->sample_reqs[k++] = sample_request(seq);
     }
-    e->ops->sample(e->sampled, e->logits, k, vocab, e->sample_reqs);
+    k_cpu_ops()->sample(e->sampled, e->h.logits, k, vocab, e->sample_reqs);
     k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (o->seqs[i].sample) {
@@ -343,8 +355,11 @@ int eng_step(Engine *e, const EngEvent **events) {
         }
         AttnBatch b;
         int rows = build_batch(e, o, &b);
-        model_forward(e->model, e->tokens, &b, e->kv_gpu, &e->kv_layout, e->logit_rows, rows,
-                      e->logits);
+        model_forward(e->model, e->d.tokens, &b, e->kv_gpu, &e->kv_layout, e->d.logit_rows, rows,
+                      e->d.logits);
+        if (e->d.logits != e->h.logits)
+            e->ops->to_host(e->h.logits, e->d.logits,
+                            (size_t)rows * model_config(e->model)->vocab_size * sizeof(float));
         sched_step_done(e->sched, o);
         sample_and_emit(e, o);
     }

@@ -71,6 +71,24 @@ typedef struct {
 typedef struct KernelOps {
     const char *name; /* "cpu", "cuda" */
 
+    /* Backend memory ("device" memory; plain host memory on the CPU backend, which sets
+     * host_memory so that mmapped weights are used in place). alloc returns zeroed memory
+     * and aborts on failure; copies are synchronous and happen only outside the hot loop
+     * or for the small per-step metadata and logits. */
+    int host_memory;
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+
+    /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and
+     * the device pool: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool,
+     * one pool on the host and one on the device (src_dst in host memory). */
+    void *(*alloc_host)(size_t bytes);
+    void (*free_host)(void *p);
+    void (*swap_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                        size_t block_bytes);
+
     /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
     void (*embedding)(float *out, const int32_t *ids, int n, const Tensor *table);
 
@@ -103,8 +121,8 @@ typedef struct KernelOps {
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
     void (*gather_rows)(float *out, const float *in, const int32_t *rows, int n, int dim);
 
-    /* Copy whole KV blocks: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool
-     * (the pools may be the same, or one on the host for swapping). */
+    /* Copy whole KV blocks within the device pool (copy-on-write): block src_dst[2i] to
+     * block src_dst[2i+1]; src_dst is host memory. */
     void (*copy_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                         size_t block_bytes);
 

@@ -17,11 +17,13 @@ struct Model {
     ModelConfig cfg;
     const KernelOps *ops;
     StCheckpoint *ckpt; /* NULL for dummy weights */
-    ModelWeights w;
-    float *inv_freq; /* [head_dim / 2] */
+    ModelWeights w;     /* tensor data in backend memory */
+    void **uploaded;    /* device copies of the weights (NULL on a host-memory backend) */
+    int num_uploaded;
+    float *inv_freq; /* [head_dim / 2], backend memory */
     Rope rope;
     int max_num_tokens;
-    /* scratch, rows = max_num_tokens */
+    /* scratch in backend memory, rows = max_num_tokens */
     float *residual; /* [T, H] */
     float *normed;   /* [T, H] */
     float *q;        /* [T, Hq * D] */
@@ -33,21 +35,70 @@ struct Model {
     float *picked;   /* [T, H]: normed rows whose logits are wanted */
 };
 
-static Status alloc_scratch(Model *m) {
+static void alloc_scratch(Model *m) {
     const ModelConfig *c = &m->cfg;
-    size_t t = (size_t)m->max_num_tokens;
+    const KernelOps *ops = m->ops;
+    size_t t = (size_t)m->max_num_tokens * sizeof(float);
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
-    m->residual = pl_xmalloc(t * c->hidden_size * sizeof(float));
-    m->normed = pl_xmalloc(t * c->hidden_size * sizeof(float));
-    m->q = pl_xmalloc(t * qd * sizeof(float));
-    m->k = pl_xmalloc(t * kvd * sizeof(float));
-    m->v = pl_xmalloc(t * kvd * sizeof(float));
-    m->attn = pl_xmalloc(t * qd * sizeof(float));
-    m->proj = pl_xmalloc(t * c->hidden_size * sizeof(float));
-    m->gate = pl_xmalloc(t * c->intermediate_size * sizeof(float));
-    m->up = pl_xmalloc(t * c->intermediate_size * sizeof(float));
-    m->picked = pl_xmalloc(t * c->hidden_size * sizeof(float));
-    return PL_OK;
+    m->residual = ops->alloc(t * c->hidden_size);
+    m->normed = ops->alloc(t * c->hidden_size);
+    m->q = ops->alloc(t * qd);
+    m->k = ops->alloc(t * kvd);
+    m->v = ops->alloc(t * kvd);
+    m->attn = ops->alloc(t * qd);
+    m->proj = ops->alloc(t * c->hidden_size);
+    m->gate = ops->alloc(t * c->intermediate_size);
+    m->up = ops->alloc(t * c->intermediate_size);
+    m->picked = ops->alloc(t * c->hidden_size);
+}
+
+/* Every weight tensor of the model (tied LM head included once: it shares the embedding). */
+static int list_tensors(ModelWeights *w, int num_layers, Tensor **out) {
+    int n = 0;
+    out[n++] = &w->embed;
+    out[n++] = &w->final_norm;
+    if (w->lm_head.data != w->embed.data)
+        out[n++] = &w->lm_head;
+    for (int l = 0; l < num_layers; l++) {
+        LayerWeights *lw = &w->layers[l];
+        Tensor *t[] = {&lw->attn_norm, &lw->wq, &lw->wk,       &lw->wv,     &lw->bq,   &lw->bk,
+                       &lw->bv,        &lw->wo, &lw->mlp_norm, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (size_t i = 0; i < sizeof t / sizeof *t; i++)
+            if (t[i]->data)
+                out[n++] = t[i];
+    }
+    return n;
+}
+
+static size_t tensor_bytes(const Tensor *t) {
+    size_t n = pl_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    return n;
+}
+
+/* Copy the weights into backend memory (once, at load) unless the backend reads host
+ * memory; the host copies (mapping or dummy buffer) are released afterwards. */
+static void upload_weights(Model *m) {
+    if (m->ops->host_memory)
+        return;
+    Tensor **list = pl_xmalloc((size_t)(3 + 12 * m->cfg.num_layers) * sizeof *list);
+    int n = list_tensors(&m->w, m->cfg.num_layers, list);
+    int tied = m->w.lm_head.data == m->w.embed.data;
+    m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
+    for (int i = 0; i < n; i++) {
+        size_t bytes = tensor_bytes(list[i]);
+        void *dev = m->ops->alloc(bytes);
+        m->ops->to_device(dev, list[i]->data, bytes);
+        m->uploaded[m->num_uploaded++] = dev;
+        list[i]->data = dev;
+    }
+    if (tied)
+        m->w.lm_head.data = m->w.embed.data;
+    free(list);
+    weights_free_host(&m->w);
+    st_close(m->ckpt);
+    m->ckpt = NULL;
 }
 
 Status model_load(const ModelLoadOptions *opt, Model **out) {
@@ -69,15 +120,18 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     }
     if (st != PL_OK)
         goto fail;
+    upload_weights(m);
     const ModelConfig *c = &m->cfg;
-    m->inv_freq = pl_xmalloc((size_t)(c->head_dim / 2) * sizeof(float));
-    k_rope_inv_freq(m->inv_freq, c->head_dim, c->rope_theta, c->rope_llama3_factor,
+    size_t freq_bytes = (size_t)(c->head_dim / 2) * sizeof(float);
+    float *freq = pl_xmalloc(freq_bytes);
+    k_rope_inv_freq(freq, c->head_dim, c->rope_theta, c->rope_llama3_factor,
                     c->rope_low_freq_factor, c->rope_high_freq_factor,
                     c->rope_original_max_position);
+    m->inv_freq = m->ops->alloc(freq_bytes);
+    m->ops->to_device(m->inv_freq, freq, freq_bytes);
+    free(freq);
     m->rope = (Rope){.head_dim = c->head_dim, .inv_freq = m->inv_freq};
-    st = alloc_scratch(m);
-    if (st != PL_OK)
-        goto fail;
+    alloc_scratch(m);
     *out = m;
     return PL_OK;
 fail:
@@ -88,19 +142,17 @@ fail:
 void model_destroy(Model *m) {
     if (!m)
         return;
+    const KernelOps *ops = m->ops;
+    for (int i = 0; i < m->num_uploaded; i++)
+        ops->free(m->uploaded[i]);
+    free(m->uploaded);
     weights_free(&m->w);
     st_close(m->ckpt);
-    free(m->inv_freq);
-    free(m->residual);
-    free(m->normed);
-    free(m->q);
-    free(m->k);
-    free(m->v);
-    free(m->attn);
-    free(m->proj);
-    free(m->gate);
-    free(m->up);
-    free(m->picked);
+    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->q,  m->k,     m->v,
+                       m->attn,     m->proj,     m->gate,   m->up, m->picked};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
+        if (scratch[i])
+            ops->free(scratch[i]);
     free(m);
 }
 

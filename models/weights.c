@@ -341,6 +341,11 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
     return PL_OK;
 }
 
+void weights_free_host(ModelWeights *w) {
+    free(w->dummy_storage);
+    w->dummy_storage = NULL;
+}
+
 void weights_free(ModelWeights *w) {
     if (!w)
         return;

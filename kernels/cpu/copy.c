@@ -1,6 +1,8 @@
-/* copy.c - data movement ops of the CPU backend: gathering the hidden-state rows whose
- * logits are wanted, and whole-block copies between KV pools (swap out, swap in,
- * copy-on-write): one memcpy per block thanks to the block-major layout. */
+/* copy.c - memory and data movement ops of the CPU backend: its "device" memory is host
+ * memory; gathering the hidden-state rows whose logits are wanted; whole-block copies
+ * between KV pools (swap out, swap in, copy-on-write): one memcpy per block thanks to the
+ * block-major layout. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -15,4 +17,16 @@ void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_ds
     for (int i = 0; i < n; i++)
         memcpy((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
                (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes, block_bytes);
+}
+
+void *cpu_alloc(size_t bytes) {
+    return pl_xcalloc(1, bytes);
+}
+
+void cpu_free(void *p) {
+    free(p);
+}
+
+void cpu_copy(void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
 }

@@ -29,6 +29,9 @@ void cpu_attention(float *out, const float *q, const void *kv_cache, const KvLay
                    const AttnBatch *b, int nh, float scale);
 void cpu_silu_mul(float *out, const float *gate, const float *up, int n, int dim);
 void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim);
+void *cpu_alloc(size_t bytes);
+void cpu_free(void *p);
+void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                      size_t block_bytes);
 void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);

@@ -5,6 +5,14 @@
 
 static const KernelOps cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .alloc_host = cpu_alloc,
+    .free_host = cpu_free,
+    .swap_blocks = cpu_copy_blocks,
     .embedding = cpu_embedding,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
