@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include "engine_internal.h"
+#ifdef PAGELLM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
 
 #define WATERMARK 0.01f
 #define GIB       (1024.0 * 1024.0 * 1024.0)
@@ -25,15 +28,28 @@ EngineConfig eng_config_default(void) {
                           .swap_space_gib = 4};
 }
 
+/* device auto takes the GPU when this build has CUDA and the machine has a GPU. */
 static Status pick_backend(const char *device, const KernelOps **ops) {
-    if (!device || !strcmp(device, "auto") || !strcmp(device, "cpu")) {
-        *ops = k_cpu_ops();
+    int want_cuda = device && !strcmp(device, "cuda");
+    if (device && strcmp(device, "auto") && strcmp(device, "cpu") && !want_cuda)
+        return pl_error_set(PL_ERR_INVALID, "device '%s' is not one of auto, cpu, cuda", device);
+    *ops = k_cpu_ops();
+    if (device && !strcmp(device, "cpu"))
+        return PL_OK;
+#ifdef PAGELLM_HAVE_CUDA
+    if (k_cuda_device_count() > 0) {
+        *ops = k_cuda_ops();
         return PL_OK;
     }
-    if (!strcmp(device, "cuda"))
+    if (want_cuda)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
+#else
+    if (want_cuda)
         return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "device 'cuda': this build has no CUDA backend yet (use cpu)");
-    return pl_error_set(PL_ERR_INVALID, "device '%s' is not one of auto, cpu, cuda", device);
+                            "device 'cuda': this build has no CUDA backend (configure found no "
+                            "nvcc/cuBLAS, or --cpu-only)");
+#endif
+    return PL_OK;
 }
 
 static Status check_config(const EngineConfig *c) {

@@ -126,8 +126,9 @@ typedef struct KernelOps {
     void (*copy_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                         size_t block_bytes);
 
-    /* Pick the next token of each row of logits[n, vocab] (modified in place: penalties,
-     * temperature, filters). reqs[i] describes row i. */
+    /* Pick the next token of each row of logits[n, vocab] (host memory, modified in place:
+     * penalties, temperature, filters). reqs[i] describes row i. NULL on backends whose
+     * logits the engine samples on the host with the CPU backend's sampler. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
 } KernelOps;
 

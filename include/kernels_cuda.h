@@ -61,6 +61,10 @@ void *k_cuda_stream_create(void);
 void k_cuda_stream_destroy(void *stream);
 void k_cuda_stream_synchronize(void *stream);
 
+/* The CUDA backend's op table (fp32 activations; see kernels/cuda/ops.cu). Only call when
+ * k_cuda_device_count() > 0. */
+const KernelOps *k_cuda_ops(void);
+
 /* ---- element-wise and row ops ---- */
 
 /* out[n, H] (act) = table[ids[i], :], H = table->shape[1]; ids [n] int32 on the device.
@@ -143,6 +147,44 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
 void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *kv_cache,
                               const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                               void *stream);
+
+/* ---- linear layers (kernels/cuda/matmul.cu) ----
+ *
+ * k_cuda_matmul has the CPU `matmul` op's semantics: out[n, N] = x[n, K] w^T (+ bias), w of
+ * shape [N, K] (row-major, F32/F16/BF16), bias [N] (any of those dtypes) or NULL, fp32
+ * accumulation, x and out in `act`. Supported (act / weight): BF16 / BF16 (the fast path),
+ * F32 / F32 (exact fp32, no TF32), F32 / BF16 and F32 / F16 (fp32 activations on 16-bit
+ * weights, within fp32 tolerance of the CPU op: x is split into two 16-bit halves in the
+ * gemm's scratch); anything else aborts. Small batches with 16-bit weights, K % 8 == 0 and
+ * 16-byte aligned x and w take a memory-bound GEMV kernel where it measured faster than
+ * cuBLASLt on the H200 (BF16 activations: n <= 2; F32 activations: n <= 8); everything else
+ * goes through cuBLASLt.
+ *
+ * A KCudaGemm holds the cuBLASLt handle, a 32 MiB workspace, the F32-activation scratch and a
+ * cache of heuristic results per (row bucket, N, K, dtypes, bias, alignment). It is created
+ * once per device (at start-up: it allocates) and used by one thread at a time; calls on it
+ * never allocate once a shape's bucket has been seen, so run each shape once before capturing
+ * a CUDA graph (as the warm-up does), after which calls are capturable. */
+typedef struct KCudaGemm KCudaGemm;
+
+/* max_rows_times_k bounds n * K of F32-activation calls on 16-bit weights that take cuBLASLt
+ * (n > 8, K % 8 != 0 or x not 16-byte aligned); larger batches are done in row chunks, and
+ * 0 allows none (such a call aborts). Device memory: 32 MiB + 4 * max_rows_times_k bytes. */
+KCudaGemm *k_cuda_gemm_create(size_t max_rows_times_k);
+void k_cuda_gemm_destroy(KCudaGemm *g); /* NULL: no-op */
+
+/* Device bytes the gemm holds (workspace + scratch), for the memory budget. */
+size_t k_cuda_gemm_device_bytes(const KCudaGemm *g);
+
+/* out[n, N] (act) = x[n, K] (act) * w^T (+ bias) on `stream`; out must not alias x. */
+void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, void *stream);
+
+/* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
+ * only where the GEMV can run, else cuBLASLt), and the GEMV's weight rows per warp (1, 2 or
+ * 4; 0 = the tuned choice). KC_GEMM_AUTO, 0 restores the default. */
+typedef enum { KC_GEMM_AUTO = 0, KC_GEMM_CUBLASLT = 1, KC_GEMM_GEMV = 2 } KCudaGemmPath;
+void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
 
 #ifdef __cplusplus
 }

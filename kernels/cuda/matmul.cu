@@ -1,0 +1,537 @@
+/* matmul.cu - the linear layers: out[n, N] = x[n, K] w[N, K]^T (+ bias), fp32 accumulation,
+ * through cuBLASLt for most shapes and a memory-bound GEMV for decode-sized batches.
+ *
+ * Row-major to cuBLAS: the row-major out[n, N] is the column-major matrix C [N, n] (ld N), so
+ * the product is computed as C = W * X^T in column-major terms: A = w, read column-major as
+ * [K, N] (ld K) with op T, B = x as [K, n] (ld K) with op N. No transposed copy is made.
+ *
+ * Dtype combinations (activation / weight):
+ *   BF16 / BF16  bf16 in, fp32 compute, bf16 out; bias fused through CUBLASLT_EPILOGUE_BIAS when
+ *                it is bf16 (cuBLASLt wants the bias in the output type), else a small kernel.
+ *   F32 / F32    plain fp32 (CUBLAS_COMPUTE_32F: no TF32).
+ *   F32 / BF16, F32 / F16: x is split into hi = w_type(x) and lo = w_type(x - hi) in the gemm's
+ *                scratch, and out = W hi + W lo (two GEMMs, fp32 out, the second with beta 1),
+ *                so x keeps ~16 (bf16) / ~22 (f16) bits: within fp32 tolerance of the CPU op,
+ *                which multiplies fp32 x by the converted weight. Rows beyond the scratch are
+ *                done in chunks. (|x| above 65504 overflows f16: use bf16 weights for such
+ *                activations.)
+ *
+ * Small batches (n <= 8, 16-bit weights, K % 8 == 0, 16-byte aligned x and w): one warp per R
+ * weight rows streams them with 16-byte non-allocating loads, several in flight per lane, and
+ * dots them with all n rows of x (read through L1, fp32 when act is F32), fp32 accumulate, a
+ * warp reduction, bias in fp32, rounding once. It is used where it measured faster than
+ * cuBLASLt (the table below); cuBLASLt itself reached 3.67 TB/s at n = 1 on 14336x4096 here,
+ * not the 2.2 TB/s issue 7 quotes, so the margin is 4-14 %, largest on 4096x4096.
+ *
+ * Heuristic results are cached per (row bucket = next power of two >= n, N, K, dtypes, bias,
+ * pointer alignments), queried at the bucket's size so the workspace bound holds for every n in
+ * it. Descriptors are initialised on the stack (cublasLt*Init into opaque structs), so after
+ * the first call of a shape a call makes no allocation and no heuristic query, and it can be
+ * captured in a CUDA graph. */
+#include <cublasLt.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+#define CUBLAS_CHECK(expr)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t cublas_check_st_ = (expr);                                                  \
+        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                             \
+            pl_fatal(__FILE__, __LINE__, "cuBLAS error %s in %s",                                  \
+                     cublasLtGetStatusName(cublas_check_st_), #expr);                              \
+    } while (0)
+
+enum {
+    GEMM_WORKSPACE_BYTES = 32 << 20,
+    GEMM_CACHE_SLOTS = 128,
+    GEMV_MAX_N = 8,
+    GEMV_THREADS = 128, /* 4 warps, each owning R weight rows */
+};
+
+typedef struct {
+    int valid;
+    int mb, N, K;                  /* row bucket, output features, input features */
+    int at, bt, ct;                /* cudaDataType of w, x, out */
+    int bias;                      /* 1: CUBLASLT_EPILOGUE_BIAS */
+    int al_a, al_b, al_c, al_bias; /* pointer / leading-dimension alignment in bytes (<= 256) */
+    cublasLtMatmulAlgo_t algo;
+} AlgoEntry;
+
+struct KCudaGemm {
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    void *scratch; /* hi and lo halves, max_rows_times_k 16-bit elements each */
+    size_t max_rows_times_k;
+    AlgoEntry cache[GEMM_CACHE_SLOTS];
+    int next_evict;
+    int force_path; /* KCudaGemmPath */
+    int force_rows; /* GEMV rows per warp when forced (0 = the table's) */
+};
+
+/* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
+ * through > 150 MB so they come from HBM; tests/test_matmul_cuda.c test_matmul_timing), per
+ * call in us, cuBLASLt / GEMV at its best rows per warp:
+ *              n = 1         n = 2         n = 4         n = 8
+ *   14336x4096  32.0 / 30.6   31.6 / 30.0   31.4 / 33.6   31.3 / 50.2
+ *   4096x4096   13.6 / 11.9   13.6 / 12.2   13.5 / 13.9   13.5 / 18.1
+ *   4096x14336  31.8 / 29.9   32.0 / 30.9   32.2 / 38.6   32.4 / 51.9
+ * so bf16 activations take the GEMV at n <= 2 only. (At n >= 4 it falls behind, presumably on
+ * its fp32 FMAs per weight byte and the x re-reads through L1 -- not profiled; a tensor-core
+ * small-n kernel would be the next thing to try.) F32 activations on 16-bit weights take it at
+ * every n <= 8 (their cuBLASLt path is a conversion plus two GEMMs). */
+enum { GEMV_MAX_N_BF16 = 2 };
+
+/* Weight rows per warp, as measured: 4 when N leaves about 3584 warps at 4 rows each (N =
+ * 14336: n = 1 and 2), else 1 at n = 1 and 2 at n = 2 (N = 4096, K = 4096 or 14336); at larger
+ * n (F32 activations only) 2, the best or near it at n = 4 and 8 on all three shapes. */
+static int gemv_rows(int n, int N) {
+    if (n <= 2 && N >= 4 * 3584)
+        return 4;
+    return n == 1 ? 1 : 2;
+}
+
+/* ---------------- small kernels ---------------- */
+
+__device__ __forceinline__ float load_any(const void *p, int dt, int j) {
+    switch (dt) {
+        case DT_F32:
+            return ((const float *)p)[j];
+        case DT_F16:
+            return __half2float(((const f16 *)p)[j]);
+        default:
+            return __bfloat162float(((const bf16 *)p)[j]);
+    }
+}
+
+/* out[i, j] += bias[j] over [n, N] (used when the epilogue cannot take the bias). */
+template <typename OT, typename BT>
+__global__ void bias_add_kernel(OT *out, const BT *bias, int N, size_t total) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = from_f32<OT>(to_f32(out[i]) + to_f32(bias[i % (size_t)N]));
+}
+
+/* hi = WT(x), lo = WT(x - hi): x as the sum of two 16-bit numbers. */
+template <typename WT> __global__ void split_kernel(WT *hi, WT *lo, const float *x, size_t total) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = x[i];
+        WT h = from_f32<WT>(v);
+        hi[i] = h;
+        lo[i] = from_f32<WT>(v - to_f32(h));
+    }
+}
+
+/* ---------------- GEMV for n <= 8 ---------------- */
+
+/* 16 bytes of a weight row, bypassing L1 (streamed once; L1 is kept for x). */
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void unpack8(float f[8], uint4 u, const bf16 *) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(v[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void unpack8(float f[8], uint4 u, const f16 *) {
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
+    }
+}
+
+/* One 8-element chunk at column k of every weight row against every x row. */
+template <int NX, int R, typename XT, typename WT>
+__device__ __forceinline__ void gemv_chunk(float (&acc)[R][NX], const uint4 (&wv)[R],
+                                           const XT *__restrict__ x, int K, int k) {
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        unpack8(wf[r], wv[r], (const WT *)0);
+#pragma unroll
+    for (int i = 0; i < NX; i++) {
+        float xf[8];
+        load8(xf, x + (size_t)i * K + k);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                acc[r][i] = fmaf(wf[r][e], xf[e], acc[r][i]);
+    }
+}
+
+/* out[i, j] for i < NX and the R rows j of this warp. Lanes stride K in 8-element chunks, U
+ * chunks per row loaded before any is used (R*U 16-byte loads in flight per lane). */
+template <int NX, int R, typename XT, typename WT>
+__global__ void __launch_bounds__(GEMV_THREADS)
+    gemv_kernel(XT *__restrict__ out, const XT *__restrict__ x, const WT *__restrict__ w,
+                const void *__restrict__ bias, int bias_dt, int N, int K) {
+    constexpr int U = R >= 4 ? 2 : 4 / R;
+    const int lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
+    if (j0 >= N)
+        return;
+    const int K8 = K >> 3;
+    const WT *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        wr[r] = w + (size_t)min(j0 + r, N - 1) * K;
+    float acc[R][NX];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NX; i++)
+            acc[r][i] = 0.0f;
+    int c = lane;
+    for (; c + (U - 1) * 32 < K8; c += U * 32) {
+        uint4 wv[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[u][r] = ld_stream(wr[r] + (size_t)(c + u * 32) * 8);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            gemv_chunk<NX, R, XT, WT>(acc, wv[u], x, K, (c + u * 32) * 8);
+    }
+    for (; c < K8; c += 32) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r] = ld_stream(wr[r] + (size_t)c * 8);
+        gemv_chunk<NX, R, XT, WT>(acc, wv, x, K, c * 8);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NX; i++)
+            acc[r][i] = warp_sum(acc[r][i]);
+            /* every lane holds every sum now: lane r*NX+i writes (r, i) */
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < NX; i++)
+            if (lane == r * NX + i && j0 + r < N) {
+                float v = acc[r][i];
+                if (bias)
+                    v += load_any(bias, bias_dt, j0 + r);
+                out[(size_t)i * N + j0 + r] = from_f32<XT>(v);
+            }
+}
+
+template <int R, typename XT, typename WT>
+static void gemv_launch_r(int n, XT *out, const XT *x, const WT *w, const void *bias, int bias_dt,
+                          int N, int K, cudaStream_t s) {
+    int warps = (N + R - 1) / R;
+    unsigned blocks = (unsigned)((warps + GEMV_THREADS / 32 - 1) / (GEMV_THREADS / 32));
+#define GEMV_CASE(NX)                                                                              \
+    case NX:                                                                                       \
+        gemv_kernel<NX, R, XT, WT>                                                                 \
+            <<<blocks, GEMV_THREADS, 0, s>>>(out, x, w, bias, bias_dt, N, K);                      \
+        break;
+    switch (n) {
+        GEMV_CASE(1)
+        GEMV_CASE(2)
+        GEMV_CASE(3)
+        GEMV_CASE(4)
+        GEMV_CASE(5)
+        GEMV_CASE(6)
+        GEMV_CASE(7)
+        GEMV_CASE(8)
+        default:
+            pl_fatal(__FILE__, __LINE__, "gemv: n %d out of range", n);
+    }
+#undef GEMV_CASE
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename XT, typename WT>
+static void gemv_launch(int n, int rows, void *out, const void *x, const void *w, const void *bias,
+                        int bias_dt, int N, int K, cudaStream_t s) {
+    XT *o = (XT *)out;
+    const XT *xx = (const XT *)x;
+    const WT *ww = (const WT *)w;
+    switch (rows) {
+        case 1:
+            gemv_launch_r<1>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            break;
+        case 2:
+            gemv_launch_r<2>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            break;
+        case 4:
+            gemv_launch_r<4>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            break;
+        default:
+            pl_fatal(__FILE__, __LINE__, "gemv: %d rows per warp (1, 2 or 4)", rows);
+    }
+}
+
+/* ---------------- cuBLASLt ---------------- */
+
+static cudaDataType cuda_type(DType dt) {
+    switch (dt) {
+        case DT_F32:
+            return CUDA_R_32F;
+        case DT_F16:
+            return CUDA_R_16F;
+        case DT_BF16:
+            return CUDA_R_16BF;
+        default:
+            pl_fatal(__FILE__, __LINE__, "k_cuda_matmul: unsupported dtype %s", pl_dtype_name(dt));
+    }
+}
+
+/* Largest power of two (<= 256) dividing both the address and the leading dimension in bytes:
+ * what cuBLASLt may assume about every row. */
+static int alignment(const void *p, size_t ld_bytes) {
+    uintptr_t a = (uintptr_t)p | (uintptr_t)ld_bytes | (uintptr_t)256;
+    return (int)(a & (~a + 1));
+}
+
+typedef struct {
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t la, lb, lc;
+} LtProblem;
+
+static void lt_problem(LtProblem *p, const AlgoEntry *k, const void *bias, int rows) {
+    CUBLAS_CHECK(cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (k->bias) {
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                    sizeof epi));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->la, (cudaDataType)k->at, k->K, k->N, k->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lb, (cudaDataType)k->bt, k->K, rows, k->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lc, (cudaDataType)k->ct, k->N, rows, k->N));
+}
+
+/* The best algorithm cuBLASLt's heuristic offers for `rows` rows; 0 when none fits. */
+static int lt_heuristic(KCudaGemm *g, const AlgoEntry *k, const void *bias, int rows,
+                        cublasLtMatmulAlgo_t *algo) {
+    LtProblem p;
+    lt_problem(&p, k, bias, rows);
+    cublasLtMatmulPreferenceOpaque_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&pref));
+    uint64_t ws = g->workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t al[4] = {(uint32_t)k->al_a, (uint32_t)k->al_b, (uint32_t)k->al_c, (uint32_t)k->al_c};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, which[i], &al[i], sizeof al[i]));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, &p.desc, &p.la, &p.lb, &p.lc, &p.lc,
+                                                       &pref, 1, &res, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+        return 0;
+    *algo = res.algo;
+    return 1;
+}
+
+static int bucket_of(int n) {
+    int b = 1;
+    while (b < n)
+        b <<= 1;
+    return b;
+}
+
+static int same_key(const AlgoEntry *a, const AlgoEntry *b) {
+    return a->mb == b->mb && a->N == b->N && a->K == b->K && a->at == b->at && a->bt == b->bt &&
+           a->ct == b->ct && a->bias == b->bias && a->al_a == b->al_a && a->al_b == b->al_b &&
+           a->al_c == b->al_c && a->al_bias == b->al_bias;
+}
+
+/* d[rows, N] (dt) = beta d + x[rows, K] (xt) w[N, K]^T (wt) (+ bias, in dt, when non-NULL). */
+static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, const void *w,
+                    DType wt, const void *bias, int rows, int N, int K, float beta,
+                    cudaStream_t s) {
+    AlgoEntry key;
+    memset(&key, 0, sizeof key);
+    key.mb = bucket_of(rows);
+    key.N = N;
+    key.K = K;
+    key.at = cuda_type(wt);
+    key.bt = cuda_type(xt);
+    key.ct = cuda_type(dt);
+    key.bias = bias != NULL;
+    key.al_a = alignment(w, (size_t)K * pl_dtype_size(wt));
+    key.al_b = alignment(x, (size_t)K * pl_dtype_size(xt));
+    key.al_c = alignment(d, (size_t)N * pl_dtype_size(dt));
+    key.al_bias = bias ? alignment(bias, 0) : 0;
+
+    AlgoEntry *e = NULL;
+    for (int i = 0; i < GEMM_CACHE_SLOTS && !e; i++)
+        if (g->cache[i].valid && same_key(&g->cache[i], &key))
+            e = &g->cache[i];
+    if (!e) {
+        if (!lt_heuristic(g, &key, bias, key.mb, &key.algo) &&
+            !lt_heuristic(g, &key, bias, rows, &key.algo))
+            pl_fatal(__FILE__, __LINE__,
+                     "k_cuda_matmul: cuBLASLt has no algorithm for [%d, %d] x [%d, %d]^T "
+                     "(%s x %s -> %s, bias %d, alignments %d/%d/%d)",
+                     rows, K, N, K, pl_dtype_name(xt), pl_dtype_name(wt), pl_dtype_name(dt),
+                     key.bias, key.al_b, key.al_a, key.al_c);
+        key.valid = 1;
+        e = &g->cache[g->next_evict];
+        g->next_evict = (g->next_evict + 1) % GEMM_CACHE_SLOTS;
+        *e = key;
+    }
+
+    LtProblem p;
+    lt_problem(&p, e, bias, rows);
+    float alpha = 1.0f;
+    cublasStatus_t st = cublasLtMatmul(g->lt, &p.desc, &alpha, w, &p.la, x, &p.lb, &beta, d, &p.lc,
+                                       d, &p.lc, &e->algo, g->workspace, g->workspace_bytes, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+        /* the bucket's algorithm does not take this row count: ask for this exact size */
+        cublasLtMatmulAlgo_t algo;
+        if (!lt_heuristic(g, e, bias, rows, &algo))
+            pl_fatal(__FILE__, __LINE__, "k_cuda_matmul: cuBLASLt has no algorithm for %d rows",
+                     rows);
+        st = cublasLtMatmul(g->lt, &p.desc, &alpha, w, &p.la, x, &p.lb, &beta, d, &p.lc, d, &p.lc,
+                            &algo, g->workspace, g->workspace_bytes, s);
+    }
+    CUBLAS_CHECK(st);
+}
+
+static void bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s) {
+    size_t total = (size_t)n * (size_t)N;
+    KC_DISPATCH_ACT(act, "k_cuda_matmul", OT,
+                    KC_DISPATCH_WEIGHT(bias->dtype, "k_cuda_matmul bias", BT,
+                                       bias_add_kernel<OT, BT>
+                                       <<<kc_blocks(total, 256), 256, 0, s>>>(
+                                           (OT *)out, (const BT *)bias->data, N, total)));
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---------------- public ---------------- */
+
+KCudaGemm *k_cuda_gemm_create(size_t max_rows_times_k) {
+    KCudaGemm *g = (KCudaGemm *)pl_xcalloc(1, sizeof *g);
+    CUBLAS_CHECK(cublasLtCreate(&g->lt));
+    g->workspace_bytes = GEMM_WORKSPACE_BYTES;
+    CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
+    g->max_rows_times_k = max_rows_times_k;
+    if (max_rows_times_k)
+        CUDA_CHECK(cudaMalloc(&g->scratch, 2 * max_rows_times_k * sizeof(uint16_t)));
+    return g;
+}
+
+void k_cuda_gemm_destroy(KCudaGemm *g) {
+    if (!g)
+        return;
+    if (g->lt)
+        CUBLAS_CHECK(cublasLtDestroy(g->lt));
+    k_cuda_free(g->workspace);
+    k_cuda_free(g->scratch);
+    free(g);
+}
+
+size_t k_cuda_gemm_device_bytes(const KCudaGemm *g) {
+    return g ? g->workspace_bytes + 2 * g->max_rows_times_k * sizeof(uint16_t) : 0;
+}
+
+void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows) {
+    KC_REQUIRE(g, "k_cuda_gemm_force: NULL gemm");
+    KC_REQUIRE(gemv_rows == 0 || gemv_rows == 1 || gemv_rows == 2 || gemv_rows == 4,
+               "k_cuda_gemm_force: gemv_rows %d (0, 1, 2 or 4)", gemv_rows);
+    g->force_path = (int)path;
+    g->force_rows = gemv_rows;
+}
+
+void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, void *stream) {
+    KC_REQUIRE(g && w && w->ndim == 2, "k_cuda_matmul: needs a gemm and a 2-D weight");
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    const Tensor *b = bias && bias->data ? bias : NULL;
+    KC_REQUIRE(!b || (b->ndim == 1 && b->shape[0] == N),
+               "k_cuda_matmul: bias must be 1-D of length %d", N);
+    if (n <= 0 || N <= 0)
+        return;
+    KC_REQUIRE(K > 0, "k_cuda_matmul: K must be positive");
+    const DType wt = w->dtype;
+    const int w16 = wt == DT_BF16 || wt == DT_F16;
+    const int same16 = act == DT_BF16 && wt == DT_BF16;
+    const int f32x16 = act == DT_F32 && w16;
+    if (!same16 && !f32x16 && !(act == DT_F32 && wt == DT_F32))
+        pl_fatal(__FILE__, __LINE__,
+                 "k_cuda_matmul: activations %s with weights %s unsupported (BF16/BF16, "
+                 "F32/F32, F32/BF16, F32/F16)",
+                 pl_dtype_name(act), pl_dtype_name(wt));
+    cudaStream_t s = kc_stream(stream);
+
+    /* small batches: the GEMV */
+    if (w16 && n <= GEMV_MAX_N && K % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
+        ((uintptr_t)w->data & 15) == 0 && g->force_path != KC_GEMM_CUBLASLT) {
+        int use = g->force_path == KC_GEMM_GEMV || f32x16 || n <= GEMV_MAX_N_BF16;
+        if (use) {
+            int rows = g->force_rows ? g->force_rows : gemv_rows(n, N);
+            const void *bp = b ? b->data : NULL;
+            int bdt = b ? (int)b->dtype : 0;
+            if (b)
+                KC_REQUIRE(b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16,
+                           "k_cuda_matmul: bias dtype %s", pl_dtype_name(b->dtype));
+            if (same16)
+                gemv_launch<bf16, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+            else if (wt == DT_BF16)
+                gemv_launch<float, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+            else
+                gemv_launch<float, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+            return;
+        }
+    }
+
+    /* the bias goes in the epilogue when it has the output's type and a sane alignment */
+    const int fuse_bias = b && b->dtype == act && ((uintptr_t)b->data & 15) == 0;
+    const void *ep_bias = fuse_bias ? b->data : NULL;
+    if (!f32x16) {
+        lt_gemm(g, out, act, x, act, w->data, wt, ep_bias, n, N, K, 0.0f, s);
+    } else {
+        KC_REQUIRE(g->max_rows_times_k >= (size_t)K,
+                   "k_cuda_matmul: F32 activations with %s weights need scratch for a row of "
+                   "%d (k_cuda_gemm_create's max_rows_times_k is %zu)",
+                   pl_dtype_name(wt), K, g->max_rows_times_k);
+        const int chunk =
+            (int)(g->max_rows_times_k / (size_t)K < (size_t)n ? g->max_rows_times_k / (size_t)K
+                                                              : (size_t)n);
+        uint16_t *hi = (uint16_t *)g->scratch, *lo = hi + g->max_rows_times_k;
+        for (int r0 = 0; r0 < n; r0 += chunk) {
+            int rows = n - r0 < chunk ? n - r0 : chunk;
+            size_t total = (size_t)rows * (size_t)K;
+            const float *xr = (const float *)x + (size_t)r0 * K;
+            float *o = (float *)out + (size_t)r0 * N;
+            if (wt == DT_BF16)
+                split_kernel<bf16>
+                    <<<kc_blocks(total, 256), 256, 0, s>>>((bf16 *)hi, (bf16 *)lo, xr, total);
+            else
+                split_kernel<f16>
+                    <<<kc_blocks(total, 256), 256, 0, s>>>((f16 *)hi, (f16 *)lo, xr, total);
+            CUDA_CHECK_LAUNCH();
+            lt_gemm(g, o, DT_F32, hi, wt, w->data, wt, ep_bias, rows, N, K, 0.0f, s);
+            lt_gemm(g, o, DT_F32, lo, wt, w->data, wt, NULL, rows, N, K, 1.0f, s);
+        }
+    }
+    if (b && !fuse_bias)
+        bias_add(out, act, b, n, N, s);
+}
