@@ -74,20 +74,6 @@ static Status check_config(const EngineConfig *c) {
     return PL_OK;
 }
 
-/* MemAvailable from /proc/meminfo in bytes (0 when unknown). */
-static double available_memory(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    double kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb * 1024.0;
-}
-
 /* Size both pools. More blocks than max_num_seqs full-length sequences could use are never
  * allocated (the pools are lazily touched memory, but an absurd size helps nobody). */
 static Status size_pools(Engine *e) {
@@ -97,16 +83,20 @@ static Status size_pools(Engine *e) {
     if (c->num_gpu_blocks_override > 0) {
         gpu = c->num_gpu_blocks_override;
     } else {
-        double bytes = c->kv_cache_memory_gib > 0 ? c->kv_cache_memory_gib * GIB
-                                                  : c->gpu_memory_utilization * available_memory();
+        /* the weights and activations are loaded already: a share of what is left */
+        double bytes = c->kv_cache_memory_gib > 0
+                           ? c->kv_cache_memory_gib * GIB
+                           : c->gpu_memory_utilization * (double)e->ops->free_memory();
         double blocks = bytes / (double)e->block_bytes;
         gpu = (int)(blocks < useful ? blocks : useful);
     }
     double cpu_blocks = c->swap_space_gib * GIB / (double)e->block_bytes;
     int cpu = (int)(cpu_blocks < useful ? cpu_blocks : useful);
     if (gpu < 1)
-        return pl_error_set(PL_ERR_NOMEM, "no memory left for KV-cache blocks of %zu bytes",
-                            e->block_bytes);
+        return pl_error_set(PL_ERR_NOMEM,
+                            "no %s memory left for one KV-cache block of %zu bytes after the "
+                            "weights (lower max-num-batched-tokens, or use a larger device)",
+                            e->ops->name, e->block_bytes);
     e->num_gpu_blocks = gpu;
     e->num_cpu_blocks = cpu;
     /* One sequence must always fit the pool (minus the admission watermark), or it could

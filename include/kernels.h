@@ -80,6 +80,7 @@ typedef struct KernelOps {
     void (*free)(void *p);
     void (*to_device)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
+    size_t (*free_memory)(void); /* bytes of backend memory free now */
 
     /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and
      * the device pool: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool,

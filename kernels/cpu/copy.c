@@ -2,6 +2,7 @@
  * memory; gathering the hidden-state rows whose logits are wanted; whole-block copies
  * between KV pools (swap out, swap in, copy-on-write): one memcpy per block thanks to the
  * block-major layout. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,4 +30,18 @@ void cpu_free(void *p) {
 
 void cpu_copy(void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
+}
+
+/* MemAvailable from /proc/meminfo (0 when unknown). */
+size_t cpu_free_memory(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (size_t)kb * 1024;
 }

@@ -32,6 +32,7 @@ void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, in
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
 void cpu_copy(void *dst, const void *src, size_t bytes);
+size_t cpu_free_memory(void);
 void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                      size_t block_bytes);
 void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);

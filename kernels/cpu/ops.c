@@ -10,6 +10,7 @@ static const KernelOps cpu_ops = {
     .free = cpu_free,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .free_memory = cpu_free_memory,
     .alloc_host = cpu_alloc,
     .free_host = cpu_free,
     .swap_blocks = cpu_copy_blocks,

@@ -28,6 +28,12 @@ static void *ops_alloc(size_t bytes) {
     return p;
 }
 
+static size_t ops_free_memory(void) {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return free_bytes;
+}
+
 static void *ops_alloc_host(size_t bytes) {
     void *p = NULL;
     CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
@@ -124,6 +130,7 @@ static KernelOps make_ops(void) {
     o.free = k_cuda_free;
     o.to_device = k_cuda_memcpy;
     o.to_host = k_cuda_memcpy;
+    o.free_memory = ops_free_memory;
     o.alloc_host = ops_alloc_host;
     o.free_host = ops_free_host;
     o.swap_blocks = ops_swap_blocks;
