@@ -187,7 +187,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
     switch (d->type) {
         case DEC_REPLACE:
             for (int i = 0; i < src->n; i++) {
-                const char *s = TOK(src, i);
+                const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t n = TLEN(src, i), prev = 0, pos = 0, a, b;
                 tl_begin(dst);
                 while (pos <= n && pattern_find(&d->pat, s, n, pos, dc->md, &a, &b)) {
@@ -227,7 +227,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             break;
         case DEC_STRIP:
             for (int i = 0; i < src->n; i++) {
-                const char *s = TOK(src, i);
+                const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t a = 0, b = TLEN(src, i), cl = (size_t)d->strip_ch_len;
                 for (int k = 0; k < d->start && b - a >= cl && !memcmp(s + a, d->strip_ch, cl); k++)
                     a += cl;
@@ -267,7 +267,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
         }
         case DEC_METASPACE:
             for (int i = 0; i < src->n; i++) {
-                const char *s = TOK(src, i);
+                const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t n = TLEN(src, i), rl = (size_t)d->repl_len;
                 int drop = i == 0 && d->prepend_scheme != PREPEND_NEVER;
                 tl_begin(dst);
@@ -284,7 +284,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             break;
         case DEC_BPE_SUFFIX:
             for (int i = 0; i < src->n; i++) {
-                const char *s = TOK(src, i);
+                const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t n = TLEN(src, i), j = 0;
                 tl_begin(dst);
                 while (j < n) {

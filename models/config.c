@@ -70,7 +70,7 @@ static Status get_pos_float(json_t *obj, const char *path, const char *key, cons
     if (!json_is_number(v))
         return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' must be a number", path, what);
     double x = json_number_value(v);
-    if (!(x > 0) || !isfinite((float)x))
+    if (!(x > 0) || !isfinite((float)x) || !((float)x > 0)) /* also: not 0 once a float */
         return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' is %g, must be a positive number", path,
                             what, x);
     *out = (float)x;

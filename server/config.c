@@ -474,16 +474,53 @@ void cfg_print_help(FILE *f) {
     cfg_free(&def);
 }
 
-/* A YAML double-quoted scalar. */
+/* Length of the UTF-8 sequence at p and its code point (-1 when malformed). */
+static int utf8_next(const unsigned char *p, long *cp) {
+    int n = *p >= 0xF0 ? 4 : *p >= 0xE0 ? 3 : *p >= 0xC0 ? 2 : 0;
+    if (n == 0 || *p > 0xF4) {
+        *cp = -1;
+        return 1;
+    }
+    long v = *p & (0x3F >> (n - 1));
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80) {
+            *cp = -1;
+            return 1;
+        }
+        v = (v << 6) | (p[i] & 0x3F);
+    }
+    *cp = v;
+    return n;
+}
+
+/* A YAML double-quoted scalar that reads back to the same string: quotes, backslashes and
+ * characters outside YAML's printable set (C0 and C1 controls, DEL, U+FFFE/U+FFFF) are
+ * escaped; a byte that is not UTF-8 (only possible from a command-line flag) becomes
+ * U+FFFD, since YAML text is UTF-8. */
 static void write_quoted(FILE *f, const char *s) {
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f)
-            fprintf(f, "\\x%02x", *p);
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        if (*p == '"' || *p == '\\') {
+            fprintf(f, "\\%c", *p++);
+            continue;
+        }
+        if (*p < 0x80) {
+            if (*p < 0x20 || *p == 0x7f)
+                fprintf(f, "\\x%02x", *p);
+            else
+                fputc(*p, f);
+            p++;
+            continue;
+        }
+        long cp;
+        int n = utf8_next(p, &cp);
+        if (cp < 0)
+            fputs("\\uFFFD", f);
+        else if ((cp >= 0x80 && cp <= 0x9F) || cp == 0xFFFE || cp == 0xFFFF)
+            fprintf(f, "\\u%04lX", cp);
         else
-            fputc(*p, f);
+            fwrite(p, 1, (size_t)n, f);
+        p += n;
     }
     fputc('"', f);
 }

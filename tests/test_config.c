@@ -511,6 +511,15 @@ static void test_load_generation_config(void **state) {
     expect_error(model_config_load(dir, &c), PL_ERR_FORMAT, want, NULL);
 }
 
+/* A positive double that is 0 as a float is refused (regression: the fuzzer's
+ * tests/fuzz/crashes/config_json/rms_norm_eps_underflows_to_zero.json). */
+static void test_float_underflow_refused(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    expect_error(parse(llama_with("\"rms_norm_eps\": 1e-50"), &cfg), PL_ERR_FORMAT, "rms_norm_eps",
+                 NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories260k),
@@ -530,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_invalid_json),
         cmocka_unit_test(test_load_missing_file),
         cmocka_unit_test(test_load_generation_config),
+        cmocka_unit_test(test_float_underflow_refused),
     };
     return cmocka_run_group_tests_name("config", tests, setup_tmp, teardown_tmp);
 }

@@ -838,6 +838,20 @@ static void test_long_inputs(void **state) {
     round_trip_long(TD "falcon-7b", "x = 1234567; y += x*2\n", 20000, 0);
 }
 
+/* Decoding no ids (or only skipped special ids) gives "" (regression: the fuzzer's
+ * tests/fuzz/crashes/tokenizer/ubsan-null-plus-zero-empty-decode, NULL + 0 in Strip). */
+static void test_decode_nothing(void **state) {
+    (void)state;
+    Tokenizer *t = load_dir("models/stories260K");
+    int32_t bos = 1;
+    char *a = tok_decode(t, &bos, 0, 1), *b = tok_decode(t, &bos, 1, 1);
+    assert_string_equal(a, "");
+    assert_string_equal(b, "");
+    free(a);
+    free(b);
+    tok_destroy(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_golden),
@@ -866,6 +880,7 @@ int main(void) {
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_long_inputs),
+        cmocka_unit_test(test_decode_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
