@@ -135,20 +135,26 @@ static void batch_fields(BatchBuffers *b, void **f[7]) {
     f[6] = (void **)&b->logits;
 }
 
-static void alloc_step_buffers(Engine *e) {
+static Status alloc_step_buffers(Engine *e) {
     size_t sizes[7];
     void **h[7], **d[7];
     batch_sizes(e, sizes);
     batch_fields(&e->h, h);
     batch_fields(&e->d, d);
-    for (int i = 0; i < 7; i++) {
-        *h[i] = pl_xcalloc(1, sizes[i]);
-        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
-    }
     size_t s = (size_t)e->cfg.max_num_seqs;
     e->fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
     e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
     e->sampled = pl_xmalloc(s * sizeof(int32_t));
+    for (int i = 0; i < 7; i++) {
+        *h[i] = pl_xcalloc(1, sizes[i]);
+        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
+        if (!*d[i])
+            return pl_error_set(PL_ERR_NOMEM,
+                                "out of %s memory for the step buffers (max-num-seqs %d, "
+                                "max-num-batched-tokens %d)",
+                                e->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
+    }
+    return PL_OK;
 }
 
 static void free_step_buffers(Engine *e) {
@@ -230,12 +236,23 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
     if ((st = size_pools(e)) != PL_OK)
         goto fail;
-    e->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes);
+    if (!(e->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes))) {
+        st = pl_error_set(PL_ERR_NOMEM,
+                          "out of %s memory for %d KV-cache blocks (%.2f GiB): "
+                          "lower gpu-memory-utilization or num-gpu-blocks-override",
+                          e->ops->name, e->num_gpu_blocks,
+                          (double)e->num_gpu_blocks * e->block_bytes / GIB);
+        goto fail;
+    }
     e->kv_cpu =
         e->ops->alloc_host((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes);
-    if ((st = create_scheduling(e)) != PL_OK)
+    if (!e->kv_cpu) {
+        st = pl_error_set(PL_ERR_NOMEM, "cannot allocate %.2f GiB of swap space: lower swap-space",
+                          (double)e->num_cpu_blocks * e->block_bytes / GIB);
         goto fail;
-    alloc_step_buffers(e);
+    }
+    if ((st = create_scheduling(e)) != PL_OK || (st = alloc_step_buffers(e)) != PL_OK)
+        goto fail;
     if (!cfg->quiet)
         print_budget(e);
     *out = e;
@@ -277,8 +294,7 @@ void eng_destroy(Engine *e) {
         e->ops->free(e->kv_gpu);
     if (e->kv_cpu)
         e->ops->free_host(e->kv_cpu);
-    if (e->sample_reqs) /* step buffers exist */
-        free_step_buffers(e);
+    free_step_buffers(e);
     free(e->events);
     free(e->text);
     free(e->top_ids);

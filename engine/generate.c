@@ -70,13 +70,26 @@ Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
     /* host arrays, then their backend copies (the same memory on the CPU backend) */
     const void *host[] = {ids, table, pos, slots, query_start};
     size_t bytes[] = {(size_t)n * 4, (size_t)nblocks * 4, (size_t)n * 4, (size_t)n * 8, 8};
-    void *dev[5];
-    for (int i = 0; i < 5; i++) {
-        dev[i] = ops->alloc(bytes[i]);
-        ops->to_device(dev[i], host[i], bytes[i]);
-    }
+    void *dev[5] = {0};
     void *kv = ops->alloc((size_t)nblocks * e->block_bytes);
     float *dev_logits = ops->alloc((size_t)n * vocab * sizeof(float));
+    int ok = kv && dev_logits;
+    for (int i = 0; i < 5 && ok; i++)
+        if ((ok = (dev[i] = ops->alloc(bytes[i])) != NULL))
+            ops->to_device(dev[i], host[i], bytes[i]);
+    if (!ok) {
+        for (int i = 0; i < 5; i++)
+            if (dev[i])
+                ops->free(dev[i]);
+        if (kv)
+            ops->free(kv);
+        if (dev_logits)
+            ops->free(dev_logits);
+        free(table);
+        free(pos);
+        free(slots);
+        return pl_error_set(PL_ERR_NOMEM, "out of %s memory for %d tokens", ops->name, n);
+    }
     AttnBatch b = {.num_tokens = n,
                    .positions = dev[2],
                    .slot_mapping = dev[3],

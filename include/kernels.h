@@ -85,7 +85,7 @@ typedef struct KernelOps {
     /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and
      * the device pool: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool,
      * one pool on the host and one on the device (src_dst in host memory). */
-    void *(*alloc_host)(size_t bytes);
+    void *(*alloc_host)(size_t bytes); /* NULL when out of memory */
     void (*free_host)(void *p);
     void (*swap_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                         size_t block_bytes);

@@ -35,21 +35,36 @@ struct Model {
     float *picked;   /* [T, H]: normed rows whose logits are wanted */
 };
 
-static void alloc_scratch(Model *m) {
+#define GIB(bytes) ((double)(bytes) / (1024.0 * 1024.0 * 1024.0))
+
+static Status alloc_scratch(Model *m) {
     const ModelConfig *c = &m->cfg;
     const KernelOps *ops = m->ops;
     size_t t = (size_t)m->max_num_tokens * sizeof(float);
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
-    m->residual = ops->alloc(t * c->hidden_size);
-    m->normed = ops->alloc(t * c->hidden_size);
-    m->q = ops->alloc(t * qd);
-    m->k = ops->alloc(t * kvd);
-    m->v = ops->alloc(t * kvd);
-    m->attn = ops->alloc(t * qd);
-    m->proj = ops->alloc(t * c->hidden_size);
-    m->gate = ops->alloc(t * c->intermediate_size);
-    m->up = ops->alloc(t * c->intermediate_size);
-    m->picked = ops->alloc(t * c->hidden_size);
+    struct {
+        float **p;
+        size_t bytes;
+    } s[] = {{&m->residual, t * c->hidden_size},
+             {&m->normed, t * c->hidden_size},
+             {&m->q, t * qd},
+             {&m->k, t * kvd},
+             {&m->v, t * kvd},
+             {&m->attn, t * qd},
+             {&m->proj, t * c->hidden_size},
+             {&m->gate, t * c->intermediate_size},
+             {&m->up, t * c->intermediate_size},
+             {&m->picked, t * c->hidden_size}};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
+        total += s[i].bytes;
+        if (!(*s[i].p = ops->alloc(s[i].bytes)))
+            return pl_error_set(PL_ERR_NOMEM,
+                                "not enough %s memory for the activations of %d batched tokens "
+                                "(%.2f GiB): lower max-num-batched-tokens",
+                                ops->name, m->max_num_tokens, GIB(total));
+    }
+    return PL_OK;
 }
 
 /* Every weight tensor of the model (tied LM head included once: it shares the embedding). */
@@ -79,16 +94,27 @@ static size_t tensor_bytes(const Tensor *t) {
 
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
  * memory; the host copies (mapping or dummy buffer) are released afterwards. */
-static void upload_weights(Model *m) {
+static Status upload_weights(Model *m) {
     if (m->ops->host_memory)
-        return;
+        return PL_OK;
     Tensor **list = pl_xmalloc((size_t)(3 + 12 * m->cfg.num_layers) * sizeof *list);
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
     m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
+    size_t total = 0, done = 0;
+    for (int i = 0; i < n; i++)
+        total += tensor_bytes(list[i]);
     for (int i = 0; i < n; i++) {
         size_t bytes = tensor_bytes(list[i]);
         void *dev = m->ops->alloc(bytes);
+        if (!dev) {
+            free(list);
+            return pl_error_set(PL_ERR_NOMEM,
+                                "the weights need %.2f GiB of %s memory; only %.2f GiB fit "
+                                "(a smaller model, or tensor-parallel-size > 1)",
+                                GIB(total), m->ops->name, GIB(done));
+        }
+        done += bytes;
         m->ops->to_device(dev, list[i]->data, bytes);
         m->uploaded[m->num_uploaded++] = dev;
         list[i]->data = dev;
@@ -99,6 +125,7 @@ static void upload_weights(Model *m) {
     weights_free_host(&m->w);
     st_close(m->ckpt);
     m->ckpt = NULL;
+    return PL_OK;
 }
 
 Status model_load(const ModelLoadOptions *opt, Model **out) {
@@ -118,9 +145,10 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
         if (st == PL_OK)
             st = weights_bind(&m->cfg, m->ckpt, &m->w);
     }
+    if (st == PL_OK)
+        st = upload_weights(m);
     if (st != PL_OK)
         goto fail;
-    upload_weights(m);
     const ModelConfig *c = &m->cfg;
     size_t freq_bytes = (size_t)(c->head_dim / 2) * sizeof(float);
     float *freq = pl_xmalloc(freq_bytes);
@@ -128,10 +156,14 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
                     c->rope_low_freq_factor, c->rope_high_freq_factor,
                     c->rope_original_max_position);
     m->inv_freq = m->ops->alloc(freq_bytes);
-    m->ops->to_device(m->inv_freq, freq, freq_bytes);
+    if (m->inv_freq)
+        m->ops->to_device(m->inv_freq, freq, freq_bytes);
     free(freq);
     m->rope = (Rope){.head_dim = c->head_dim, .inv_freq = m->inv_freq};
-    alloc_scratch(m);
+    st = m->inv_freq ? alloc_scratch(m)
+                     : pl_error_set(PL_ERR_NOMEM, "out of %s memory", m->ops->name);
+    if (st != PL_OK)
+        goto fail;
     *out = m;
     return PL_OK;
 fail:

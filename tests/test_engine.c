@@ -434,6 +434,36 @@ static void test_logprobs_and_stop_token_ids(void **state) {
     eng_destroy(e);
 }
 
+/* A backend whose memory runs out: loading says so in one line instead of crashing. */
+static size_t budget_left;
+static void *limited_alloc(size_t bytes) {
+    if (bytes > budget_left)
+        return NULL;
+    budget_left -= bytes;
+    return k_cpu_ops()->alloc(bytes);
+}
+
+static void test_out_of_backend_memory_is_an_error(void **state) {
+    (void)state;
+    KernelOps ops = *k_cpu_ops();
+    ops.host_memory = 0; /* weights are copied into "device" memory, as on a GPU */
+    ops.alloc = limited_alloc;
+    ModelLoadOptions mo = {.dir = MODEL_DIR, .max_num_tokens = 64, .ops = &ops};
+    Model *m = NULL;
+    budget_left = 100000; /* the bundled model's weights are about 1 MB */
+    assert_int_equal(model_load(&mo, &m), PL_ERR_NOMEM);
+    assert_null(m);
+    assert_non_null(strstr(pl_error(), "the weights need"));
+    budget_left = 1100000; /* weights fit, the activations of 2048 tokens do not */
+    mo.max_num_tokens = 2048;
+    assert_int_equal(model_load(&mo, &m), PL_ERR_NOMEM);
+    assert_non_null(strstr(pl_error(), "max-num-batched-tokens"));
+    budget_left = (size_t)1 << 30; /* with room it loads */
+    mo.max_num_tokens = 64;
+    assert_int_equal(model_load(&mo, &m), PL_OK);
+    model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_swap_preemption_keeps_outputs),
@@ -445,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_kv_waste_under_one_block_per_sequence),
         cmocka_unit_test(test_impossible_requests_are_rejected),
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
+        cmocka_unit_test(test_out_of_backend_memory_is_an_error),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

@@ -21,7 +21,7 @@ void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_ds
 }
 
 void *cpu_alloc(size_t bytes) {
-    return pl_xcalloc(1, bytes);
+    return calloc(1, bytes ? bytes : 1);
 }
 
 void cpu_free(void *p) {

@@ -23,7 +23,13 @@ static int32_t *cow_pairs; /* device copy of copy-on-write pairs */
 static int cow_pairs_cap;
 
 static void *ops_alloc(size_t bytes) {
-    void *p = k_cuda_malloc(bytes);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* not sticky: clear it and let the caller report */
+        return NULL;
+    }
+    CUDA_CHECK(e);
     k_cuda_memset(p, 0, bytes);
     return p;
 }
@@ -36,7 +42,12 @@ static size_t ops_free_memory(void) {
 
 static void *ops_alloc_host(size_t bytes) {
     void *p = NULL;
-    CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    CUDA_CHECK(e);
     memset(p, 0, bytes);
     return p;
 }
