@@ -120,26 +120,44 @@ static void plot_script(FILE *g, const BenchServeOptions *o, const char *model, 
 int bench_sweep_report(const BenchSweepPoint *p, int n, const BenchServeOptions *o,
                        const char *model, const char *dir, const char *stem) {
     print_table(p, n, o);
-    char tsv[4096], png[4096];
+    char tsv[4096], gp[4096], tsv_name[1024], png_name[1024];
     snprintf(tsv, sizeof tsv, "%s%s%s.tsv", dir ? dir : "", dir ? "/" : "", stem);
-    snprintf(png, sizeof png, "%s%s%s.png", dir ? dir : "", dir ? "/" : "", stem);
+    snprintf(gp, sizeof gp, "%s%s%s.gp", dir ? dir : "", dir ? "/" : "", stem);
+    snprintf(tsv_name, sizeof tsv_name, "%s.tsv", stem);
+    snprintf(png_name, sizeof png_name, "%s.png", stem);
     if (!write_tsv(p, n, o, tsv))
         return 0;
     printf("Saved the sweep data to %s\n", tsv);
-    if (!have_program("gnuplot")) {
-        fprintf(stderr,
-                "pagellm bench serve: gnuplot not found, so no plot; each point's JSON and %s "
-                "are written (install gnuplot, e.g. apt-get install gnuplot-nox)\n",
-                tsv);
+    /* The plot script names its files relative to its folder, so the data can be plotted
+     * later on any machine with gnuplot: cd DIR && gnuplot STEM.gp */
+    FILE *g = fopen(gp, "w");
+    if (!g) {
+        fprintf(stderr, "pagellm bench serve: cannot write %s\n", gp);
         return 0;
     }
-    FILE *g = popen("gnuplot", "w");
+    plot_script(g, o, model, tsv_name, png_name);
+    fclose(g);
+    if (!have_program("gnuplot")) {
+        fprintf(stderr,
+                "pagellm bench serve: gnuplot not found, so no plot; the data (%s) and its plot "
+                "script (%s) are written: run `gnuplot %s.gp` in that folder where gnuplot is "
+                "installed (apt-get install gnuplot-nox)\n",
+                tsv, gp, stem);
+        return 0;
+    }
+    if (strchr(dir ? dir : ".", '\'') || strchr(stem, '\'')) {
+        fprintf(stderr, "pagellm bench serve: a quote in %s: plot it with gnuplot by hand\n", gp);
+        return 0;
+    }
+    g = popen("gnuplot", "w"); /* no shell: gnuplot changes folder and loads the script */
     if (!g) {
         fprintf(stderr, "pagellm bench serve: cannot start gnuplot\n");
         return 0;
     }
-    plot_script(g, o, model, tsv, png);
+    fprintf(g, "cd '%s'\nload '%s.gp'\n", dir ? dir : ".", stem);
     int st = pclose(g);
+    char png[4096];
+    snprintf(png, sizeof png, "%s%s%s.png", dir ? dir : "", dir ? "/" : "", stem);
     if (st != 0 || access(png, R_OK) != 0) {
         fprintf(stderr, "pagellm bench serve: gnuplot failed (status %d); the data is in %s\n", st,
                 tsv);
