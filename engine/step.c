@@ -231,10 +231,7 @@ static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogpr
 /* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
  * likely tokens (best first) for the events. */
 static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k, RowLogprobs *lp) {
-    if ((size_t)(slot + 1) * vocab > e->raw_cap) {
-        e->raw_cap = (size_t)(slot + 1) * vocab * 2;
-        e->raw_rows = pl_xrealloc(e->raw_rows, e->raw_cap * sizeof(float));
-    }
+    PL_CHECK((size_t)(slot + 1) * vocab <= e->raw_cap); /* sized by sample_and_emit */
     float *raw = e->raw_rows + (size_t)slot * vocab;
     memcpy(raw, row, (size_t)vocab * sizeof(float));
     float max = raw[0];
@@ -293,7 +290,15 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
 }
 
 static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
-    int vocab = model_config(e->model)->vocab_size, k = 0;
+    int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
+    /* room for the raw rows first: their events point into it until the step ends */
+    for (int i = 0; i < o->num_seqs; i++)
+        wanted += o->seqs[i].sample && ((SeqData *)o->seqs[i].seq->owner)->req->params.logprobs;
+    if ((size_t)wanted * vocab > e->raw_cap) {
+        e->raw_cap = (size_t)wanted * vocab * 2;
+        free(e->raw_rows);
+        e->raw_rows = pl_xmalloc(e->raw_cap * sizeof(float));
+    }
     RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
     int num_raw = 0;
     for (int i = 0; i < o->num_seqs; i++) {

@@ -1,6 +1,7 @@
 /* util.c - small helpers shared by the CPU ops: dtype conversion of weight slices, the
  * per-thread scratch buffers that keep allocation out of the step loop, and the choice
  * between the portable and the AVX2 code paths. */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cpu_internal.h"
@@ -39,10 +40,30 @@ typedef struct {
 
 static _Thread_local ScratchBuf scratch[CPU_SCRATCH_SLOTS];
 
+/* A thread's scratch is freed when the thread ends (engine and pool threads come and go
+ * with engines and servers): a thread-specific key whose destructor frees it. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *arg) {
+    ScratchBuf *bufs = arg;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) {
+        free(bufs[i].p);
+        bufs[i] = (ScratchBuf){0};
+    }
+}
+
+static void scratch_key_create(void) {
+    PL_CHECK(pthread_key_create(&scratch_key, scratch_free) == 0);
+}
+
 void *cpu_scratch(int slot, size_t bytes) {
     PL_CHECK(slot >= 0 && slot < CPU_SCRATCH_SLOTS);
     ScratchBuf *s = &scratch[slot];
     if (bytes > s->cap) {
+        pthread_once(&scratch_once, scratch_key_create);
+        if (!pthread_getspecific(scratch_key))
+            pthread_setspecific(scratch_key, scratch);
         size_t cap = s->cap ? s->cap : 4096;
         while (cap < bytes)
             cap *= 2;
