@@ -13,7 +13,6 @@
 #endif
 
 #define WATERMARK 0.01f
-#define GIB       (1024.0 * 1024.0 * 1024.0)
 
 EngineConfig eng_config_default(void) {
     return (EngineConfig){.model_dir = NULL,
@@ -85,12 +84,12 @@ static Status size_pools(Engine *e) {
     } else {
         /* the weights and activations are loaded already: a share of what is left */
         double bytes = c->kv_cache_memory_gib > 0
-                           ? c->kv_cache_memory_gib * GIB
+                           ? c->kv_cache_memory_gib * PL_GIB
                            : c->gpu_memory_utilization * (double)e->ops->free_memory();
         double blocks = bytes / (double)e->block_bytes;
         gpu = (int)(blocks < useful ? blocks : useful);
     }
-    double cpu_blocks = c->swap_space_gib * GIB / (double)e->block_bytes;
+    double cpu_blocks = c->swap_space_gib * PL_GIB / (double)e->block_bytes;
     int cpu = (int)(cpu_blocks < useful ? cpu_blocks : useful);
     if (gpu < 1)
         return pl_error_set(PL_ERR_NOMEM,
@@ -241,14 +240,14 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
                           "out of %s memory for %d KV-cache blocks (%.2f GiB): "
                           "lower gpu-memory-utilization or num-gpu-blocks-override",
                           e->ops->name, e->num_gpu_blocks,
-                          (double)e->num_gpu_blocks * e->block_bytes / GIB);
+                          (double)e->num_gpu_blocks * e->block_bytes / PL_GIB);
         goto fail;
     }
     e->kv_cpu =
         e->ops->alloc_host((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes);
     if (!e->kv_cpu) {
         st = pl_error_set(PL_ERR_NOMEM, "cannot allocate %.2f GiB of swap space: lower swap-space",
-                          (double)e->num_cpu_blocks * e->block_bytes / GIB);
+                          (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
         goto fail;
     }
     if ((st = create_scheduling(e)) != PL_OK || (st = alloc_step_buffers(e)) != PL_OK)

@@ -74,6 +74,9 @@ PL_NORETURN void pl_fatal(const char *file, int line, const char *fmt, ...)
 Status pl_parse_long(const char *s, long lo, long hi, long *out);
 Status pl_parse_double(const char *s, double lo, double hi, double *out);
 
+/* Bytes in a GiB (sizes in the config and in messages are in GiB). */
+#define PL_GIB (1024.0 * 1024.0 * 1024.0)
+
 /* Monotonic clock in seconds. */
 double pl_now(void);
 

@@ -35,8 +35,6 @@ struct Model {
     float *picked;   /* [T, H]: normed rows whose logits are wanted */
 };
 
-#define GIB(bytes) ((double)(bytes) / (1024.0 * 1024.0 * 1024.0))
-
 static Status alloc_scratch(Model *m) {
     const ModelConfig *c = &m->cfg;
     const KernelOps *ops = m->ops;
@@ -62,7 +60,7 @@ static Status alloc_scratch(Model *m) {
             return pl_error_set(PL_ERR_NOMEM,
                                 "not enough %s memory for the activations of %d batched tokens "
                                 "(%.2f GiB): lower max-num-batched-tokens",
-                                ops->name, m->max_num_tokens, GIB(total));
+                                ops->name, m->max_num_tokens, (double)total / PL_GIB);
     }
     return PL_OK;
 }
@@ -112,7 +110,7 @@ static Status upload_weights(Model *m) {
             return pl_error_set(PL_ERR_NOMEM,
                                 "the weights need %.2f GiB of %s memory; only %.2f GiB fit "
                                 "(a smaller model, or tensor-parallel-size > 1)",
-                                GIB(total), m->ops->name, GIB(done));
+                                (double)total / PL_GIB, m->ops->name, (double)done / PL_GIB);
         }
         done += bytes;
         m->ops->to_device(dev, list[i]->data, bytes);

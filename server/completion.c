@@ -115,12 +115,18 @@ static json_t *logprobs_json(const CompletionReq *cr, const Choice *ch, int from
                      "top_logprobs", tops, "text_offset", offs);
 }
 
-static json_t *usage_json(const CompletionReq *cr) {
-    int prompt = 0, completion = 0;
+/* Prompt tokens over every prompt and generated tokens over every choice. */
+static void count_tokens(const CompletionReq *cr, int *prompt, int *completion) {
+    *prompt = *completion = 0;
     for (int i = 0; i < cr->req.num_prompts; i++)
-        prompt += cr->runs[i].num_prompt_tokens;
+        *prompt += cr->runs[i].num_prompt_tokens;
     for (int i = 0; i < cr->num_choices; i++)
-        completion += cr->choices[i].num_tokens;
+        *completion += cr->choices[i].num_tokens;
+}
+
+static json_t *usage_json(const CompletionReq *cr) {
+    int prompt, completion;
+    count_tokens(cr, &prompt, &completion);
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt, "completion_tokens", completion,
                      "total_tokens", prompt + completion);
 }
@@ -303,11 +309,8 @@ static void finish_request(Server *s, CompletionReq *cr) {
         cr->out_len = strlen(cr->out);
         cr->out_sent = 0;
     }
-    int generated = 0, prompt = 0;
-    for (int i = 0; i < cr->num_choices; i++)
-        generated += cr->choices[i].num_tokens;
-    for (int i = 0; i < cr->req.num_prompts; i++)
-        prompt += cr->runs[i].num_prompt_tokens;
+    int prompt, generated;
+    count_tokens(cr, &prompt, &generated);
     double now = pl_now();
     MetRequestTimes t = {.queue_seconds = cr->queue_seconds,
                          .ttft_seconds =
