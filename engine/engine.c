@@ -17,6 +17,7 @@
 EngineConfig eng_config_default(void) {
     return (EngineConfig){.model_dir = NULL,
                           .device = "auto",
+                          .dtype = "auto",
                           .block_size = 16,
                           .max_num_batched_tokens = 2048,
                           .max_num_seqs = 256,
@@ -27,18 +28,50 @@ EngineConfig eng_config_default(void) {
                           .swap_space_gib = 4};
 }
 
+/* The activation dtype: dtype "auto" is bfloat16 on CUDA for a bfloat16 or float16
+ * checkpoint (16-bit weights become bfloat16 at upload), else float32. */
+static Status pick_act(const char *dtype, int cuda, const char *model_dir, DType *act) {
+    const char *d = dtype ? dtype : "auto";
+    if (!strcmp(d, "float32")) {
+        *act = DT_F32;
+    } else if (!strcmp(d, "bfloat16")) {
+        if (!cuda)
+            return pl_error_set(PL_ERR_UNSUPPORTED,
+                                "dtype bfloat16: the cpu backend computes in float32 (use dtype "
+                                "auto or float32)");
+        *act = DT_BF16;
+    } else if (!strcmp(d, "float16")) {
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "dtype float16 is not implemented yet: use bfloat16 (or auto)");
+    } else if (!strcmp(d, "auto")) {
+        ModelConfig mc;
+        Status st = cuda ? model_config_load(model_dir, &mc) : PL_OK;
+        if (st != PL_OK)
+            return st;
+        *act = cuda && (mc.torch_dtype == DT_BF16 || mc.torch_dtype == DT_F16) ? DT_BF16 : DT_F32;
+    } else {
+        return pl_error_set(PL_ERR_INVALID,
+                            "dtype '%s' is not one of auto, float32, bfloat16, float16", d);
+    }
+    return PL_OK;
+}
+
 /* device auto takes the GPU when this build has CUDA and the machine has a GPU. */
-static Status pick_backend(const char *device, const KernelOps **ops) {
+static Status pick_backend(const EngineConfig *c, const KernelOps **ops) {
+    const char *device = c->device;
     int want_cuda = device && !strcmp(device, "cuda");
     if (device && strcmp(device, "auto") && strcmp(device, "cpu") && !want_cuda)
         return pl_error_set(PL_ERR_INVALID, "device '%s' is not one of auto, cpu, cuda", device);
+    DType act = DT_F32;
     *ops = k_cpu_ops();
     if (device && !strcmp(device, "cpu"))
-        return PL_OK;
+        return pick_act(c->dtype, 0, c->model_dir, &act);
 #ifdef PAGELLM_HAVE_CUDA
     if (k_cuda_device_count() > 0) {
-        *ops = k_cuda_ops();
-        return PL_OK;
+        Status st = pick_act(c->dtype, 1, c->model_dir, &act);
+        if (st == PL_OK)
+            *ops = k_cuda_ops(act);
+        return st;
     }
     if (want_cuda)
         return pl_error_set(PL_ERR_UNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
@@ -48,7 +81,7 @@ static Status pick_backend(const char *device, const KernelOps **ops) {
                             "device 'cuda': this build has no CUDA backend (configure found no "
                             "nvcc/cuBLAS, or --cpu-only)");
 #endif
-    return PL_OK;
+    return pick_act(c->dtype, 0, c->model_dir, &act);
 }
 
 static Status check_config(const EngineConfig *c) {
@@ -208,7 +241,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->cfg = *cfg;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
-    if ((st = pick_backend(cfg->device, &e->ops)) != PL_OK)
+    if ((st = pick_backend(cfg, &e->ops)) != PL_OK)
         goto fail;
     ModelLoadOptions mo = {.dir = cfg->model_dir,
                            .load_dummy = cfg->load_dummy,

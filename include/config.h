@@ -50,9 +50,7 @@ typedef struct {
     char *host;                /* owned; listen address, default "127.0.0.1" */
     int port;                  /* listen port, default 8000 */
     char *api_key;             /* owned; NULL = no authentication */
-    const char *dtype;         /* static; "auto", "float32", "float16", "bfloat16" (stored only) */
     int tensor_parallel_size;  /* GPUs per model, default 1 (stored only for now) */
-    int enforce_eager;         /* 1 = no CUDA graphs (stored only for now) */
     int max_queue_len;         /* requests waiting at most; more get 503; default 1024 */
     int max_request_bytes;     /* largest HTTP request body; default 1 MiB */
     double request_timeout;    /* seconds a request may take end to end; 0 = no limit; 60 */

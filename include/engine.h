@@ -20,6 +20,10 @@
 typedef struct {
     const char *model_dir;          /* Hugging Face folder */
     const char *device;             /* "auto", "cpu" or "cuda" */
+    const char *dtype;              /* activations and KV cache: "auto" (bfloat16 on cuda for a
+                                     * 16-bit checkpoint, else float32), "float32", "bfloat16";
+                                     * "float16" is refused (not implemented) */
+    int enforce_eager;              /* 1 = no CUDA graphs for decode */
     int load_dummy;                 /* load-format dummy */
     uint64_t seed;                  /* dummy weights */
     int block_size;                 /* tokens per KV block: 8, 16, 32, 64, 128 */

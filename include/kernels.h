@@ -2,8 +2,10 @@
  *
  * models/ calls only these ops, so the same forward pass runs on the CPU backend
  * (kernels/cpu, plain C, fp32 math, also the reference every GPU kernel is tested against)
- * and later on CUDA (kernels/cuda). Pointers are in the backend's memory; activations are
- * fp32 on the CPU backend; weights may be fp32, fp16 or bf16 (converted on the fly).
+ * and on CUDA (kernels/cuda). Pointers are in the backend's memory. Activations (the void *
+ * arguments of the compute ops) and the KV cache are in the table's `act` dtype: F32 on the
+ * CPU backend, F32 or BF16 on CUDA (one table each); weights may be fp32, fp16 or bf16
+ * (converted on the fly); the math is fp32 everywhere.
  *
  * The KV cache is block-major (DESIGN.md 2): physical block b holds, contiguously, every
  * layer's K and V for block_size tokens:
@@ -33,7 +35,7 @@ typedef struct {
     int num_kv_heads;
     int head_dim;
     int block_size; /* tokens per block */
-    DType dtype;    /* element type stored in the cache (F32 on the CPU backend) */
+    DType dtype;    /* element type stored in the cache (the ops' act dtype) */
 } KvLayout;
 
 /* Elements in one physical block, and in one layer's K (or V) half of it. */
@@ -70,6 +72,7 @@ typedef struct {
 
 typedef struct KernelOps {
     const char *name; /* "cpu", "cuda" */
+    DType act;        /* activations and KV cache: DT_F32 or DT_BF16 */
 
     /* Backend memory ("device" memory; plain host memory on the CPU backend, which sets
      * host_memory so that mmapped weights are used in place). alloc returns zeroed memory
@@ -91,36 +94,48 @@ typedef struct KernelOps {
                         size_t block_bytes);
 
     /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
-    void (*embedding)(float *out, const int32_t *ids, int n, const Tensor *table);
+    void (*embedding)(void *out, const int32_t *ids, int n, const Tensor *table);
 
     /* out[i] = x[i] / rms(x[i]) * w, rows of `dim`. */
-    void (*rmsnorm)(float *out, const float *x, const Tensor *w, int n, int dim, float eps);
+    void (*rmsnorm)(void *out, const void *x, const Tensor *w, int n, int dim, float eps);
 
     /* residual += delta; out = rmsnorm(residual) (the pre-norm block boundary). */
-    void (*add_rmsnorm)(float *residual, const float *delta, float *out, const Tensor *w, int n,
+    void (*add_rmsnorm)(void *residual, const void *delta, void *out, const Tensor *w, int n,
                         int dim, float eps);
 
     /* out[n, N] = x[n, K] * w^T (+ bias), w of shape [N, K], bias [N] or NULL. */
-    void (*matmul)(float *out, const float *x, const Tensor *w, const Tensor *bias, int n);
+    void (*matmul)(void *out, const void *x, const Tensor *w, const Tensor *bias, int n);
 
     /* HF rotate-half RoPE in place on q[n, nh, D] and k[n, nkv, D] at the given positions. */
-    void (*rope)(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
+    void (*rope)(void *q, void *k, const int32_t *positions, int n, int nh, int nkv,
                  const Rope *rope);
 
     /* Store k, v [n, nkv, D] of `layer` into the cache slots (slot -1 skipped). */
-    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const float *k, const float *v,
+    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
                      const int64_t *slot_mapping, int n);
+
+    /* The attention block's input in one op, on the fused projection's output
+     * qkv[n, (nh + 2 nkv) D] (each row: q heads, k heads, v heads): q_out[n, nh, D] = q rotated
+     * by rope, and the rotated k and v stored in the cache slots as kv_write does (qkv's k
+     * part is left rotated). nkv = l->num_kv_heads. Same results as rope then kv_write. */
+    void (*qkv_rope_cache)(void *q_out, void *qkv, const int32_t *positions,
+                           const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                           void *kv_cache, const KvLayout *l, int layer);
 
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
      * Query head h reads KV head h / (nh / nkv). */
-    void (*attention)(float *out, const float *q, const void *kv_cache, const KvLayout *l,
-                      int layer, const AttnBatch *b, int nh, float scale);
+    void (*attention)(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
+                      const AttnBatch *b, int nh, float scale);
 
-    /* out[i] = silu(gate[i]) * up[i] for a [n, dim] pair. */
-    void (*silu_mul)(float *out, const float *gate, const float *up, int n, int dim);
+    /* out[i, j] = silu(gate_up[i, j]) * gate_up[i, dim + j]: the fused gate-up projection's
+     * rows [n, 2 dim] (gate half first) to out[n, dim]. */
+    void (*silu_mul)(void *out, const void *gate_up, int n, int dim);
 
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
-    void (*gather_rows)(float *out, const float *in, const int32_t *rows, int n, int dim);
+    void (*gather_rows)(void *out, const void *in, const int32_t *rows, int n, int dim);
+
+    /* out[i] = (float)in[i] for i < n: activations to fp32 (the logits). */
+    void (*to_f32)(float *out, const void *in, size_t n);
 
     /* Copy whole KV blocks within the device pool (copy-on-write): block src_dst[2i] to
      * block src_dst[2i+1]; src_dst is host memory. */
@@ -131,6 +146,18 @@ typedef struct KernelOps {
      * penalties, temperature, filters). reqs[i] describes row i. NULL on backends whose
      * logits the engine samples on the host with the CPU backend's sampler. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
+
+    /* Replayable op sequences (CUDA graphs); NULL on backends without them. Ops issued
+     * between graph_begin and graph_end are recorded, not run; graph_launch replays them
+     * with the same pointers and shapes (the data behind the pointers may change). An op
+     * that would allocate or copy from the host must not be recorded. */
+    void (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_launch)(void *graph);
+    void (*graph_destroy)(void *graph);
+
+    /* Wait until every op issued so far has finished (NULL: ops are synchronous). */
+    void (*synchronize)(void);
 } KernelOps;
 
 /* The CPU backend (always available). */

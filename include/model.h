@@ -64,7 +64,12 @@ void model_destroy(Model *m);
 
 const ModelConfig *model_config(const Model *m);
 
-/* Geometry of a KV cache for this model with the given block size. */
+/* Device bytes of the weights and of the scratch activations (for the memory budget). */
+size_t model_weight_bytes(const Model *m);
+size_t model_activation_bytes(const Model *m);
+
+/* Geometry of a KV cache for this model with the given block size (in the backend's act
+ * dtype). */
 KvLayout model_kv_layout(const Model *m, int block_size);
 
 /* One forward step: token_ids[batch->num_tokens] at the batch's positions and slots, K/V

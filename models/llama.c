@@ -2,8 +2,10 @@
  *
  * The forward pass is a fixed sequence of KernelOps calls over a packed batch (prefill
  * chunks and decode tokens of many sequences together), with K/V written to and read from
- * the paged, block-major cache. Scratch activations are allocated once at load for
- * max_num_tokens rows; model_forward allocates nothing. */
+ * the paged, block-major cache, activations in the backend's act dtype and logits widened
+ * to fp32 at the end. Scratch activations are allocated once at load for max_num_tokens rows;
+ * model_forward allocates nothing and copies nothing from the host, so a backend can record
+ * it as a graph. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,44 +25,45 @@ struct Model {
     float *inv_freq; /* [head_dim / 2], backend memory */
     Rope rope;
     int max_num_tokens;
-    /* scratch in backend memory, rows = max_num_tokens */
-    float *residual; /* [T, H] */
-    float *normed;   /* [T, H] */
-    float *q;        /* [T, Hq * D] */
-    float *k, *v;    /* [T, Hkv * D] */
-    float *attn;     /* [T, Hq * D] */
-    float *proj;     /* [T, H]: attention-out, then MLP-down */
-    float *gate;     /* [T, I] */
-    float *up;       /* [T, I] */
-    float *picked;   /* [T, H]: normed rows whose logits are wanted */
+    /* scratch in backend memory (act dtype), rows = max_num_tokens */
+    void *residual; /* [T, H] */
+    void *normed;   /* [T, H] */
+    void *qkv;      /* [T, (Hq + 2 Hkv) D] fused projection */
+    void *q;        /* [T, Hq * D] rotated queries */
+    void *attn;     /* [T, Hq * D] */
+    void *proj;     /* [T, H]: attention-out, then MLP-down */
+    void *gate_up;  /* [T, 2 I] fused projection */
+    void *act;      /* [T, I] silu(gate) * up */
+    void *picked;   /* [T, H]: normed rows whose logits are wanted */
+    void *logits;   /* [T, V] in act dtype, before widening (unused when act is F32) */
+    size_t scratch_bytes;
 };
 
 static Status alloc_scratch(Model *m) {
     const ModelConfig *c = &m->cfg;
     const KernelOps *ops = m->ops;
-    size_t t = (size_t)m->max_num_tokens * sizeof(float);
+    size_t t = (size_t)m->max_num_tokens * pl_dtype_size(ops->act);
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
     struct {
-        float **p;
+        void **p;
         size_t bytes;
     } s[] = {{&m->residual, t * c->hidden_size},
              {&m->normed, t * c->hidden_size},
+             {&m->qkv, t * (qd + 2 * kvd)},
              {&m->q, t * qd},
-             {&m->k, t * kvd},
-             {&m->v, t * kvd},
              {&m->attn, t * qd},
              {&m->proj, t * c->hidden_size},
-             {&m->gate, t * c->intermediate_size},
-             {&m->up, t * c->intermediate_size},
-             {&m->picked, t * c->hidden_size}};
-    size_t total = 0;
+             {&m->gate_up, t * 2 * c->intermediate_size},
+             {&m->act, t * c->intermediate_size},
+             {&m->picked, t * c->hidden_size},
+             {&m->logits, ops->act == DT_F32 ? 0 : t * c->vocab_size}};
     for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
-        total += s[i].bytes;
-        if (!(*s[i].p = ops->alloc(s[i].bytes)))
+        m->scratch_bytes += s[i].bytes;
+        if (s[i].bytes && !(*s[i].p = ops->alloc(s[i].bytes)))
             return pl_error_set(PL_ERR_NOMEM,
                                 "not enough %s memory for the activations of %d batched tokens "
                                 "(%.2f GiB): lower max-num-batched-tokens",
-                                ops->name, m->max_num_tokens, (double)total / PL_GIB);
+                                ops->name, m->max_num_tokens, (double)m->scratch_bytes / PL_GIB);
     }
     return PL_OK;
 }
@@ -74,8 +77,8 @@ static int list_tensors(ModelWeights *w, int num_layers, Tensor **out) {
         out[n++] = &w->lm_head;
     for (int l = 0; l < num_layers; l++) {
         LayerWeights *lw = &w->layers[l];
-        Tensor *t[] = {&lw->attn_norm, &lw->wq, &lw->wk,       &lw->wv,     &lw->bq,   &lw->bk,
-                       &lw->bv,        &lw->wo, &lw->mlp_norm, &lw->w_gate, &lw->w_up, &lw->w_down};
+        Tensor *t[] = {&lw->attn_norm, &lw->wqkv,      &lw->bqkv,  &lw->wo,
+                       &lw->mlp_norm,  &lw->w_gate_up, &lw->w_down};
         for (size_t i = 0; i < sizeof t / sizeof *t; i++)
             if (t[i]->data)
                 out[n++] = t[i];
@@ -91,21 +94,31 @@ static size_t tensor_bytes(const Tensor *t) {
 }
 
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
- * memory; the host copies (mapping or dummy buffer) are released afterwards. */
+ * memory; the host copies (mapping or dummy buffer) are released afterwards. With bfloat16
+ * activations every weight goes up as bfloat16 (the GEMMs multiply bf16 by bf16). */
 static Status upload_weights(Model *m) {
     if (m->ops->host_memory)
         return PL_OK;
-    Tensor **list = pl_xmalloc((size_t)(3 + 12 * m->cfg.num_layers) * sizeof *list);
+    Tensor **list = pl_xmalloc((size_t)(3 + 7 * m->cfg.num_layers) * sizeof *list);
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
     m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
+    int widen = m->ops->act == DT_BF16;
     size_t total = 0, done = 0;
     for (int i = 0; i < n; i++)
-        total += tensor_bytes(list[i]);
+        total += tensor_bytes(list[i]) / pl_dtype_size(list[i]->dtype) *
+                 (widen ? 2 : pl_dtype_size(list[i]->dtype));
     for (int i = 0; i < n; i++) {
+        void *converted = NULL;
+        if (widen && list[i]->dtype != DT_BF16) {
+            converted = weights_to_bf16(list[i]);
+            list[i]->data = converted;
+            list[i]->dtype = DT_BF16;
+        }
         size_t bytes = tensor_bytes(list[i]);
         void *dev = m->ops->alloc(bytes);
         if (!dev) {
+            free(converted);
             free(list);
             return pl_error_set(PL_ERR_NOMEM,
                                 "the weights need %.2f GiB of %s memory; only %.2f GiB fit "
@@ -114,6 +127,7 @@ static Status upload_weights(Model *m) {
         }
         done += bytes;
         m->ops->to_device(dev, list[i]->data, bytes);
+        free(converted);
         m->uploaded[m->num_uploaded++] = dev;
         list[i]->data = dev;
     }
@@ -178,8 +192,8 @@ void model_destroy(Model *m) {
     free(m->uploaded);
     weights_free(&m->w);
     st_close(m->ckpt);
-    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->q,  m->k,     m->v,
-                       m->attn,     m->proj,     m->gate,   m->up, m->picked};
+    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->qkv,    m->q,     m->attn,
+                       m->proj,     m->gate_up,  m->act,    m->picked, m->logits};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         if (scratch[i])
             ops->free(scratch[i]);
@@ -195,7 +209,7 @@ KvLayout model_kv_layout(const Model *m, int block_size) {
                       .num_kv_heads = m->cfg.num_kv_heads,
                       .head_dim = m->cfg.head_dim,
                       .block_size = block_size,
-                      .dtype = DT_F32};
+                      .dtype = m->ops->act};
 }
 
 static const Tensor *bias_or_null(const Tensor *b) {
@@ -220,23 +234,39 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
         else
             ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->attn_norm, n, hidden, eps);
 
-        ops->matmul(m->q, m->normed, &lw->wq, bias_or_null(&lw->bq), n);
-        ops->matmul(m->k, m->normed, &lw->wk, bias_or_null(&lw->bk), n);
-        ops->matmul(m->v, m->normed, &lw->wv, bias_or_null(&lw->bv), n);
-        ops->rope(m->q, m->k, batch->positions, n, c->num_heads, c->num_kv_heads, &m->rope);
-        ops->kv_write(kv_cache, kv_layout, l, m->k, m->v, batch->slot_mapping, n);
+        ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
+        ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, c->num_heads,
+                            &m->rope, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         ops->matmul(m->proj, m->attn, &lw->wo, NULL, n);
 
         ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->mlp_norm, n, hidden, eps);
-        ops->matmul(m->gate, m->normed, &lw->w_gate, NULL, n);
-        ops->matmul(m->up, m->normed, &lw->w_up, NULL, n);
-        ops->silu_mul(m->gate, m->gate, m->up, n, c->intermediate_size);
-        ops->matmul(m->proj, m->gate, &lw->w_down, NULL, n);
+        ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+        ops->silu_mul(m->act, m->gate_up, n, c->intermediate_size);
+        ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
     }
     if (num_logits == 0)
         return;
     ops->add_rmsnorm(m->residual, m->proj, m->normed, &m->w.final_norm, n, hidden, eps);
     ops->gather_rows(m->picked, m->normed, logits_rows, num_logits, hidden);
-    ops->matmul(logits, m->picked, &m->w.lm_head, NULL, num_logits);
+    if (ops->act == DT_F32) {
+        ops->matmul(logits, m->picked, &m->w.lm_head, NULL, num_logits);
+        return;
+    }
+    ops->matmul(m->logits, m->picked, &m->w.lm_head, NULL, num_logits);
+    ops->to_f32(logits, m->logits, (size_t)num_logits * c->vocab_size);
+}
+
+size_t model_weight_bytes(const Model *m) {
+    Tensor *list[3 + 7 * m->cfg.num_layers];
+    ModelWeights w = m->w;
+    int n = list_tensors(&w, m->cfg.num_layers, list);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += tensor_bytes(list[i]);
+    return total;
+}
+
+size_t model_activation_bytes(const Model *m) {
+    return m->scratch_bytes;
 }

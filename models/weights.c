@@ -2,7 +2,8 @@
  *
  * weights_bind looks every tensor up by its Hugging Face name and checks presence, dtype
  * (F32, F16 or BF16; tensors may mix them) and exact shape; the Tensors point into the
- * checkpoint's read-only mapping. weights_dummy fills one allocation with deterministic
+ * checkpoint's read-only mapping, except the fused q/k/v and gate/up projections, whose rows
+ * are concatenated into owned buffers. weights_dummy fills one allocation with deterministic
  * uniform noise of the config's shapes (load-format dummy), scaled so that activations stay
  * O(1) through the layers and logits come out roughly unit-variance. */
 #include "weights.h"
@@ -86,6 +87,56 @@ static Status bind(Binder *b, const char *name, int64_t d0, int64_t d1, Tensor *
     return PL_OK;
 }
 
+static float element_f32(const void *p, DType dt, size_t i) {
+    if (dt == DT_F32)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return dt == DT_BF16 ? pl_bf16_to_f32(h) : pl_f16_to_f32(h);
+}
+
+uint16_t *weights_to_bf16(const Tensor *t) {
+    size_t ne = 1;
+    for (int d = 0; d < t->ndim; d++)
+        ne *= (size_t)t->shape[d];
+    uint16_t *b = pl_xmalloc(ne * sizeof *b);
+    for (size_t i = 0; i < ne; i++)
+        b[i] = pl_f32_to_bf16(element_f32(t->data, t->dtype, i));
+    return b;
+}
+
+/* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
+ * in a buffer owned by w. */
+static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
+    DType dt = parts[0].dtype;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        rows += parts[i].shape[0];
+        if (parts[i].dtype != dt)
+            dt = DT_F32;
+    }
+    int64_t cols = parts[0].ndim == 2 ? parts[0].shape[1] : 1;
+    size_t es = pl_dtype_size(dt);
+    char *buf = pl_xmalloc((size_t)rows * (size_t)cols * es);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        size_t ne = (size_t)parts[i].shape[0] * (size_t)cols;
+        if (parts[i].dtype == dt) {
+            memcpy(buf + at * es, parts[i].data, ne * es);
+        } else {
+            float *f = (float *)(void *)(buf + at * es);
+            for (size_t j = 0; j < ne; j++)
+                f[j] = element_f32(parts[i].data, parts[i].dtype, j);
+        }
+        at += ne;
+    }
+    w->fused = pl_xrealloc(w->fused, (size_t)(w->num_fused + 1) * sizeof *w->fused);
+    w->fused[w->num_fused++] = buf;
+    *out = parts[0];
+    out->data = buf;
+    out->dtype = dt;
+    out->shape[0] = rows;
+}
+
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w) {
     memset(w, 0, sizeof *w);
     Binder b = {.ck = ck};
@@ -114,19 +165,23 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights
         if ((s = bind(&b, n, d0, d1, dst)))                                                        \
             goto fail;                                                                             \
     } while (0)
+        Tensor qkv[3], gate_up[2];
         BIND("input_layernorm.weight", H, 0, &l->attn_norm);
-        BIND("self_attn.q_proj.weight", QD, H, &l->wq);
-        BIND("self_attn.k_proj.weight", KD, H, &l->wk);
-        BIND("self_attn.v_proj.weight", KD, H, &l->wv);
+        BIND("self_attn.q_proj.weight", QD, H, &qkv[0]);
+        BIND("self_attn.k_proj.weight", KD, H, &qkv[1]);
+        BIND("self_attn.v_proj.weight", KD, H, &qkv[2]);
+        fuse_rows(w, &l->wqkv, qkv, 3);
         if (cfg->qkv_bias) {
-            BIND("self_attn.q_proj.bias", QD, 0, &l->bq);
-            BIND("self_attn.k_proj.bias", KD, 0, &l->bk);
-            BIND("self_attn.v_proj.bias", KD, 0, &l->bv);
+            BIND("self_attn.q_proj.bias", QD, 0, &qkv[0]);
+            BIND("self_attn.k_proj.bias", KD, 0, &qkv[1]);
+            BIND("self_attn.v_proj.bias", KD, 0, &qkv[2]);
+            fuse_rows(w, &l->bqkv, qkv, 3);
         }
         BIND("self_attn.o_proj.weight", H, QD, &l->wo);
         BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
-        BIND("mlp.gate_proj.weight", I, H, &l->w_gate);
-        BIND("mlp.up_proj.weight", I, H, &l->w_up);
+        BIND("mlp.gate_proj.weight", I, H, &gate_up[0]);
+        BIND("mlp.up_proj.weight", I, H, &gate_up[1]);
+        fuse_rows(w, &l->w_gate_up, gate_up, 2);
         BIND("mlp.down_proj.weight", H, I, &l->w_down);
 #undef BIND
     }
@@ -258,7 +313,7 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
      * with standard deviation ~1; biases are small. */
     const float inv_h = 1.0f / sqrtf((float)H);
     const float emb = sqrtf(3.0f) * inv_h;
-    size_t cap = 3 + (size_t)L * 12, n = 0;
+    size_t cap = 3 + (size_t)L * 7, n = 0;
     DummySpec *spec = pl_xmalloc(cap * sizeof *spec);
 #define ADD(tensor, kind_, scale_, d0, d1)                                                         \
     do {                                                                                           \
@@ -276,18 +331,12 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
     for (int i = 0; i < L; i++) {
         LayerWeights *l = &w->layers[i];
         ADD(&l->attn_norm, FILL_ONES, 0, H, 0);
-        ADD(&l->wq, FILL_UNIFORM, inv_h, QD, H);
-        ADD(&l->wk, FILL_UNIFORM, inv_h, KD, H);
-        ADD(&l->wv, FILL_UNIFORM, inv_h, KD, H);
-        if (cfg->qkv_bias) {
-            ADD(&l->bq, FILL_UNIFORM, 0.01f, QD, 0);
-            ADD(&l->bk, FILL_UNIFORM, 0.01f, KD, 0);
-            ADD(&l->bv, FILL_UNIFORM, 0.01f, KD, 0);
-        }
+        ADD(&l->wqkv, FILL_UNIFORM, inv_h, QD + 2 * KD, H);
+        if (cfg->qkv_bias)
+            ADD(&l->bqkv, FILL_UNIFORM, 0.01f, QD + 2 * KD, 0);
         ADD(&l->wo, FILL_UNIFORM, 1.0f / sqrtf((float)QD), H, QD);
         ADD(&l->mlp_norm, FILL_ONES, 0, H, 0);
-        ADD(&l->w_gate, FILL_UNIFORM, inv_h, I, H);
-        ADD(&l->w_up, FILL_UNIFORM, inv_h, I, H);
+        ADD(&l->w_gate_up, FILL_UNIFORM, inv_h, 2 * I, H);
         ADD(&l->w_down, FILL_UNIFORM, 1.0f / sqrtf((float)I), H, I);
     }
 #undef ADD
@@ -344,12 +393,17 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
 void weights_free_host(ModelWeights *w) {
     free(w->dummy_storage);
     w->dummy_storage = NULL;
+    for (int i = 0; i < w->num_fused; i++)
+        free(w->fused[i]);
+    free(w->fused);
+    w->fused = NULL;
+    w->num_fused = 0;
 }
 
 void weights_free(ModelWeights *w) {
     if (!w)
         return;
+    weights_free_host(w);
     free(w->layers);
-    free(w->dummy_storage);
     memset(w, 0, sizeof *w);
 }

@@ -7,14 +7,16 @@
 #include "model.h"
 #include "safetensors.h"
 
+/* q/k/v and gate/up projections are fused (their rows concatenated in that order), so each
+ * pair or triple is one GEMM over the same input. */
 typedef struct {
-    Tensor attn_norm;    /* [H] input_layernorm */
-    Tensor wq, wk, wv;   /* [Hq*D, H], [Hkv*D, H], [Hkv*D, H] */
-    Tensor bq, bk, bv;   /* [Hq*D], [Hkv*D], [Hkv*D]; data NULL when no qkv bias */
-    Tensor wo;           /* [H, Hq*D] */
-    Tensor mlp_norm;     /* [H] post_attention_layernorm */
-    Tensor w_gate, w_up; /* [I, H] */
-    Tensor w_down;       /* [H, I] */
+    Tensor attn_norm; /* [H] input_layernorm */
+    Tensor wqkv;      /* [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows */
+    Tensor bqkv;      /* [(Hq + 2 Hkv) D]; data NULL when no qkv bias */
+    Tensor wo;        /* [H, Hq*D] */
+    Tensor mlp_norm;  /* [H] post_attention_layernorm */
+    Tensor w_gate_up; /* [2 I, H]: gate_proj rows, then up_proj rows */
+    Tensor w_down;    /* [H, I] */
 } LayerWeights;
 
 typedef struct {
@@ -23,18 +25,24 @@ typedef struct {
     Tensor lm_head;       /* [V, H] lm_head.weight, or the embedding when tied */
     LayerWeights *layers; /* [num_layers] */
     void *dummy_storage;  /* owned buffer behind dummy weights, NULL for mmapped ones */
+    void **fused;         /* owned buffers behind the fused tensors of bound weights */
+    int num_fused;
 } ModelWeights;
 
-/* Bind every tensor the config needs from `ck` (tensor data stays in the mapping), checking
- * presence, shape and dtype (F32, F16 or BF16). Errors name the checkpoint file and tensor. */
+/* Bind every tensor the config needs from `ck`, checking presence, shape and dtype (F32, F16
+ * or BF16). Errors name the checkpoint file and tensor. Unfused tensors stay in the mapping;
+ * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ). */
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w);
 
 /* Random weights of the config's shape in cfg->torch_dtype (deterministic in `seed`):
  * projections ~ U(-a, a) with a = 1/sqrt(fan_in), norms 1, biases small. */
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w);
 
-/* Release the host buffer behind dummy weights once they were copied to a device (the
- * tensor structs, now pointing at device memory, stay). */
+/* A malloc'd bfloat16 copy of a F32 / F16 tensor's data (round to nearest even). */
+uint16_t *weights_to_bf16(const Tensor *t);
+
+/* Release the host buffers behind dummy and fused weights once they were copied to a device
+ * (the tensor structs, now pointing at device memory, stay). */
 void weights_free_host(ModelWeights *w);
 
 /* Free what weights_bind / weights_dummy allocated (not the checkpoint). */

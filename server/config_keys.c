@@ -65,7 +65,7 @@ static const CfgKey keys[] = {
     /* model loading */
     KEY_ENUM("device", engine.device, devices, 1, "DEVICE", "auto (cuda when present), cpu or cuda",
              NULL),
-    KEY_ENUM("dtype", dtype, dtypes, 1, "DTYPE",
+    KEY_ENUM("dtype", engine.dtype, dtypes, 1, "DTYPE",
              "auto (the checkpoint's), float32, float16 or bfloat16", NULL),
     KEY_ENUM("load-format", engine.load_dummy, load_formats, 0, "FORMAT",
              "auto, safetensors or dummy (random weights)", NULL),
@@ -102,7 +102,7 @@ static const CfgKey keys[] = {
     /* execution */
     KEY_INT("tensor-parallel-size", tensor_parallel_size, 1, NO_MAX, "N",
             "GPUs that split the model", NULL),
-    KEY_BOOL("enforce-eager", enforce_eager, "run decode without CUDA graphs"),
+    KEY_BOOL("enforce-eager", engine.enforce_eager, "run decode without CUDA graphs"),
     {.name = "seed",
      .type = CFG_UINT64,
      .offset = OFF(engine.seed),
@@ -250,7 +250,6 @@ void cfg_init(Config *c) {
         c->engine.device = "auto";
     c->host = pl_xstrdup("127.0.0.1");
     c->port = 8000;
-    c->dtype = "auto";
     c->tensor_parallel_size = 1;
     c->max_queue_len = 1024;
     c->max_request_bytes = 1 << 20;

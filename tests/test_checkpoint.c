@@ -330,15 +330,15 @@ static void test_stories_bind(void **state) {
     assert_int_equal(f32_bits(w.final_norm.data), 0x401d54efu);
     assert_int_equal(w.final_norm.ndim, 1);
     const LayerWeights *l4 = &w.layers[4];
-    assert_int_equal(f32_bits(l4->wv.data), 0x3d6784c9u); /* 0.05652312 */
-    assert_int_equal(l4->wq.shape[0], 64);
-    assert_int_equal(l4->wk.shape[0], 32);
+    /* q (64 rows), k (32), v (32) fused: v_proj's first element follows 96 rows of 64 */
+    assert_int_equal(l4->wqkv.shape[0], 128);
+    assert_int_equal(l4->wqkv.shape[1], 64);
+    assert_int_equal(f32_bits((const float *)l4->wqkv.data + 96 * 64), 0x3d6784c9u);
     assert_int_equal(l4->wo.shape[1], 64);
-    assert_int_equal(l4->w_gate.shape[0], 172);
+    assert_int_equal(l4->w_gate_up.shape[0], 2 * 172);
     assert_int_equal(l4->w_down.shape[1], 172);
     assert_int_equal(l4->w_down.dtype, DT_F32);
-    assert_null(l4->bq.data);
-    assert_null(l4->bv.data);
+    assert_null(l4->bqkv.data);
     weights_free(&w);
     assert_null(w.layers);
 
@@ -538,14 +538,15 @@ static void test_bind_tiny(void **state) {
     ModelWeights w;
     assert_int_equal(weights_bind(&cfg, ck, &w), PL_OK);
     assert_int_equal(w.embed.dtype, DT_BF16);
-    assert_int_equal(w.layers[1].wq.dtype, DT_F16);
-    assert_int_equal(w.layers[1].wk.dtype, DT_F32);
+    /* q in F16 with k, v in F32: the fused tensor is F32; layer 0 keeps the common F32 */
+    assert_int_equal(w.layers[1].wqkv.dtype, DT_F32);
+    assert_int_equal(w.layers[0].wqkv.dtype, DT_F32);
     assert_ptr_not_equal(w.lm_head.data, w.embed.data);
     assert_int_equal(w.lm_head.shape[0], 16);
-    assert_int_equal(w.layers[0].wk.shape[0], 4);
-    assert_int_equal(w.layers[0].wk.shape[1], 8);
+    assert_int_equal(w.layers[0].wqkv.shape[0], 8 + 4 + 4);
+    assert_int_equal(w.layers[0].wqkv.shape[1], 8);
     assert_float_equal(pl_bf16_to_f32(((const uint16_t *)w.embed.data)[3]), 3.5f, 0);
-    assert_float_equal(pl_f16_to_f32(((const uint16_t *)w.layers[1].wq.data)[2]), 2.5f, 0);
+    assert_float_equal(((const float *)w.layers[1].wqkv.data)[2], 2.5f, 0);
     assert_float_equal(((const float *)w.layers[1].w_down.data)[5], 5.5f, 0);
     weights_free(&w);
     st_close(ck);
@@ -638,9 +639,9 @@ static void test_bind_missing(void **state) {
     assert_int_equal(st_open(dir, &ck), PL_OK);
     ModelWeights w;
     assert_int_equal(weights_bind(&qwen, ck, &w), PL_OK);
-    assert_non_null(w.layers[1].bv.data);
-    assert_int_equal(w.layers[1].bq.shape[0], 8);
-    assert_int_equal(w.layers[1].bq.ndim, 1);
+    assert_non_null(w.layers[1].bqkv.data);
+    assert_int_equal(w.layers[1].bqkv.shape[0], 8 + 4 + 4);
+    assert_int_equal(w.layers[1].bqkv.ndim, 1);
     assert_ptr_equal(w.lm_head.data, w.embed.data);
     weights_free(&w);
     st_close(ck);
@@ -796,30 +797,30 @@ static void test_dummy(void **state) {
     assert_ptr_equal(a.lm_head.data, a.embed.data);
     assert_int_equal(a.embed.dtype, DT_F32);
     assert_int_equal(a.embed.shape[0], 512);
-    assert_int_equal(a.layers[2].wk.shape[0], 32);
+    assert_int_equal(a.layers[2].wqkv.shape[0], 64 + 32 + 32);
     assert_int_equal(a.layers[2].w_down.shape[1], 172);
-    assert_null(a.layers[0].bq.data);
+    assert_null(a.layers[0].bqkv.data);
     check_uniform(&a.embed, sqrtf(3.0f / 64));
-    check_uniform(&a.layers[0].wq, 1.0f / 8);
+    check_uniform(&a.layers[0].wqkv, 1.0f / 8);
     check_uniform(&a.layers[4].w_down, 1.0f / sqrtf(172));
     for (size_t i = 0; i < 64; i++) {
         assert_float_equal(get(&a.final_norm, i), 1.0f, 0);
         assert_float_equal(get(&a.layers[3].mlp_norm, i), 1.0f, 0);
     }
     /* Deterministic in the seed; layers differ from each other. */
-    assert_memory_equal(a.layers[3].w_up.data, b.layers[3].w_up.data, 172 * 64 * 4);
+    assert_memory_equal(a.layers[3].w_gate_up.data, b.layers[3].w_gate_up.data, 2 * 172 * 64 * 4);
     assert_memory_equal(a.embed.data, b.embed.data, 512 * 64 * 4);
     assert_memory_not_equal(a.embed.data, c.embed.data, 512 * 64 * 4);
-    assert_memory_not_equal(a.layers[0].wq.data, a.layers[1].wq.data, 64 * 64 * 4);
+    assert_memory_not_equal(a.layers[0].wqkv.data, a.layers[1].wqkv.data, 128 * 64 * 4);
 
     /* BF16 holds the F32 values rounded; F16 likewise. */
     cfg.torch_dtype = DT_BF16;
     assert_int_equal(weights_dummy(&cfg, 42, &h), PL_OK);
-    assert_int_equal(h.layers[1].wv.dtype, DT_BF16);
+    assert_int_equal(h.layers[1].wqkv.dtype, DT_BF16);
     assert_ptr_equal(h.lm_head.data, h.embed.data);
-    for (size_t i = 0; i < elems(&a.layers[1].wv); i++)
-        assert_int_equal(((const uint16_t *)h.layers[1].wv.data)[i],
-                         pl_f32_to_bf16(get(&a.layers[1].wv, i)));
+    for (size_t i = 0; i < elems(&a.layers[1].wqkv); i++)
+        assert_int_equal(((const uint16_t *)h.layers[1].wqkv.data)[i],
+                         pl_f32_to_bf16(get(&a.layers[1].wqkv, i)));
     assert_int_equal(((const uint16_t *)h.final_norm.data)[0], 0x3f80);
     check_uniform(&h.embed, sqrtf(3.0f / 64));
     weights_free(&h);
@@ -842,14 +843,14 @@ static void test_dummy_untied_bias(void **state) {
     assert_int_equal(weights_dummy(&cfg, 7, &w), PL_OK);
     assert_ptr_not_equal(w.lm_head.data, w.embed.data);
     assert_int_equal(w.lm_head.shape[0], 16);
-    assert_int_equal(w.layers[1].bq.shape[0], 8);
-    assert_int_equal(w.layers[1].bk.shape[0], 4);
+    assert_int_equal(w.layers[1].bqkv.shape[0], 8 + 4 + 4);
     assert_int_equal(w.layers[0].wo.shape[1], 8);
-    for (size_t i = 0; i < 8; i++)
-        assert_true(fabsf(get(&w.layers[1].bq, i)) <= 0.01f);
+    for (size_t i = 0; i < 16; i++)
+        assert_true(fabsf(get(&w.layers[1].bqkv, i)) <= 0.01f);
     /* Tensors are 64-byte aligned and do not overlap. */
-    const Tensor *ts[] = {&w.embed,        &w.final_norm,   &w.lm_head,         &w.layers[0].wq,
-                          &w.layers[0].bq, &w.layers[0].bk, &w.layers[1].w_down};
+    const Tensor *ts[] = {&w.embed,           &w.final_norm,     &w.lm_head,
+                          &w.layers[0].wqkv,  &w.layers[0].bqkv, &w.layers[0].w_gate_up,
+                          &w.layers[1].w_down};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         assert_int_equal((uintptr_t)ts[i]->data % 64, 0);
         for (size_t j = 0; j < i; j++) {

@@ -97,10 +97,10 @@ static void test_defaults(void **state) {
     assert_null(c.chat_template);
     assert_string_equal(c.host, "127.0.0.1");
     assert_int_equal(c.port, 8000);
-    assert_string_equal(c.dtype, "auto");
+    assert_string_equal(c.engine.dtype, "auto");
     assert_string_equal(c.log_level, "info");
     assert_int_equal(c.tensor_parallel_size, 1);
-    assert_int_equal(c.enforce_eager, 0);
+    assert_int_equal(c.engine.enforce_eager, 0);
     assert_int_equal(c.max_queue_len, 1024);
     assert_int_equal(c.max_request_bytes, 1 << 20);
     assert_true(c.request_timeout == 60);
@@ -203,7 +203,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->port, 9000);
     assert_string_equal(c->api_key, "s3cret: key");
     assert_string_equal(c->engine.device, "cpu");
-    assert_string_equal(c->dtype, "bfloat16");
+    assert_string_equal(c->engine.dtype, "bfloat16");
     assert_int_equal(c->engine.load_dummy, 1);
     assert_int_equal(c->engine.block_size, 32);
     assert_true(c->engine.swap_space_gib == 1.5);
@@ -217,7 +217,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.enable_prefix_caching, 0);
     assert_int_equal(c->engine.preemption_mode, PREEMPT_RECOMPUTE);
     assert_int_equal(c->tensor_parallel_size, 1);
-    assert_int_equal(c->enforce_eager, 1);
+    assert_int_equal(c->engine.enforce_eager, 1);
     assert_true(c->engine.seed == UINT64_MAX);
     assert_int_equal(c->max_queue_len, 7);
     assert_int_equal(c->max_request_bytes, 4096);
@@ -329,7 +329,7 @@ static void test_value_forms(void **state) {
         fail_msg("%s", pl_error());
     assert_int_equal(c.engine.enable_chunked_prefill, 0);
     assert_int_equal(c.engine.enable_prefix_caching, 1);
-    assert_int_equal(c.enforce_eager, 1);
+    assert_int_equal(c.engine.enforce_eager, 1);
     assert_int_equal(c.port, 8080);
     assert_string_equal(c.log_level, "warning");
     assert_string_equal(c.engine.device, "cuda");
@@ -578,21 +578,21 @@ static void test_bool_flags(void **state) {
     char rest[256];
     assert_int_equal(PARSE(&c, rest, "--no-enable-prefix-caching", "--enforce-eager"), 0);
     assert_int_equal(c.engine.enable_prefix_caching, 0);
-    assert_int_equal(c.enforce_eager, 1);
+    assert_int_equal(c.engine.enforce_eager, 1);
     assert_int_equal(PARSE(&c, rest, "--enable-prefix-caching", "--enforce-eager", "false",
                            "--enable-chunked-prefill=off"),
                      0);
     assert_int_equal(c.engine.enable_prefix_caching, 1);
-    assert_int_equal(c.enforce_eager, 0);
+    assert_int_equal(c.engine.enforce_eager, 0);
     assert_int_equal(c.engine.enable_chunked_prefill, 0);
     /* a following word that is not a bool stays for the caller */
     assert_int_equal(
         PARSE(&c, rest, "--enable-chunked-prefill", "prompt.txt", "--no_enforce_eager"), 0);
     assert_int_equal(c.engine.enable_chunked_prefill, 1);
     assert_string_equal(rest, "prompt.txt ");
-    assert_int_equal(c.enforce_eager, 0);
+    assert_int_equal(c.engine.enforce_eager, 0);
     assert_int_equal(PARSE(&c, rest, "--enforce-eager", "1"), 0);
-    assert_int_equal(c.enforce_eager, 1);
+    assert_int_equal(c.engine.enforce_eager, 1);
     assert_string_equal(rest, "");
     cfg_free(&c);
 }

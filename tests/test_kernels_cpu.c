@@ -464,8 +464,14 @@ static void test_silu_mul(void **state) {
     g[2] = 90.0f;
     for (size_t i = 0; i < sz; i++)
         want[i] = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
-    ops->silu_mul(out, g, u, n, dim);
+    float *gate_up = malloc(sizeof(float) * 2 * sz); /* rows: gate half, then up half */
+    for (int r = 0; r < n; r++) {
+        memcpy(gate_up + (size_t)r * 2 * dim, g + (size_t)r * dim, sizeof(float) * dim);
+        memcpy(gate_up + (size_t)r * 2 * dim + dim, u + (size_t)r * dim, sizeof(float) * dim);
+    }
+    ops->silu_mul(out, gate_up, n, dim);
     assert_int_equal(report("silu_mul", out, want, NULL, sz, 1e-6, 2e-6), 0);
+    free(gate_up);
     free(g);
     free(u);
     free(out);
@@ -520,6 +526,39 @@ static void test_kv_write(void **state) {
             }
     }
     free(cache);
+}
+
+/* The fused op on qkv rows gives exactly rope on separate q, k and then kv_write. */
+static void test_qkv_rope_cache(void **state) {
+    (void)state;
+    const KernelOps *ops = k_cpu_ops();
+    rng_seed(10);
+    enum { N = 5, NH = 4, NKV = 2, D = 16, QD = NH * D, KVD = NKV * D, ROW = QD + 2 * KVD };
+    KvLayout l = {
+        .num_layers = 2, .num_kv_heads = NKV, .head_dim = D, .block_size = 8, .dtype = DT_F32};
+    size_t total = 3 * k_kv_block_elems(&l);
+    float *fused_cache = calloc(total, sizeof(float)), *ref_cache = calloc(total, sizeof(float));
+    float qkv[N * ROW], q[N * QD], k[N * KVD], v[N * KVD], q_out[N * QD];
+    fill(qkv, N * ROW, -2, 2);
+    for (int t = 0; t < N; t++) {
+        memcpy(q + t * QD, qkv + t * ROW, sizeof(float) * QD);
+        memcpy(k + t * KVD, qkv + t * ROW + QD, sizeof(float) * KVD);
+        memcpy(v + t * KVD, qkv + t * ROW + QD + KVD, sizeof(float) * KVD);
+    }
+    float inv[D / 2];
+    k_rope_inv_freq(inv, D, 10000.0f, 0, 0, 0, 0);
+    Rope rope = {D, inv};
+    int32_t pos[N] = {0, 3, 9, 17, 22};
+    int64_t slots[N] = {8, -1, 2, 23, 16};
+    ops->rope(q, k, pos, N, NH, NKV, &rope);
+    ops->kv_write(ref_cache, &l, 1, k, v, slots, N);
+    ops->qkv_rope_cache(q_out, qkv, pos, slots, N, NH, &rope, fused_cache, &l, 1);
+    assert_memory_equal(q_out, q, sizeof q);
+    assert_memory_equal(fused_cache, ref_cache, total * sizeof(float));
+    for (int t = 0; t < N; t++) /* k is left rotated in place, v untouched */
+        assert_memory_equal(qkv + t * ROW + QD, k + t * KVD, sizeof(float) * KVD);
+    free(fused_cache);
+    free(ref_cache);
 }
 
 /* One sequence of the attention test: its full K/V history and where the batch starts. */
@@ -843,6 +882,7 @@ int main(void) {
         cmocka_unit_test(test_silu_mul),
         cmocka_unit_test(test_kv_geometry),
         cmocka_unit_test(test_kv_write),
+        cmocka_unit_test(test_qkv_rope_cache),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_single),

@@ -18,8 +18,9 @@
 
 enum { ATTN_CHUNK = 64 };
 
-void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const float *k, const float *v,
+void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k_, const void *v_,
                   const int64_t *slot_mapping, int n) {
+    const float *k = k_, *v = v_;
     PL_CHECK(l->dtype == DT_F32);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
     size_t half = k_kv_half_elems(l), block = k_kv_block_elems(l);
@@ -254,7 +255,7 @@ static void attn_task(void *ctx, int tid, int nt) {
     attn_items_base(jb, tid, nt);
 }
 
-void cpu_attention(float *out, const float *q, const void *kv_cache, const KvLayout *l, int layer,
+void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
                    const AttnBatch *b, int nh, float scale) {
     PL_CHECK(l->dtype == DT_F32);
     PL_CHECK(layer >= 0 && layer < l->num_layers);

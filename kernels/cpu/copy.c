@@ -8,9 +8,14 @@
 
 #include "cpu_internal.h"
 
-void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim) {
+void cpu_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim) {
+    size_t row = (size_t)dim * sizeof(float);
     for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * dim, in + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+        memcpy((char *)out + (size_t)i * row, (const char *)in + (size_t)rows[i] * row, row);
+}
+
+void cpu_to_f32_op(float *out, const void *in, size_t n) {
+    memcpy(out, in, n * sizeof(float)); /* CPU activations are fp32 already */
 }
 
 void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,

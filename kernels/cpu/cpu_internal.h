@@ -16,19 +16,22 @@
 #include "kernels.h"
 
 /* ---- ops (one file each; gather_rows and copy_blocks in copy.c) ---- */
-void cpu_embedding(float *out, const int32_t *ids, int n, const Tensor *table);
-void cpu_rmsnorm(float *out, const float *x, const Tensor *w, int n, int dim, float eps);
-void cpu_add_rmsnorm(float *residual, const float *delta, float *out, const Tensor *w, int n,
-                     int dim, float eps);
-void cpu_matmul(float *out, const float *x, const Tensor *w, const Tensor *bias, int n);
-void cpu_rope(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
-              const Rope *rope);
-void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const float *k, const float *v,
+void cpu_embedding(void *out, const int32_t *ids, int n, const Tensor *table);
+void cpu_rmsnorm(void *out, const void *x, const Tensor *w, int n, int dim, float eps);
+void cpu_add_rmsnorm(void *residual, const void *delta, void *out, const Tensor *w, int n, int dim,
+                     float eps);
+void cpu_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n);
+void cpu_rope(void *q, void *k, const int32_t *positions, int n, int nh, int nkv, const Rope *rope);
+void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
                   const int64_t *slot_mapping, int n);
-void cpu_attention(float *out, const float *q, const void *kv_cache, const KvLayout *l, int layer,
+void cpu_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
+                        const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                        void *kv_cache, const KvLayout *l, int layer);
+void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
                    const AttnBatch *b, int nh, float scale);
-void cpu_silu_mul(float *out, const float *gate, const float *up, int n, int dim);
-void cpu_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim);
+void cpu_silu_mul(void *out, const void *gate_up, int n, int dim);
+void cpu_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim);
+void cpu_to_f32_op(float *out, const void *in, size_t n);
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
 void cpu_copy(void *dst, const void *src, size_t bytes);

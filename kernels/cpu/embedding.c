@@ -1,7 +1,8 @@
 /* embedding.c - token embedding lookup: rows of a F32/F16/BF16 table copied out as fp32. */
 #include "cpu_internal.h"
 
-void cpu_embedding(float *out, const int32_t *ids, int n, const Tensor *table) {
+void cpu_embedding(void *out_, const int32_t *ids, int n, const Tensor *table) {
+    float *out = out_;
     PL_CHECK(table->ndim == 2);
     int64_t vocab = table->shape[0];
     size_t hidden = (size_t)table->shape[1];

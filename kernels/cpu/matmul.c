@@ -218,7 +218,7 @@ static void matmul_task(void *ctx, int tid, int nt) {
         generic_range(jb, j0, j1);
 }
 
-void cpu_matmul(float *out, const float *x, const Tensor *w, const Tensor *bias, int n) {
+void cpu_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n) {
     PL_CHECK(w->ndim == 2);
     PL_CHECK(w->dtype == DT_F32 || w->dtype == DT_F16 || w->dtype == DT_BF16);
     int N = (int)w->shape[0], K = (int)w->shape[1];

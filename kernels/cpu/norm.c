@@ -33,14 +33,18 @@ static void norm_row(float *out, const float *x, const Tensor *w, int dim, float
     }
 }
 
-void cpu_rmsnorm(float *out, const float *x, const Tensor *w, int n, int dim, float eps) {
+void cpu_rmsnorm(void *out_, const void *x_, const Tensor *w, int n, int dim, float eps) {
+    float *out = out_;
+    const float *x = x_;
     PL_CHECK(w->ndim == 1 && w->shape[0] == dim);
     for (int r = 0; r < n; r++)
         norm_row(out + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
 }
 
-void cpu_add_rmsnorm(float *residual, const float *delta, float *out, const Tensor *w, int n,
+void cpu_add_rmsnorm(void *residual_, const void *delta_, void *out_, const Tensor *w, int n,
                      int dim, float eps) {
+    float *residual = residual_, *out = out_;
+    const float *delta = delta_;
     PL_CHECK(w->ndim == 1 && w->shape[0] == dim);
     for (int r = 0; r < n; r++) {
         float *res = residual + (size_t)r * dim;

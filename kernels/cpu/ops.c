@@ -5,6 +5,7 @@
 
 static const KernelOps cpu_ops = {
     .name = "cpu",
+    .act = DT_F32,
     .host_memory = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -20,9 +21,11 @@ static const KernelOps cpu_ops = {
     .matmul = cpu_matmul,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
+    .qkv_rope_cache = cpu_qkv_rope_cache,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .gather_rows = cpu_gather_rows,
+    .to_f32 = cpu_to_f32_op,
     .copy_blocks = cpu_copy_blocks,
     .sample = cpu_sample,
 };

@@ -2,8 +2,11 @@
  *
  * For each head and i < D/2: x1 = x[i], x2 = x[i + D/2], angle = (float)pos * inv_freq[i]
  * (a float product, as torch computes it), out[i] = x1 cos - x2 sin,
- * out[i + D/2] = x2 cos + x1 sin. cos/sin are computed once per token for all heads. */
+ * out[i + D/2] = x2 cos + x1 sin. cos/sin are computed once per token for all heads.
+ * qkv_rope_cache is the same rotation on the fused QKV projection's rows, with q copied out
+ * and the rotated k and v stored in the paged cache (kv_write, attention.c). */
 #include <math.h>
+#include <string.h>
 
 #include "cpu_internal.h"
 
@@ -21,22 +24,44 @@ static void rotate(float *x, int heads, int D, const float *c, const float *s) {
     }
 }
 
-void cpu_rope(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
+/* cos and sin of every frequency at `pos` (as torch: a float product, then cosf/sinf). */
+static void angles(float *c, float *s, int half, int32_t pos, const Rope *rope) {
+    for (int i = 0; i < half; i++) {
+        float angle = (float)pos * rope->inv_freq[i];
+        c[i] = cosf(angle);
+        s[i] = sinf(angle);
+    }
+}
+
+void cpu_rope(void *q_, void *k_, const int32_t *positions, int n, int nh, int nkv,
               const Rope *rope) {
+    float *q = q_, *k = k_;
     int D = rope->head_dim;
     int half = D / 2;
     PL_CHECK(D > 0 && D % 2 == 0 && half <= ROPE_MAX_HALF);
     float c[ROPE_MAX_HALF], s[ROPE_MAX_HALF];
     for (int t = 0; t < n; t++) {
-        float pos = (float)positions[t];
-        for (int i = 0; i < half; i++) {
-            float angle = pos * rope->inv_freq[i];
-            c[i] = cosf(angle);
-            s[i] = sinf(angle);
-        }
+        angles(c, s, half, positions[t], rope);
         if (q)
             rotate(q + (size_t)t * nh * D, nh, D, c, s);
         if (k)
             rotate(k + (size_t)t * nkv * D, nkv, D, c, s);
+    }
+}
+
+void cpu_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
+                        const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                        void *kv_cache, const KvLayout *l, int layer) {
+    int D = rope->head_dim, nkv = l->num_kv_heads, half = D / 2;
+    PL_CHECK(D == l->head_dim && D % 2 == 0 && half <= ROPE_MAX_HALF);
+    size_t qd = (size_t)nh * D, kvd = (size_t)nkv * D, row = qd + 2 * kvd;
+    float c[ROPE_MAX_HALF], s[ROPE_MAX_HALF];
+    for (int t = 0; t < n; t++) {
+        float *x = (float *)qkv + (size_t)t * row, *q = (float *)q_out + (size_t)t * qd;
+        memcpy(q, x, qd * sizeof(float));
+        angles(c, s, half, positions[t], rope);
+        rotate(q, nh, D, c, s);
+        rotate(x + qd, nkv, D, c, s);
+        cpu_kv_write(kv_cache, l, layer, x + qd, x + qd + kvd, slot_mapping + t, 1);
     }
 }

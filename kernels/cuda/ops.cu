@@ -1,12 +1,20 @@
-/* ops.cu - the CUDA backend's KernelOps table: the model's op sequence on one GPU, with
- * fp32 activations (the first, exact configuration: outputs match the CPU reference within
- * fp32 tolerance) over fp32 or 16-bit weights and an fp32 KV cache. Everything runs on the
- * default stream, so the synchronous copies order themselves with the kernels.
+/* ops.cu - the CUDA backend's KernelOps tables: the model's op sequence on one GPU, one table
+ * per activation dtype (F32: exact, outputs match the CPU reference within fp32 tolerance;
+ * BF16: the fast configuration, bf16 activations and KV cache with fp32 math inside).
  *
- * State shared by the ops (the cuBLASLt handle, the decode-attention workspace, the device
- * copy of copy-on-write pairs) is created on first use of the table and kept for the process:
- * one GPU per process for now (tensor parallelism will give each rank its own). Sampling is
- * not here: the engine samples on the host from the logits it copies back. */
+ * Streams: every op runs on one compute stream (a blocking stream, so the synchronous
+ * start-up copies on the legacy default stream order themselves with it); the step's small
+ * host-to-device copies are asynchronous on it and the logits copy back synchronizes it.
+ * Swaps run on their own stream: it first waits for the compute issued so far (an event),
+ * and the compute stream waits for the swaps before the next op (another event), so the host
+ * never blocks on a swap. Decode steps can be captured from the compute stream into CUDA
+ * graphs (graph_begin / graph_end) and replayed.
+ *
+ * State shared by the ops (streams, the cuBLASLt handle and decode-attention workspace of
+ * each table, the device copy of copy-on-write pairs) is created on first use and kept for
+ * the process: one GPU per process for now (tensor parallelism will give each rank its own).
+ * Lazily grown state (gemm heuristics, the attention workspace) must reach its working size
+ * before a capture, which the engine's warm-up does. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,11 +24,35 @@
  * batches are split into row chunks by k_cuda_matmul). */
 #define GEMM_SCRATCH_ELEMS ((size_t)2048 * 16384)
 
-static KCudaGemm *gemm;
-static void *attn_workspace;
-static size_t attn_workspace_bytes;
+static cudaStream_t compute_stream, swap_stream;
+static cudaEvent_t compute_done, swaps_done;
 static int32_t *cow_pairs; /* device copy of copy-on-write pairs */
 static int cow_pairs_cap;
+
+/* Per-table state (index 0: F32, 1: BF16). */
+typedef struct {
+    KCudaGemm *gemm;
+    void *attn_workspace;
+    size_t attn_workspace_bytes;
+} ActState;
+static ActState act_state[2];
+
+static cudaStream_t stream(void) {
+    if (!compute_stream) {
+        CUDA_CHECK(cudaStreamCreate(&compute_stream));
+        CUDA_CHECK(cudaStreamCreate(&swap_stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&compute_done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&swaps_done, cudaEventDisableTiming));
+    }
+    return compute_stream;
+}
+
+template <DType A> static ActState *state(void) {
+    ActState *s = &act_state[A == DT_BF16];
+    if (!s->gemm)
+        s->gemm = k_cuda_gemm_create(A == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
+    return s;
+}
 
 static void *ops_alloc(size_t bytes) {
     void *p = NULL;
@@ -38,6 +70,16 @@ static size_t ops_free_memory(void) {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return free_bytes;
+}
+
+/* Host source (pageable or pinned): the call returns once the source may be reused. */
+static void ops_to_device(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+}
+
+static void ops_to_host(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 static void *ops_alloc_host(size_t bytes) {
@@ -59,108 +101,171 @@ static void ops_free_host(void *p) {
 
 static void ops_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                             size_t block_bytes) {
+    if (n <= 0)
+        return;
+    CUDA_CHECK(cudaEventRecord(compute_done, stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(swap_stream, compute_done, 0));
     for (int i = 0; i < n; i++) /* block-major: one contiguous copy per block */
         CUDA_CHECK(cudaMemcpyAsync((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
                                    (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes,
-                                   block_bytes, cudaMemcpyDefault, 0));
-    CUDA_CHECK(cudaStreamSynchronize(0));
+                                   block_bytes, cudaMemcpyDefault, swap_stream));
+    CUDA_CHECK(cudaEventRecord(swaps_done, swap_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream, swaps_done, 0));
 }
 
 static void ops_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                             size_t block_bytes) {
     if (n > cow_pairs_cap) {
+        CUDA_CHECK(cudaStreamSynchronize(stream())); /* the old pairs may be in use */
         k_cuda_free(cow_pairs);
         cow_pairs_cap = n * 2;
         cow_pairs = (int32_t *)k_cuda_malloc((size_t)cow_pairs_cap * 2 * sizeof(int32_t));
     }
-    k_cuda_memcpy(cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
-    k_cuda_copy_blocks(dst_pool, src_pool, cow_pairs, n, block_bytes, NULL);
+    ops_to_device(cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
+    k_cuda_copy_blocks(dst_pool, src_pool, cow_pairs, n, block_bytes, stream());
 }
 
-static void ops_embedding(float *out, const int32_t *ids, int n, const Tensor *table) {
-    k_cuda_embedding(out, DT_F32, ids, n, table, NULL);
+template <DType A>
+static void ops_embedding(void *out, const int32_t *ids, int n, const Tensor *t) {
+    k_cuda_embedding(out, A, ids, n, t, stream());
 }
 
-static void ops_rmsnorm(float *out, const float *x, const Tensor *w, int n, int dim, float eps) {
-    k_cuda_rmsnorm(out, x, DT_F32, w, n, dim, eps, NULL);
+template <DType A>
+static void ops_rmsnorm(void *out, const void *x, const Tensor *w, int n, int dim, float eps) {
+    k_cuda_rmsnorm(out, x, A, w, n, dim, eps, stream());
 }
 
-static void ops_add_rmsnorm(float *residual, const float *delta, float *out, const Tensor *w, int n,
+template <DType A>
+static void ops_add_rmsnorm(void *residual, const void *delta, void *out, const Tensor *w, int n,
                             int dim, float eps) {
-    k_cuda_add_rmsnorm(residual, delta, out, DT_F32, w, n, dim, eps, NULL);
+    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
 }
 
-static void ops_matmul(float *out, const float *x, const Tensor *w, const Tensor *bias, int n) {
-    if (!gemm)
-        gemm = k_cuda_gemm_create(GEMM_SCRATCH_ELEMS);
-    k_cuda_matmul(gemm, out, x, DT_F32, w, bias, n, NULL);
+template <DType A>
+static void ops_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n) {
+    k_cuda_matmul(state<A>()->gemm, out, x, A, w, bias, n, stream());
 }
 
-static void ops_rope(float *q, float *k, const int32_t *positions, int n, int nh, int nkv,
+template <DType A>
+static void ops_rope(void *q, void *k, const int32_t *positions, int n, int nh, int nkv,
                      const Rope *rope) {
-    k_cuda_rope(q, k, DT_F32, positions, n, nh, nkv, rope, NULL);
+    k_cuda_rope(q, k, A, positions, n, nh, nkv, rope, stream());
 }
 
-static void ops_kv_write(void *kv_cache, const KvLayout *l, int layer, const float *k,
-                         const float *v, const int64_t *slot_mapping, int n) {
-    k_cuda_kv_write(kv_cache, l, layer, k, v, DT_F32, slot_mapping, n, NULL);
+template <DType A>
+static void ops_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
+                         const int64_t *slot_mapping, int n) {
+    k_cuda_kv_write(kv_cache, l, layer, k, v, A, slot_mapping, n, stream());
+}
+
+template <DType A>
+static void ops_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
+                               const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                               void *kv_cache, const KvLayout *l, int layer) {
+    k_cuda_qkv_rope_cache(q_out, qkv, A, positions, slot_mapping, n, nh, rope, kv_cache, l, layer,
+                          stream());
 }
 
 /* A batch of single-token sequences (pure decode) takes the decode kernel, anything with a
  * prompt chunk the prefill kernel (both are exact for any batch). */
-static void ops_attention(float *out, const float *q, const void *kv_cache, const KvLayout *l,
+template <DType A>
+static void ops_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l,
                           int layer, const AttnBatch *b, int nh, float scale) {
     if (b->num_tokens != b->num_seqs) {
-        k_cuda_attention_prefill(out, q, DT_F32, kv_cache, l, layer, b, nh, scale, NULL);
+        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, b, nh, scale, stream());
         return;
     }
+    ActState *s = state<A>();
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
-    if (need > attn_workspace_bytes) {
-        k_cuda_free(attn_workspace);
-        attn_workspace_bytes = need * 2;
-        attn_workspace = k_cuda_malloc(attn_workspace_bytes);
+    if (need > s->attn_workspace_bytes) {
+        CUDA_CHECK(cudaStreamSynchronize(stream())); /* the old one may be in use */
+        k_cuda_free(s->attn_workspace);
+        s->attn_workspace_bytes = need;
+        s->attn_workspace = k_cuda_malloc(need);
     }
-    k_cuda_attention_decode(out, q, DT_F32, kv_cache, l, layer, b, nh, scale, attn_workspace,
-                            attn_workspace_bytes, NULL);
+    k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, s->attn_workspace,
+                            s->attn_workspace_bytes, stream());
 }
 
-static void ops_silu_mul(float *out, const float *gate, const float *up, int n, int dim) {
-    k_cuda_silu_mul(out, gate, up, DT_F32, n, dim, NULL);
+template <DType A> static void ops_silu_mul(void *out, const void *gate_up, int n, int dim) {
+    k_cuda_silu_mul(out, gate_up, A, n, dim, stream());
 }
 
-static void ops_gather_rows(float *out, const float *in, const int32_t *rows, int n, int dim) {
-    k_cuda_gather_rows(out, in, rows, DT_F32, n, dim, NULL);
+template <DType A>
+static void ops_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim) {
+    k_cuda_gather_rows(out, in, rows, A, n, dim, stream());
 }
 
-static KernelOps make_ops(void) {
+template <DType A> static void ops_to_f32(float *out, const void *in, size_t n) {
+    k_cuda_to_f32(out, in, A, n, stream());
+}
+
+static void ops_graph_begin(void) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+}
+
+static void *ops_graph_end(void) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+}
+
+static void ops_graph_launch(void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, stream()));
+}
+
+static void ops_graph_destroy(void *graph) {
+    if (graph)
+        CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+static void ops_synchronize(void) {
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+template <DType A> static KernelOps make_ops(void) {
     KernelOps o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
+    o.act = A;
     o.host_memory = 0;
     o.alloc = ops_alloc;
     o.free = k_cuda_free;
-    o.to_device = k_cuda_memcpy;
-    o.to_host = k_cuda_memcpy;
+    o.to_device = ops_to_device;
+    o.to_host = ops_to_host;
     o.free_memory = ops_free_memory;
     o.alloc_host = ops_alloc_host;
     o.free_host = ops_free_host;
     o.swap_blocks = ops_swap_blocks;
-    o.embedding = ops_embedding;
-    o.rmsnorm = ops_rmsnorm;
-    o.add_rmsnorm = ops_add_rmsnorm;
-    o.matmul = ops_matmul;
-    o.rope = ops_rope;
-    o.kv_write = ops_kv_write;
-    o.attention = ops_attention;
-    o.silu_mul = ops_silu_mul;
-    o.gather_rows = ops_gather_rows;
+    o.embedding = ops_embedding<A>;
+    o.rmsnorm = ops_rmsnorm<A>;
+    o.add_rmsnorm = ops_add_rmsnorm<A>;
+    o.matmul = ops_matmul<A>;
+    o.rope = ops_rope<A>;
+    o.kv_write = ops_kv_write<A>;
+    o.qkv_rope_cache = ops_qkv_rope_cache<A>;
+    o.attention = ops_attention<A>;
+    o.silu_mul = ops_silu_mul<A>;
+    o.gather_rows = ops_gather_rows<A>;
+    o.to_f32 = ops_to_f32<A>;
     o.copy_blocks = ops_copy_blocks;
     o.sample = NULL; /* the engine samples on the host */
+    o.graph_begin = ops_graph_begin;
+    o.graph_end = ops_graph_end;
+    o.graph_launch = ops_graph_launch;
+    o.graph_destroy = ops_graph_destroy;
+    o.synchronize = ops_synchronize;
     return o;
 }
 
-static const KernelOps cuda_ops = make_ops();
+static const KernelOps cuda_ops_f32 = make_ops<DT_F32>();
+static const KernelOps cuda_ops_bf16 = make_ops<DT_BF16>();
 
-const KernelOps *k_cuda_ops(void) {
-    return &cuda_ops;
+const KernelOps *k_cuda_ops(DType act) {
+    KC_REQUIRE(act == DT_F32 || act == DT_BF16, "k_cuda_ops: activations in %s are not supported",
+               pl_dtype_name(act));
+    return act == DT_BF16 ? &cuda_ops_bf16 : &cuda_ops_f32;
 }
