@@ -129,6 +129,7 @@ int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
     }
     bench_progress_end(&bar);
     bench_progress_start(&bar, o->num_iters, "iterations", o->disable_progress || rc);
+    EngineStats before = eng_stats(e);
     for (int it = 0; it < o->num_iters && rc == 0; it++) {
         double s = run_batch(e, o, prompts, seed, &dec, &pre, &tokens);
         rc = s < 0;
@@ -142,6 +143,8 @@ int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
         if (tokens != expected)
             fprintf(stderr, "WARNING: %ld tokens generated, %ld expected\n", tokens, expected);
         print_results(&lat, &dec, &pre, o);
+        EngineStats after = eng_stats(e);
+        bench_print_decode_phases(&before, &after);
         if (o->output_json &&
             !bench_write_offline_json(results_json(&lat, &dec, &pre, o, tokens), o->output_json))
             rc = 1;

@@ -43,6 +43,20 @@ static void random_id_dataset(const BenchDatasetOptions *o, const Engine *e, Ben
     }
 }
 
+void bench_print_decode_phases(const EngineStats *before, const EngineStats *after) {
+    double n = (double)(after->decode_steps - before->decode_steps);
+    if (n <= 0)
+        return;
+    double ms[4] = {(after->decode_seconds_schedule - before->decode_seconds_schedule) / n * 1e3,
+                    (after->decode_seconds_prepare - before->decode_seconds_prepare) / n * 1e3,
+                    (after->decode_seconds_forward - before->decode_seconds_forward) / n * 1e3,
+                    (after->decode_seconds_sample - before->decode_seconds_sample) / n * 1e3};
+    double total = ms[0] + ms[1] + ms[2] + ms[3];
+    printf("Decode step phases (mean of %.0f steps): schedule %.3f ms, prepare %.3f ms, forward "
+           "%.3f ms, sample+emit %.3f ms; host share %.1f %%\n",
+           n, ms[0], ms[1], ms[2], ms[3], total > 0 ? (ms[0] + ms[1] + ms[3]) / total * 100 : 0);
+}
+
 int bench_write_offline_json(json_t *j, const char *path) {
     int ok = json_dump_file(j, path, JSON_INDENT(4) | JSON_REAL_PRECISION(17)) == 0;
     if (!ok)
@@ -90,6 +104,7 @@ int bench_throughput_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed)
         expected_output += ds.items[i].output_len;
     }
     bench_progress_start(&bar, ds.n, "requests", o->disable_progress || rc);
+    EngineStats before = eng_stats(e);
     while (eng_has_work(e)) {
         const EngEvent *ev;
         int n = eng_step(e, &ev);
@@ -109,6 +124,8 @@ int bench_throughput_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed)
                ds.n / d_, (prompt_tokens + output_tokens) / d_, output_tokens / d_);
         printf("Total num prompt tokens:  %ld\n", prompt_tokens);
         printf("Total num output tokens:  %ld\n", output_tokens);
+        EngineStats after = eng_stats(e);
+        bench_print_decode_phases(&before, &after);
         if (output_tokens != expected_output)
             fprintf(stderr,
                     "WARNING: actual token counts differ from requested counts: output=%ld/%ld\n",

@@ -222,14 +222,22 @@ static Status create_scheduling(Engine *e) {
     return PL_OK;
 }
 
-static void print_budget(const Engine *e) {
+static void print_budget(const Engine *e, double free_before_kv) {
     double mib = 1024.0 * 1024.0;
     fprintf(stderr,
-            "pagellm: device %s; KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens), "
+            "pagellm: device %s, %s activations; weights %.1f MiB, activations %.1f MiB, "
+            "%.1f MiB free before the KV cache\n",
+            e->ops->name, pl_dtype_name(e->ops->act), model_weight_bytes(e->model) / mib,
+            model_activation_bytes(e->model) / mib, free_before_kv / mib);
+    fprintf(stderr,
+            "pagellm: KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens), "
             "swap: %d blocks (%.1f MiB); max-model-len %d\n",
-            e->ops->name, e->num_gpu_blocks, e->cfg.block_size,
-            e->num_gpu_blocks * (double)e->block_bytes / mib, e->num_gpu_blocks * e->cfg.block_size,
-            e->num_cpu_blocks, e->num_cpu_blocks * (double)e->block_bytes / mib, e->max_model_len);
+            e->num_gpu_blocks, e->cfg.block_size, e->num_gpu_blocks * (double)e->block_bytes / mib,
+            e->num_gpu_blocks * e->cfg.block_size, e->num_cpu_blocks,
+            e->num_cpu_blocks * (double)e->block_bytes / mib, e->max_model_len);
+    if (e->num_graphs)
+        fprintf(stderr, "pagellm: %d decode graphs (batch 1 to %d) captured in %.2f s\n",
+                e->num_graphs, e->graph_size[e->num_graphs - 1], e->graph_seconds);
 }
 
 Status eng_create(const EngineConfig *cfg, Engine **out) {
@@ -266,6 +274,19 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->kv_layout = model_kv_layout(e->model, cfg->block_size);
     e->block_bytes = k_kv_block_elems(&e->kv_layout) * pl_dtype_size(e->kv_layout.dtype);
     e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
+    if ((st = alloc_step_buffers(e)) != PL_OK)
+        goto fail;
+    void *warm_block = e->ops->alloc(e->block_bytes);
+    if (!warm_block) {
+        st = pl_error_set(PL_ERR_NOMEM,
+                          "no %s memory left for one KV-cache block after the "
+                          "weights and activations",
+                          e->ops->name);
+        goto fail;
+    }
+    eng_warm_up(e, warm_block);
+    e->ops->free(warm_block);
+    double free_before_kv = (double)e->ops->free_memory();
     if ((st = size_pools(e)) != PL_OK)
         goto fail;
     if (!(e->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes))) {
@@ -283,10 +304,11 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
                           (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
         goto fail;
     }
-    if ((st = create_scheduling(e)) != PL_OK || (st = alloc_step_buffers(e)) != PL_OK)
+    if ((st = create_scheduling(e)) != PL_OK)
         goto fail;
+    eng_capture_graphs(e);
     if (!cfg->quiet)
-        print_budget(e);
+        print_budget(e, free_before_kv);
     *out = e;
     return PL_OK;
 fail:
@@ -318,6 +340,7 @@ void eng_destroy(Engine *e) {
     free(e->active);
     free(e->inbox);
     free(e->aborts);
+    eng_destroy_graphs(e);
     sched_destroy(e->sched);
     blk_destroy(e->bm);
     model_destroy(e->model);
@@ -478,6 +501,11 @@ EngineStats eng_stats(Engine *e) {
                      .free_gpu_blocks = blk_num_free_gpu(e->bm),
                      .free_cpu_blocks = blk_num_free_cpu(e->bm)};
     s.generated_tokens = e->generated_tokens;
+    s.decode_steps = e->decode_steps;
+    s.decode_seconds_schedule = e->decode_seconds[0];
+    s.decode_seconds_prepare = e->decode_seconds[1];
+    s.decode_seconds_forward = e->decode_seconds[2];
+    s.decode_seconds_sample = e->decode_seconds[3];
     for (int i = 0; i < e->active_n; i++) {
         Request *r = e->active[i];
         int running = 0, swapped = 0;

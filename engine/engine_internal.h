@@ -101,6 +101,16 @@ struct Engine {
     size_t top_len, top_cap;
     float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
     size_t raw_cap;
+
+    /* time of pure-decode steps by phase (EngineStats) */
+    int64_t decode_steps;
+    double decode_seconds[4]; /* schedule, prepare, forward, sample */
+
+    /* decode graphs (graphs.c): graphs[g] replays a decode step of graph_size[g] rows */
+    int num_graphs;
+    int *graph_size; /* ascending */
+    void **graphs;
+    double graph_seconds; /* spent capturing them */
 };
 
 /* Log-probabilities of one sampled row, computed from its raw logits before sampling. */
@@ -113,5 +123,26 @@ typedef struct {
 
 /* Free a finished request and its sequences (engine thread). */
 void eng_request_free(Engine *e, Request *r);
+
+/* ---- graphs.c ---- */
+
+/* Copy the first rows of the host step buffers to the backend's (no-op on host memory). */
+void eng_upload_batch(Engine *e, int num_tokens, int num_seqs, int num_rows);
+
+/* Rows [from, to) of the host step buffers become padding decode rows (token 0 at position
+ * 0 through block 0, no cache write, own logits row); query_start[to] closes the batch. */
+void eng_pad_decode_rows(Engine *e, int from, int to);
+
+/* Index of the smallest graph of at least num_seqs rows, -1 when none. */
+int eng_graph_for(const Engine *e, int num_seqs);
+
+/* Run the largest decode batch and prompt chunk once over a one-block KV pool (`kv_block`),
+ * so lazily sized backend state reaches its working size. Needs the step buffers. */
+void eng_warm_up(Engine *e, void *kv_block);
+
+/* Capture the decode graphs over the real KV pool (nothing when the backend has no graphs
+ * or enforce-eager is set). */
+void eng_capture_graphs(Engine *e);
+void eng_destroy_graphs(Engine *e);
 
 #endif

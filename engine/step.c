@@ -144,9 +144,21 @@ static void do_block_copies(Engine *e, const SchedulerOutput *o) {
                          e->block_bytes);
 }
 
-/* Pack the scheduled tokens into the model's batch (built in host memory, then copied to
- * the backend's); returns the number of logit rows. */
-static int build_batch(Engine *e, const SchedulerOutput *o, AttnBatch *b) {
+/* The decode graph for this step, -1 for an eager forward: a graph needs a pure-decode step
+ * (one token per sequence, every one sampled). */
+static int pick_graph(const Engine *e, const SchedulerOutput *o) {
+    if (e->num_graphs == 0)
+        return -1;
+    for (int i = 0; i < o->num_seqs; i++)
+        if (o->seqs[i].num_tokens != 1 || !o->seqs[i].sample)
+            return -1;
+    return eng_graph_for(e, o->num_seqs);
+}
+
+/* Pack the scheduled tokens into the model's batch (built in host memory, padded to the
+ * graph's rows when `graph` >= 0, then copied to the backend's); returns the number of logit
+ * rows of real sequences. */
+static int build_batch(Engine *e, const SchedulerOutput *o, int graph, AttnBatch *b) {
     BatchBuffers *h = &e->h;
     int bs = e->cfg.block_size, t = 0, rows = 0;
     for (int i = 0; i < o->num_seqs; i++) {
@@ -166,24 +178,20 @@ static int build_batch(Engine *e, const SchedulerOutput *o, AttnBatch *b) {
             h->logit_rows[rows++] = t - 1;
     }
     h->query_start[o->num_seqs] = t;
-    if (h->tokens != e->d.tokens) {
-        const KernelOps *ops = e->ops;
-        ops->to_device(e->d.tokens, h->tokens, (size_t)t * sizeof(int32_t));
-        ops->to_device(e->d.positions, h->positions, (size_t)t * sizeof(int32_t));
-        ops->to_device(e->d.slots, h->slots, (size_t)t * sizeof(int64_t));
-        ops->to_device(e->d.query_start, h->query_start, (size_t)(o->num_seqs + 1) * 4);
-        ops->to_device(e->d.block_tables, h->block_tables,
-                       (size_t)o->num_seqs * e->max_blocks_per_seq * sizeof(int32_t));
-        ops->to_device(e->d.logit_rows, h->logit_rows, (size_t)rows * sizeof(int32_t));
+    int seqs = o->num_seqs, real_rows = rows;
+    if (graph >= 0) {
+        seqs = rows = t = e->graph_size[graph];
+        eng_pad_decode_rows(e, o->num_seqs, seqs);
     }
+    eng_upload_batch(e, t, seqs, rows);
     *b = (AttnBatch){.num_tokens = t,
                      .positions = e->d.positions,
                      .slot_mapping = e->d.slots,
-                     .num_seqs = o->num_seqs,
+                     .num_seqs = seqs,
                      .query_start = e->d.query_start,
                      .block_tables = e->d.block_tables,
                      .max_blocks_per_seq = e->max_blocks_per_seq};
-    return rows;
+    return real_rows;
 }
 
 static SampleRequest sample_request(const Sequence *seq) {
@@ -348,9 +356,14 @@ int eng_step(Engine *e, const EngEvent **events) {
     e->events_n = 0;
     e->text_len = 0;
     e->top_len = 0;
+    double t[5];
+    t[0] = pl_now();
     take_inbox(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
     do_block_copies(e, o);
+    int decode = o->num_seqs > 0;
+    for (int i = 0; i < o->num_seqs; i++)
+        decode &= o->seqs[i].num_tokens == 1;
     if (o->num_seqs > 0) {
         double now = pl_now();
         for (int i = 0; i < o->num_seqs; i++) {
@@ -359,14 +372,27 @@ int eng_step(Engine *e, const EngEvent **events) {
                 r->t_scheduled = now;
         }
         AttnBatch b;
-        int rows = build_batch(e, o, &b);
-        model_forward(e->model, e->d.tokens, &b, e->kv_gpu, &e->kv_layout, e->d.logit_rows, rows,
-                      e->d.logits);
+        t[1] = pl_now();
+        int graph = pick_graph(e, o);
+        int rows = build_batch(e, o, graph, &b);
+        t[2] = pl_now();
+        if (graph >= 0)
+            e->ops->graph_launch(e->graphs[graph]);
+        else
+            model_forward(e->model, e->d.tokens, &b, e->kv_gpu, &e->kv_layout, e->d.logit_rows,
+                          rows, e->d.logits);
         if (e->d.logits != e->h.logits)
             e->ops->to_host(e->h.logits, e->d.logits,
                             (size_t)rows * model_config(e->model)->vocab_size * sizeof(float));
+        t[3] = pl_now();
         sched_step_done(e->sched, o);
         sample_and_emit(e, o);
+        t[4] = pl_now();
+        if (decode) {
+            e->decode_steps++;
+            for (int i = 0; i < 4; i++)
+                e->decode_seconds[i] += t[i + 1] - t[i];
+        }
     }
     for (int i = 0; i < e->events_n; i++) { /* offsets become pointers: the arenas are final */
         EngEvent *ev = &e->events[i];

@@ -130,6 +130,12 @@ typedef struct {
     int free_gpu_blocks, free_cpu_blocks;
     int64_t kv_slots_allocated; /* token slots in blocks held by running sequences */
     int64_t kv_slots_used;      /* tokens those sequences hold */
+    /* where the time of pure-decode steps went, summed over them (host clock): scheduling;
+     * packing and uploading the batch; the forward pass (issuing it and waiting for the
+     * logits, which is the device's time unless the host is slower); sampling and events */
+    int64_t decode_steps;
+    double decode_seconds_schedule, decode_seconds_prepare, decode_seconds_forward,
+        decode_seconds_sample;
 } EngineStats;
 
 /* Counters and gauges (engine thread only: it reads the scheduler's state). */

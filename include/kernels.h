@@ -147,6 +147,11 @@ typedef struct KernelOps {
      * logits the engine samples on the host with the CPU backend's sampler. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
 
+    /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
+     * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as
+     * models/weights.c's host fill; scale == 0: every element 1. NULL: the host fills. */
+    void (*fill_dummy)(void *dst, DType dt, size_t n, uint64_t key, float scale);
+
     /* Replayable op sequences (CUDA graphs); NULL on backends without them. Ops issued
      * between graph_begin and graph_end are recorded, not run; graph_launch replays them
      * with the same pointers and shapes (the data behind the pointers may change). An op

@@ -61,9 +61,10 @@ void *k_cuda_stream_create(void);
 void k_cuda_stream_destroy(void *stream);
 void k_cuda_stream_synchronize(void *stream);
 
-/* The CUDA backend's op table (fp32 activations; see kernels/cuda/ops.cu). Only call when
+/* The CUDA backend's op table for activations and KV cache in `act` (DT_F32: exact, for
+ * comparisons; DT_BF16: the fast configuration); see kernels/cuda/ops.cu. Only call when
  * k_cuda_device_count() > 0. */
-const KernelOps *k_cuda_ops(void);
+const KernelOps *k_cuda_ops(DType act);
 
 /* ---- element-wise and row ops ---- */
 
@@ -81,9 +82,17 @@ void k_cuda_rmsnorm(void *out, const void *x, DType act, const Tensor *w, int n,
 void k_cuda_add_rmsnorm(void *residual, const void *delta, void *out, DType act, const Tensor *w,
                         int n, int dim, float eps, void *stream);
 
-/* out[i] = silu(gate[i]) * up[i] over [n, dim] (act); out may alias gate or up. */
-void k_cuda_silu_mul(void *out, const void *gate, const void *up, DType act, int n, int dim,
-                     void *stream);
+/* out[i, j] = silu(gate_up[i, j]) * gate_up[i, dim + j]: the fused gate-up rows [n, 2 dim] to
+ * out [n, dim] (act); out must not alias gate_up. */
+void k_cuda_silu_mul(void *out, const void *gate_up, DType act, int n, int dim, void *stream);
+
+/* The KernelOps fill_dummy op (load-format dummy weights made on the GPU): n elements of dt
+ * (F32 / F16 / BF16) at dst, uniform in [-scale, scale) from stream `key`, bit-identical to
+ * models/weights.c's host fill, or all 1 when scale == 0. */
+void k_cuda_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale, void *stream);
+
+/* out[i] = (float)in[i] for i < n, in in `act` (the logits). */
+void k_cuda_to_f32(float *out, const void *in, DType act, size_t n, void *stream);
 
 /* out[i, :] = in[rows[i], :] for i < n, rows [n] int32 on the device, rows of `dim` (act). */
 void k_cuda_gather_rows(void *out, const void *in, const int32_t *rows, DType act, int n, int dim,
@@ -101,12 +110,12 @@ void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, i
 void k_cuda_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
                      DType act, const int64_t *slot_mapping, int n, void *stream);
 
-/* k_cuda_rope then k_cuda_kv_write in one launch: q and k are rotated in place (k is written
- * back too, as the CPU sequence leaves it) and the rotated k and v go to the cache.
- * nkv must equal l->num_kv_heads and rope->head_dim l->head_dim. */
-void k_cuda_rope_kv_write(void *q, void *k, const void *v, DType act, const int32_t *positions,
-                          const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                          void *kv_cache, const KvLayout *l, int layer, void *stream);
+/* The CPU qkv_rope_cache op in one launch on the fused projection's rows qkv[n, (nh + 2 nkv) D]
+ * (nkv = l->num_kv_heads, rope->head_dim = l->head_dim): q rotated into q_out [n, nh, D], k
+ * rotated in place, the rotated k and v converted into the cache. */
+void k_cuda_qkv_rope_cache(void *q_out, void *qkv, DType act, const int32_t *positions,
+                           const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                           void *kv_cache, const KvLayout *l, int layer, void *stream);
 
 /* Copy whole KV blocks in one launch: block src_dst[2i] of src_pool to block src_dst[2i+1] of
  * dst_pool for i < n (src_dst [2n] int32 on the device; both pools device memory, possibly
@@ -128,12 +137,19 @@ void k_cuda_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src
  * graph padding after query_start[num_seqs], are left untouched). b->max_blocks_per_seq
  * bounds every context (it sizes the split over the sequence). q, out: [rows, nh, D] in act.
  *
- * decode: one block per (row, KV head, 256-position partition) handling all query heads of
- * that KV head together (each K/V row loaded once for the group), partitions combined by a
- * second kernel when the bound allows more than one. Best for one query row per sequence.
- * prefill: one block per (tile of query rows of one sequence, KV head), K/V tiles in shared
- * memory reused by every row and head of the tile, online softmax (flash-attention style, fp32
- * CUDA cores for now; tensor cores are the next step). Best for prompt chunks. */
+ * Math is fp32 (scores, softmax, accumulation); where the tensor cores are used, the inputs
+ * are the bf16 values themselves and P is rounded to bf16 before P.V (within bf16 tolerance).
+ *
+ * decode (attention_decode.cu): memory-bound, CUDA cores, every dtype pair. One block per
+ * (KV head x head group, row, partition of 256 or 512 positions) handling all query heads of
+ * that KV head together (each K/V row loaded once for the group, 16-byte loads straight into
+ * registers), partitions combined by a second kernel when the bound allows more than one.
+ * Best for one query row per sequence.
+ * prefill (attention_prefill.cu, attention_prefill_tc.cu): one block per (tile of query rows
+ * of one sequence x heads of one KV head), K/V tiles in shared memory reused by every row and
+ * head of the tile, online softmax (flash-attention style). bf16 q on a bf16 cache with
+ * head_dim a multiple of 16 up to 256 runs on tensor cores (mma.sync, cp.async double
+ * buffering); anything else on an fp32 CUDA-core kernel. Best for prompt chunks. */
 
 /* Scratch bytes k_cuda_attention_decode needs for the split over the sequence (0 when every
  * context fits one partition). Allocate it once for the largest batch and reuse it. */
@@ -185,6 +201,68 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
  * 4; 0 = the tuned choice). KC_GEMM_AUTO, 0 restores the default. */
 typedef enum { KC_GEMM_AUTO = 0, KC_GEMM_CUBLASLT = 1, KC_GEMM_GEMV = 2 } KCudaGemmPath;
 void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
+
+/* ---- sampling and logprobs (kernels/cuda/sample.cu, kernels/cuda/logprobs.cu) ----
+ *
+ * k_cuda_sample picks the next token of every row of logits[n, vocab] in one call, with the
+ * CPU `sample` op's semantics (kernels/cpu/sample.c): repetition penalty over prompt and
+ * output tokens, frequency and presence penalties over output tokens, temperature (< 1e-5:
+ * argmax, lowest id on ties), top-k, top-p, min-p, and one draw u = k_random_uniform(seed,
+ * num_output) (bit-exact on the device) walked down the ranking (logit descending, id
+ * ascending). Same inputs, same token as the CPU op, except at a near-tie: where the draw or
+ * the top-p cut falls within rounding (about 1e-9 of the mass) of a boundary between two
+ * tokens, or a weight within an ulp of min_p, since sums are fixed-point here and double
+ * there and exp may differ by an ulp. Seeded results never depend on the batch.
+ *
+ * The logits are modified in place only by the penalties (the history tokens' entries, NaN
+ * read as -inf there); NaN elsewhere reads as -inf and nothing else is written (the CPU op
+ * also leaves the scaled, filtered row behind). Rows sampled twice (forks of an n > 1 request)
+ * need a copy each. Greedy rows read their row once, sampling rows 3 to 5 times (argmax,
+ * weight histogram, one gather per top-k / top-p / draw) plus small sorts in shared memory:
+ * 256 rows of 128256 on the H200 take 38 us greedy (KC_SAMPLE_ALL_GREEDY), 0.3 to 0.5 ms
+ * sampling (tests/test_sample_cuda.c prints the cases). */
+typedef struct {
+    float temperature; /* SamplingParams' fields, read as the CPU sampler reads them */
+    float top_p;
+    float min_p;
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int32_t top_k;
+    int32_t num_output;     /* tokens generated so far: the draw index, and the output length */
+    uint64_t seed;          /* the sequence's seed (SamplingParams.seed) */
+    int32_t history_offset; /* history[off, off + num_prompt + num_output): prompt then output */
+    int32_t num_prompt;
+} KCudaSampleRow;
+
+/* k_cuda_sample flags: promises about every row that skip work (a broken promise gives wrong
+ * tokens, nothing worse). */
+enum {
+    KC_SAMPLE_NO_PENALTIES = 1, /* no row has a penalty: no penalty pass, history unread */
+    KC_SAMPLE_ALL_GREEDY = 2,   /* every row is greedy: a pure argmax kernel */
+};
+
+/* Workspace bytes for up to max_rows rows of `vocab` with at most max_history packed history
+ * tokens (about 16 MiB of occurrence counts at vocab 128256, plus 4 bytes a history token).
+ * Allocate once; calls need no zeroing between them. */
+size_t k_cuda_sample_workspace_bytes(int max_rows, int vocab, int max_history);
+
+/* tokens[n] (device) = the token picked from each row; token_logits[n] (device, or NULL) = that
+ * token's logit before penalties (the logprob is token_logits[i] - lse[i] of k_cuda_logprobs).
+ * rows[n] (device) describes each row; history (device) holds the packed token ids the rows
+ * point into, read only for rows with a penalty (may be NULL under KC_SAMPLE_NO_PENALTIES,
+ * as may the workspace). A history token outside the vocabulary, or a history range beyond
+ * max_history, traps the kernel. Capturable; never allocates. */
+void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
+                   const KCudaSampleRow *rows, const int32_t *history, int flags, void *workspace,
+                   size_t workspace_bytes, void *stream);
+
+/* Log-softmax statistics of raw rows (call before k_cuda_sample modifies them), as the engine
+ * computes them on the host: lse[n] = max + log(sum exp(x - max)), and the k (0..20, at most
+ * vocab) best (id, logit - lse) of each row in top_ids[n, k], top_logprobs[n, k], best first,
+ * the lower id first on equal logits. NaN reads as -inf. One pass over each row. */
+void k_cuda_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
+                     int vocab, int k, void *stream);
 
 #ifdef __cplusplus
 }

@@ -97,7 +97,7 @@ static size_t tensor_bytes(const Tensor *t) {
  * memory; the host copies (mapping or dummy buffer) are released afterwards. With bfloat16
  * activations every weight goes up as bfloat16 (the GEMMs multiply bf16 by bf16). */
 static Status upload_weights(Model *m) {
-    if (m->ops->host_memory)
+    if (m->ops->host_memory || m->w.device)
         return PL_OK;
     Tensor **list = pl_xmalloc((size_t)(3 + 7 * m->cfg.num_layers) * sizeof *list);
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
@@ -151,7 +151,8 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     if (st != PL_OK)
         goto fail;
     if (opt->load_dummy) {
-        st = weights_dummy(&m->cfg, opt->seed, &m->w);
+        st = weights_dummy(&m->cfg, opt->seed,
+                           m->ops->host_memory || !m->ops->fill_dummy ? NULL : m->ops, &m->w);
     } else {
         st = st_open(opt->dir, &m->ckpt);
         if (st == PL_OK)

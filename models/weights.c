@@ -296,12 +296,26 @@ static void *fill_worker(void *arg) {
     return NULL;
 }
 
-Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
+/* Fill every tensor in backend memory, each from its own stream as fill_worker does. */
+static void fill_on_device(const KernelOps *ops, const DummySpec *spec, size_t n, DType dt,
+                           uint64_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        const DummySpec *sp = &spec[i];
+        float scale = sp->kind == FILL_ONES ? 0.0f : sp->scale;
+        ops->fill_dummy(sp->t->data, dt, tensor_elems(sp->t), mix64(seed ^ mix64((uint64_t)i + 1)),
+                        scale);
+    }
+}
+
+Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
+                     ModelWeights *w) {
     memset(w, 0, sizeof *w);
-    const DType dt = cfg->torch_dtype;
+    DType dt = cfg->torch_dtype;
     if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16)
         return pl_error_set(PL_ERR_UNSUPPORTED, "dummy weights: dtype %s is not supported",
                             pl_dtype_name(dt));
+    if (device && device->act == DT_BF16)
+        dt = DT_BF16;
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
     const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
     const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
@@ -348,13 +362,15 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
     for (size_t i = 0; i < n; i++)
         total += (tensor_elems(spec[i].t) * esize + align - 1) / align * align;
     void *buf = NULL;
-    if (posix_memalign(&buf, align, total ? total : align) != 0) {
+    if (device ? !(buf = device->alloc(total ? total : align))
+               : posix_memalign(&buf, align, total ? total : align) != 0) {
         free(spec);
         weights_free(w);
-        return pl_error_set(PL_ERR_NOMEM, "dummy weights: cannot allocate %.2f GiB",
-                            (double)total / (1u << 30));
+        return pl_error_set(PL_ERR_NOMEM, "dummy weights: cannot allocate %.2f GiB of %s memory",
+                            (double)total / PL_GIB, device ? device->name : "host");
     }
     w->dummy_storage = buf;
+    w->device = device;
     size_t off = 0, elements = 0;
     for (size_t i = 0; i < n; i++) {
         Tensor *t = spec[i].t;
@@ -364,6 +380,13 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
         elements += ne;
     }
 
+    if (device) {
+        fill_on_device(device, spec, n, dt, seed);
+        if (cfg->tie_word_embeddings)
+            w->lm_head = w->embed;
+        free(spec);
+        return PL_OK;
+    }
     /* Fill on several threads for large models (an 8B model is 8e9 elements); the values
      * do not depend on the number of threads. */
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -391,8 +414,10 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w) {
 }
 
 void weights_free_host(ModelWeights *w) {
-    free(w->dummy_storage);
-    w->dummy_storage = NULL;
+    if (!w->device) {
+        free(w->dummy_storage);
+        w->dummy_storage = NULL;
+    }
     for (int i = 0; i < w->num_fused; i++)
         free(w->fused[i]);
     free(w->fused);
@@ -404,6 +429,8 @@ void weights_free(ModelWeights *w) {
     if (!w)
         return;
     weights_free_host(w);
+    if (w->device && w->dummy_storage)
+        w->device->free(w->dummy_storage);
     free(w->layers);
     memset(w, 0, sizeof *w);
 }

@@ -20,12 +20,13 @@ typedef struct {
 } LayerWeights;
 
 typedef struct {
-    Tensor embed;         /* [V, H] model.embed_tokens.weight */
-    Tensor final_norm;    /* [H] model.norm.weight */
-    Tensor lm_head;       /* [V, H] lm_head.weight, or the embedding when tied */
-    LayerWeights *layers; /* [num_layers] */
-    void *dummy_storage;  /* owned buffer behind dummy weights, NULL for mmapped ones */
-    void **fused;         /* owned buffers behind the fused tensors of bound weights */
+    Tensor embed;            /* [V, H] model.embed_tokens.weight */
+    Tensor final_norm;       /* [H] model.norm.weight */
+    Tensor lm_head;          /* [V, H] lm_head.weight, or the embedding when tied */
+    LayerWeights *layers;    /* [num_layers] */
+    void *dummy_storage;     /* owned buffer behind dummy weights, NULL for mmapped ones */
+    const KernelOps *device; /* dummy_storage is this backend's memory (NULL: host) */
+    void **fused;            /* owned buffers behind the fused tensors of bound weights */
     int num_fused;
 } ModelWeights;
 
@@ -34,9 +35,13 @@ typedef struct {
  * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ). */
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w);
 
-/* Random weights of the config's shape in cfg->torch_dtype (deterministic in `seed`):
- * projections ~ U(-a, a) with a = 1/sqrt(fan_in), norms 1, biases small. */
-Status weights_dummy(const ModelConfig *cfg, uint64_t seed, ModelWeights *w);
+/* Random weights of the config's shape (deterministic in `seed`): projections ~ U(-a, a) with
+ * a = 1/sqrt(fan_in), norms 1, biases small. device NULL: in host memory, in
+ * cfg->torch_dtype. Else filled in place in that backend's memory by its fill_dummy op (no
+ * host copy, no upload), in bfloat16 when its activations are bfloat16; the values are the
+ * host fill's, converted. */
+Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
+                     ModelWeights *w);
 
 /* A malloc'd bfloat16 copy of a F32 / F16 tensor's data (round to nearest even). */
 uint16_t *weights_to_bf16(const Tensor *t);

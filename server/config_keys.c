@@ -66,7 +66,7 @@ static const CfgKey keys[] = {
     KEY_ENUM("device", engine.device, devices, 1, "DEVICE", "auto (cuda when present), cpu or cuda",
              NULL),
     KEY_ENUM("dtype", engine.dtype, dtypes, 1, "DTYPE",
-             "auto (the checkpoint's), float32, float16 or bfloat16", NULL),
+             "auto (bfloat16 on cuda for 16-bit weights), float32 or bfloat16", NULL),
     KEY_ENUM("load-format", engine.load_dummy, load_formats, 0, "FORMAT",
              "auto, safetensors or dummy (random weights)", NULL),
     /* KV cache */
@@ -115,7 +115,8 @@ static const CfgKey keys[] = {
             "largest request body, bytes; larger get 413", NULL),
     KEY_DOUBLE(
         "request-timeout", request_timeout, 0, 0, HUGE_VAL, "SECONDS",
-        "idle seconds before a silent connection is closed, and the shutdown grace; 0 = none"),
+        "seconds a client has to send a whole request and a connection may stay idle, and the "
+        "shutdown grace; 0 = none"),
     KEY_ENUM("log-level", log_level, log_levels, 1, "LEVEL", "debug, info, warning or error", NULL),
     KEY_ENUM("chat-template", chat_template, chat_templates, 1, "NAME",
              "chat template: chatml, llama3, llama2 or zephyr", "from tokenizer_config.json"),

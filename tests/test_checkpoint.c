@@ -790,9 +790,9 @@ static void test_dummy(void **state) {
     ModelConfig cfg;
     assert_int_equal(model_config_load(STORIES, &cfg), PL_OK);
     ModelWeights a, b, c, h;
-    assert_int_equal(weights_dummy(&cfg, 42, &a), PL_OK);
-    assert_int_equal(weights_dummy(&cfg, 42, &b), PL_OK);
-    assert_int_equal(weights_dummy(&cfg, 43, &c), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, &a), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, &b), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 43, NULL, &c), PL_OK);
     assert_non_null(a.dummy_storage);
     assert_ptr_equal(a.lm_head.data, a.embed.data);
     assert_int_equal(a.embed.dtype, DT_F32);
@@ -815,7 +815,7 @@ static void test_dummy(void **state) {
 
     /* BF16 holds the F32 values rounded; F16 likewise. */
     cfg.torch_dtype = DT_BF16;
-    assert_int_equal(weights_dummy(&cfg, 42, &h), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, &h), PL_OK);
     assert_int_equal(h.layers[1].wqkv.dtype, DT_BF16);
     assert_ptr_equal(h.lm_head.data, h.embed.data);
     for (size_t i = 0; i < elems(&a.layers[1].wqkv); i++)
@@ -825,7 +825,7 @@ static void test_dummy(void **state) {
     check_uniform(&h.embed, sqrtf(3.0f / 64));
     weights_free(&h);
     cfg.torch_dtype = DT_F16;
-    assert_int_equal(weights_dummy(&cfg, 42, &h), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, &h), PL_OK);
     for (size_t i = 0; i < elems(&a.embed); i++)
         assert_int_equal(((const uint16_t *)h.embed.data)[i], pl_f32_to_f16(get(&a.embed, i)));
     weights_free(&h);
@@ -840,7 +840,7 @@ static void test_dummy(void **state) {
 static void test_dummy_untied_bias(void **state) {
     ModelConfig cfg = tiny_config(0, 1);
     ModelWeights w;
-    assert_int_equal(weights_dummy(&cfg, 7, &w), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 7, NULL, &w), PL_OK);
     assert_ptr_not_equal(w.lm_head.data, w.embed.data);
     assert_int_equal(w.lm_head.shape[0], 16);
     assert_int_equal(w.layers[1].bqkv.shape[0], 8 + 4 + 4);
@@ -876,8 +876,8 @@ static void test_dummy_threads(void **state) {
     snprintf(json, sizeof json, fmt, 8, 1);
     assert_int_equal(model_config_parse(json, "small", &small), PL_OK);
     ModelWeights a, b;
-    assert_int_equal(weights_dummy(&big, 99, &a), PL_OK);
-    assert_int_equal(weights_dummy(&small, 99, &b), PL_OK);
+    assert_int_equal(weights_dummy(&big, 99, NULL, &a), PL_OK);
+    assert_int_equal(weights_dummy(&small, 99, NULL, &b), PL_OK);
     assert_memory_equal(a.embed.data, b.embed.data, 513 * 64 * 2);
     check_uniform(&a.embed, sqrtf(3.0f / 64));
     check_uniform(&a.layers[5].w_down, 1.0f / 64);

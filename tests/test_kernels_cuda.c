@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "weights.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include "kernels_cuda.h"
 #endif
@@ -35,11 +36,9 @@
     X(test_gather_rows)                                                                            \
     X(test_rope)                                                                                   \
     X(test_kv_write)                                                                               \
-    X(test_rope_kv_write)                                                                          \
+    X(test_qkv_rope_cache)                                                                         \
     X(test_copy_blocks)                                                                            \
-    X(test_attention_sweep)                                                                        \
-    X(test_attention_long)                                                                         \
-    X(test_attention_timing)
+    X(test_dummy_fill)
 
 #ifndef PAGELLM_HAVE_CUDA
 
@@ -203,21 +202,20 @@ static void test_silu_mul(void **state) {
             DType act = acts[ai];
             int n = shapes[si][0], dim = shapes[si][1];
             size_t len = (size_t)n * dim;
-            float *g = rand_vec(len, -8, 8, act), *u = rand_vec(len, -2, 2, act);
+            /* rows of the fused projection: gate half in [-8, 8), up half in [-2, 2) */
+            float *g = rand_vec(2 * len, -8, 8, act), *u = rand_vec(len, -2, 2, act);
+            for (int r = 0; r < n; r++)
+                memcpy(g + (size_t)r * 2 * dim + dim, u + (size_t)r * dim, sizeof(float) * dim);
             float *ref = xmalloc(len * sizeof(float)), *got = xmalloc(len * sizeof(float));
-            cpu->silu_mul(ref, g, u, n, dim);
-            void *dg = upload_as(g, len, act), *du = upload_as(u, len, act);
+            cpu->silu_mul(ref, g, n, dim);
+            void *dg = upload_as(g, 2 * len, act);
             void *dout = poisoned(len, act);
-            k_cuda_silu_mul(dout, dg, du, act, n, dim, NULL);
+            k_cuda_silu_mul(dout, dg, act, n, dim, NULL);
             download_as(got, dout, len, act);
             char what[64];
             snprintf(what, sizeof what, "silu_mul act %s [%d, %d]", dn(act), n, dim);
             bad += check_close(what, got, ref, len, atol_of(act));
-            k_cuda_silu_mul(dg, dg, du, act, n, dim, NULL); /* in place over gate */
-            download_as(got, dg, len, act);
-            bad += check_close("silu_mul in place", got, ref, len, atol_of(act));
             k_cuda_free(dg);
-            k_cuda_free(du);
             k_cuda_free(dout);
             free(g);
             free(u);
@@ -328,7 +326,7 @@ static void test_rope(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* One rope + kv_write (or kv_write alone) case against cpu rope then cpu kv_write on an F32
+/* One qkv_rope_cache (or kv_write alone) case against cpu rope then cpu kv_write on an F32
  * cache: q, k and the whole cache (untouched slots included) are compared. */
 static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fused) {
     const KernelOps *cpu = k_cpu_ops();
@@ -357,7 +355,15 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D;
     float *q = rand_vec(nq, -2, 2, act), *k = rand_vec(nk, -2, 2, act),
           *v = rand_vec(nk, -2, 2, act);
-    void *dq = upload_as(q, nq, act), *dk = upload_as(k, nk, act), *dv = upload_as(v, nk, act);
+    size_t qd = (size_t)nh * D, kvd = (size_t)nkv * D, row = qd + 2 * kvd;
+    float *qkv = xmalloc((size_t)n * row * sizeof(float)); /* the fused projection's rows */
+    for (int t = 0; t < n; t++) {
+        memcpy(qkv + t * row, q + t * qd, qd * sizeof(float));
+        memcpy(qkv + t * row + qd, k + t * kvd, kvd * sizeof(float));
+        memcpy(qkv + t * row + qd + kvd, v + t * kvd, kvd * sizeof(float));
+    }
+    void *dqkv = upload_as(qkv, (size_t)n * row, act), *dq = poisoned(nq, act);
+    void *dk = upload_as(k, nk, act), *dv = upload_as(v, nk, act);
     void *dcache = upload_as(cache, cache_n, cdt);
     int64_t *dslots = upload(slots, sizeof(int64_t) * n);
     int32_t *dpos = upload(pos, sizeof(int32_t) * n);
@@ -366,8 +372,8 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     dl.dtype = cdt;
     if (fused) {
         cpu->rope(q, k, pos, n, nh, nkv, &rp.host);
-        k_cuda_rope_kv_write(dq, dk, dv, act, dpos, dslots, n, nh, &rp.dev, dcache, &dl, layer,
-                             NULL);
+        k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, dcache, &dl, layer,
+                              NULL);
     } else {
         k_cuda_kv_write(dcache, &dl, layer, dk, dv, act, dslots, n, NULL);
     }
@@ -379,7 +385,7 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     int bad = 0;
     char what[128];
     snprintf(what, sizeof what, "%s act %s cache %s D %d nkv %d G %d bs %d",
-             fused ? "rope_kv_write" : "kv_write", dn(act), dn(cdt), D, nkv, G, bs);
+             fused ? "qkv_rope_cache" : "kv_write", dn(act), dn(cdt), D, nkv, G, bs);
     float *got = xmalloc(cache_n * sizeof(float));
     download_as(got, dcache, cache_n, cdt);
     char cw[160];
@@ -388,7 +394,11 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     if (fused) {
         float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));
         download_as(gq, dq, nq, act);
-        download_as(gk, dk, nk, act);
+        float *gqkv = xmalloc((size_t)n * row * sizeof(float));
+        download_as(gqkv, dqkv, (size_t)n * row, act);
+        for (int t = 0; t < n; t++) /* k rotated in place in the qkv rows */
+            memcpy(gk + t * kvd, gqkv + t * row + qd, kvd * sizeof(float));
+        free(gqkv);
         snprintf(cw, sizeof cw, "%s: q", what);
         bad += check_close(cw, gq, q, nq, atol_of(act));
         snprintf(cw, sizeof cw, "%s: k", what);
@@ -404,6 +414,8 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     free(q);
     free(k);
     free(v);
+    free(qkv);
+    k_cuda_free(dqkv);
     k_cuda_free(dq);
     k_cuda_free(dk);
     k_cuda_free(dv);
@@ -435,7 +447,7 @@ static void test_kv_write(void **state) {
     kv_sweep(0);
 }
 
-static void test_rope_kv_write(void **state) {
+static void test_qkv_rope_cache(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(8);
@@ -496,315 +508,53 @@ static void test_copy_blocks(void **state) {
     assert_int_equal(bad, 0);
 }
 
-/* ---------------- attention ---------------- */
-
-typedef struct {
-    int prefix; /* positions already in the cache */
-    int qlen;   /* query rows this step (1 = decode) */
-} SeqSpec;
-
-enum { MODE_DECODE = 1, MODE_PREFILL = 2, MODE_SPLIT = 4 };
-
-/* One batch: sequences `specs` (decodes first), pad_rows padding rows after the last one.
- * The cache holds random values in every position (the step's own K/V included, as after
- * kv_write); the block tables are a random permutation of the pool. The CPU attention over an
- * F32 copy of the cache is the reference for each requested mode. */
-static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, const SeqSpec *specs,
-                          int ns, int pad_rows, int modes) {
-    const KernelOps *cpu = k_cpu_ops();
-    int nh = nkv * G, L = 2, layer = 1;
-    int T = 0, max_blocks = 1, used = 0, nd = 0;
-    for (int s = 0; s < ns; s++) {
-        T += specs[s].qlen;
-        int nb = (specs[s].prefix + specs[s].qlen + bs - 1) / bs;
-        used += nb;
-        if (nb + 1 > max_blocks)
-            max_blocks = nb + 1;
-        if (specs[s].qlen == 1 && nd == s)
-            nd++;
-    }
-    int rows = T + pad_rows, nblocks = used + 3;
-    KvLayout l = {
-        .num_layers = L, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
-    size_t block = (size_t)L * 2 * bs * nkv * D, cache_n = block * nblocks;
-
-    int *perm = xmalloc(sizeof(int) * nblocks);
-    for (int i = 0; i < nblocks; i++)
-        perm[i] = i;
-    for (int i = nblocks - 1; i > 0; i--) {
-        int j = rnd_int(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    int32_t *tables = xmalloc(sizeof(int32_t) * ns * max_blocks);
-    int32_t *qs = xmalloc(sizeof(int32_t) * (ns + 1));
-    int32_t *pos = xmalloc(sizeof(int32_t) * rows);
-    int next = 0, row = 0;
-    for (int s = 0; s < ns; s++) {
-        int nb = (specs[s].prefix + specs[s].qlen + bs - 1) / bs;
-        for (int i = 0; i < max_blocks; i++)
-            tables[s * max_blocks + i] = i < nb ? perm[next++] : -1;
-        qs[s] = row;
-        for (int i = 0; i < specs[s].qlen; i++)
-            pos[row++] = specs[s].prefix + i;
-    }
-    qs[ns] = row;
-    for (; row < rows; row++)
-        pos[row] = 0;
-
-    float *cache = rand_vec(cache_n, -1, 1, cdt);
-    size_t nq = (size_t)rows * nh * D;
-    float *q = rand_vec(nq, -4, 4, act);
-    float *ref = xmalloc(nq * sizeof(float)), *got = xmalloc(nq * sizeof(float));
-    float scale = 1.0f / sqrtf((float)D);
-    AttnBatch hb = {.num_tokens = T,
-                    .positions = pos,
-                    .slot_mapping = NULL,
-                    .num_seqs = ns,
-                    .query_start = qs,
-                    .block_tables = tables,
-                    .max_blocks_per_seq = max_blocks};
-    cpu->attention(ref, q, cache, &l, layer, &hb, nh, scale);
-    for (size_t i = 0; i < nq; i++)
-        ref[i] = round_to(ref[i], act);
-
-    KvLayout dl = l;
-    dl.dtype = cdt;
-    void *dcache = upload_as(cache, cache_n, cdt), *dq = upload_as(q, nq, act);
-    int32_t *dpos = upload(pos, sizeof(int32_t) * rows),
-            *dqs = upload(qs, sizeof(int32_t) * (ns + 1));
-    int32_t *dtab = upload(tables, sizeof(int32_t) * ns * max_blocks);
-    size_t ws_bytes = k_cuda_attention_workspace_bytes(&dl, rows, nh, max_blocks);
-    void *ws = ws_bytes ? k_cuda_malloc(ws_bytes) : NULL;
-    void *dout = k_cuda_malloc(nq * pl_dtype_size(act));
-    AttnBatch db = {.num_tokens = rows,
-                    .positions = dpos,
-                    .slot_mapping = NULL,
-                    .num_seqs = ns,
-                    .query_start = dqs,
-                    .block_tables = dtab,
-                    .max_blocks_per_seq = max_blocks};
-
+/* Dummy weights filled on the GPU equal the host fill: bit for bit in the checkpoint's dtype
+ * (F32 activations keep it), and as the bf16 rounding of the host's F32 values when the
+ * activations are bf16. */
+static void test_dummy_fill(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    ModelConfig cfg = {.hidden_size = 64,
+                       .intermediate_size = 96,
+                       .num_layers = 2,
+                       .num_heads = 4,
+                       .num_kv_heads = 2,
+                       .head_dim = 16,
+                       .vocab_size = 300,
+                       .qkv_bias = 1,
+                       .torch_dtype = DT_F32};
+    ModelWeights host, dev;
     int bad = 0;
-    for (int mode = MODE_DECODE; mode <= MODE_SPLIT; mode <<= 1) {
-        if (!(modes & mode))
-            continue;
-        k_cuda_memset(dout, 0xFF, nq * pl_dtype_size(act));
-        if (mode == MODE_DECODE) {
-            k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &db, nh, scale, ws, ws_bytes,
-                                    NULL);
-        } else if (mode == MODE_PREFILL) {
-            k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &db, nh, scale, NULL);
-        } else {
-            AttnBatch dv = db, pv = db;
-            dv.num_tokens = nd;
-            dv.num_seqs = nd;
-            pv.num_tokens = T - nd;
-            pv.num_seqs = ns - nd;
-            pv.query_start = dqs + nd;
-            pv.block_tables = dtab + (size_t)nd * max_blocks;
-            if (nd > 0)
-                k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &dv, nh, scale, ws,
-                                        ws_bytes, NULL);
-            if (ns > nd)
-                k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &pv, nh, scale, NULL);
+    for (int ai = 0; ai < 2; ai++) {
+        const KernelOps *ops = k_cuda_ops(acts[ai]);
+        assert_int_equal(weights_dummy(&cfg, 1234, NULL, &host), PL_OK);
+        assert_int_equal(weights_dummy(&cfg, 1234, ops, &dev), PL_OK);
+        const Tensor *h[] = {&host.embed,           &host.lm_head,        &host.final_norm,
+                             &host.layers[1].wqkv,  &host.layers[1].bqkv, &host.layers[0].w_gate_up,
+                             &host.layers[0].w_down};
+        const Tensor *d[] = {&dev.embed,           &dev.lm_head,        &dev.final_norm,
+                             &dev.layers[1].wqkv,  &dev.layers[1].bqkv, &dev.layers[0].w_gate_up,
+                             &dev.layers[0].w_down};
+        for (size_t t = 0; t < sizeof h / sizeof *h; t++) {
+            size_t n = (size_t)h[t]->shape[0] * (h[t]->ndim == 2 ? (size_t)h[t]->shape[1] : 1);
+            assert_int_equal(d[t]->dtype, acts[ai]);
+            size_t es = pl_dtype_size(d[t]->dtype);
+            unsigned char *got = xmalloc(n * es);
+            k_cuda_memcpy(got, d[t]->data, n * es);
+            for (size_t i = 0; i < n; i++) {
+                float want = ((const float *)h[t]->data)[i];
+                int same = acts[ai] == DT_F32 ? !memcmp(got + i * 4, &want, 4)
+                                              : ((const uint16_t *)got)[i] == pl_f32_to_bf16(want);
+                if (!same && bad++ < 5)
+                    print_error("dummy fill %s tensor %zu element %zu differs\n", dn(acts[ai]), t,
+                                i);
+            }
+            free(got);
         }
-        download_as(got, dout, nq, act);
-        char what[160];
-        snprintf(what, sizeof what, "attention %s act %s cache %s D %d nkv %d G %d bs %d",
-                 mode == MODE_DECODE    ? "decode"
-                 : mode == MODE_PREFILL ? "prefill"
-                                        : "split",
-                 dn(act), dn(cdt), D, nkv, G, bs);
-        size_t real = (size_t)T * nh * D;
-        double tol = atol_of(act == DT_BF16 || cdt == DT_BF16 ? DT_BF16 : DT_F32);
-        bad += check_close(what, got, ref, real, tol);
-        int touched = 0; /* padding rows stay poisoned */
-        for (size_t i = real; i < nq; i++)
-            touched += !isnan(got[i]);
-        if (touched) {
-            print_error("%s: %d padding-row elements written\n", what, touched);
-            bad++;
-        }
+        weights_free(&host);
+        weights_free(&dev);
     }
-    k_cuda_free(dcache);
-    k_cuda_free(dq);
-    k_cuda_free(dpos);
-    k_cuda_free(dqs);
-    k_cuda_free(dtab);
-    k_cuda_free(ws);
-    k_cuda_free(dout);
-    free(perm);
-    free(tables);
-    free(qs);
-    free(pos);
-    free(cache);
-    free(q);
-    free(ref);
-    free(got);
-    return bad;
-}
-
-/* Head dims x GQA ratios x block sizes x dtypes, each on a mixed batch: three decodes (up to
- * three 256-position partitions), a chunk continuing a cached prefix, a fresh prompt, and
- * two padding rows; every kernel mode (decode, prefill, decode+prefill views). */
-static void test_attention_sweep(void **state) {
-    (void)state;
-    REQUIRE_GPU();
-    rng_seed(10);
-    const int dims[] = {8, 64, 80, 96, 128, 256};
-    const int gqa[] = {1, 4, 8};
-    const int bss[] = {8, 16, 32};
-    const DType pairs[][2] = {{DT_F32, DT_F32}, {DT_BF16, DT_BF16}};
-    int bad = 0, cases = 0;
-    for (int di = 0; di < 6; di++)
-        for (int gi = 0; gi < 3; gi++)
-            for (int bi = 0; bi < 3; bi++)
-                for (int pi = 0; pi < 2; pi++) {
-                    if (quick() && ((di != 0 && di != 4) || bi != 1))
-                        continue;
-                    SeqSpec specs[5] = {
-                        {rnd_int(700), 1},
-                        {rnd_int(300), 1},
-                        {0, 1},
-                        {100 + rnd_int(100), 37 + rnd_int(30)},
-                        {0, 20 + rnd_int(60)},
-                    };
-                    bad += attention_case(dims[di], 2, gqa[gi], bss[bi], pairs[pi][0], pairs[pi][1],
-                                          specs, 5, 2, MODE_DECODE | MODE_PREFILL | MODE_SPLIT);
-                    cases++;
-                }
-    /* mixed dtypes, a non-power-of-two group (Qwen2-7B: 28 / 4 = 7), one sequence alone */
-    SeqSpec mix[3] = {{500, 1}, {64, 65}, {0, 33}};
-    bad += attention_case(128, 2, 4, 16, DT_F32, DT_BF16, mix, 3, 0, 7);
-    bad += attention_case(128, 2, 4, 16, DT_BF16, DT_F32, mix, 3, 0, 7);
-    bad += attention_case(128, 4, 7, 16, DT_BF16, DT_BF16, mix, 3, 1, 7);
-    bad += attention_case(64, 1, 16, 8, DT_F32, DT_F32, mix, 3, 0, 7);
-    SeqSpec one[1] = {{0, 200}};
-    bad += attention_case(128, 8, 4, 32, DT_BF16, DT_BF16, one, 1, 0, 7);
-    SeqSpec big[2] = {{300, 1}, {40, 9}};
-    bad += attention_case(512, 1, 2, 16, DT_F32, DT_F32, big, 2, 0, 7); /* large-D paths */
-    cases += 6;
-    print_message("attention sweep: %d batches x 3 modes, %d mismatching comparisons\n", cases,
-                  bad);
     assert_int_equal(bad, 0);
-}
-
-/* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
- * chunk continuing a 4000-token prefix) for f32 and bf16, block sizes 16 and 32. */
-static void test_attention_long(void **state) {
-    (void)state;
-    REQUIRE_GPU();
-    if (quick())
-        return;
-    rng_seed(11);
-    SeqSpec specs[6] = {{32767, 1}, {4095, 1}, {4094, 1}, {256, 1}, {0, 1}, {4000, 64}};
-    int bad = 0;
-    bad += attention_case(128, 2, 4, 16, DT_F32, DT_F32, specs, 6, 1, 7);
-    bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, specs, 6, 1, 7);
-    SeqSpec specs2[3] = {{4096, 1}, {2047, 1}, {3000, 100}};
-    bad += attention_case(64, 2, 8, 32, DT_BF16, DT_BF16, specs2, 3, 0, 7);
-    bad += attention_case(256, 1, 1, 32, DT_F32, DT_F32, specs2, 3, 0, 7);
-    bad += attention_case(8, 2, 4, 8, DT_F32, DT_F32, specs2, 3, 0, 7);
-    assert_int_equal(bad, 0);
-}
-
-/* Not a check: wall-clock timings of the attention kernels at Llama-3-8B head shapes (32 query
- * heads, 8 KV heads, head_dim 128, bf16, block size 16), printed for the record. */
-static void test_attention_timing(void **state) {
-    (void)state;
-    REQUIRE_GPU();
-    if (quick())
-        return;
-    rng_seed(12);
-    const int D = 128, nkv = 8, nh = 32, bs = 16;
-    KvLayout l = {
-        .num_layers = 1, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_BF16};
-    const int batch = 64, ctx = 2048, prompt = 2048;
-    int max_blocks = ctx / bs;
-    int nblocks = batch * max_blocks;
-    size_t block_bytes = (size_t)2 * bs * nkv * D * 2;
-    void *cache = k_cuda_malloc(block_bytes * nblocks);
-    k_cuda_memset(cache, 0x3C, block_bytes * nblocks); /* bf16 0x3C3C = 0.0115, not zeros */
-    int32_t *tables = xmalloc(sizeof(int32_t) * nblocks);
-    for (int i = 0; i < nblocks; i++)
-        tables[i] = i;
-    int32_t *qs = xmalloc(sizeof(int32_t) * (batch + 1)), *pos = xmalloc(sizeof(int32_t) * prompt);
-    for (int s = 0; s <= batch; s++)
-        qs[s] = s;
-    for (int s = 0; s < batch; s++)
-        pos[s] = ctx - 1;
-    float *q = rand_vec((size_t)prompt * nh * D, -2, 2, DT_BF16);
-    void *dq = upload_as(q, (size_t)prompt * nh * D, DT_BF16);
-    void *dout = k_cuda_malloc((size_t)prompt * nh * D * 2);
-    int32_t *dtab = upload(tables, sizeof(int32_t) * nblocks);
-    int32_t *dqs = upload(qs, sizeof(int32_t) * (batch + 1));
-    int32_t *dpos = upload(pos, sizeof(int32_t) * batch);
-    AttnBatch db = {.num_tokens = batch,
-                    .positions = dpos,
-                    .num_seqs = batch,
-                    .query_start = dqs,
-                    .block_tables = dtab,
-                    .max_blocks_per_seq = max_blocks};
-    size_t ws_bytes = k_cuda_attention_workspace_bytes(&l, batch, nh, max_blocks);
-    void *ws = k_cuda_malloc(ws_bytes ? ws_bytes : 16);
-    float scale = 1.0f / sqrtf((float)D);
-    const int iters = 20;
-    for (int i = 0; i < 3; i++)
-        k_cuda_attention_decode(dout, dq, DT_BF16, cache, &l, 0, &db, nh, scale, ws, ws_bytes,
-                                NULL);
-    k_cuda_synchronize();
-    double t0 = pl_now();
-    for (int i = 0; i < iters; i++)
-        k_cuda_attention_decode(dout, dq, DT_BF16, cache, &l, 0, &db, nh, scale, ws, ws_bytes,
-                                NULL);
-    k_cuda_synchronize();
-    double dec = (pl_now() - t0) / iters;
-    double kv_bytes = (double)batch * ctx * nkv * D * 2 * 2;
-    print_message("timing: decode batch %d ctx %d (32/8 heads, D 128, bf16): %.1f us, "
-                  "KV read %.2f TB/s\n",
-                  batch, ctx, dec * 1e6, kv_bytes / dec / 1e12);
-
-    /* one fresh 2048-token prompt */
-    k_cuda_free(dqs);
-    k_cuda_free(dpos);
-    free(pos);
-    pos = xmalloc(sizeof(int32_t) * prompt);
-    for (int i = 0; i < prompt; i++)
-        pos[i] = i;
-    int32_t qs1[2] = {0, prompt};
-    dqs = upload(qs1, sizeof qs1);
-    dpos = upload(pos, sizeof(int32_t) * prompt);
-    AttnBatch pb = {.num_tokens = prompt,
-                    .positions = dpos,
-                    .num_seqs = 1,
-                    .query_start = dqs,
-                    .block_tables = dtab,
-                    .max_blocks_per_seq = max_blocks};
-    for (int i = 0; i < 2; i++)
-        k_cuda_attention_prefill(dout, dq, DT_BF16, cache, &l, 0, &pb, nh, scale, NULL);
-    k_cuda_synchronize();
-    t0 = pl_now();
-    for (int i = 0; i < 5; i++)
-        k_cuda_attention_prefill(dout, dq, DT_BF16, cache, &l, 0, &pb, nh, scale, NULL);
-    k_cuda_synchronize();
-    double pre = (pl_now() - t0) / 5;
-    double flops = 4.0 * nh * D * ((double)prompt * (prompt + 1) / 2);
-    print_message("timing: prefill one %d-token prompt (32/8 heads, D 128, bf16): %.2f ms, "
-                  "%.1f TFLOP/s (causal)\n",
-                  prompt, pre * 1e3, flops / pre / 1e12);
-
-    k_cuda_free(cache);
-    k_cuda_free(dq);
-    k_cuda_free(dout);
-    k_cuda_free(dtab);
-    k_cuda_free(dqs);
-    k_cuda_free(dpos);
-    k_cuda_free(ws);
-    free(tables);
-    free(qs);
-    free(pos);
-    free(q);
 }
 
 #endif /* PAGELLM_HAVE_CUDA */

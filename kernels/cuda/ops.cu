@@ -200,6 +200,10 @@ template <DType A> static void ops_to_f32(float *out, const void *in, size_t n) 
     k_cuda_to_f32(out, in, A, n, stream());
 }
 
+static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale) {
+    k_cuda_fill_dummy(dst, dt, n, key, scale, stream());
+}
+
 static void ops_graph_begin(void) {
     CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
 }
@@ -253,6 +257,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.to_f32 = ops_to_f32<A>;
     o.copy_blocks = ops_copy_blocks;
     o.sample = NULL; /* the engine samples on the host */
+    o.fill_dummy = ops_fill_dummy;
     o.graph_begin = ops_graph_begin;
     o.graph_end = ops_graph_end;
     o.graph_launch = ops_graph_launch;
