@@ -145,6 +145,17 @@ int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
         print_results(&lat, &dec, &pre, o);
         EngineStats after = eng_stats(e);
         bench_print_decode_phases(&before, &after);
+        EngSwapTiming sw;
+        if (o->swap_blocks > 0 && eng_measure_swap(e, o->swap_blocks, &sw) != PL_OK) {
+            fprintf(stderr, "pagellm bench latency: %s\n", pl_error());
+            rc = 1;
+        } else if (o->swap_blocks > 0) {
+            printf("Swap of %d blocks (%.1f MiB each way): out %.2f GB/s, in %.2f GB/s, round "
+                   "trip %.2f GB/s\n",
+                   sw.blocks, sw.bytes / (1 << 20), sw.bytes / sw.seconds_out / 1e9,
+                   sw.bytes / sw.seconds_in / 1e9,
+                   2 * sw.bytes / (sw.seconds_out + sw.seconds_in) / 1e9);
+        }
         if (o->output_json &&
             !bench_write_offline_json(results_json(&lat, &dec, &pre, o, tokens), o->output_json))
             rc = 1;

@@ -39,6 +39,8 @@ static const char latency_help[] =
     "  --output-len O            tokens generated per prompt (default 128)\n"
     "  --num-iters-warmup N      iterations before measuring (default 10)\n"
     "  --num-iters N             measured iterations (default 30)\n"
+    "  --swap-blocks N           then time swapping N KV blocks out to the swap space and\n"
+    "                            back in (default 0: not measured)\n"
     "  --output-json F           also write the results as JSON\n"
     "  --disable-tqdm            no progress bar\n"
     "\n"
@@ -81,11 +83,11 @@ int bench_offline_flag(BenchOfflineOptions *o, int latency, int argc, char **arg
     }
     if (!latency)
         return bflag_dataset(cmd, &o->data, &o->dataset_path, 0, argc, argv, i);
-    static const char *const names[] = {"--input-len", "--output-len", "--batch-size",
-                                        "--num-iters-warmup", "--num-iters"};
-    static const long lows[] = {1, 1, 1, 0, 1};
-    int *fields[] = {&o->data.input_len, &o->data.output_len, &o->batch_size, &o->num_iters_warmup,
-                     &o->num_iters};
+    static const char *const names[] = {"--input-len",        "--output-len", "--batch-size",
+                                        "--num-iters-warmup", "--num-iters",  "--swap-blocks"};
+    static const long lows[] = {1, 1, 1, 0, 1, 0};
+    int *fields[] = {&o->data.input_len, &o->data.output_len, &o->batch_size,
+                     &o->num_iters_warmup, &o->num_iters,     &o->swap_blocks};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         if ((r = bflag_value(cmd, names[k], argc, argv, i, &v)) == 0)
             continue;

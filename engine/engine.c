@@ -493,6 +493,34 @@ void eng_wait_for_work(Engine *e, int timeout_ms) {
     pthread_mutex_unlock(&e->mu);
 }
 
+Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t) {
+    if (blocks <= 0 || blocks > e->num_gpu_blocks || blocks > e->num_cpu_blocks)
+        return pl_error_set(PL_ERR_INVALID,
+                            "cannot swap %d blocks: the pools hold %d (KV) and %d (swap space)",
+                            blocks, e->num_gpu_blocks, e->num_cpu_blocks);
+    int32_t *pairs = pl_xmalloc((size_t)blocks * 2 * sizeof(int32_t));
+    for (int i = 0; i < blocks; i++)
+        pairs[2 * i] = pairs[2 * i + 1] = i;
+    void (*sync)(void) = e->ops->synchronize;
+    if (sync)
+        sync();
+    double t0 = pl_now();
+    e->ops->swap_blocks(e->kv_cpu, e->kv_gpu, pairs, blocks, e->block_bytes);
+    if (sync)
+        sync();
+    double t1 = pl_now();
+    e->ops->swap_blocks(e->kv_gpu, e->kv_cpu, pairs, blocks, e->block_bytes);
+    if (sync)
+        sync();
+    double t2 = pl_now();
+    free(pairs);
+    *t = (EngSwapTiming){.blocks = blocks,
+                         .bytes = (double)blocks * (double)e->block_bytes,
+                         .seconds_out = t1 - t0,
+                         .seconds_in = t2 - t1};
+    return PL_OK;
+}
+
 EngineStats eng_stats(Engine *e) {
     EngineStats s = {.sched = sched_counters(e->sched),
                      .blocks = blk_stats(e->bm),

@@ -111,6 +111,7 @@ typedef struct {
     int batch_size;           /* latency: 8 */
     int num_iters_warmup;     /* latency: 10 */
     int num_iters;            /* latency: 30 */
+    int swap_blocks;          /* latency: KV blocks to time a swap round trip of; 0 = none */
     char *output_json;        /* owned; NULL = none */
     int disable_progress;
 } BenchOfflineOptions;

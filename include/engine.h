@@ -138,6 +138,16 @@ typedef struct {
         decode_seconds_sample;
 } EngineStats;
 
+/* A swap round trip for benchmarks: `blocks` KV blocks copied to the swap pool and back
+ * (the same blocks, so their contents are unchanged). Call on the engine thread with no
+ * step in flight. Seconds of each direction, measured to completion. */
+typedef struct {
+    int blocks;
+    double bytes; /* one direction */
+    double seconds_out, seconds_in;
+} EngSwapTiming;
+Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t);
+
 /* Counters and gauges (engine thread only: it reads the scheduler's state). */
 EngineStats eng_stats(Engine *e);
 

@@ -1,0 +1,515 @@
+/* sample.cu - next-token selection on the GPU with the CPU sampler's semantics
+ * (kernels/cpu/sample.c): penalties, temperature, top-k, top-p, min-p and one seeded draw
+ * walked down the ranking (logit descending, id ascending), or the argmax for greedy rows.
+ *
+ * Penalties: one kernel, a few blocks looping over the rows, each with its own occurrence
+ * counts over the vocabulary in the workspace: it counts the output tokens, applies the
+ * penalties once per distinct history token in place (saving the raw logits beside the
+ * history for the token logits), and clears the counts through the history.
+ *
+ * Sampling: one block per row. Pass 1 is the argmax (greedy rows stop there). Pass 2 bins the
+ * tokens by d = max - logit (linear bins of 1/32, monotone in the ranking) with the count and
+ * the weight exp(-d) of each bin; weights are fixed-point integers (w * 2^S, S chosen so that
+ * a whole row cannot overflow 64 bits), so sums are exact, order-free and reproducible. Tokens
+ * whose weight rounds to 0 are left out of the bins: they rank after every binned token and
+ * can never be drawn. Top-k, the top-p cut and the draw are each a selection "first token in
+ * rank order where the cumulative count or weight reaches T": the bin holding it comes from a
+ * scan of the histogram, then its tokens are gathered into shared memory, sorted by (key, id)
+ * and scanned. A bin too large for shared memory is narrowed first by histograms over its
+ * float keys (11 bits at a time), down to a single logit value whose tokens are taken in id
+ * order. Min-p needs no selection: its tokens are a prefix of the ranking, so the kept mass is
+ * the smaller of the top-p mass and the mass of tokens with w >= min_p. Sums differ from the
+ * CPU's double sums only by rounding (and expf by an ulp), so a draw or cut picks a different
+ * token than the CPU only at a near-tie of cumulative mass. */
+#include "sample.cuh"
+
+enum {
+    SAMPLE_NB = 2048,   /* coarse bins: d * SAMPLE_BPU < 48 * 32 = 1536 of them are used */
+    SAMPLE_CAP = 8192,  /* tokens a selection sorts in shared memory */
+    SAMPLE_DIGITS = 11, /* bits of the float key per refinement pass (2048 bins) */
+    PEN_THREADS = 512,
+    PEN_SLABS = 32, /* blocks of the penalty kernel, each with its own counts */
+};
+#define SAMPLE_BPU  32.0f /* coarse bins per unit of d */
+#define SAMPLE_TAIL 48.0f /* d beyond which the weight is 0 at any scale (e^-48 < 2^-63) */
+
+static const unsigned PEN_DONE = 1u << 31, PEN_COUNT = (1u << 31) - 1;
+
+/* ---- the row's parameters, as the CPU sampler reads them ---- */
+
+__device__ __forceinline__ bool row_greedy(const KCudaSampleRow &p) {
+    return !(p.temperature >= 1e-5f);
+}
+__device__ __forceinline__ bool row_rep(const KCudaSampleRow &p) {
+    return p.repetition_penalty != 1.0f && p.repetition_penalty > 0.0f;
+}
+__device__ __forceinline__ bool row_freq(const KCudaSampleRow &p) {
+    return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+/* k_random_uniform (kernels/kernels.c), bit for bit. */
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ __forceinline__ float random_uniform(u64 seed, u64 index) {
+    u64 z = mix64(seed + 0x9e3779b97f4a7c15ull);
+    z = mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+/* ---- penalties ---- */
+
+/* The CPU's float operations in its order (no contraction into fused multiply-adds). */
+__device__ __forceinline__ float penalised(float x, unsigned count, bool rep, bool freq,
+                                           const KCudaSampleRow &p) {
+    x = sample_canon(x);
+    if (rep)
+        x = x > 0.0f ? __fdiv_rn(x, p.repetition_penalty) : __fmul_rn(x, p.repetition_penalty);
+    if (freq && count > 0) {
+        x = __fsub_rn(x, __fmul_rn(p.frequency_penalty, (float)count));
+        x = __fsub_rn(x, p.presence_penalty);
+    }
+    return x;
+}
+
+/* Block b handles rows b, b + gridDim.x, ... with counts slabs[b * V ...], zeroed on its first
+ * penalised row and cleared through the history after each. A history token outside the
+ * vocabulary, or a history range outside [0, hist_cap), traps the kernel. */
+__global__ __launch_bounds__(PEN_THREADS) void penalty_kernel(float *logits, int V, int n,
+                                                              const KCudaSampleRow *rows,
+                                                              const int32_t *history,
+                                                              float *hist_raw, long long hist_cap,
+                                                              unsigned *slabs) {
+    unsigned *cnt = slabs + (size_t)blockIdx.x * V;
+    bool zeroed = false;
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        const KCudaSampleRow p = rows[r];
+        bool rep = row_rep(p), freq = row_freq(p);
+        if (!rep && !freq)
+            continue;
+        if (!zeroed) {
+            for (int i = threadIdx.x; i < V; i += PEN_THREADS)
+                cnt[i] = 0;
+            zeroed = true;
+            __syncthreads();
+        }
+        long long off = p.history_offset, len = (long long)p.num_prompt + p.num_output;
+        if (off < 0 || p.num_prompt < 0 || p.num_output < 0 || off + len > hist_cap)
+            __trap();
+        const int32_t *h = history + off;
+        float *row = logits + (size_t)r * V;
+        for (int j = threadIdx.x; j < len; j += PEN_THREADS) {
+            int32_t t = h[j];
+            if (t < 0 || t >= V)
+                __trap();
+            hist_raw[off + j] = row[t];
+            if (j >= p.num_prompt)
+                atomicAdd(&cnt[t], 1u);
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < len; j += PEN_THREADS) { /* the first to mark t owns it */
+            int32_t t = h[j];
+            unsigned old = atomicOr(&cnt[t], PEN_DONE);
+            if (!(old & PEN_DONE))
+                row[t] = penalised(row[t], old & PEN_COUNT, rep, freq, p);
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < len; j += PEN_THREADS)
+            cnt[h[j]] = 0;
+        __syncthreads();
+    }
+}
+
+/* ---- selection machinery (one block per row) ---- */
+
+struct SampleCtx {
+    const float *row;
+    int V;
+    float temp, lmax, qscale; /* qscale = 2^S */
+    u64 *keys;                /* [SAMPLE_CAP] gathered tokens; the refinement histograms */
+    u64 *hmass;               /* [SAMPLE_NB] coarse histogram: weight per bin */
+    unsigned *hcnt;           /* [SAMPLE_NB] and tokens per bin */
+    u64 *scratch;             /* [SAMPLE_WARPS + 1] for the block scans */
+};
+
+__device__ __forceinline__ float value_of(const SampleCtx &c, float x) {
+    return sample_canon(x) / c.temp;
+}
+
+/* The CPU's weight expf(v - max) (double exp rounded: correctly rounded but for rare
+ * double-rounding cases, as glibc's expf nearly is), as a fixed-point integer. */
+__device__ __forceinline__ float weight_of(float d) {
+    return (float)exp(-(double)d);
+}
+__device__ __forceinline__ u64 fixed_of(const SampleCtx &c, float w) {
+    return __float2ull_rn(w * c.qscale);
+}
+
+/* The crossing bin of a histogram, with the count and weight of the bins before it. */
+struct BinHit {
+    int b; /* -1: not reached (an internal inconsistency) */
+    unsigned cnt;
+    u64 before_cnt, before_mass;
+};
+
+/* First bin b in order at which before + cumulative (count or weight) reaches T, given that
+ * it is not reached before bin 0. */
+__device__ BinHit find_bin(const SampleCtx &c, const unsigned *cnt, const u64 *mass, bool by_count,
+                           u64 T, u64 before_cnt, u64 before_mass) {
+    __shared__ BinHit hit;
+    const int per = SAMPLE_NB / SAMPLE_THREADS, b0 = threadIdx.x * per;
+    if (threadIdx.x == 0)
+        hit.b = -1;
+    u64 lc = 0, lm = 0, tot;
+    for (int j = 0; j < per; j++) {
+        lc += cnt[b0 + j];
+        lm += mass[b0 + j];
+    }
+    u64 nc = before_cnt + block_scan_u64(lc, &tot, c.scratch);
+    u64 nm = before_mass + block_scan_u64(lm, &tot, c.scratch);
+    for (int j = 0; j < per; j++) {
+        u64 ac = nc + cnt[b0 + j], am = nm + mass[b0 + j];
+        if ((by_count ? nc : nm) < T && (by_count ? ac : am) >= T)
+            hit = BinHit{b0 + j, cnt[b0 + j], nc, nm};
+        nc = ac;
+        nm = am;
+    }
+    __syncthreads();
+    BinHit r = hit;
+    __syncthreads();
+    return r;
+}
+
+/* The selected token, and the weight of the ranking through it. */
+struct Hit {
+    int id;
+    u64 mass;
+};
+
+/* Raw logits that can lie in coarse bin b: temp * (lmax - [b, b + 1) / SAMPLE_BPU), widened
+ * far beyond the rounding of the division and subtraction, so that only tokens near the bin
+ * pay for the exact test. */
+struct RawRange {
+    float lo, hi;
+};
+__device__ RawRange raw_range(const SampleCtx &c, int b) {
+    double t = c.temp, m = c.lmax;
+    double lo = t * (m - (b + 1) / (double)SAMPLE_BPU), hi = t * (m - b / (double)SAMPLE_BPU);
+    double slack = 1e-6 * (fabs(lo) + fabs(hi) + fabs(t * m)) + 1e-30;
+    return RawRange{(float)(lo - slack), (float)(hi + slack)};
+}
+
+/* Fixed-point weight of the token of raw logit x if it lies in coarse bin b (raw range r)
+ * with a key in [klo, khi] and a nonzero weight, its value in *v; else 0. */
+__device__ __forceinline__ u64 in_range(const SampleCtx &c, float x, RawRange r, int b,
+                                        unsigned klo, unsigned khi, float *v) {
+    if (!(x >= r.lo && x <= r.hi))
+        return 0;
+    *v = value_of(c, x);
+    float d = c.lmax - *v;
+    if (!(d < SAMPLE_TAIL) || (int)(d * SAMPLE_BPU) != b)
+        return 0;
+    unsigned k = desc_key(*v);
+    if (k < klo || k > khi)
+        return 0;
+    return fixed_of(c, weight_of(d));
+}
+
+/* Gather the (at most SAMPLE_CAP) tokens of bin b with keys in [klo, khi], sort them by rank
+ * and scan them for the crossing. */
+__device__ Hit gather_select(const SampleCtx &c, int b, unsigned klo, unsigned khi, bool by_count,
+                             u64 T, u64 before_cnt, u64 before_mass) {
+    __shared__ unsigned taken;
+    __shared__ Hit hit;
+    if (threadIdx.x == 0) {
+        taken = 0;
+        hit.id = -1;
+    }
+    __syncthreads();
+    RawRange xr = raw_range(c, b);
+    row_for_each(c.row, c.V, [&](int i, float x) {
+        float v;
+        if (in_range(c, x, xr, b, klo, khi, &v)) {
+            unsigned at = atomicAdd(&taken, 1u);
+            if (at < SAMPLE_CAP)
+                c.keys[at] = (u64)desc_key(v) << 32 | (unsigned)i;
+        }
+    });
+    __syncthreads();
+    int m = taken < SAMPLE_CAP ? (int)taken : SAMPLE_CAP, P = 1;
+    while (P < m)
+        P <<= 1;
+    for (int i = m + threadIdx.x; i < P; i += SAMPLE_THREADS)
+        c.keys[i] = ~0ull;
+    __syncthreads();
+    for (int k = 2; k <= P; k <<= 1) /* bitonic sort, ascending */
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < P; i += SAMPLE_THREADS) {
+                int o = i ^ j;
+                if (o > i) {
+                    u64 a = c.keys[i], z = c.keys[o];
+                    if ((a > z) == ((i & k) == 0)) {
+                        c.keys[i] = z;
+                        c.keys[o] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    const int per = (m + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    int lo = threadIdx.x * per, hi = min(lo + per, m);
+    u64 local = 0, tot;
+    for (int e = lo; e < hi; e++)
+        local += fixed_of(c, weight_of(c.lmax - desc_key_value((unsigned)(c.keys[e] >> 32))));
+    u64 mass = before_mass + block_scan_u64(local, &tot, c.scratch);
+    for (int e = lo; e < hi; e++) {
+        u64 key = c.keys[e], prev = mass;
+        mass += fixed_of(c, weight_of(c.lmax - desc_key_value((unsigned)(key >> 32))));
+        u64 count = before_cnt + e + 1;
+        if (by_count ? count == T : (prev < T && mass >= T))
+            hit = Hit{(int)(unsigned)key, mass};
+    }
+    __syncthreads();
+    Hit r = hit;
+    __syncthreads();
+    return r;
+}
+
+/* Index of the j-th token (1-based, in id order) whose key is `key`. */
+__device__ int nth_with_key(const SampleCtx &c, unsigned key, u64 j) {
+    __shared__ int found;
+    if (threadIdx.x == 0)
+        found = -1; /* ordered before any write by the scan's barriers */
+    u64 seen = 0, tot;
+    for (int start = 0; start < c.V; start += SAMPLE_THREADS * 8) {
+        int i0 = start + threadIdx.x * 8;
+        unsigned mine = 0;
+        for (int u = 0; u < 8; u++)
+            mine += i0 + u < c.V && desc_key(value_of(c, c.row[i0 + u])) == key;
+        u64 ex = seen + block_scan_u64(mine, &tot, c.scratch);
+        if (ex < j && j <= ex + mine) {
+            u64 need = j - ex;
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < c.V && desc_key(value_of(c, c.row[i0 + u])) == key && --need == 0)
+                    found = i0 + u;
+        }
+        seen += tot;
+        if (seen >= j)
+            break;
+    }
+    __syncthreads();
+    int r = found;
+    __syncthreads();
+    return r;
+}
+
+/* First token in rank order where the cumulative count (by_count) or weight reaches T, for
+ * 1 <= T <= the binned total. */
+__device__ Hit sample_select(const SampleCtx &c, bool by_count, u64 T) {
+    BinHit bh = find_bin(c, c.hcnt, c.hmass, by_count, T, 0, 0);
+    if (bh.b < 0)
+        return Hit{-1, 0};
+    unsigned klo = 0, khi = 0xffffffffu;
+    u64 n_in = bh.cnt, bc = bh.before_cnt, bm = bh.before_mass;
+    unsigned *dcnt = (unsigned *)(c.keys + SAMPLE_NB);
+    RawRange xr = raw_range(c, bh.b);
+    while (n_in > SAMPLE_CAP && klo < khi) { /* narrow by the next bits of the float key */
+        int bits = 32 - __clz(khi - klo);
+        int shift = bits > SAMPLE_DIGITS ? bits - SAMPLE_DIGITS : 0;
+        for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
+            c.keys[i] = 0;
+            dcnt[i] = 0;
+        }
+        __syncthreads();
+        row_for_each(c.row, c.V, [&](int, float x) {
+            float v;
+            u64 q = in_range(c, x, xr, bh.b, klo, khi, &v);
+            if (q) {
+                unsigned g = (desc_key(v) - klo) >> shift;
+                atomicAdd(&dcnt[g], 1u);
+                atomicAdd(&c.keys[g], q);
+            }
+        });
+        __syncthreads();
+        BinHit g = find_bin(c, dcnt, c.keys, by_count, T, bc, bm);
+        if (g.b < 0)
+            return Hit{-1, 0};
+        u64 nlo = (u64)klo + ((u64)g.b << shift), nhi = nlo + (1ull << shift) - 1;
+        klo = (unsigned)nlo;
+        khi = nhi < khi ? (unsigned)nhi : khi;
+        n_in = g.cnt;
+        bc = g.before_cnt;
+        bm = g.before_mass;
+    }
+    if (n_in <= SAMPLE_CAP)
+        return gather_select(c, bh.b, klo, khi, by_count, T, bc, bm);
+    /* more than SAMPLE_CAP tokens of one value: equal weights, taken in id order */
+    u64 q = fixed_of(c, weight_of(c.lmax - desc_key_value(klo)));
+    u64 w = by_count ? 1 : q, before = by_count ? bc : bm;
+    u64 j = (T - before + w - 1) / w;
+    return Hit{nth_with_key(c, klo, j), bm + j * q};
+}
+
+/* The token of a sampling row whose largest value lmax is finite. */
+__device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
+    for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
+        c.hcnt[i] = 0;
+        c.hmass[i] = 0;
+    }
+    __syncthreads();
+    bool minp = p.min_p > 0.0f;
+    float thr = p.min_p < 1.0f ? p.min_p : 1.0f;
+    u64 binned = 0, mass = 0, minp_mass = 0;
+    row_for_each(c.row, c.V, [&](int, float x) {
+        float d = c.lmax - value_of(c, x);
+        if (d < SAMPLE_TAIL) {
+            float w = weight_of(d);
+            u64 q = fixed_of(c, w);
+            if (q) {
+                int b = (int)(d * SAMPLE_BPU);
+                atomicAdd(&c.hcnt[b], 1u);
+                atomicAdd(&c.hmass[b], q);
+                binned++;
+                mass += q;
+                if (minp && w >= thr)
+                    minp_mass += q;
+            }
+        }
+    });
+    binned = block_sum_u64(binned, c.scratch);
+    u64 total = block_sum_u64(mass, c.scratch);
+    minp_mass = block_sum_u64(minp_mass, c.scratch);
+
+    /* the candidates' weight: the top k, or every token of nonzero weight */
+    if (p.top_k > 0 && p.top_k < c.V && (u64)p.top_k <= binned)
+        total = sample_select(c, true, (u64)p.top_k).mass;
+    /* top-p keeps the ranking up to the token where the weight reaches top_p * total */
+    u64 kept = total;
+    if (p.top_p < 1.0f) {
+        double t = (double)p.top_p * (double)total;
+        u64 T = t > 1.0 ? (u64)ceil(t) : 1;
+        kept = sample_select(c, false, T < total ? T : total).mass;
+    }
+    /* min-p keeps the prefix of tokens with w >= min_p: the kept weight is the smaller one */
+    if (minp && minp_mass < kept)
+        kept = minp_mass;
+    /* the draw: the first token where the cumulative weight exceeds u * kept */
+    double u = (double)random_uniform(p.seed, (u64)(long long)p.num_output);
+    u64 T = (u64)(u * (double)kept) + 1;
+    return sample_select(c, false, T < kept ? T : kept).id;
+}
+
+/* ---- the sampling kernel ---- */
+
+/* tokens[r]; token_logits[r] = the chosen token's logit before penalties. */
+__device__ void finish_row(int32_t *tokens, float *token_logits, int r, int token, const float *row,
+                           const KCudaSampleRow &p, bool penalised_row, const int32_t *history,
+                           const float *hist_raw) {
+    __shared__ float raw;
+    if (threadIdx.x == 0) {
+        tokens[r] = token;
+        raw = token >= 0 ? row[token] : NAN;
+    }
+    if (!token_logits)
+        return;
+    if (penalised_row && token >= 0) {
+        __syncthreads();
+        long long len = (long long)p.num_prompt + p.num_output;
+        for (long long j = threadIdx.x; j < len; j += SAMPLE_THREADS)
+            if (history[p.history_offset + j] == token)
+                raw = hist_raw[p.history_offset + j]; /* every occurrence saved the same value */
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        token_logits[r] = raw;
+}
+
+template <bool GREEDY_ONLY>
+__global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
+    int32_t *tokens, float *token_logits, const float *logits, int V, const KCudaSampleRow *rows,
+    const int32_t *history, const float *hist_raw, int penalties, float qscale) {
+    extern __shared__ u64 smem[];
+    __shared__ ArgMax am_scratch[SAMPLE_WARPS];
+    __shared__ u64 scan_scratch[SAMPLE_WARPS + 1];
+    const int r = blockIdx.x;
+    const KCudaSampleRow p = rows[r];
+    const float *row = logits + (size_t)r * V;
+    bool greedy = GREEDY_ONLY || row_greedy(p);
+    float temp = greedy ? 1.0f : p.temperature;
+
+    /* pass 1: the argmax of the values (logit / temperature for sampling rows) */
+    ArgMax am = {-INFINITY, INT_MAX};
+    if (greedy)
+        row_for_each(row, V, [&](int i, float x) { argmax_take(am, sample_canon(x), i); });
+    else
+        row_for_each(row, V, [&](int i, float x) { argmax_take(am, sample_canon(x) / temp, i); });
+    am = block_argmax(am, am_scratch);
+    int token = am.i;
+    if (!GREEDY_ONLY && !greedy && am.v > -INFINITY && am.v < INFINITY) {
+        SampleCtx c = {row,
+                       V,
+                       temp,
+                       am.v,
+                       qscale,
+                       smem,
+                       smem + SAMPLE_CAP,
+                       (unsigned *)(smem + SAMPLE_CAP + SAMPLE_NB),
+                       scan_scratch};
+        token = sample_row(c, p);
+    }
+    bool penalised_row = penalties && (row_rep(p) || row_freq(p));
+    finish_row(tokens, token_logits, r, token, row, p, penalised_row, history, hist_raw);
+}
+
+/* ---- launchers ---- */
+
+static size_t slab_bytes(int rows, int vocab) {
+    int slabs = rows < PEN_SLABS ? rows : PEN_SLABS;
+    return ((size_t)slabs * (size_t)vocab * sizeof(unsigned) + 255) & ~(size_t)255;
+}
+
+size_t k_cuda_sample_workspace_bytes(int max_rows, int vocab, int max_history) {
+    KC_REQUIRE(max_rows >= 0 && vocab > 0 && max_history >= 0,
+               "k_cuda_sample_workspace_bytes: bad sizes (rows %d, vocab %d, history %d)", max_rows,
+               vocab, max_history);
+    return slab_bytes(max_rows, vocab) + (size_t)max_history * sizeof(float);
+}
+
+void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
+                   const KCudaSampleRow *rows, const int32_t *history, int flags, void *workspace,
+                   size_t workspace_bytes, void *stream) {
+    KC_REQUIRE(n >= 0 && vocab > 0, "k_cuda_sample: bad shape (n %d, vocab %d)", n, vocab);
+    if (n == 0)
+        return;
+    cudaStream_t s = kc_stream(stream);
+    int penalties = !(flags & KC_SAMPLE_NO_PENALTIES);
+    size_t slabs = slab_bytes(n, vocab);
+    float *hist_raw = penalties ? (float *)((char *)workspace + slabs) : NULL;
+    if (penalties) {
+        KC_REQUIRE(workspace && workspace_bytes >= slabs,
+                   "k_cuda_sample: workspace of %zu bytes, %zu needed for %d rows of vocab %d",
+                   workspace_bytes, slabs, n, vocab);
+        int blocks = n < PEN_SLABS ? n : PEN_SLABS;
+        penalty_kernel<<<blocks, PEN_THREADS, 0, s>>>(
+            logits, vocab, n, rows, history, hist_raw,
+            (long long)((workspace_bytes - slabs) / sizeof(float)), (unsigned *)workspace);
+        CUDA_CHECK_LAUNCH();
+    }
+    /* S: the largest scale at which vocab weights of at most 1 sum below 2^63 */
+    int log2v = 0;
+    while ((2ll << log2v) <= vocab)
+        log2v++;
+    float qscale = ldexpf(1.0f, 62 - log2v);
+    if (flags & KC_SAMPLE_ALL_GREEDY) {
+        sample_kernel<true><<<n, SAMPLE_THREADS, 0, s>>>(tokens, token_logits, logits, vocab, rows,
+                                                         history, hist_raw, penalties, qscale);
+    } else {
+        size_t smem = (SAMPLE_CAP + SAMPLE_NB) * sizeof(u64) + SAMPLE_NB * sizeof(unsigned);
+        kc_set_smem(sample_kernel<false>, smem);
+        sample_kernel<false><<<n, SAMPLE_THREADS, smem, s>>>(
+            tokens, token_logits, logits, vocab, rows, history, hist_raw, penalties, qscale);
+    }
+    CUDA_CHECK_LAUNCH();
+}

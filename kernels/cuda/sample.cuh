@@ -1,0 +1,134 @@
+/* sample.cuh - (internal to kernels/cuda/) what sample.cu and logprobs.cu share: the value a
+ * logit is read as (NaN = -inf, as the CPU sampler treats it), the order-preserving integer
+ * key of a float, a block-wide argmax with the CPU's tie rule (first index of the maximum),
+ * a vectorised walk over one row, and block reductions and scans of 64-bit integers. Every
+ * kernel here runs one block of SAMPLE_THREADS threads per row. */
+#ifndef PAGELLM_KERNELS_CUDA_SAMPLE_CUH
+#define PAGELLM_KERNELS_CUDA_SAMPLE_CUH
+
+#include <limits.h>
+
+#include "cuda_internal.cuh"
+
+enum { SAMPLE_THREADS = 512, SAMPLE_WARPS = SAMPLE_THREADS / 32 };
+
+typedef unsigned long long u64; /* the type CUDA's 64-bit atomics and shuffles take */
+
+__device__ __forceinline__ float sample_canon(float x) {
+    return isnan(x) ? -INFINITY : x;
+}
+
+/* Key of v, ascending as v descends (-0 and +0 share one key); no NaN. Sorting (key << 32 |
+ * id) ascending is the CPU ranking: logit descending, then id ascending. */
+__device__ __forceinline__ uint32_t desc_key(float v) {
+    uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ~asc;
+}
+
+__device__ __forceinline__ float desc_key_value(uint32_t key) {
+    uint32_t asc = ~key;
+    return __uint_as_float((asc & 0x80000000u) ? (asc & 0x7fffffffu) : ~asc);
+}
+
+/* f(i, row[i]) for every i < V, split over the block: a scalar head up to 16-byte alignment,
+ * float4 loads four at a time, a scalar tail. Each thread visits its indices in increasing
+ * order. */
+template <typename F> __device__ __forceinline__ void row_for_each(const float *row, int V, F f) {
+    int head = (int)(((16 - ((uintptr_t)row & 15)) & 15) / 4);
+    head = head < V ? head : V;
+    if ((int)threadIdx.x < head)
+        f((int)threadIdx.x, row[threadIdx.x]);
+    const float4 *vec = (const float4 *)(row + head);
+    int nvec = (V - head) / 4, k = threadIdx.x;
+    for (; k + 3 * SAMPLE_THREADS < nvec; k += 4 * SAMPLE_THREADS) {
+        float4 a[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            a[u] = __ldg(vec + k + u * SAMPLE_THREADS);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = head + 4 * (k + u * SAMPLE_THREADS);
+            f(i, a[u].x);
+            f(i + 1, a[u].y);
+            f(i + 2, a[u].z);
+            f(i + 3, a[u].w);
+        }
+    }
+    for (; k < nvec; k += SAMPLE_THREADS) {
+        float4 a = __ldg(vec + k);
+        int i = head + 4 * k;
+        f(i, a.x);
+        f(i + 1, a.y);
+        f(i + 2, a.z);
+        f(i + 3, a.w);
+    }
+    for (int i = head + 4 * nvec + threadIdx.x; i < V; i += SAMPLE_THREADS)
+        f(i, row[i]);
+}
+
+/* (value, index) with the CPU argmax rule: larger value wins, the lower index on equal values
+ * (so -0 and +0 tie, and an all -inf row gives index 0). */
+struct ArgMax {
+    float v;
+    int i;
+};
+
+__device__ __forceinline__ void argmax_take(ArgMax &a, float v, int i) {
+    if (v > a.v || (v == a.v && i < a.i)) {
+        a.v = v;
+        a.i = i;
+    }
+}
+
+/* Every thread gets the block's result. `scratch` holds SAMPLE_WARPS entries. */
+__device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax *scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(a, __shfl_xor_sync(0xffffffffu, a.v, o), __shfl_xor_sync(0xffffffffu, a.i, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        scratch[threadIdx.x >> 5] = a;
+    __syncthreads();
+    ArgMax r = scratch[0];
+    for (int w = 1; w < SAMPLE_WARPS; w++)
+        argmax_take(r, scratch[w].v, scratch[w].i);
+    return r;
+}
+
+/* Exclusive prefix sum over the block in thread order; *total gets the sum. `scratch` holds
+ * SAMPLE_WARPS + 1 entries and may be reused after the call. */
+__device__ __forceinline__ u64 block_scan_u64(u64 x, u64 *total, u64 *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u64 incl = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += y;
+    }
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 31)
+        scratch[warp] = incl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 run = 0;
+        for (int w = 0; w < SAMPLE_WARPS; w++) {
+            u64 t = scratch[w];
+            scratch[w] = run;
+            run += t;
+        }
+        scratch[SAMPLE_WARPS] = run;
+    }
+    __syncthreads();
+    *total = scratch[SAMPLE_WARPS];
+    return scratch[warp] + incl - x;
+}
+
+__device__ __forceinline__ u64 block_sum_u64(u64 x, u64 *scratch) {
+    u64 total;
+    block_scan_u64(x, &total, scratch);
+    return total;
+}
+
+#endif

@@ -1,0 +1,755 @@
+/* test_sample_cuda.c - k_cuda_sample and k_cuda_logprobs (kernels/cuda/sample.cu, logprobs.cu)
+ * against the CPU: the CPU `sample` op (k_cpu_ops(), the reference) and the engine's host
+ * logprobs (engine/step.c, row_logprobs, ported here), on random batches from fixed seeds.
+ *
+ * Sampling: every batch mixes rows of different kinds (uniform, flat, peaked, bf16-rounded with
+ * many equal logits, NaN and -inf entries, wide ranges where most weights underflow) and
+ * parameters (greedy, temperature only, top-k from 1 to beyond the vocabulary, top-p, min-p,
+ * all three, repetition / frequency / presence penalties over random prompt and output
+ * histories, greedy with penalties), random seeds, vocabularies 512, 1000 (unaligned rows)
+ * and 128256, n from 1 to 256, through the general path and through the flags' fast paths.
+ * The GPU token must equal the CPU token, and token_logits the raw logit of that token.
+ *
+ * Floating-point sums differ between the two (fixed-point on the GPU, double on the CPU; exp
+ * may differ by an ulp), so equality is guaranteed only away from near-ties: a mismatch is
+ * excused when an oracle (the CPU semantics again, by a full sort in double) finds the top-p
+ * cut or the draw within 1e-8 of the mass of a token boundary, or a token within 1e-6 of the
+ * min-p threshold. Random logits make that rare (each row's chance is about 1e-8 times its
+ * number of candidate boundaries near the target); excused mismatches are counted and
+ * printed. Special rows force every path of the selection: all-equal logits (ties broken by
+ * id), a bin of 20000 distinct logits too large for shared memory, NaN / inf rows.
+ *
+ * Logprobs: lse within 1e-5 relative, top ids equal, top logprobs within 1e-5.
+ *
+ * Without a GPU every test is skipped with "no CUDA device: skipped"; in a build without the
+ * CUDA backend, with "CUDA backend not built: skipped". The last test prints timings (cudaEvent,
+ * median of 20). PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the timing test;
+ * PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#ifdef PAGELLM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels_cuda.h"
+#endif
+
+#define SAMPLE_TESTS(X)                                                                            \
+    X(test_sample_sweep)                                                                           \
+    X(test_sample_special)                                                                         \
+    X(test_logprobs)                                                                               \
+    X(test_sample_timing)
+
+#ifndef PAGELLM_HAVE_CUDA
+
+#define SKIP_TEST(name)                                                                            \
+    static void name(void **state) {                                                               \
+        (void)state;                                                                               \
+        print_message("CUDA backend not built: skipped\n");                                        \
+        skip();                                                                                    \
+    }
+SAMPLE_TESTS(SKIP_TEST)
+
+#else
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function" /* its dtype and weight helpers */
+#include "cuda_test_util.h"
+#pragma GCC diagnostic pop
+
+static int rnd_int(int n) {
+    return (int)(rng_next() % (uint64_t)n);
+}
+
+/* ---------------- batches ---------------- */
+
+enum {
+    ROW_UNIFORM,  /* U(-8, 8) */
+    ROW_FLAT,     /* U(-2, 2): large nuclei */
+    ROW_PEAKED,   /* a bell-shaped bulk and 1..30 hot tokens among the low ids */
+    ROW_BF16,     /* ROW_PEAKED rounded to bf16: many equal logits */
+    ROW_HOLES,    /* U(-8, 8) with 3% NaN and 3% -inf */
+    ROW_WIDE,     /* U(-60, 60): most weights underflow */
+    ROW_EQUAL,    /* every logit 1.5 */
+    ROW_BIG_BIN,  /* 20000 logits within 0.02 of 5 (one bin of more than 8192), the rest lower */
+    ROW_ALL_NINF, /* -inf everywhere but for a few NaN */
+    ROW_INF,      /* U(-8, 8) with two +inf */
+    ROW_KINDS_RANDOM = ROW_WIDE + 1
+};
+
+static void gen_row(float *row, int V, int kind) {
+    for (int i = 0; i < V; i++) {
+        switch (kind) {
+            case ROW_UNIFORM:
+            case ROW_HOLES:
+            case ROW_INF:
+                row[i] = rnd(-8, 8);
+                break;
+            case ROW_FLAT:
+                row[i] = rnd(-2, 2);
+                break;
+            case ROW_PEAKED:
+            case ROW_BF16:
+                row[i] = -5.0f + 3.0f * (rnd(0, 1) + rnd(0, 1) + rnd(0, 1) - 1.5f);
+                break;
+            case ROW_WIDE:
+                row[i] = rnd(-60, 60);
+                break;
+            case ROW_EQUAL:
+                row[i] = 1.5f;
+                break;
+            case ROW_BIG_BIN:
+                row[i] = rnd(-10, 0);
+                break;
+            default:
+                row[i] = -INFINITY;
+        }
+    }
+    if (kind == ROW_PEAKED || kind == ROW_BF16) {
+        int hot = 1 + rnd_int(30);
+        for (int h = 0; h < hot; h++)
+            row[rnd_int(V < 50 ? V : 50)] = rnd(4, 12);
+    }
+    if (kind == ROW_BF16)
+        for (int i = 0; i < V; i++)
+            row[i] = round_to(row[i], DT_BF16);
+    if (kind == ROW_HOLES)
+        for (int i = 0; i < V; i++) {
+            int r = rnd_int(100);
+            row[i] = r < 3 ? NAN : r < 6 ? -INFINITY : row[i];
+        }
+    if (kind == ROW_BIG_BIN)
+        for (int i = 0; i < 20000 && i < V; i++)
+            row[(i * 7) % V] = 5.0f + rnd(0, 0.02f);
+    if (kind == ROW_ALL_NINF)
+        for (int i = 0; i < 3; i++)
+            row[rnd_int(V)] = NAN;
+    if (kind == ROW_INF) {
+        row[rnd_int(V)] = INFINITY;
+        row[rnd_int(V)] = INFINITY;
+    }
+}
+
+/* Random parameters: greedy, temperature only, top-k, top-p, min-p, all three, penalties with
+ * some filters, penalties with temperature only, greedy with penalties. */
+static SamplingParams gen_params(int V) {
+    SamplingParams p = sampling_params_default();
+    p.seed = rng_next();
+    int mode = rnd_int(9);
+    const float temps[] = {0.3f, 0.7f, 1.0f, 1.5f};
+    const int ks[] = {1, 2, 10, 50, V / 3, V - 1, V + 5};
+    const float ps[] = {0.05f, 0.5f, 0.9f, 0.99f};
+    const float mps[] = {0.001f, 0.05f, 0.3f};
+    if (mode != 0 && mode != 8)
+        p.temperature = temps[rnd_int(4)];
+    if (mode == 2 || mode == 5 || (mode == 6 && rnd_int(2)))
+        p.top_k = ks[rnd_int(7)];
+    if (mode == 3 || mode == 5 || (mode == 6 && rnd_int(2)))
+        p.top_p = ps[rnd_int(4)];
+    if (mode == 4 || mode == 5 || (mode == 6 && rnd_int(2)))
+        p.min_p = mps[rnd_int(3)];
+    if (mode >= 6) {
+        const float reps[] = {1.0f, 1.3f, 0.8f}, freqs[] = {0.0f, 0.4f, -0.3f};
+        p.repetition_penalty = reps[rnd_int(3)];
+        p.frequency_penalty = freqs[rnd_int(3)];
+        p.presence_penalty = rnd_int(2) ? 0.6f : 0.0f;
+        if (p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+            p.presence_penalty == 0.0f)
+            p.repetition_penalty = 1.3f;
+    }
+    return p;
+}
+
+typedef struct {
+    int n, V;
+    float *logits; /* [n, V] raw */
+    SamplingParams *params;
+    int32_t *hist; /* packed: each row's prompt then output */
+    int hist_len;
+    int *off, *np, *no;
+} Batch;
+
+/* A batch of n rows of the given kind (-1: random kinds), parameters from gen_params unless
+ * fixed is given. Histories draw 70% of their tokens from the 50 lowest ids (repeats, and
+ * the peaked rows' hot tokens), the rest from the whole vocabulary. */
+static Batch make_batch(int n, int V, int kind, const SamplingParams *fixed) {
+    Batch b = {.n = n, .V = V};
+    b.logits = xmalloc(sizeof(float) * (size_t)n * V);
+    b.params = xmalloc(sizeof(SamplingParams) * n);
+    b.off = xmalloc(sizeof(int) * n);
+    b.np = xmalloc(sizeof(int) * n);
+    b.no = xmalloc(sizeof(int) * n);
+    b.hist = xmalloc(sizeof(int32_t) * (size_t)n * 100);
+    for (int i = 0; i < n; i++) {
+        gen_row(b.logits + (size_t)i * V, V, kind >= 0 ? kind : rnd_int(ROW_KINDS_RANDOM));
+        b.params[i] = fixed ? *fixed : gen_params(V);
+        if (fixed)
+            b.params[i].seed = rng_next();
+        b.off[i] = b.hist_len;
+        b.np[i] = rnd_int(60);
+        b.no[i] = rnd_int(40);
+        for (int j = 0; j < b.np[i] + b.no[i]; j++)
+            b.hist[b.hist_len++] = rnd_int(10) < 7 ? rnd_int(V < 50 ? V : 50) : rnd_int(V);
+    }
+    return b;
+}
+
+static void free_batch(Batch *b) {
+    free(b->logits);
+    free(b->params);
+    free(b->hist);
+    free(b->off);
+    free(b->np);
+    free(b->no);
+}
+
+static SampleRequest request_of(const Batch *b, int i, const SamplingParams *p) {
+    return (SampleRequest){.params = p,
+                           .prompt = b->hist + b->off[i],
+                           .num_prompt = b->np[i],
+                           .output = b->hist + b->off[i] + b->np[i],
+                           .num_output = b->no[i]};
+}
+
+static int is_greedy(const SamplingParams *p) {
+    return !(p->temperature >= 1e-5f);
+}
+
+static int has_penalty(const SamplingParams *p) {
+    return (p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f) ||
+           p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+}
+
+/* ---------------- the near-tie oracle ---------------- */
+
+typedef struct {
+    float v;
+    int32_t id;
+} Ranked;
+
+static int rank_cmp(const void *a, const void *b) {
+    const Ranked *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int close_to(double cum, double target, double scale) {
+    return fabs(cum - target) < 1e-8 * scale;
+}
+
+/* Row i by the CPU semantics with a full sort: 1 when a cut or the draw is a near-tie (see
+ * the file comment); *oracle_token gets its token. Greedy rows and rows without a finite
+ * distribution have no near-ties. */
+static int near_tie(const Batch *b, int i, int32_t *oracle_token) {
+    const SamplingParams *p = &b->params[i];
+    int V = b->V;
+    *oracle_token = -1;
+    if (is_greedy(p))
+        return 0;
+    /* the penalised, scaled row: the CPU op with every filter off leaves it behind */
+    SamplingParams plain = *p;
+    plain.top_k = 0;
+    plain.top_p = 1.0f;
+    plain.min_p = 0.0f;
+    float *v = xmalloc(sizeof(float) * V);
+    memcpy(v, b->logits + (size_t)i * V, sizeof(float) * V);
+    SampleRequest rq = request_of(b, i, &plain);
+    int32_t t;
+    k_cpu_ops()->sample(&t, v, 1, V, &rq);
+    Ranked *r = xmalloc(sizeof(Ranked) * V);
+    float lmax = -INFINITY;
+    for (int j = 0; j < V; j++) {
+        r[j] = (Ranked){v[j], j};
+        lmax = v[j] > lmax ? v[j] : lmax;
+    }
+    int near = 0;
+    if (!(lmax > -INFINITY) || lmax == INFINITY)
+        goto done;
+    qsort(r, V, sizeof(Ranked), rank_cmp);
+    double *w = xmalloc(sizeof(double) * V);
+    int m = 0;
+    for (int j = 0; j < V; j++) {
+        w[j] = expf(r[j].v - lmax);
+        m += w[j] > 0.0;
+    }
+    if (p->top_k > 0 && p->top_k < V)
+        m = p->top_k;
+    double total = 0.0;
+    for (int j = 0; j < m; j++)
+        total += w[j];
+    int keep = m;
+    double kept = total, cum = 0.0;
+    if (p->top_p < 1.0f) {
+        double target = (double)p->top_p * total;
+        for (int j = 0; j < m; j++) {
+            double prev = cum;
+            cum += w[j];
+            if (cum >= target) {
+                near |= close_to(cum, target, total) || close_to(prev, target, total);
+                keep = j + 1;
+                kept = cum;
+                break;
+            }
+        }
+    }
+    if (p->min_p > 0.0f) {
+        double thr = p->min_p < 1.0f ? p->min_p : 1.0f;
+        int j = 0;
+        kept = 0.0;
+        for (int e = 0; e < keep; e++) {
+            near |= fabs(w[e] - thr) <= 1e-6 * thr;
+            if (w[e] >= thr) {
+                kept += w[e];
+                j++;
+            }
+        }
+        keep = j;
+    }
+    double target = (double)k_random_uniform(p->seed, (uint64_t)b->no[i]) * kept;
+    cum = 0.0;
+    for (int j = 0; j < keep; j++) {
+        double prev = cum;
+        cum += w[j];
+        if (cum > target) {
+            near |= close_to(cum, target, kept) || close_to(prev, target, kept);
+            *oracle_token = r[j].id;
+            break;
+        }
+    }
+    free(w);
+done:
+    free(v);
+    free(r);
+    return near;
+}
+
+/* ---------------- running a batch both ways ---------------- */
+
+typedef struct {
+    int rows, bad, near;
+} Tally;
+
+/* CPU tokens of batch b. */
+static int32_t *cpu_tokens(const Batch *b) {
+    float *l = xmalloc(sizeof(float) * (size_t)b->n * b->V);
+    memcpy(l, b->logits, sizeof(float) * (size_t)b->n * b->V);
+    SampleRequest *reqs = xmalloc(sizeof(SampleRequest) * b->n);
+    for (int i = 0; i < b->n; i++)
+        reqs[i] = request_of(b, i, &b->params[i]);
+    int32_t *t = xmalloc(sizeof(int32_t) * b->n);
+    k_cpu_ops()->sample(t, l, b->n, b->V, reqs);
+    free(l);
+    free(reqs);
+    return t;
+}
+
+static KCudaSampleRow row_of(const Batch *b, int i) {
+    const SamplingParams *p = &b->params[i];
+    return (KCudaSampleRow){.temperature = p->temperature,
+                            .top_p = p->top_p,
+                            .min_p = p->min_p,
+                            .repetition_penalty = p->repetition_penalty,
+                            .presence_penalty = p->presence_penalty,
+                            .frequency_penalty = p->frequency_penalty,
+                            .top_k = p->top_k,
+                            .num_output = b->no[i],
+                            .seed = p->seed,
+                            .history_offset = b->off[i],
+                            .num_prompt = b->np[i]};
+}
+
+/* Device copies of a batch's rows and history, and a workspace. */
+typedef struct {
+    float *logits;
+    KCudaSampleRow *rows;
+    int32_t *hist, *tokens;
+    float *token_logits;
+    void *ws;
+    size_t ws_bytes;
+} DevBatch;
+
+static DevBatch upload_batch(const Batch *b) {
+    DevBatch d;
+    KCudaSampleRow *rows = xmalloc(sizeof(KCudaSampleRow) * b->n);
+    for (int i = 0; i < b->n; i++)
+        rows[i] = row_of(b, i);
+    d.logits = k_cuda_malloc(sizeof(float) * (size_t)b->n * b->V);
+    d.rows = upload(rows, sizeof(KCudaSampleRow) * b->n);
+    d.hist = upload(b->hist, sizeof(int32_t) * (b->hist_len ? b->hist_len : 1));
+    d.tokens = k_cuda_malloc(sizeof(int32_t) * b->n);
+    d.token_logits = k_cuda_malloc(sizeof(float) * b->n);
+    d.ws_bytes = k_cuda_sample_workspace_bytes(b->n, b->V, b->hist_len);
+    d.ws = k_cuda_malloc(d.ws_bytes);
+    k_cuda_memset(d.ws, 0xA5, d.ws_bytes); /* garbage: no zeroing is needed */
+    free(rows);
+    return d;
+}
+
+static void free_dev(DevBatch *d) {
+    k_cuda_free(d->logits);
+    k_cuda_free(d->rows);
+    k_cuda_free(d->hist);
+    k_cuda_free(d->tokens);
+    k_cuda_free(d->token_logits);
+    k_cuda_free(d->ws);
+}
+
+/* Sample b on the GPU with `flags` and compare with the CPU tokens `want`. */
+static void check_gpu(const Batch *b, DevBatch *d, const int32_t *want, int flags, Tally *t,
+                      const char *what) {
+    size_t bytes = sizeof(float) * (size_t)b->n * b->V;
+    k_cuda_memcpy(d->logits, b->logits, bytes);
+    k_cuda_memset(d->tokens, 0xFF, sizeof(int32_t) * b->n);
+    k_cuda_memset(d->token_logits, 0xFF, sizeof(float) * b->n);
+    k_cuda_sample(d->tokens, d->token_logits, d->logits, b->n, b->V, d->rows, d->hist, flags, d->ws,
+                  d->ws_bytes, NULL);
+    int32_t *got = xmalloc(sizeof(int32_t) * b->n);
+    float *tl = xmalloc(sizeof(float) * b->n);
+    k_cuda_memcpy(got, d->tokens, sizeof(int32_t) * b->n);
+    k_cuda_memcpy(tl, d->token_logits, sizeof(float) * b->n);
+    for (int i = 0; i < b->n; i++) {
+        t->rows++;
+        const SamplingParams *p = &b->params[i];
+        if (got[i] == want[i]) {
+            float raw = b->logits[(size_t)i * b->V + want[i]];
+            if (memcmp(&raw, &tl[i], sizeof raw) != 0 && !(isnan(raw) && isnan(tl[i]))) {
+                if (t->bad++ < 10)
+                    print_error("%s row %d: token_logits %.9g, raw logit %.9g\n", what, i,
+                                (double)tl[i], (double)raw);
+            }
+            continue;
+        }
+        int32_t oracle;
+        int near = near_tie(b, i, &oracle);
+        if (near)
+            t->near++;
+        else
+            t->bad++;
+        if (!near || t->near <= 5)
+            print_message("%s%s row %d (V %d): gpu %d cpu %d oracle %d; T %g k %d p %g min-p %g "
+                          "rep %g freq %g pres %g hist %d+%d\n",
+                          near ? "near-tie (excused) " : "MISMATCH ", what, i, b->V, got[i],
+                          want[i], oracle, (double)p->temperature, p->top_k, (double)p->top_p,
+                          (double)p->min_p, (double)p->repetition_penalty,
+                          (double)p->frequency_penalty, (double)p->presence_penalty, b->np[i],
+                          b->no[i]);
+    }
+    free(got);
+    free(tl);
+}
+
+/* The batch through the general path, and through the fast paths its rows allow. */
+static void run_batch(const Batch *b, Tally *t, const char *what) {
+    int32_t *want = cpu_tokens(b);
+    DevBatch d = upload_batch(b);
+    check_gpu(b, &d, want, 0, t, what);
+    int greedy = 1, pen = 0;
+    for (int i = 0; i < b->n; i++) {
+        greedy &= is_greedy(&b->params[i]);
+        pen |= has_penalty(&b->params[i]);
+    }
+    int flags = (greedy ? KC_SAMPLE_ALL_GREEDY : 0) | (pen ? 0 : KC_SAMPLE_NO_PENALTIES);
+    if (flags)
+        check_gpu(b, &d, want, flags, t, what);
+    free_dev(&d);
+    free(want);
+}
+
+static void test_sample_sweep(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(101);
+    Tally t = {0};
+    const int ns_small[] = {1, 3, 64, 256};
+    for (int rep = 0; rep < (quick() ? 1 : 3); rep++)
+        for (int a = 0; a < 4; a++) {
+            Batch b = make_batch(ns_small[a], 512, -1, NULL);
+            run_batch(&b, &t, "V 512");
+            free_batch(&b);
+        }
+    for (int a = 0; a < 2; a++) {
+        Batch b = make_batch(a ? 100 : 5, 1000, -1, NULL);
+        run_batch(&b, &t, "V 1000");
+        free_batch(&b);
+    }
+    const int ns_big[] = {1, 16, 256};
+    for (int a = 0; a < (quick() ? 1 : 3); a++) {
+        Batch b = make_batch(ns_big[a], 128256, -1, NULL);
+        run_batch(&b, &t, "V 128256");
+        free_batch(&b);
+    }
+    /* all greedy, with and without penalties: the argmax kernel */
+    SamplingParams g = sampling_params_default();
+    for (int a = 0; a < 2; a++) {
+        g.repetition_penalty = a ? 1.3f : 1.0f;
+        Batch b = make_batch(quick() ? 8 : 256, quick() ? 1000 : 128256, -1, &g);
+        run_batch(&b, &t, a ? "greedy+penalty" : "greedy");
+        free_batch(&b);
+    }
+    print_message("sample sweep: %d rows compared, %d mismatches, %d excused near-ties\n", t.rows,
+                  t.bad, t.near);
+    assert_int_equal(t.bad, 0);
+}
+
+/* Rows that force the rare paths: equal logits (more than 8192 tokens of one value, taken in
+ * id order), one bin of 20000 distinct logits (narrowed by key histograms), NaN / inf rows,
+ * extreme parameters. */
+static void test_sample_special(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(202);
+    Tally t = {0};
+    const int kinds[] = {ROW_EQUAL, ROW_BIG_BIN, ROW_ALL_NINF, ROW_INF, ROW_BF16, ROW_HOLES};
+    const char *names[] = {"equal", "big bin", "all -inf", "+inf", "bf16", "holes"};
+    SamplingParams ps[8];
+    for (int j = 0; j < 8; j++) {
+        ps[j] = sampling_params_default();
+        ps[j].temperature = 1.0f;
+    }
+    ps[1].top_k = 100000;
+    ps[2].top_p = 0.5f;
+    ps[3].min_p = 0.5f;
+    ps[4].top_p = 0.0f; /* the best token only */
+    ps[5].min_p = 1.0f; /* the tokens of the largest logit */
+    ps[6].top_k = 9000;
+    ps[6].top_p = 0.95f;
+    ps[7].temperature = 1e-5f; /* the smallest sampling temperature */
+    ps[7].top_p = 0.9f;
+    for (int v = 0; v < 2; v++) {
+        int V = v ? 128256 : 20000;
+        for (int k = 0; k < 6; k++)
+            for (int j = 0; j < 8; j++) {
+                if (quick() && V > 20000 && j > 2)
+                    continue;
+                Batch b = make_batch(4, V, kinds[k], &ps[j]);
+                char what[64];
+                snprintf(what, sizeof what, "%s params %d", names[k], j);
+                run_batch(&b, &t, what);
+                free_batch(&b);
+            }
+    }
+    print_message("sample special: %d rows compared, %d mismatches, %d excused near-ties\n", t.rows,
+                  t.bad, t.near);
+    assert_int_equal(t.bad, 0);
+}
+
+/* ---------------- logprobs ---------------- */
+
+/* engine/step.c's row_logprobs: lse, and the k best by insertion into a sorted list. */
+static float ref_logprobs(const float *raw, int vocab, int k, int32_t *ids, float *vals) {
+    float max = raw[0];
+    for (int i = 1; i < vocab; i++)
+        max = raw[i] > max ? raw[i] : max;
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)(raw[i] - max));
+    float lse = max + (float)log(sum);
+    int n = 0;
+    for (int i = 0; i < vocab && k > 0; i++) {
+        if (n == k && raw[i] <= vals[k - 1])
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < raw[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = raw[i];
+        ids[j] = i;
+    }
+    for (int i = 0; i < n; i++)
+        vals[i] -= lse;
+    return lse;
+}
+
+static int logprobs_case(int n, int V, int k, int kind) {
+    float *l = xmalloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i++)
+        gen_row(l + (size_t)i * V, V, kind);
+    float *want_lse = xmalloc(sizeof(float) * n), *got_lse = xmalloc(sizeof(float) * n);
+    int32_t *want_ids = xmalloc(sizeof(int32_t) * n * (k + 1));
+    int32_t *got_ids = xmalloc(sizeof(int32_t) * n * (k + 1));
+    float *want_lp = xmalloc(sizeof(float) * n * (k + 1));
+    float *got_lp = xmalloc(sizeof(float) * n * (k + 1));
+    for (int i = 0; i < n; i++)
+        want_lse[i] = ref_logprobs(l + (size_t)i * V, V, k, want_ids + i * k, want_lp + i * k);
+    float *dl = upload(l, sizeof(float) * (size_t)n * V);
+    float *dlse = k_cuda_malloc(sizeof(float) * n);
+    int32_t *dids = k_cuda_malloc(sizeof(int32_t) * n * (k + 1));
+    float *dlp = k_cuda_malloc(sizeof(float) * n * (k + 1));
+    k_cuda_memset(dlse, 0xFF, sizeof(float) * n);
+    k_cuda_memset(dids, 0xFF, sizeof(int32_t) * n * (k + 1));
+    k_cuda_memset(dlp, 0xFF, sizeof(float) * n * (k + 1));
+    k_cuda_logprobs(dlse, dids, dlp, dl, n, V, k, NULL);
+    k_cuda_memcpy(got_lse, dlse, sizeof(float) * n);
+    k_cuda_memcpy(got_ids, dids, sizeof(int32_t) * n * k);
+    k_cuda_memcpy(got_lp, dlp, sizeof(float) * n * k);
+    char what[96];
+    snprintf(what, sizeof what, "logprobs n %d V %d k %d kind %d: lse", n, V, k, kind);
+    int bad = check_close(what, got_lse, want_lse, n, 1e-5);
+    snprintf(what, sizeof what, "logprobs n %d V %d k %d kind %d: top logprobs", n, V, k, kind);
+    bad += check_close(what, got_lp, want_lp, (size_t)n * k, 1e-5);
+    int idbad = 0;
+    for (int i = 0; i < n * k; i++)
+        if (got_ids[i] != want_ids[i] && idbad++ < 5)
+            print_error("logprobs n %d V %d k %d kind %d: row %d rank %d id %d, want %d\n", n, V, k,
+                        kind, i / k, i % k, got_ids[i], want_ids[i]);
+    k_cuda_free(dl);
+    k_cuda_free(dlse);
+    k_cuda_free(dids);
+    k_cuda_free(dlp);
+    free(l);
+    free(want_lse);
+    free(got_lse);
+    free(want_ids);
+    free(got_ids);
+    free(want_lp);
+    free(got_lp);
+    return bad + idbad;
+}
+
+static void test_logprobs(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(303);
+    const int Vs[] = {20, 512, 1000, 128256}, ks[] = {0, 1, 5, 20};
+    const int kinds[] = {ROW_UNIFORM, ROW_PEAKED, ROW_BF16, ROW_WIDE};
+    int bad = 0, cases = 0;
+    for (int v = 0; v < 4; v++)
+        for (int k = 0; k < 4; k++)
+            for (int kind = 0; kind < 4; kind++) {
+                if (quick() && Vs[v] > 1000 && kind > 0)
+                    continue;
+                int n = Vs[v] > 1000 ? (quick() ? 2 : 64) : 37;
+                bad += logprobs_case(n, Vs[v], ks[k], kinds[kind]);
+                cases++;
+            }
+    print_message("logprobs: %d cases, %d mismatches\n", cases, bad);
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------- timing ---------------- */
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+enum { TIME_REPS = 20 };
+
+/* Median device time (us) of one k_cuda_sample call (logprobs when lp_k >= 0). */
+static float time_sample(const Batch *b, DevBatch *d, int flags, int lp_k, cudaEvent_t e0,
+                         cudaEvent_t e1) {
+    k_cuda_memcpy(d->logits, b->logits, sizeof(float) * (size_t)b->n * b->V);
+    float *lse = k_cuda_malloc(sizeof(float) * b->n);
+    int32_t *ids = k_cuda_malloc(sizeof(int32_t) * b->n * 20);
+    float *lp = k_cuda_malloc(sizeof(float) * b->n * 20);
+    float t[TIME_REPS];
+    for (int r = -3; r < TIME_REPS; r++) {
+        CUDA_CHECK(cudaEventRecord(e0, NULL));
+        if (lp_k >= 0)
+            k_cuda_logprobs(lse, ids, lp, d->logits, b->n, b->V, lp_k, NULL);
+        else
+            k_cuda_sample(d->tokens, d->token_logits, d->logits, b->n, b->V, d->rows, d->hist,
+                          flags, d->ws, d->ws_bytes, NULL);
+        CUDA_CHECK(cudaEventRecord(e1, NULL));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (r >= 0)
+            CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
+    }
+    k_cuda_free(lse);
+    k_cuda_free(ids);
+    k_cuda_free(lp);
+    qsort(t, TIME_REPS, sizeof t[0], cmp_float);
+    return 500.0f * (t[TIME_REPS / 2 - 1] + t[TIME_REPS / 2]);
+}
+
+/* Not a check: n = 256 rows of vocab 128256 (128 MB of logits; one read is 31 us at
+ * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise. */
+static void test_sample_timing(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (quick())
+        return;
+    rng_seed(404);
+    const int n = 256, V = 128256;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    double pass_us = (double)n * V * 4 / 4.2e12 * 1e6;
+    struct {
+        const char *name;
+        int kind, flags, lp_k;
+        SamplingParams p;
+    } cases[10];
+    for (int c = 0; c < 10; c++) {
+        cases[c].kind = ROW_PEAKED;
+        cases[c].flags = KC_SAMPLE_NO_PENALTIES;
+        cases[c].lp_k = -1;
+        cases[c].p = sampling_params_default();
+    }
+    cases[0].name = "greedy, flags ALL_GREEDY | NO_PENALTIES";
+    cases[0].flags |= KC_SAMPLE_ALL_GREEDY;
+    cases[1].name = "greedy, general path (flags 0)";
+    cases[1].flags = 0;
+    cases[2].name = "temperature 1";
+    cases[2].p.temperature = 1.0f;
+    cases[3].name = "top-p 0.9, temperature 0.8";
+    cases[3].p.temperature = 0.8f;
+    cases[3].p.top_p = 0.9f;
+    cases[4].name = "top-k 50 + top-p 0.95 + min-p 0.05";
+    cases[4].p.temperature = 1.0f;
+    cases[4].p.top_k = 50;
+    cases[4].p.top_p = 0.95f;
+    cases[4].p.min_p = 0.05f;
+    cases[5].name = "top-p 0.9 on flat U(-2, 2) rows (nucleus ~100k)";
+    cases[5].kind = ROW_FLAT;
+    cases[5].p.temperature = 1.0f;
+    cases[5].p.top_p = 0.9f;
+    cases[6].name = "top-p 0.9 + penalties (rep 1.1, freq 0.2, ~50 history tokens)";
+    cases[6].flags = 0;
+    cases[6].p.temperature = 1.0f;
+    cases[6].p.top_p = 0.9f;
+    cases[6].p.repetition_penalty = 1.1f;
+    cases[6].p.frequency_penalty = 0.2f;
+    cases[7].name = "logprobs k 20";
+    cases[7].lp_k = 20;
+    cases[8].name = "logprobs k 0 (lse only)";
+    cases[8].lp_k = 0;
+    cases[9].name = "temperature 1 on wide U(-60, 60) rows (60% skip the exp)";
+    cases[9].kind = ROW_WIDE;
+    cases[9].p.temperature = 1.0f;
+    for (int c = 0; c < 10; c++) {
+        Batch b = make_batch(n, V, cases[c].kind, &cases[c].p);
+        DevBatch d = upload_batch(&b);
+        float us = time_sample(&b, &d, cases[c].flags, cases[c].lp_k, e0, e1);
+        print_message("timing: n %d V %d %-62s %8.1f us (%.1f row reads)\n", n, V, cases[c].name,
+                      (double)us, us / pass_us);
+        free_dev(&d);
+        free_batch(&b);
+    }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+}
+
+#endif /* PAGELLM_HAVE_CUDA */
+
+#define UNIT(name) cmocka_unit_test(name),
+
+int main(void) {
+    const struct CMUnitTest tests[] = {SAMPLE_TESTS(UNIT)};
+    const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
