@@ -304,7 +304,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
                           (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
         goto fail;
     }
-    if ((st = create_scheduling(e)) != PL_OK)
+    if ((st = create_scheduling(e)) != PL_OK || (st = eng_device_sampler_init(e)) != PL_OK)
         goto fail;
     eng_capture_graphs(e);
     if (!cfg->quiet)
@@ -341,6 +341,7 @@ void eng_destroy(Engine *e) {
     free(e->inbox);
     free(e->aborts);
     eng_destroy_graphs(e);
+    eng_device_sampler_free(e);
     sched_destroy(e->sched);
     blk_destroy(e->bm);
     model_destroy(e->model);

@@ -53,6 +53,32 @@ struct Request {
     SeqData *data;      /* [n] */
 };
 
+/* Log-probabilities of one sampled row, computed from its raw logits before sampling. */
+typedef struct {
+    int wanted;        /* 0: no logprobs for this row */
+    const float *raw;  /* host path: the row's raw logits (any token's logprob) */
+    float token_logit; /* device path (raw NULL): the sampled token's raw logit */
+    float lse;         /* log-sum-exp of the row */
+    size_t top_at;     /* offset of its top-k in the step's top arrays */
+    int num_top;
+} RowLogprobs;
+
+/* ---- sample_device.c: sampling on the backend ---- */
+
+/* Device buffers for sampling on the backend (all NULL when it has no sample_rows op). */
+typedef struct {
+    DeviceSampleRow *h_rows, *d_rows; /* [max_num_seqs] */
+    int32_t *h_history, *d_history;   /* [history_cap] */
+    size_t history_cap;
+    int32_t *d_tokens;                      /* [max_num_seqs] */
+    float *d_token_logits, *h_token_logits; /* [max_num_seqs] */
+    float *d_lse, *h_lse;                   /* [max_num_seqs] */
+    int32_t *d_top_ids, *h_top_ids;         /* [max_num_seqs, DEVICE_MAX_TOP_LOGPROBS] */
+    float *d_top_vals, *h_top_vals;
+    void *workspace;
+    size_t workspace_bytes;
+} DeviceSampler;
+
 struct Engine {
     EngineConfig cfg;
     const KernelOps *ops;
@@ -90,6 +116,7 @@ struct Engine {
     float *fork_logits;         /* [vocab]: a row copied for each extra sample */
     SampleRequest *sample_reqs; /* [max_num_seqs] */
     int32_t *sampled;           /* [max_num_seqs] */
+    DeviceSampler ds;           /* sampling on the backend (sample_device.c) */
 
     /* events of the last step and the text and logprobs they point into */
     EngEvent *events;
@@ -113,16 +140,25 @@ struct Engine {
     double graph_seconds; /* spent capturing them */
 };
 
-/* Log-probabilities of one sampled row, computed from its raw logits before sampling. */
-typedef struct {
-    const float *raw; /* the row's raw logits, NULL when not wanted */
-    float lse;        /* log-sum-exp of the row */
-    size_t top_at;    /* offset of its top-k in the step's top arrays */
-    int num_top;
-} RowLogprobs;
-
 /* Free a finished request and its sequences (engine thread). */
 void eng_request_free(Engine *e, Request *r);
+
+/* ---- sample_device.c ---- */
+
+/* Allocate the device sampler's buffers when the backend samples (no-op otherwise). */
+Status eng_device_sampler_init(Engine *e);
+void eng_device_sampler_free(Engine *e);
+
+/* 1 when this step's sampling can run on the backend: it has the ops, no request forks its
+ * samples now and none wants more than DEVICE_MAX_TOP_LOGPROBS top logprobs. */
+int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o);
+
+/* Sample the step's rows on the backend: tokens[k] and lps[k] for the k-th sampled sequence
+ * (lps' top arrays in the step's arena). */
+void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps);
+
+/* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
+size_t eng_top_reserve(Engine *e, size_t k);
 
 /* ---- graphs.c ---- */
 

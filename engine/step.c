@@ -38,9 +38,9 @@ static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at
                    .num_prompt_tokens = r->num_prompt,
                    .num_generated = r->data[index].num_generated,
                    .queue_seconds = r->t_scheduled > 0 ? r->t_scheduled - r->t_added : -1};
-    if (lp && lp->raw && token >= 0) {
+    if (lp && lp->wanted && token >= 0) {
         EngEvent *ev = &e->events[e->events_n - 1];
-        ev->logprob = lp->raw[token] - lp->lse;
+        ev->logprob = (lp->raw ? lp->raw[token] : lp->token_logit) - lp->lse;
         ev->top_ids = (const int32_t *)(uintptr_t)lp->top_at; /* offsets until the step ends */
         ev->num_top = lp->num_top;
     }
@@ -248,17 +248,14 @@ static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k
     double sum = 0;
     for (int i = 0; i < vocab; i++)
         sum += exp((double)(raw[i] - max));
+    lp->wanted = 1;
     lp->raw = raw;
     lp->lse = max + (float)log(sum);
     if (k > vocab)
         k = vocab;
-    if (e->top_len + (size_t)k > e->top_cap) {
-        e->top_cap = (e->top_len + (size_t)k) * 2 + 64;
-        e->top_ids = pl_xrealloc(e->top_ids, e->top_cap * sizeof(int32_t));
-        e->top_vals = pl_xrealloc(e->top_vals, e->top_cap * sizeof(float));
-    }
-    int32_t *ids = e->top_ids + e->top_len;
-    float *vals = e->top_vals + e->top_len;
+    size_t at = eng_top_reserve(e, (size_t)k);
+    int32_t *ids = e->top_ids + at;
+    float *vals = e->top_vals + at;
     int n = 0;
     for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
         if (n == k && raw[i] <= vals[k - 1])
@@ -274,9 +271,9 @@ static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k
     }
     for (int i = 0; i < n; i++)
         vals[i] -= lp->lse;
-    lp->top_at = e->top_len;
+    lp->top_at = at;
     lp->num_top = n;
-    e->top_len += (size_t)n;
+    e->top_len = at + (size_t)n; /* give back what the row did not fill */
 }
 
 /* The prompt's first sample of an n > 1 request: fork the other samples off it, each
@@ -297,8 +294,15 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
     }
 }
 
-static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
+/* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
+static void sample_on_host(Engine *e, const SchedulerOutput *o, RowLogprobs *lps) {
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
+    if (e->d.logits != e->h.logits) {
+        int rows = 0;
+        for (int i = 0; i < o->num_seqs; i++)
+            rows += o->seqs[i].sample;
+        e->ops->to_host(e->h.logits, e->d.logits, (size_t)rows * vocab * sizeof(float));
+    }
     /* room for the raw rows first: their events point into it until the step ends */
     for (int i = 0; i < o->num_seqs; i++)
         wanted += o->seqs[i].sample && ((SeqData *)o->seqs[i].seq->owner)->req->params.logprobs;
@@ -307,7 +311,6 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
         free(e->raw_rows);
         e->raw_rows = pl_xmalloc(e->raw_cap * sizeof(float));
     }
-    RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
     int num_raw = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (!o->seqs[i].sample)
@@ -323,7 +326,15 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
         e->sample_reqs[k++] = sample_request(seq);
     }
     k_cpu_ops()->sample(e->sampled, e->h.logits, k, vocab, e->sample_reqs);
-    k = 0;
+}
+
+static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
+    RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
+    if (eng_device_sample_ok(e, o))
+        eng_device_sample(e, o, e->sampled, lps);
+    else
+        sample_on_host(e, o, lps);
+    int k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (o->seqs[i].sample) {
             accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k]);
@@ -381,9 +392,8 @@ int eng_step(Engine *e, const EngEvent **events) {
         else
             model_forward(e->model, e->d.tokens, &b, e->kv_gpu, &e->kv_layout, e->d.logit_rows,
                           rows, e->d.logits);
-        if (e->d.logits != e->h.logits)
-            e->ops->to_host(e->h.logits, e->d.logits,
-                            (size_t)rows * model_config(e->model)->vocab_size * sizeof(float));
+        if (e->ops->synchronize) /* the forward phase ends when the device is done */
+            e->ops->synchronize();
         t[3] = pl_now();
         sched_step_done(e->sched, o);
         sample_and_emit(e, o);

@@ -70,6 +70,31 @@ typedef struct {
     int num_output;
 } SampleRequest;
 
+/* One row of sampling on the backend (device memory arrays of these): a sequence's sampling
+ * parameters (SamplingParams' fields) and where its tokens are in the packed history. */
+typedef struct {
+    float temperature;
+    float top_p;
+    float min_p;
+    float repetition_penalty;
+    float presence_penalty;
+    float frequency_penalty;
+    int32_t top_k;
+    int32_t num_output;     /* tokens generated so far: the draw index, and the output length */
+    uint64_t seed;          /* the sequence's seed (SamplingParams.seed) */
+    int32_t history_offset; /* history[off, off + num_prompt + num_output): prompt then output */
+    int32_t num_prompt;
+} DeviceSampleRow;
+
+/* sample_rows flags: promises about every row that let the backend skip work. */
+enum {
+    SAMPLE_NO_PENALTIES = 1, /* no row has a penalty: the history is not read */
+    SAMPLE_ALL_GREEDY = 2,   /* every row is greedy: an argmax */
+};
+
+/* Most top logprobs per row the backend's logprobs op returns. */
+#define DEVICE_MAX_TOP_LOGPROBS 20
+
 typedef struct KernelOps {
     const char *name; /* "cpu", "cuda" */
     DType act;        /* activations and KV cache: DT_F32 or DT_BF16 */
@@ -146,6 +171,21 @@ typedef struct KernelOps {
      * penalties, temperature, filters). reqs[i] describes row i. NULL on backends whose
      * logits the engine samples on the host with the CPU backend's sampler. */
     void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
+
+    /* Sampling where the logits are (NULL on backends whose logits the engine copies to the
+     * host for `sample`): sample_rows has `sample`'s semantics and results for the rows of
+     * logits[n, vocab] (backend memory, penalized entries modified in place), rows and history
+     * (the packed prompt and output tokens of rows with penalties) in backend memory;
+     * token_logits[i] (NULL: not wanted) gets the picked token's logit before penalties.
+     * logprobs gives, for raw rows (call it before sample_rows), lse[i] = log sum exp and the
+     * k <= DEVICE_MAX_TOP_LOGPROBS best (id, logprob), best first, lower id first on ties.
+     * The workspace holds up to max_rows rows with max_history history tokens. */
+    size_t (*sample_workspace_bytes)(int max_rows, int vocab, int max_history);
+    void (*sample_rows)(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
+                        const DeviceSampleRow *rows, const int32_t *history, int flags,
+                        void *workspace, size_t workspace_bytes);
+    void (*logprobs)(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
+                     int vocab, int k);
 
     /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
      * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as

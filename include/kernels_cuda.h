@@ -151,8 +151,11 @@ void k_cuda_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src
  * head_dim a multiple of 16 up to 256 runs on tensor cores (mma.sync, cp.async double
  * buffering); anything else on an fp32 CUDA-core kernel. Best for prompt chunks. */
 
-/* Scratch bytes k_cuda_attention_decode needs for the split over the sequence (0 when every
- * context fits one partition). Allocate it once for the largest batch and reuse it. */
+/* Scratch bytes k_cuda_attention_decode needs for the split over the sequence: partial
+ * results for 256-position partitions of every row, and at least 256 (row, partition) pairs
+ * so that small batches can use shorter partitions (0 only when max_blocks_per_seq covers at
+ * most 32 positions). Allocate it once for the largest batch and reuse it: a launch picks its
+ * partition length from the workspace it is given, never asking for more than this. */
 size_t k_cuda_attention_workspace_bytes(const KvLayout *l, int num_tokens, int nh,
                                         int max_blocks_per_seq);
 
@@ -221,25 +224,14 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
  * weight histogram, one gather per top-k / top-p / draw) plus small sorts in shared memory:
  * 256 rows of 128256 on the H200 take 38 us greedy (KC_SAMPLE_ALL_GREEDY), 0.3 to 0.5 ms
  * sampling (tests/test_sample_cuda.c prints the cases). */
-typedef struct {
-    float temperature; /* SamplingParams' fields, read as the CPU sampler reads them */
-    float top_p;
-    float min_p;
-    float repetition_penalty;
-    float presence_penalty;
-    float frequency_penalty;
-    int32_t top_k;
-    int32_t num_output;     /* tokens generated so far: the draw index, and the output length */
-    uint64_t seed;          /* the sequence's seed (SamplingParams.seed) */
-    int32_t history_offset; /* history[off, off + num_prompt + num_output): prompt then output */
-    int32_t num_prompt;
-} KCudaSampleRow;
+/* One row's parameters (kernels.h). */
+typedef DeviceSampleRow KCudaSampleRow;
 
 /* k_cuda_sample flags: promises about every row that skip work (a broken promise gives wrong
  * tokens, nothing worse). */
 enum {
-    KC_SAMPLE_NO_PENALTIES = 1, /* no row has a penalty: no penalty pass, history unread */
-    KC_SAMPLE_ALL_GREEDY = 2,   /* every row is greedy: a pure argmax kernel */
+    KC_SAMPLE_NO_PENALTIES = SAMPLE_NO_PENALTIES, /* no penalty pass, history unread */
+    KC_SAMPLE_ALL_GREEDY = SAMPLE_ALL_GREEDY,     /* a pure argmax kernel */
 };
 
 /* Workspace bytes for up to max_rows rows of `vocab` with at most max_history packed history

@@ -5,7 +5,7 @@
 #ifndef PAGELLM_TESTS_CUDA_TEST_UTIL_H
 #define PAGELLM_TESTS_CUDA_TEST_UTIL_H
 
-static int gpu_available(void) {
+static inline int gpu_available(void) {
     static int count = -1;
     if (count < 0)
         count = k_cuda_device_count();
@@ -23,34 +23,34 @@ static int gpu_available(void) {
 static uint64_t rng_state;
 
 /* PAGELLM_CUDA_TEST_QUICK set: fewer cases (sanitizer runs). */
-static int quick(void) {
+static inline int quick(void) {
     const char *q = getenv("PAGELLM_CUDA_TEST_QUICK");
     return q && *q && strcmp(q, "0") != 0;
 }
 
-static void rng_seed(uint64_t s) {
+static inline void rng_seed(uint64_t s) {
     rng_state = s;
 }
 
-static uint64_t rng_next(void) {
+static inline uint64_t rng_next(void) {
     uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static float rnd(float lo, float hi) {
+static inline float rnd(float lo, float hi) {
     return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
 }
 
-static void *xmalloc(size_t n) {
+static inline void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     assert_non_null(p);
     return p;
 }
 
 /* v as stored in dt and read back. */
-static float round_to(float v, DType dt) {
+static inline float round_to(float v, DType dt) {
     switch (dt) {
         case DT_BF16:
             return pl_bf16_to_f32(pl_f32_to_bf16(v));
@@ -62,7 +62,7 @@ static float round_to(float v, DType dt) {
 }
 
 /* x[n] random in [lo, hi), rounded to dt (what the GPU will see). */
-static float *rand_vec(size_t n, float lo, float hi, DType dt) {
+static inline float *rand_vec(size_t n, float lo, float hi, DType dt) {
     float *x = xmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         x[i] = round_to(rnd(lo, hi), dt);
@@ -70,7 +70,7 @@ static float *rand_vec(size_t n, float lo, float hi, DType dt) {
 }
 
 /* x[n] (fp32) converted to dt on the host. */
-static void *to_dtype(const float *x, size_t n, DType dt) {
+static inline void *to_dtype(const float *x, size_t n, DType dt) {
     size_t es = pl_dtype_size(dt);
     void *h = xmalloc(n * es);
     for (size_t i = 0; i < n; i++) {
@@ -84,14 +84,14 @@ static void *to_dtype(const float *x, size_t n, DType dt) {
     return h;
 }
 
-static void *upload(const void *host, size_t bytes) {
+static inline void *upload(const void *host, size_t bytes) {
     void *d = k_cuda_malloc(bytes);
     k_cuda_memcpy(d, host, bytes);
     return d;
 }
 
 /* dst[n] = device array src of dt, as fp32. */
-static void download_as(float *dst, const void *src, size_t n, DType dt) {
+static inline void download_as(float *dst, const void *src, size_t n, DType dt) {
     size_t es = pl_dtype_size(dt);
     void *h = xmalloc(n * es);
     k_cuda_memcpy(h, src, n * es);
@@ -107,7 +107,7 @@ static void download_as(float *dst, const void *src, size_t n, DType dt) {
 }
 
 /* Count elements outside |got - want| <= atol + rtol |want| (NaN fails); print the first few. */
-static int check_close(const char *what, const float *got, const float *want, size_t n,
+static inline int check_close(const char *what, const float *got, const float *want, size_t n,
                        double tol) {
     int bad = 0;
     double worst = 0;
@@ -128,7 +128,7 @@ static int check_close(const char *what, const float *got, const float *want, si
     return bad;
 }
 
-static const char *dn(DType dt) {
+static inline const char *dn(DType dt) {
     return pl_dtype_name(dt);
 }
 
@@ -137,7 +137,7 @@ typedef struct {
     Tensor host, dev;
 } Weight;
 
-static Weight make_weight(DType dt, int ndim, int64_t d0, int64_t d1, float lo, float hi) {
+static inline Weight make_weight(DType dt, int ndim, int64_t d0, int64_t d1, float lo, float hi) {
     size_t n = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
     float *v = rand_vec(n, lo, hi, dt);
     Weight w;
@@ -153,7 +153,7 @@ static Weight make_weight(DType dt, int ndim, int64_t d0, int64_t d1, float lo, 
     return w;
 }
 
-static void free_weight(Weight *w) {
+static inline void free_weight(Weight *w) {
     free(w->host.data);
     k_cuda_free(w->dev.data);
 }

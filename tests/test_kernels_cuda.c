@@ -1,16 +1,16 @@
-/* test_kernels_cuda.c - every CUDA kernel (include/kernels_cuda.h) against the CPU op of the
- * same name (k_cpu_ops(), the reference), on random data from fixed seeds, sweeping head dims,
- * GQA ratios, block sizes, random non-contiguous block tables, padding slots and rows, mixed
- * batches (decode + a prompt chunk continuing a cached prefix + a fresh prompt), contexts up
- * to 32k (split over the sequence), and activation / cache dtypes f32 and bf16. The CPU op sees
- * exactly the values the GPU sees (inputs rounded to the GPU's dtype first); a result passes
- * when |gpu - ref| <= atol + rtol |ref| (f32: 1e-4, bf16: 1e-2), and the first mismatches are
+/* test_kernels_cuda.c - the CUDA element-wise, norm, rope/KV-cache, copy and fill kernels
+ * (include/kernels_cuda.h) against the CPU op of the same name (k_cpu_ops(), the reference),
+ * on random data from fixed seeds, sweeping shapes, head dims, GQA ratios, block sizes,
+ * padding slots and activation / cache dtypes f32 and bf16. The CPU op sees exactly the
+ * values the GPU sees (inputs rounded to the GPU's dtype first); a result passes when
+ * |gpu - ref| <= atol + rtol |ref| (f32: 1e-4, bf16: 1e-2), and the first mismatches are
  * printed. Outputs are poisoned (NaN) before each launch, so unwritten elements fail.
+ * Attention has its own file (test_attention_cuda.c), as do the GEMMs and sampling.
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
- * the CUDA backend, with "CUDA backend not built: skipped". The last test prints timings.
- * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
- * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+ * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_QUICK=1 shrinks
+ * the sweeps (for runs under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the
+ * matching tests only. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

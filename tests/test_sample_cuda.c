@@ -61,10 +61,7 @@ SAMPLE_TESTS(SKIP_TEST)
 
 #else
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function" /* its dtype and weight helpers */
 #include "cuda_test_util.h"
-#pragma GCC diagnostic pop
 
 static int rnd_int(int n) {
     return (int)(rng_next() % (uint64_t)n);

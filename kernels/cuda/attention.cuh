@@ -1,5 +1,8 @@
-/* attention.cuh - (internal to kernels/cuda/) what the two paged-attention kernels share: the
- * argument checks and the KV-cache geometry of one layer, in elements. */
+/* attention.cuh - (internal to kernels/cuda/) what the paged-attention kernels share: the
+ * argument checks, the KV-cache geometry of one layer in elements, the mapping of a prefill
+ * grid's blocks to (sequence, query tile), cp.async helpers, and the tensor-core prefill
+ * path's entry points (attention_prefill_tc.cu), which attention_prefill.cu calls where it
+ * applies. */
 #ifndef PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 #define PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 
@@ -12,7 +15,13 @@ enum { ATTN_MAX_HEAD_DIM = 1024 };
 typedef struct {
     size_t block_elems, half, layer_off, row;
     int bs, nkv, D, max_blocks;
+    int bs_shift; /* log2(bs) when bs is a power of two, else -1 (then divide) */
 } KvGeom;
+
+/* Index into a block table of position p: p / bs, a shift for power-of-two block sizes. */
+__device__ __forceinline__ int kv_block_of(const KvGeom &kg, int p) {
+    return kg.bs_shift >= 0 ? p >> kg.bs_shift : p / kg.bs;
+}
 
 static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch *b, int nh,
                                    const char *what) {
@@ -33,12 +42,79 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
     g.nkv = l->num_kv_heads;
     g.D = l->head_dim;
     g.max_blocks = b->max_blocks_per_seq;
+    g.bs_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (l->block_size == 1 << sh)
+            g.bs_shift = sh;
     return g;
 }
 
 /* Both dtypes at once: body runs with TQ (activations) and TC (cache) bound. */
 #define KC_DISPATCH_ATTN(act, kvdt, what, ...)                                                     \
     KC_DISPATCH_ACT(act, what, TQ, KC_DISPATCH_ACT(kvdt, what, TC, __VA_ARGS__))
+
+/* ---- cp.async: 16-byte global -> shared copies that bypass registers ---- */
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, zero-filled when !valid (src is then not read). */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Prefill grids number their query tiles sequence by sequence, ceil(len / rows) tiles each;
+ * warp 0 finds which (sequence, first row) tile `target` is. Returns s = -1 past the last
+ * tile. */
+__device__ static inline void find_tile(const int32_t *query_start, int num_seqs, int rows,
+                                        int target, int *s_out, int *t0_out) {
+    const int lane = threadIdx.x & 31;
+    int done = 0, found_s = -1, found_t0 = 0;
+    for (int base = 0; base < num_seqs; base += 32) {
+        int s = base + lane, cnt = 0, qs = 0;
+        if (s < num_seqs) {
+            qs = query_start[s];
+            cnt = (query_start[s + 1] - qs + rows - 1) / rows;
+        }
+        int incl = cnt;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o)
+                incl += y;
+        }
+        int first = done + incl - cnt;
+        unsigned hit =
+            __ballot_sync(0xffffffffu, cnt > 0 && target >= first && target < done + incl);
+        if (hit) {
+            int src = __ffs(hit) - 1;
+            if (lane == src) {
+                found_s = s;
+                found_t0 = qs + (target - first) * rows;
+            }
+            found_s = __shfl_sync(0xffffffffu, found_s, src);
+            found_t0 = __shfl_sync(0xffffffffu, found_t0, src);
+            break;
+        }
+        done += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    *s_out = found_s;
+    *t0_out = found_t0;
+}
+
+/* The tensor-core prefill (attention_prefill_tc.cu): bf16 queries and cache, head_dim a
+ * multiple of 16 up to 256. kc_prefill_tc_ok says whether it applies. */
+bool kc_prefill_tc_ok(DType act, const KvLayout *l);
+void kc_prefill_tc(void *out, const void *q, const void *kv_cache, const KvGeom &kg,
+                   const AttnBatch *b, int nh, float scale, cudaStream_t stream);
 
 /* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32. */
 template <typename TC> __device__ __forceinline__ void stage8(float *dst, const TC *src) {

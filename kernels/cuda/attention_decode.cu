@@ -1,169 +1,327 @@
-/* attention_decode.cu - paged attention for decode: one query row per sequence, any number of
- * rows handled correctly.
+/* attention_decode.cu - paged attention for decode: one query row per sequence (any number of
+ * rows handled correctly), memory-bound, CUDA cores, any cache / activation dtype pair.
  *
- * Grid (row, KV head x head group, partition of DEC_PART positions). A block takes HB query
- * heads of one KV head (all G of them unless G * D is large), so every K and V row is loaded
- * from the cache once for the whole group: K and V come through shared memory in tiles of CH
- * positions (16-byte loads, converted to fp32), the block computes the partition's scores
- * into shared memory, its softmax, then P.V. A partition writes its un-normalised output with
- * its max and sum to the workspace, and decode_reduce_kernel combines them (split-K, for long
- * contexts); when a row's context fits one partition the block writes the output directly. */
+ * Grid (KV head x head group, row, partition of part_len positions). A block of 4 warps takes
+ * HB query heads of one KV head (all G of them unless G is odd or large), so every K and V row
+ * is read from the cache once for the whole group. A row of D elements is LPR lanes' 16-byte
+ * chunks (8 elements each, CPL chunks per lane when D > 256), 32 / LPR rows per warp, U rows
+ * per lane per step. Each warp streams its steps' K rows, then their V rows, through its own
+ * cp.async ring in shared memory, S - 1 steps ahead (no registers held by loads in flight,
+ * and the first V rows load during the softmax); each lane copies exactly the chunks it reads,
+ * so no barrier guards the ring. Scores: each lane dots its chunk with the HB queries (held in
+ * registers), and the HB x U partial sums of a lane group are summed by a reduce-scatter (N - 1
+ * shuffles for N values instead of N log2 LPR), each lane storing the scores it ends up with
+ * to shared memory. After the partition's softmax, the V pass accumulates P.V per lane (no
+ * shuffles per position); lane groups and warps are summed once at the end.
+ *
+ * Partitions are 512 positions when the rows alone fill the GPU, else 256, shortened (to 32)
+ * while the grid would be small and the workspace allows. A partition writes its
+ * un-normalised output with its max and sum to the workspace and decode_reduce_kernel
+ * combines them (split-K); when a row's context fits one partition the block writes the
+ * output directly. */
 #include <math.h>
 #include <stdio.h>
 
 #include "attention.cuh"
 
-enum { DEC_THREADS = 256, DEC_PART = 256, DEC_MAX_HB = 16 };
+/* DEC_PART: the partition length the workspace is sized for (longer and shorter ones are
+ * chosen per launch); DEC_TARGET_BLOCKS: grid size below which partitions are shortened. */
+enum {
+    DEC_THREADS = 128,
+    DEC_WARPS = DEC_THREADS / 32,
+    DEC_PART = 256,
+    DEC_MIN_PART = 32,
+    DEC_WS_FLOOR = 256,
+    DEC_TARGET_BLOCKS = 1024
+};
 
-template <typename TQ, typename TC>
+/* 8 cache elements from a stage of the ring (16-byte units, unit `i` of a lane at
+ * ring[i * 32 + lane], so a warp's reads are conflict-free) as fp32. */
+__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const bf16 *) {
+    uint4 u = ring[i * 32 + lane];
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __bfloat1622float2(h[j]);
+        o[2 * j] = f.x, o[2 * j + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane,
+                                     const float *) {
+    float4 a = *(const float4 *)&ring[2 * i * 32 + lane],
+           b = *(const float4 *)&ring[(2 * i + 1) * 32 + lane];
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w;
+    o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+
+/* Sum v[N] over aligned groups of 2 * O lanes (N a power of two). Each step trades half of
+ * the remaining values with the partner lane, so afterwards lane i of a group of L lanes holds
+ * in v[0 .. max(N / L, 1)) the full sums of elements i * N / L onwards (for N < L, the L / N
+ * lanes i with the same i * N / L hold the same sum). */
+template <int N, int O> __device__ __forceinline__ void reduce_scatter(float *v, int lane) {
+    if constexpr (O > 0) {
+        if constexpr (N > 1) {
+            constexpr int H = N / 2;
+            const bool upper = (lane & O) != 0;
+#pragma unroll
+            for (int i = 0; i < H; i++) {
+                float send = upper ? v[i] : v[i + H];
+                float keep = upper ? v[i + H] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+            }
+            reduce_scatter<H, O / 2>(v, lane);
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+            reduce_scatter<1, O / 2>(v, lane);
+        }
+    }
+}
+
+/* Rows per lane per step (U: 4, fewer when a row is several chunks per lane), and the
+ * cp.async ring of each warp: S stages of SLOT 16-byte units. */
+template <typename TC, int CPL> struct DecRing {
+    static constexpr int U = CPL == 1 ? 4 : CPL == 2 ? 2 : 1;
+    static constexpr int UNITS = (int)sizeof(TC) / 2; /* 16-byte units per 8-element chunk */
+    static constexpr int SLOT = U * CPL * UNITS * 32;
+    static constexpr int S = SLOT * 16 <= 2048 ? 3 : 2;
+};
+
+/* 16-byte units of shared memory that hold the rings and later the warps' partial sums. */
+template <typename TC, int CPL, int HB> __host__ __device__ inline int dec_region(int D) {
+    using R = DecRing<TC, CPL>;
+    int ring = DEC_WARPS * R::S * R::SLOT, red = (DEC_WARPS * HB * D + 3) / 4;
+    return ring > red ? ring : red;
+}
+
+template <typename TQ, typename TC, int LPR, int CPL, int HB>
 __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
-    TQ *out, const TQ *q, const TC *cache, KvGeom kg, const int32_t *positions,
-    const int32_t *query_start, int num_seqs, const int32_t *block_tables, int nh, int G, int HB,
-    int CH, int TPD, float scale, int max_parts, float *ws_acc, float *ws_ml) {
-    extern __shared__ float4 smem4[];
-    float *smem = (float *)smem4;
-    const int tid = threadIdx.x, D = kg.D, D8 = D >> 3, DP = D + 4;
-    const int qs0 = query_start[0];
-    const int row = qs0 + blockIdx.x;
+    TQ *__restrict__ out, const TQ *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
+    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
+    int nh, int G, int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
+    using R = DecRing<TC, CPL>;
+    constexpr int U = R::U, UNITS = R::UNITS, SLOT = R::SLOT, S = R::S;
+    constexpr int RPW = 32 / LPR, N = HB * U, STEP = RPW * U;
+    extern __shared__ uint4 smem16[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, D = kg.D, D8 = D >> 3;
+    /* the rings, then (once drained) the warps' partial P.V sums; scores, max / sum, blocks */
+    uint4 *ring = smem16 + warp * S * SLOT;                         /* [DEC_WARPS][S][SLOT] */
+    float *red = (float *)smem16;                                   /* [DEC_WARPS][HB][D] */
+    float *logits = (float *)(smem16 + dec_region<TC, CPL, HB>(D)); /* [HB][part_len] */
+    float *ml = logits + HB * part_len;                             /* [2][HB] max, sum */
+    int *tab = (int *)(ml + 2 * HB); /* the partition's physical blocks */
+    const int groups = G / HB;
+    const int g = blockIdx.x / groups;
+    const int h0 = g * G + (blockIdx.x - g * groups) * HB;
+    const int qs0 = query_start[0], row = qs0 + blockIdx.y, part = blockIdx.z;
     if (row >= query_start[num_seqs])
         return;
-    const int groups = G / HB;
-    const int g = blockIdx.y / groups;
-    const int h0 = g * G + (blockIdx.y - g * groups) * HB;
-    const int part = blockIdx.z;
     const int ctx = positions[row] + 1;
-    const int nparts = (ctx + DEC_PART - 1) / DEC_PART;
-    if (nparts > max_parts) { /* a context longer than max_blocks_per_seq allows */
-        if (part == 0 && tid == 0)
-            printf("k_cuda_attention_decode: row %d at position %d is beyond the %d partitions "
-                   "of max_blocks_per_seq\n",
-                   row, ctx - 1, max_parts);
+    if (ctx > kg.max_blocks * kg.bs) {
+        if (part == 0 && blockIdx.x == 0 && tid == 0)
+            printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
+                   "%d\n",
+                   row, ctx - 1, kg.max_blocks);
         __trap();
     }
-    const int start = part * DEC_PART;
+    const int nparts = (ctx + part_len - 1) / part_len, start = part * part_len;
     if (start >= ctx)
         return;
-    const int end = min(ctx, start + DEC_PART), n = end - start;
+    const int end = min(ctx, start + part_len);
     const int s = seq_of_row(query_start, num_seqs, row);
     const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
-    const TC *base = cache + kg.layer_off + (size_t)g * D;
+    const int b0 = kv_block_of(kg, start), nb = kv_block_of(kg, end - 1) - b0 + 1;
+    for (int i = tid; i < nb; i += DEC_THREADS)
+        tab[i] = table[b0 + i];
 
-    float *qs = smem;                    /* [HB][DP] scaled queries */
-    float *tile = qs + HB * DP;          /* [CH][DP] K, then V */
-    float *logits = tile + CH * DP;      /* [HB][DEC_PART] scores, then probabilities */
-    float *red = logits + HB * DEC_PART; /* [DEC_THREADS * 8] partial P.V sums */
-    float *ml = red + DEC_THREADS * 8;   /* [2][HB] max, sum */
-
-    for (int e = tid; e < HB * D; e += DEC_THREADS) {
-        int hh = e / D, d = e - hh * D;
-        qs[hh * DP + d] = to_f32(q[((size_t)row * nh + h0 + hh) * D + d]) * scale;
-    }
-
-    /* scores: HB x cnt dot products per tile, TPD threads per dot (uniform per warp) */
-    const int ndot = HB * CH, per_pass = DEC_THREADS / TPD, sub = tid % TPD;
-    for (int c0 = start; c0 < end; c0 += CH) {
-        const int cnt = min(CH, end - c0);
-        __syncthreads(); /* the previous tile is consumed; q is in place */
-        for (int e = tid; e < cnt * D8; e += DEC_THREADS) {
-            int j = e / D8, c = e - j * D8, p = c0 + j;
-            const TC *src = base + (size_t)table[p / kg.bs] * kg.block_elems +
-                            (size_t)(p % kg.bs) * kg.row + c * 8;
-            stage8(tile + j * DP + c * 8, src);
+    /* lane = r * LPR + sub: row r of the warp's rows, chunks sub + k * LPR of 8 elements */
+    const int sub = lane % LPR, r = lane / LPR;
+    float qr[HB][CPL][8];
+#pragma unroll
+    for (int h = 0; h < HB; h++)
+#pragma unroll
+        for (int k = 0; k < CPL; k++) {
+            int c = sub + k * LPR;
+            if (c < D8) {
+                float t[8];
+                load8(t, q + ((size_t)row * nh + h0 + h) * D + c * 8);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    qr[h][k][i] = t[i] * scale;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    qr[h][k][i] = 0.0f;
+            }
         }
-        __syncthreads();
-        for (int pass = 0; pass < ndot; pass += per_pass) {
-            int di = pass + tid / TPD;
-            int hh = di / CH, j = di - hh * CH;
-            float acc = 0.0f;
-            if (di < ndot && j < cnt) {
-                const float4 *qa = (const float4 *)(qs + hh * DP);
-                const float4 *ka = (const float4 *)(tile + j * DP);
-                for (int d4 = sub; d4 < D / 4; d4 += TPD) {
-                    float4 a = qa[d4], k4 = ka[d4];
-                    acc = fmaf(a.x, k4.x, acc);
-                    acc = fmaf(a.y, k4.y, acc);
-                    acc = fmaf(a.z, k4.z, acc);
-                    acc = fmaf(a.w, k4.w, acc);
+    __syncthreads(); /* tab */
+
+    /* The warp's steps: positions p0 + u * RPW + r, p0 = first + i * DEC_WARPS * STEP for
+     * i < nit; load j < nit is step j's K rows, load nit + j its V rows. Each lane copies the
+     * chunks it reads itself, so its own cp.async groups are all the ordering it needs. */
+    const int first = start + warp * STEP;
+    const int nit = first < end ? (end - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
+    const TC *base = cache + kg.layer_off + (size_t)g * D;
+    auto issue = [&](int j) {
+        if (j < 2 * nit) {
+            const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
+            const uint32_t dst = smem_addr(ring + (j % S) * SLOT + lane);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int p = p0 + u * RPW + r;
+                const TC *src = cache;
+                if (p < end) {
+                    const int bi = kv_block_of(kg, p);
+                    src = base + (size_t)tab[bi - b0] * kg.block_elems +
+                          (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
+                }
+#pragma unroll
+                for (int k = 0; k < CPL; k++) {
+                    const int c = sub + k * LPR;
+                    const bool ok = p < end && c < D8; /* else zeros */
+#pragma unroll
+                    for (int x = 0; x < UNITS; x++)
+                        cp_async16(dst + (((u * CPL + k) * UNITS + x) * 32) * 16,
+                                   ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
                 }
             }
-            for (int o = TPD / 2; o > 0; o >>= 1)
-                acc += __shfl_xor_sync(0xffffffffu, acc, o);
-            if (sub == 0 && di < ndot && j < cnt)
-                logits[hh * DEC_PART + (c0 - start) + j] = acc;
+        }
+        cp_async_commit(); /* empty past the end: keeps the group count uniform */
+    };
+#pragma unroll
+    for (int j = 0; j < S - 1; j++)
+        issue(j);
+
+    /* scores */
+    for (int it = 0; it < nit; it++) {
+        issue(it + S - 1);
+        cp_async_wait<S - 1>();
+        const uint4 *slot = ring + (it % S) * SLOT;
+        const int p0 = first + it * DEC_WARPS * STEP;
+        float sc[N];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            sc[i] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                float kf[8];
+                cvt8(kf, slot, u * CPL + k, lane, (const TC *)NULL);
+#pragma unroll
+                for (int h = 0; h < HB; h++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        sc[h * U + u] = fmaf(qr[h][k][i], kf[i], sc[h * U + u]);
+            }
+        reduce_scatter<N, LPR / 2>(sc, lane);
+        if constexpr (N >= LPR) {
+#pragma unroll
+            for (int i = 0; i < N / LPR; i++) {
+                const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
+                const int p = p0 + u * RPW + r;
+                if (p < end)
+                    logits[h * part_len + p - start] = sc[i];
+            }
+        } else if (sub % (LPR / N) == 0) {
+            const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
+            const int p = p0 + u * RPW + r;
+            if (p < end)
+                logits[h * part_len + p - start] = sc[0];
         }
     }
-    __syncthreads();
+    __syncthreads(); /* the first V rows are in flight meanwhile */
 
     /* softmax over the partition, one warp per head */
-    const int lane = tid & 31;
-    for (int hh = tid >> 5; hh < HB; hh += DEC_THREADS / 32) {
-        float *lg = logits + hh * DEC_PART;
+    const int n = end - start;
+    for (int h = warp; h < HB; h += DEC_WARPS) {
+        float *lg = logits + h * part_len;
         float mx = -INFINITY;
         for (int j = lane; j < n; j += 32)
             mx = fmaxf(mx, lg[j]);
         mx = warp_max(mx);
         float sum = 0.0f;
         for (int j = lane; j < n; j += 32) {
-            float e = expf(lg[j] - mx);
+            float e = __expf(lg[j] - mx);
             lg[j] = e;
             sum += e;
         }
         sum = warp_sum(sum);
         if (lane == 0) {
-            ml[hh] = mx;
-            ml[HB + hh] = sum;
+            ml[h] = mx;
+            ml[HB + h] = sum;
         }
     }
+    __syncthreads();
 
-    /* P.V: thread (pair = head x 8 dims, r) sums positions j = r mod R of each tile */
-    const int npairs = HB * D8, R = DEC_THREADS / npairs;
-    const int pair = tid % npairs, r = tid / npairs;
-    const int ph = pair / D8, pc = pair - ph * D8;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int c0 = start; c0 < end; c0 += CH) {
-        const int cnt = min(CH, end - c0);
-        __syncthreads(); /* softmax done / the previous tile is consumed */
-        for (int e = tid; e < cnt * D8; e += DEC_THREADS) {
-            int j = e / D8, c = e - j * D8, p = c0 + j;
-            const TC *src = base + (size_t)table[p / kg.bs] * kg.block_elems + kg.half +
-                            (size_t)(p % kg.bs) * kg.row + c * 8;
-            stage8(tile + j * DP + c * 8, src);
-        }
-        __syncthreads();
-        if (r < R) {
-            const float *lg = logits + ph * DEC_PART + (c0 - start);
-            for (int j = r; j < cnt; j += R) {
-                float pj = lg[j];
-                const float4 *vv = (const float4 *)(tile + j * DP + pc * 8);
-                float4 a = vv[0], b4 = vv[1];
-                acc[0] = fmaf(pj, a.x, acc[0]);
-                acc[1] = fmaf(pj, a.y, acc[1]);
-                acc[2] = fmaf(pj, a.z, acc[2]);
-                acc[3] = fmaf(pj, a.w, acc[3]);
-                acc[4] = fmaf(pj, b4.x, acc[4]);
-                acc[5] = fmaf(pj, b4.y, acc[5]);
-                acc[6] = fmaf(pj, b4.z, acc[6]);
-                acc[7] = fmaf(pj, b4.w, acc[7]);
+    /* P.V */
+    float acc[HB][CPL][8];
+#pragma unroll
+    for (int h = 0; h < HB; h++)
+#pragma unroll
+        for (int k = 0; k < CPL; k++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[h][k][i] = 0.0f;
+    for (int it = 0; it < nit; it++) {
+        issue(nit + it + S - 1);
+        cp_async_wait<S - 1>();
+        const uint4 *slot = ring + ((nit + it) % S) * SLOT;
+        const int p0 = first + it * DEC_WARPS * STEP;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = p0 + u * RPW + r;
+            float w[HB];
+#pragma unroll
+            for (int h = 0; h < HB; h++)
+                w[h] = p < end ? logits[h * part_len + p - start] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                float vf[8];
+                cvt8(vf, slot, u * CPL + k, lane, (const TC *)NULL);
+#pragma unroll
+                for (int h = 0; h < HB; h++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        acc[h][k][i] = fmaf(w[h], vf[i], acc[h][k][i]);
             }
         }
     }
-    if (r < R) {
+    /* sum the warp's row groups, then the warps (red overlays the rings: all drained first) */
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            red[(r * npairs + pair) * 8 + i] = acc[i];
+    for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+        for (int h = 0; h < HB; h++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    acc[h][k][i] += __shfl_xor_sync(0xffffffffu, acc[h][k][i], o);
+    __syncthreads();
+    if (r == 0) {
+#pragma unroll
+        for (int h = 0; h < HB; h++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                int c = sub + k * LPR;
+                if (c < D8) {
+                    float4 *dst = (float4 *)(red + (warp * HB + h) * D + c * 8);
+                    dst[0] = make_float4(acc[h][k][0], acc[h][k][1], acc[h][k][2], acc[h][k][3]);
+                    dst[1] = make_float4(acc[h][k][4], acc[h][k][5], acc[h][k][6], acc[h][k][7]);
+                }
+            }
     }
     __syncthreads();
     const size_t tok = (size_t)(row - qs0);
-    for (int e = tid; e < npairs * 8; e += DEC_THREADS) {
+    for (int e = tid; e < HB * D; e += DEC_THREADS) {
         float v = 0.0f;
-        for (int rr = 0; rr < R; rr++)
-            v += red[rr * npairs * 8 + e];
-        int hh = e / D, d = e - hh * D; /* e = pair * 8 + i = hh * D + d */
-        int h = h0 + hh;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++)
+            v += red[w * HB * D + e];
+        const int h = e / D, d = e - h * D;
         if (nparts == 1)
-            out[((size_t)row * nh + h) * D + d] = from_f32<TQ>(v / ml[HB + hh]);
+            out[((size_t)row * nh + h0 + h) * D + d] = from_f32<TQ>(v / ml[HB + h]);
         else
-            ws_acc[((tok * nh + h) * max_parts + part) * D + d] = v;
+            ws_acc[((tok * nh + h0 + h) * max_parts + part) * D + d] = v;
     }
     if (nparts > 1 && tid < HB) {
         size_t i = (tok * nh + h0 + tid) * max_parts + part;
@@ -173,50 +331,125 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
 }
 
 /* Combine the partitions of (row, head): out = sum_p w_p acc_p / sum_p w_p l_p,
- * w_p = exp(m_p - max_p m_p). Rows whose context fit one partition were written already. */
+ * w_p = exp(m_p - max_p m_p). Rows whose context fit one partition were written already.
+ * Warp i sums partitions i, i + RED_WARPS, ... (four dims per lane, loads unrolled so that
+ * many partitions are in flight), then the warps' sums are added. */
+enum { RED_THREADS = 256, RED_WARPS = RED_THREADS / 32 };
+
 template <typename TQ>
-__global__ void decode_reduce_kernel(TQ *out, const float *ws_acc, const float *ws_ml,
-                                     const int32_t *positions, const int32_t *query_start,
-                                     int num_seqs, int nh, int D, int max_parts) {
-    extern __shared__ float w[]; /* [max_parts rounded up to 4] */
+__global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
+    TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
+    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    extern __shared__ float4 red_smem[];
     __shared__ float scratch[32];
     const int qs0 = query_start[0], row = qs0 + blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (row >= query_start[num_seqs])
         return;
-    const int nparts = (positions[row] + DEC_PART) / DEC_PART;
+    const int nparts = (positions[row] + part_len) / part_len;
     if (nparts <= 1)
         return;
+    float4 *part_sum = red_smem;                        /* [RED_WARPS][D / 4] */
+    float *w = (float *)(red_smem + RED_WARPS * D / 4); /* [nparts] */
     const size_t base = ((size_t)(row - qs0) * nh + h) * max_parts;
     float mx = -INFINITY;
-    for (int p = 0; p < nparts; p++)
+    for (int p = tid; p < nparts; p += RED_THREADS)
         mx = fmaxf(mx, ws_ml[2 * (base + p)]);
+    mx = warp_max(mx);
+    if (lane == 0)
+        scratch[warp] = mx;
+    __syncthreads();
+    mx = scratch[0];
+#pragma unroll
+    for (int i = 1; i < RED_WARPS; i++)
+        mx = fmaxf(mx, scratch[i]);
     float den = 0.0f;
-    for (int p = threadIdx.x; p < nparts; p += blockDim.x) {
-        float wp = expf(ws_ml[2 * (base + p)] - mx);
+    for (int p = tid; p < nparts; p += RED_THREADS) {
+        float wp = __expf(ws_ml[2 * (base + p)] - mx);
         w[p] = wp;
         den += wp * ws_ml[2 * (base + p) + 1];
     }
     den = block_sum(den, scratch); /* its barriers also publish w[] */
+    const float4 *acc4 = (const float4 *)(ws_acc + base * D);
+    const int D4 = D / 4;
+    for (int d4 = lane; d4 < D4; d4 += 32) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int p = warp; p < nparts; p += RED_WARPS) {
+            const float wp = w[p];
+            const float4 x = acc4[(size_t)p * D4 + d4];
+            v.x = fmaf(wp, x.x, v.x);
+            v.y = fmaf(wp, x.y, v.y);
+            v.z = fmaf(wp, x.z, v.z);
+            v.w = fmaf(wp, x.w, v.w);
+        }
+        part_sum[warp * D4 + d4] = v;
+    }
+    __syncthreads();
     const float inv = 1.0f / den;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    for (int d = tid; d < D; d += RED_THREADS) {
         float v = 0.0f;
-        for (int p = 0; p < nparts; p++)
-            v = fmaf(w[p], ws_acc[(base + p) * D + d], v);
+#pragma unroll
+        for (int i = 0; i < RED_WARPS; i++)
+            v += ((const float *)part_sum)[i * D + d];
         out[((size_t)row * nh + h) * D + d] = from_f32<TQ>(v * inv);
     }
 }
 
-static int max_parts_of(const KvLayout *l, int max_blocks_per_seq) {
+/* Partial results (row x partition pairs, each nh x (D + 2) floats) of a split at
+ * DEC_PART positions, and at least DEC_WS_FLOOR of them: room for short partitions when a
+ * small batch would leave the GPU idle. */
+static size_t ws_partials(const KvLayout *l, int num_tokens, int max_blocks_per_seq) {
     size_t ctx = (size_t)max_blocks_per_seq * (size_t)l->block_size;
-    return (int)((ctx + DEC_PART - 1) / DEC_PART);
+    size_t n = (size_t)num_tokens * ((ctx + DEC_PART - 1) / DEC_PART);
+    return n > DEC_WS_FLOOR ? n : DEC_WS_FLOOR;
 }
 
 size_t k_cuda_attention_workspace_bytes(const KvLayout *l, int num_tokens, int nh,
                                         int max_blocks_per_seq) {
-    int parts = max_parts_of(l, max_blocks_per_seq);
-    if (parts <= 1 || num_tokens <= 0)
+    if (num_tokens <= 0 || (size_t)max_blocks_per_seq * l->block_size <= DEC_MIN_PART)
         return 0;
-    return (size_t)num_tokens * nh * parts * ((size_t)l->head_dim + 2) * sizeof(float);
+    return ws_partials(l, num_tokens, max_blocks_per_seq) * nh * ((size_t)l->head_dim + 2) *
+           sizeof(float);
+}
+
+typedef struct {
+    void *out;
+    const void *q, *cache;
+    KvGeom kg;
+    const AttnBatch *b;
+    int nh, G, part_len, max_parts;
+    float scale;
+    float *ws_acc, *ws_ml;
+    dim3 grid;
+    cudaStream_t stream;
+} DecodeLaunch;
+
+template <typename TQ, typename TC, int LPR, int CPL, int HB>
+static void launch_decode(const DecodeLaunch &a) {
+    auto kern = decode_kernel<TQ, TC, LPR, CPL, HB>;
+    size_t smem = (size_t)dec_region<TC, CPL, HB>(a.kg.D) * 16 +
+                  ((size_t)HB * a.part_len + 2 * HB) * sizeof(float) +
+                  ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
+    kc_set_smem(kern, smem);
+    kern<<<a.grid, DEC_THREADS, smem, a.stream>>>(
+        (TQ *)a.out, (const TQ *)a.q, (const TC *)a.cache, a.kg, a.b->positions, a.b->query_start,
+        a.b->num_seqs, a.b->block_tables, a.nh, a.G, a.part_len, a.scale, a.ws_acc, a.ws_ml,
+        a.max_parts);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* heads per block: the largest of 8, 4, 2, 1 dividing G, at most 8 / CPL (registers) */
+template <typename TQ, typename TC, int LPR, int CPL>
+static void launch_decode_hb(const DecodeLaunch &a, int HB) {
+    if (HB == 8 && CPL == 1)
+        launch_decode<TQ, TC, LPR, CPL, (CPL == 1 ? 8 : 1)>(a);
+    else if (HB >= 4 && CPL <= 2)
+        launch_decode<TQ, TC, LPR, CPL, (CPL <= 2 ? 4 : 1)>(a);
+    else if (HB >= 2)
+        launch_decode<TQ, TC, LPR, CPL, 2>(a);
+    else
+        launch_decode<TQ, TC, LPR, CPL, 1>(a);
 }
 
 void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
@@ -226,45 +459,90 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     KvGeom kg = kc_attn_check(l, layer, b, nh, what);
     if (b->num_tokens <= 0 || b->num_seqs <= 0)
         return;
-    const int D = kg.D, G = nh / kg.nkv;
-    const int max_parts = max_parts_of(l, b->max_blocks_per_seq);
-    KC_REQUIRE(max_parts <= 12288, "%s: %d partitions of %d positions: context too long", what,
-               max_parts, (int)DEC_PART);
+    const int D = kg.D, D8 = D / 8, G = nh / kg.nkv;
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
     KC_REQUIRE(workspace_bytes >= need && (need == 0 || workspace),
                "%s: workspace of %zu bytes, %zu needed", what, workspace_bytes, need);
-    float *ws_acc = (float *)workspace;
-    float *ws_ml = ws_acc ? ws_acc + (size_t)b->num_tokens * nh * max_parts * D : NULL;
+    KC_REQUIRE(b->num_tokens <= 65535, "%s: %d rows, at most 65535", what, b->num_tokens);
 
-    /* heads per block: the largest divisor of G with HB <= 16 and HB * D <= 2048, so one
-     * thread owns at most one (head, 8 dims) pair in P.V and the scores fit in 16K floats */
+    const int LPR = D8 > 16 ? 32 : D8 > 8 ? 16 : D8 > 4 ? 8 : D8 > 2 ? 4 : D8;
+    const int CPL = (D8 + 31) / 32;
     int HB = 1;
-    for (int c = 1; c <= G && c <= DEC_MAX_HB; c++)
-        if (G % c == 0 && c * D <= DEC_THREADS * 8)
+    for (int c = 2; c <= 8 / CPL; c *= 2)
+        if (G % c == 0)
             HB = c;
-    int CH = 4096 / D; /* K/V tile: at most 16 KB of fp32 */
-    CH = CH < 1 ? 1 : CH > 64 ? 64 : CH;
-    int TPD = 1; /* threads per dot product: fill the block, at most a warp, >= 4 dims each */
-    while (TPD < 32 && 2 * TPD * HB * CH <= DEC_THREADS && 2 * TPD * 4 <= D)
-        TPD *= 2;
-    size_t smem = ((size_t)(HB + CH) * (D + 4) + (size_t)HB * DEC_PART + DEC_THREADS * 8 + 2 * HB) *
-                  sizeof(float);
-    dim3 grid((unsigned)b->num_tokens, (unsigned)(kg.nkv * (G / HB)), (unsigned)max_parts);
+    /* Partition length: 512 positions once the rows alone fill the GPU (fewer partial results
+     * to combine), else 256, halved (down to 32) while the grid is small and the partial
+     * results still fit the workspace. ctx is the bound, not the rows' actual contexts. */
+    const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
+    const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
+    int part_len = base >= 2048 ? 2 * DEC_PART : DEC_PART;
+    auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
+    auto bytes_of = [&](int len) {
+        return parts_of(len) <= 1 ? 0 : (size_t)b->num_tokens * parts_of(len) * nh * (D + 2) * 4;
+    };
+    while (part_len > DEC_MIN_PART && base * parts_of(part_len) < DEC_TARGET_BLOCKS &&
+           bytes_of(part_len / 2) <= workspace_bytes)
+        part_len /= 2;
+    const int parts = (int)parts_of(part_len);
+    KC_REQUIRE(parts <= 12288, "%s: %d partitions of %d positions: context too long", what, parts,
+               part_len);
+    const int max_parts = parts; /* the workspace layout's partitions per (row, head) */
+    DecodeLaunch a;
+    a.out = out;
+    a.q = q;
+    a.cache = kv_cache;
+    a.kg = kg;
+    a.b = b;
+    a.nh = nh;
+    a.G = G;
+    a.part_len = part_len;
+    a.max_parts = max_parts;
+    a.scale = scale;
+    a.ws_acc = (float *)workspace;
+    a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)b->num_tokens * nh * max_parts * D : NULL;
+    a.grid = dim3((unsigned)(kg.nkv * (G / HB)), (unsigned)b->num_tokens, (unsigned)parts);
+    a.stream = kc_stream(stream);
     KC_DISPATCH_ATTN(act, l->dtype, what, {
-        auto kern = decode_kernel<TQ, TC>;
-        kc_set_smem(kern, smem);
-        kern<<<grid, DEC_THREADS, smem, kc_stream(stream)>>>(
-            (TQ *)out, (const TQ *)q, (const TC *)kv_cache, kg, b->positions, b->query_start,
-            b->num_seqs, b->block_tables, nh, G, HB, CH, TPD, scale, max_parts, ws_acc, ws_ml);
-        CUDA_CHECK_LAUNCH();
-        if (max_parts > 1) {
+        switch (LPR * 8 + CPL) {
+            case 1 * 8 + 1:
+                launch_decode_hb<TQ, TC, 1, 1>(a, HB);
+                break;
+            case 2 * 8 + 1:
+                launch_decode_hb<TQ, TC, 2, 1>(a, HB);
+                break;
+            case 4 * 8 + 1:
+                launch_decode_hb<TQ, TC, 4, 1>(a, HB);
+                break;
+            case 8 * 8 + 1:
+                launch_decode_hb<TQ, TC, 8, 1>(a, HB);
+                break;
+            case 16 * 8 + 1:
+                launch_decode_hb<TQ, TC, 16, 1>(a, HB);
+                break;
+            case 32 * 8 + 1:
+                launch_decode_hb<TQ, TC, 32, 1>(a, HB);
+                break;
+            case 32 * 8 + 2:
+                launch_decode_hb<TQ, TC, 32, 2>(a, HB);
+                break;
+            case 32 * 8 + 3:
+                launch_decode_hb<TQ, TC, 32, 3>(a, HB);
+                break;
+            default:
+                launch_decode_hb<TQ, TC, 32, 4>(a, HB);
+        }
+        if (parts > 1) {
             dim3 rgrid((unsigned)b->num_tokens, (unsigned)nh);
-            /* w[] padded to 16 bytes: ptxas merges the loop's tail loads of w into one wide
-             * (speculative) load, which compute-sanitizer flags past an unpadded end */
-            size_t rsmem = (size_t)((max_parts + 3) & ~3) * sizeof(float);
-            decode_reduce_kernel<TQ><<<rgrid, 128, rsmem, kc_stream(stream)>>>(
-                (TQ *)out, ws_acc, ws_ml, b->positions, b->query_start, b->num_seqs, nh, D,
-                max_parts);
+            /* w[] padded to 16 bytes: ptxas may merge the loop's tail loads of w into one
+             * wide (speculative) load, which compute-sanitizer flags past an unpadded end */
+            size_t rsmem =
+                (size_t)RED_WARPS * D * sizeof(float) + (size_t)((parts + 3) & ~3) * sizeof(float);
+            auto rkern = decode_reduce_kernel<TQ>;
+            kc_set_smem(rkern, rsmem);
+            rkern<<<rgrid, RED_THREADS, rsmem, a.stream>>>((TQ *)out, a.ws_acc, a.ws_ml,
+                                                           b->positions, b->query_start,
+                                                           b->num_seqs, nh, D, part_len, max_parts);
             CUDA_CHECK_LAUNCH();
         }
     });

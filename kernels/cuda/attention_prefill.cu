@@ -2,55 +2,21 @@
  * sequence's rows are query_start[s]..query_start[s+1], at any positions, so a chunk attends
  * to its sequence's earlier chunks already in the cache as well as to itself).
  *
+ * k_cuda_attention_prefill takes the tensor-core kernel (attention_prefill_tc.cu) for bf16
+ * queries on a bf16 cache with head_dim a multiple of 16 up to 256, and otherwise the fp32
+ * CUDA-core kernel here, which handles every supported shape and dtype pair exactly.
+ *
  * Grid (query tile, KV head x head group). A tile is M query vectors: TQ = M / HB rows of one
  * sequence times the HB query heads of one KV head, so each K/V tile staged in shared memory
  * (fp32) serves every row and head of the tile. Flash-attention loop over the positions
  * 0..max position of the tile: S = Q K^T (register-tiled, RQ x RK per thread), causal mask by
  * each row's own position, online softmax, O = O * alpha + P V with O in registers.
- * All fp32 on CUDA cores: this is the straightforward correct version; tensor cores (wgmma /
- * mma.sync on bf16 tiles) are the next step. */
+ * All fp32 on CUDA cores. */
 #include <math.h>
 
 #include "attention.cuh"
 
 enum { PF_THREADS = 256, PF_MAXP = 8 };
-
-/* warp 0 finds which (sequence, first row) tile `target` is: tiles are numbered sequence by
- * sequence, ceil(len / TQ) each. Returns s = -1 past the last tile. */
-__device__ static void find_tile(const int32_t *query_start, int num_seqs, int TQ, int target,
-                                 int *s_out, int *t0_out) {
-    const int lane = threadIdx.x & 31;
-    int done = 0, found_s = -1, found_t0 = 0;
-    for (int base = 0; base < num_seqs; base += 32) {
-        int s = base + lane, cnt = 0, qs = 0;
-        if (s < num_seqs) {
-            qs = query_start[s];
-            cnt = (query_start[s + 1] - qs + TQ - 1) / TQ;
-        }
-        int incl = cnt;
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o)
-                incl += y;
-        }
-        int first = done + incl - cnt;
-        unsigned hit =
-            __ballot_sync(0xffffffffu, cnt > 0 && target >= first && target < done + incl);
-        if (hit) {
-            int src = __ffs(hit) - 1;
-            if (lane == src) {
-                found_s = s;
-                found_t0 = qs + (target - first) * TQ;
-            }
-            found_s = __shfl_sync(0xffffffffu, found_s, src);
-            found_t0 = __shfl_sync(0xffffffffu, found_t0, src);
-            break;
-        }
-        done += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    *s_out = found_s;
-    *t0_out = found_t0;
-}
 
 template <typename TQ, typename TC, int M, int TK, int RQ, int RK>
 __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *q, const TC *cache,
@@ -293,6 +259,10 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
         return;
     const int G = nh / kg.nkv;
     cudaStream_t st = kc_stream(stream);
+    if (kc_prefill_tc_ok(act, l)) {
+        kc_prefill_tc(out, q, kv_cache, kg, b, nh, scale, st);
+        return;
+    }
     KC_DISPATCH_ATTN(act, l->dtype, what, {
         if (kg.D <= 128) /* 64 vectors x 32 positions, 2 x 4 scores per thread */
             launch_prefill<TQ, TC, 64, 32, 2, 4>(out, q, kv_cache, kg, b, nh, G, scale, st);

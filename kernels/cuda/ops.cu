@@ -200,6 +200,18 @@ template <DType A> static void ops_to_f32(float *out, const void *in, size_t n) 
     k_cuda_to_f32(out, in, A, n, stream());
 }
 
+static void ops_sample_rows(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
+                            const DeviceSampleRow *rows, const int32_t *history, int flags,
+                            void *workspace, size_t workspace_bytes) {
+    k_cuda_sample(tokens, token_logits, logits, n, vocab, rows, history, flags, workspace,
+                  workspace_bytes, stream());
+}
+
+static void ops_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits,
+                         int n, int vocab, int k) {
+    k_cuda_logprobs(lse, top_ids, top_logprobs, logits, n, vocab, k, stream());
+}
+
 static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale) {
     k_cuda_fill_dummy(dst, dt, n, key, scale, stream());
 }
@@ -256,7 +268,10 @@ template <DType A> static KernelOps make_ops(void) {
     o.gather_rows = ops_gather_rows<A>;
     o.to_f32 = ops_to_f32<A>;
     o.copy_blocks = ops_copy_blocks;
-    o.sample = NULL; /* the engine samples on the host */
+    o.sample = NULL; /* sampling runs on the GPU: */
+    o.sample_workspace_bytes = k_cuda_sample_workspace_bytes;
+    o.sample_rows = ops_sample_rows;
+    o.logprobs = ops_logprobs;
     o.fill_dummy = ops_fill_dummy;
     o.graph_begin = ops_graph_begin;
     o.graph_end = ops_graph_end;

@@ -1,0 +1,180 @@
+/* sample_device.c - sampling where the logits are. On a backend with sample_rows (CUDA), the
+ * step's sampled rows are described to it (parameters, and the token history of rows with
+ * penalties), its logprobs op runs first when a row wants logprobs, and only the picked
+ * tokens (and the wanted logprobs) come back: a few bytes per row instead of a vocabulary of
+ * fp32 logits. The host path in step.c stays for backends without these ops and for the
+ * steps this one does not take: a request forking its n > 1 samples (each extra sample draws
+ * from a copy of the parent's raw row), or more top logprobs than the device op returns. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+/* Packed history capacity: every running sequence at full length, within reason. */
+#define HISTORY_CAP_MAX ((size_t)16 << 20)
+
+Status eng_device_sampler_init(Engine *e) {
+    const KernelOps *ops = e->ops;
+    DeviceSampler *ds = &e->ds;
+    if (!ops->sample_rows || ops->host_memory)
+        return PL_OK;
+    size_t s = (size_t)e->cfg.max_num_seqs, top = s * DEVICE_MAX_TOP_LOGPROBS;
+    size_t hist = s * (size_t)e->max_model_len;
+    ds->history_cap = hist < HISTORY_CAP_MAX ? hist : HISTORY_CAP_MAX;
+    int vocab = model_config(e->model)->vocab_size;
+    ds->workspace_bytes =
+        ops->sample_workspace_bytes(e->cfg.max_num_seqs, vocab, (int)ds->history_cap);
+    struct {
+        void **p;
+        size_t bytes;
+    } d[] = {{(void **)&ds->d_rows, s * sizeof(DeviceSampleRow)},
+             {(void **)&ds->d_history, ds->history_cap * sizeof(int32_t)},
+             {(void **)&ds->d_tokens, s * sizeof(int32_t)},
+             {(void **)&ds->d_token_logits, s * sizeof(float)},
+             {(void **)&ds->d_lse, s * sizeof(float)},
+             {(void **)&ds->d_top_ids, top * sizeof(int32_t)},
+             {(void **)&ds->d_top_vals, top * sizeof(float)},
+             {&ds->workspace, ds->workspace_bytes}};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (!(*d[i].p = ops->alloc(d[i].bytes)))
+            return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampler's buffers",
+                                ops->name);
+    ds->h_rows = pl_xmalloc(s * sizeof(DeviceSampleRow));
+    ds->h_history = pl_xmalloc(ds->history_cap * sizeof(int32_t));
+    ds->h_token_logits = pl_xmalloc(s * sizeof(float));
+    ds->h_lse = pl_xmalloc(s * sizeof(float));
+    ds->h_top_ids = pl_xmalloc(top * sizeof(int32_t));
+    ds->h_top_vals = pl_xmalloc(top * sizeof(float));
+    return PL_OK;
+}
+
+void eng_device_sampler_free(Engine *e) {
+    DeviceSampler *ds = &e->ds;
+    void *d[] = {ds->d_rows, ds->d_history, ds->d_tokens,   ds->d_token_logits,
+                 ds->d_lse,  ds->d_top_ids, ds->d_top_vals, ds->workspace};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++)
+        if (d[i])
+            e->ops->free(d[i]);
+    free(ds->h_rows);
+    free(ds->h_history);
+    free(ds->h_token_logits);
+    free(ds->h_lse);
+    free(ds->h_top_ids);
+    free(ds->h_top_vals);
+    memset(ds, 0, sizeof *ds);
+}
+
+static int has_penalty(const SamplingParams *p) {
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
+    if (!e->ds.d_rows)
+        return 0;
+    size_t history = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        const Sequence *seq = o->seqs[i].seq;
+        const SeqData *d = seq->owner;
+        const Request *r = d->req;
+        if (r->n > r->num_started ||
+            (r->params.logprobs && r->params.top_logprobs > DEVICE_MAX_TOP_LOGPROBS))
+            return 0;
+        if (has_penalty(&d->sampling))
+            history += (size_t)seq->num_tokens;
+    }
+    return history <= e->ds.history_cap;
+}
+
+size_t eng_top_reserve(Engine *e, size_t k) {
+    if (e->top_len + k > e->top_cap) {
+        e->top_cap = (e->top_len + k) * 2 + 64;
+        e->top_ids = pl_xrealloc(e->top_ids, e->top_cap * sizeof(int32_t));
+        e->top_vals = pl_xrealloc(e->top_vals, e->top_cap * sizeof(float));
+    }
+    size_t at = e->top_len;
+    e->top_len += k;
+    return at;
+}
+
+void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+    const KernelOps *ops = e->ops;
+    DeviceSampler *ds = &e->ds;
+    int vocab = model_config(e->model)->vocab_size;
+    int n = 0, greedy = 1, penalties = 0, kmax = 0, want_lp = 0;
+    size_t hist = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        const Sequence *seq = o->seqs[i].seq;
+        const SeqData *d = seq->owner;
+        const SamplingParams *p = &d->sampling;
+        DeviceSampleRow *row = &ds->h_rows[n];
+        *row = (DeviceSampleRow){.temperature = p->temperature,
+                                 .top_p = p->top_p,
+                                 .min_p = p->min_p,
+                                 .repetition_penalty = p->repetition_penalty,
+                                 .presence_penalty = p->presence_penalty,
+                                 .frequency_penalty = p->frequency_penalty,
+                                 .top_k = p->top_k,
+                                 .num_output = seq->num_tokens - seq->num_prompt,
+                                 .seed = p->seed,
+                                 .num_prompt = seq->num_prompt};
+        if (has_penalty(p)) {
+            penalties = 1;
+            row->history_offset = (int32_t)hist;
+            memcpy(ds->h_history + hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
+            hist += (size_t)seq->num_tokens;
+        }
+        greedy &= !(p->temperature >= 1e-5f);
+        const GenerateParams *gp = &d->req->params;
+        lps[n] = (RowLogprobs){.wanted = gp->logprobs};
+        if (gp->logprobs) {
+            want_lp = 1;
+            kmax = gp->top_logprobs > kmax ? gp->top_logprobs : kmax;
+        }
+        n++;
+    }
+    if (n == 0)
+        return;
+    kmax = kmax < vocab ? kmax : vocab;
+    ops->to_device(ds->d_rows, ds->h_rows, (size_t)n * sizeof(DeviceSampleRow));
+    if (hist)
+        ops->to_device(ds->d_history, ds->h_history, hist * sizeof(int32_t));
+    if (want_lp)
+        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->d.logits, n, vocab, kmax);
+    int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (greedy ? SAMPLE_ALL_GREEDY : 0);
+    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->d.logits, n, vocab,
+                     ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
+                     ds->workspace_bytes);
+    ops->to_host(tokens, ds->d_tokens, (size_t)n * sizeof(int32_t));
+    if (!want_lp)
+        return;
+    ops->to_host(ds->h_lse, ds->d_lse, (size_t)n * sizeof(float));
+    ops->to_host(ds->h_token_logits, ds->d_token_logits, (size_t)n * sizeof(float));
+    if (kmax) {
+        ops->to_host(ds->h_top_ids, ds->d_top_ids, (size_t)n * kmax * sizeof(int32_t));
+        ops->to_host(ds->h_top_vals, ds->d_top_vals, (size_t)n * kmax * sizeof(float));
+    }
+    int k = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        RowLogprobs *lp = &lps[k];
+        if (lp->wanted) {
+            const GenerateParams *gp = &((SeqData *)o->seqs[i].seq->owner)->req->params;
+            int want = gp->top_logprobs < kmax ? gp->top_logprobs : kmax;
+            lp->token_logit = ds->h_token_logits[k];
+            lp->lse = ds->h_lse[k];
+            lp->top_at = eng_top_reserve(e, (size_t)want);
+            lp->num_top = want;
+            memcpy(e->top_ids + lp->top_at, ds->h_top_ids + (size_t)k * kmax,
+                   (size_t)want * sizeof(int32_t));
+            memcpy(e->top_vals + lp->top_at, ds->h_top_vals + (size_t)k * kmax,
+                   (size_t)want * sizeof(float));
+        }
+        k++;
+    }
+}

@@ -1,0 +1,529 @@
+/* test_attention_cuda.c - the paged-attention kernels (k_cuda_attention_decode and
+ * k_cuda_attention_prefill, kernels/cuda/attention_*.cu) against the CPU `attention` op
+ * (k_cpu_ops(), the reference) on random data from fixed seeds. Sweeps head dims (64, 80, 96,
+ * 128, 256 on the tensor-core prefill path; 8, 24, 40 on the CUDA-core fallback; 48, 176 and
+ * large ones 512, 1024 besides), GQA ratios 1/4/8 (and 7, 16), block sizes 8..128, random
+ * non-contiguous block tables with padding entries (-1), padding rows, mixed batches (decodes,
+ * a prompt chunk continuing a cached prefix, a fresh prompt) run as a decode launch, a prefill
+ * launch, and the decode + prefill views of kernels_cuda.h, contexts up to 32k (split over the
+ * sequence for decode; a prefill chunk after a 32k prefix), a batch wide enough for decode's
+ * long partitions, and activation / cache dtypes f32 and bf16 (and mixed).
+ *
+ * The CPU op sees exactly the values the GPU sees (inputs rounded to the GPU's dtypes first,
+ * then an f32 copy); a result passes when |gpu - ref| <= tol + tol |ref| (tol 1e-4 for f32,
+ * 1e-2 when activations or cache are bf16), and the first mismatches are printed. Outputs are
+ * poisoned (NaN) before each launch, so unwritten elements fail, and padding rows must stay
+ * untouched.
+ *
+ * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
+ * the CUDA backend, with "CUDA backend not built: skipped". The last test prints timings (never
+ * asserts speed) at Llama-3-8B head shapes, CUDA-event medians, with the ratio to the H200
+ * floors (4.23 TB/s for decode's K/V bytes, 763 TFLOP/s bf16 for prefill's causal FLOPs).
+ * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
+ * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#ifdef PAGELLM_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels_cuda.h"
+#endif
+
+#define ATTN_TESTS(X)                                                                              \
+    X(test_attention_sweep)                                                                        \
+    X(test_attention_shapes)                                                                       \
+    X(test_attention_long)                                                                         \
+    X(test_attention_timing)
+
+#ifndef PAGELLM_HAVE_CUDA
+
+#define SKIP_TEST(name)                                                                            \
+    static void name(void **state) {                                                               \
+        (void)state;                                                                               \
+        print_message("CUDA backend not built: skipped\n");                                        \
+        skip();                                                                                    \
+    }
+ATTN_TESTS(SKIP_TEST)
+
+#else
+
+/* ---------------- helpers ---------------- */
+
+#include "cuda_test_util.h"
+
+static int rnd_int(int n) {
+    return (int)(rng_next() % (uint64_t)n);
+}
+
+/* Device copy of x[n] in dt (x already holds dt-representable values). */
+static void *upload_as(const float *x, size_t n, DType dt) {
+    void *h = to_dtype(x, n, dt);
+    void *d = upload(h, n * pl_dtype_size(dt));
+    free(h);
+    return d;
+}
+
+static double atol_of(DType dt) {
+    return dt == DT_F32 ? 1e-4 : 1e-2;
+}
+
+/* ---------------- correctness ---------------- */
+
+typedef struct {
+    int prefix; /* positions already in the cache */
+    int qlen;   /* query rows this step (1 = decode) */
+} SeqSpec;
+
+enum { MODE_DECODE = 1, MODE_PREFILL = 2, MODE_SPLIT = 4 };
+
+/* One batch: sequences `specs` (decodes first), pad_rows padding rows after the last one.
+ * The cache holds random values in every position (the step's own K/V included, as after
+ * kv_write); the block tables are a random permutation of the pool. The CPU attention over an
+ * F32 copy of the cache is the reference for each requested mode. */
+static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, const SeqSpec *specs,
+                          int ns, int pad_rows, int modes) {
+    const KernelOps *cpu = k_cpu_ops();
+    int nh = nkv * G, L = 2, layer = 1;
+    int T = 0, max_blocks = 1, used = 0, nd = 0;
+    for (int s = 0; s < ns; s++) {
+        T += specs[s].qlen;
+        int nb = (specs[s].prefix + specs[s].qlen + bs - 1) / bs;
+        used += nb;
+        if (nb + 1 > max_blocks)
+            max_blocks = nb + 1;
+        if (specs[s].qlen == 1 && nd == s)
+            nd++;
+    }
+    int rows = T + pad_rows, nblocks = used + 3;
+    KvLayout l = {
+        .num_layers = L, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
+    size_t block = (size_t)L * 2 * bs * nkv * D, cache_n = block * nblocks;
+
+    int *perm = xmalloc(sizeof(int) * nblocks);
+    for (int i = 0; i < nblocks; i++)
+        perm[i] = i;
+    for (int i = nblocks - 1; i > 0; i--) {
+        int j = rnd_int(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t *tables = xmalloc(sizeof(int32_t) * ns * max_blocks);
+    int32_t *qs = xmalloc(sizeof(int32_t) * (ns + 1));
+    int32_t *pos = xmalloc(sizeof(int32_t) * rows);
+    int next = 0, row = 0;
+    for (int s = 0; s < ns; s++) {
+        int nb = (specs[s].prefix + specs[s].qlen + bs - 1) / bs;
+        for (int i = 0; i < max_blocks; i++)
+            tables[s * max_blocks + i] = i < nb ? perm[next++] : -1;
+        qs[s] = row;
+        for (int i = 0; i < specs[s].qlen; i++)
+            pos[row++] = specs[s].prefix + i;
+    }
+    qs[ns] = row;
+    for (; row < rows; row++)
+        pos[row] = 0;
+
+    float *cache = rand_vec(cache_n, -1, 1, cdt);
+    size_t nq = (size_t)rows * nh * D;
+    float *q = rand_vec(nq, -4, 4, act);
+    float *ref = xmalloc(nq * sizeof(float)), *got = xmalloc(nq * sizeof(float));
+    float scale = 1.0f / sqrtf((float)D);
+    AttnBatch hb = {.num_tokens = T,
+                    .positions = pos,
+                    .slot_mapping = NULL,
+                    .num_seqs = ns,
+                    .query_start = qs,
+                    .block_tables = tables,
+                    .max_blocks_per_seq = max_blocks};
+    cpu->attention(ref, q, cache, &l, layer, &hb, nh, scale);
+    for (size_t i = 0; i < nq; i++)
+        ref[i] = round_to(ref[i], act);
+
+    KvLayout dl = l;
+    dl.dtype = cdt;
+    void *dcache = upload_as(cache, cache_n, cdt), *dq = upload_as(q, nq, act);
+    int32_t *dpos = upload(pos, sizeof(int32_t) * rows),
+            *dqs = upload(qs, sizeof(int32_t) * (ns + 1));
+    int32_t *dtab = upload(tables, sizeof(int32_t) * ns * max_blocks);
+    size_t ws_bytes = k_cuda_attention_workspace_bytes(&dl, rows, nh, max_blocks);
+    void *ws = ws_bytes ? k_cuda_malloc(ws_bytes) : NULL;
+    void *dout = k_cuda_malloc(nq * pl_dtype_size(act));
+    AttnBatch db = {.num_tokens = rows,
+                    .positions = dpos,
+                    .slot_mapping = NULL,
+                    .num_seqs = ns,
+                    .query_start = dqs,
+                    .block_tables = dtab,
+                    .max_blocks_per_seq = max_blocks};
+
+    int bad = 0;
+    for (int mode = MODE_DECODE; mode <= MODE_SPLIT; mode <<= 1) {
+        if (!(modes & mode))
+            continue;
+        k_cuda_memset(dout, 0xFF, nq * pl_dtype_size(act));
+        if (mode == MODE_DECODE) {
+            k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &db, nh, scale, ws, ws_bytes,
+                                    NULL);
+        } else if (mode == MODE_PREFILL) {
+            k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &db, nh, scale, NULL);
+        } else {
+            AttnBatch dv = db, pv = db;
+            dv.num_tokens = nd;
+            dv.num_seqs = nd;
+            pv.num_tokens = T - nd;
+            pv.num_seqs = ns - nd;
+            pv.query_start = dqs + nd;
+            pv.block_tables = dtab + (size_t)nd * max_blocks;
+            if (nd > 0)
+                k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &dv, nh, scale, ws,
+                                        ws_bytes, NULL);
+            if (ns > nd)
+                k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &pv, nh, scale, NULL);
+        }
+        download_as(got, dout, nq, act);
+        char what[160];
+        snprintf(what, sizeof what, "attention %s act %s cache %s D %d nkv %d G %d bs %d",
+                 mode == MODE_DECODE    ? "decode"
+                 : mode == MODE_PREFILL ? "prefill"
+                                        : "split",
+                 dn(act), dn(cdt), D, nkv, G, bs);
+        size_t real = (size_t)T * nh * D;
+        double tol = atol_of(act == DT_BF16 || cdt == DT_BF16 ? DT_BF16 : DT_F32);
+        bad += check_close(what, got, ref, real, tol);
+        int touched = 0; /* padding rows stay poisoned */
+        for (size_t i = real; i < nq; i++)
+            touched += !isnan(got[i]);
+        if (touched) {
+            print_error("%s: %d padding-row elements written\n", what, touched);
+            bad++;
+        }
+    }
+    k_cuda_free(dcache);
+    k_cuda_free(dq);
+    k_cuda_free(dpos);
+    k_cuda_free(dqs);
+    k_cuda_free(dtab);
+    k_cuda_free(ws);
+    k_cuda_free(dout);
+    free(perm);
+    free(tables);
+    free(qs);
+    free(pos);
+    free(cache);
+    free(q);
+    free(ref);
+    free(got);
+    return bad;
+}
+
+/* Head dims x GQA ratios x block sizes x dtypes, each on a mixed batch: three decodes (up to
+ * three 256-position partitions), a chunk continuing a cached prefix, a fresh prompt, and
+ * two padding rows; every kernel mode (decode, prefill, decode+prefill views). */
+static void test_attention_sweep(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(10);
+    const int dims[] = {8, 40, 64, 80, 96, 128, 256};
+    const int gqa[] = {1, 4, 8};
+    const int bss[] = {8, 16, 32, 64, 128};
+    const DType pairs[][2] = {{DT_F32, DT_F32}, {DT_BF16, DT_BF16}};
+    int bad = 0, cases = 0;
+    for (int di = 0; di < 7; di++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int bi = 0; bi < 5; bi++)
+                for (int pi = 0; pi < 2; pi++) {
+                    if (quick() && ((di != 0 && di != 5) || bi != 1))
+                        continue;
+                    SeqSpec specs[5] = {
+                        {rnd_int(700), 1},
+                        {rnd_int(300), 1},
+                        {0, 1},
+                        {100 + rnd_int(100), 37 + rnd_int(30)},
+                        {0, 20 + rnd_int(60)},
+                    };
+                    bad += attention_case(dims[di], 2, gqa[gi], bss[bi], pairs[pi][0], pairs[pi][1],
+                                          specs, 5, 2, MODE_DECODE | MODE_PREFILL | MODE_SPLIT);
+                    cases++;
+                }
+    print_message("attention sweep: %d batches x 3 modes, %d mismatching comparisons\n", cases,
+                  bad);
+    assert_int_equal(bad, 0);
+}
+
+/* Mixed dtypes, non-power-of-two groups (Qwen2-7B: 28 / 4 = 7), 16 heads per KV head, one
+ * sequence alone, odd head dims on both prefill paths, large head dims, non-power-of-two block
+ * sizes, a prompt longer than many tiles, and a chunk starting mid-block. */
+static void test_attention_shapes(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(13);
+    int bad = 0;
+    SeqSpec mix[3] = {{500, 1}, {64, 65}, {0, 33}};
+    bad += attention_case(128, 2, 4, 16, DT_F32, DT_BF16, mix, 3, 0, 7);
+    bad += attention_case(128, 2, 4, 16, DT_BF16, DT_F32, mix, 3, 0, 7);
+    bad += attention_case(128, 4, 7, 16, DT_BF16, DT_BF16, mix, 3, 1, 7);
+    bad += attention_case(64, 1, 16, 8, DT_F32, DT_F32, mix, 3, 0, 7);
+    bad += attention_case(64, 1, 16, 8, DT_BF16, DT_BF16, mix, 3, 0, 7);
+    bad += attention_case(128, 2, 2, 24, DT_BF16, DT_BF16, mix, 3, 0, 7);
+    SeqSpec one[1] = {{0, 200}};
+    bad += attention_case(128, 8, 4, 32, DT_BF16, DT_BF16, one, 1, 0, 7);
+    SeqSpec odd[3] = {{37, 1}, {250, 77}, {3, 130}};
+    const int dims[] = {24, 48, 176};
+    for (int di = 0; di < 3; di++)
+        for (int pi = 0; pi < 2; pi++) {
+            DType dt = pi ? DT_BF16 : DT_F32;
+            bad += attention_case(dims[di], 2, 4, 16, dt, dt, odd, 3, 1, 7);
+        }
+    if (!quick()) {
+        SeqSpec big[2] = {{300, 1}, {40, 9}};
+        bad += attention_case(512, 1, 2, 16, DT_F32, DT_F32, big, 2, 0, 7);
+        bad += attention_case(512, 1, 4, 16, DT_BF16, DT_BF16, big, 2, 0, 7);
+        bad += attention_case(1024, 1, 2, 8, DT_F32, DT_F32, big, 2, 0, 7);
+        SeqSpec prompt[2] = {{0, 700}, {129, 300}};
+        bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
+        bad += attention_case(256, 2, 1, 64, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
+        bad += attention_case(80, 2, 8, 128, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
+ * chunk continuing a 4000-token prefix, a chunk continuing a 32k prefix) for f32 and bf16,
+ * block sizes 16 and 32, and 256 decode rows of 32 query heads (decode's long partitions). */
+static void test_attention_long(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (quick())
+        return;
+    rng_seed(11);
+    SeqSpec specs[6] = {{32767, 1}, {4095, 1}, {4094, 1}, {256, 1}, {0, 1}, {4000, 64}};
+    int bad = 0;
+    bad += attention_case(128, 2, 4, 16, DT_F32, DT_F32, specs, 6, 1, 7);
+    bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, specs, 6, 1, 7);
+    SeqSpec specs2[3] = {{4096, 1}, {2047, 1}, {3000, 100}};
+    bad += attention_case(64, 2, 8, 32, DT_BF16, DT_BF16, specs2, 3, 0, 7);
+    bad += attention_case(256, 1, 1, 32, DT_F32, DT_F32, specs2, 3, 0, 7);
+    bad += attention_case(8, 2, 4, 8, DT_F32, DT_F32, specs2, 3, 0, 7);
+    SeqSpec chunk32k[2] = {{32000, 1}, {32768 - 160, 160}};
+    bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, chunk32k, 2, 0, 7);
+    bad += attention_case(128, 1, 4, 32, DT_F32, DT_F32, chunk32k, 2, 0, MODE_PREFILL);
+    SeqSpec wide[256];
+    for (int s = 0; s < 256; s++)
+        wide[s] = (SeqSpec){rnd_int(1500), 1};
+    bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, wide, 256, 3, MODE_DECODE);
+    bad += attention_case(128, 8, 4, 16, DT_F32, DT_F32, wide, 256, 0, MODE_DECODE);
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------- timings ---------------- */
+
+/* Median of `iters` CUDA-event timings of run(i) (after 3 warm-ups), in ms. */
+typedef void (*TimedFn)(void *ctx, int i);
+static double time_median(TimedFn run, void *ctx, int iters) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float t[64];
+    for (int i = 0; i < 3; i++)
+        run(ctx, i);
+    for (int i = 0; i < iters; i++) {
+        CUDA_CHECK(cudaEventRecord(e0, NULL));
+        run(ctx, i);
+        CUDA_CHECK(cudaEventRecord(e1, NULL));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    for (int i = 1; i < iters; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    return t[iters / 2];
+}
+
+typedef struct {
+    void *out, *q, *cache, *ws;
+    size_t ws_bytes;
+    KvLayout l;
+    AttnBatch b[64]; /* one per set of blocks: rotating defeats the 60 MB L2 */
+    int nsets, prefill, nh;
+    float scale;
+} TimedAttn;
+
+static void run_attn(void *ctx, int i) {
+    TimedAttn *a = ctx;
+    const AttnBatch *b = &a->b[i % a->nsets];
+    if (a->prefill)
+        k_cuda_attention_prefill(a->out, a->q, DT_BF16, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                 NULL);
+    else
+        k_cuda_attention_decode(a->out, a->q, DT_BF16, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                a->ws, a->ws_bytes, NULL);
+}
+
+/* Not a check: timings at Llama-3-8B head shapes (32 query heads, 8 KV heads, head_dim 128,
+ * bf16 q and cache, block size 16, one layer's cache; block tables a random permutation).
+ * Decode: `batch` rows at context `ctx`, floor = K/V bytes at 4.23 TB/s (several sets of blocks
+ * in rotation when one set would fit in L2). Prefill: prompts of `lens` tokens after `prefix`
+ * cached ones, floor = causal FLOPs (4 nh D per (row, position) pair) at 763 TFLOP/s. */
+static void test_attention_timing(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    if (quick())
+        return;
+    rng_seed(12);
+    const int D = 128, nkv = 8, nh = 32, bs = 16;
+    const double bw = 4.23e12, tflops = 763e12;
+    const size_t pool_tokens = 256 * 1024 + 64 * 1024;
+    const int nblocks = (int)(pool_tokens / bs);
+    TimedAttn a;
+    memset(&a, 0, sizeof a);
+    a.l = (KvLayout){
+        .num_layers = 1, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_BF16};
+    a.nh = nh;
+    a.scale = 1.0f / sqrtf((float)D);
+    size_t block_bytes = (size_t)2 * bs * nkv * D * 2;
+    a.cache = k_cuda_malloc(block_bytes * nblocks);
+    {
+        size_t n = block_bytes * nblocks / 2, chunk = (size_t)1 << 24;
+        float *v = rand_vec(chunk, -1, 1, DT_BF16);
+        void *h = to_dtype(v, chunk, DT_BF16);
+        for (size_t off = 0; off < n; off += chunk) {
+            size_t m = n - off < chunk ? n - off : chunk;
+            k_cuda_memcpy((char *)a.cache + off * 2, h, m * 2);
+        }
+        free(v);
+        free(h);
+    }
+    int *perm = xmalloc(sizeof(int) * nblocks);
+    for (int i = 0; i < nblocks; i++)
+        perm[i] = i;
+    for (int i = nblocks - 1; i > 0; i--) {
+        int j = rnd_int(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const int max_rows = 2048;
+    float *q = rand_vec((size_t)max_rows * nh * D, -2, 2, DT_BF16);
+    a.q = upload_as(q, (size_t)max_rows * nh * D, DT_BF16);
+    a.out = k_cuda_malloc((size_t)max_rows * nh * D * 2);
+    free(q);
+
+    const int dec[][2] = {{1, 1024}, {1, 8192}, {1, 32768}, {64, 1024}, {256, 1024}};
+    for (int ci = 0; ci < 5; ci++) {
+        const int batch = dec[ci][0], ctx = dec[ci][1], mb = ctx / bs;
+        const int per_set = batch * mb;
+        const double set_bytes = (double)per_set * block_bytes;
+        a.nsets = 1 + (int)(240e6 / set_bytes); /* 240 MB in rotation: 4x the L2 */
+        if (a.nsets > nblocks / per_set)
+            a.nsets = nblocks / per_set;
+        if (a.nsets > 64)
+            a.nsets = 64;
+        a.prefill = 0;
+        int32_t *tab = xmalloc(sizeof(int32_t) * per_set * a.nsets);
+        for (int i = 0; i < per_set * a.nsets; i++)
+            tab[i] = perm[i];
+        int32_t *qs = xmalloc(sizeof(int32_t) * (batch + 1)),
+                *pos = xmalloc(sizeof(int32_t) * batch);
+        for (int s = 0; s <= batch; s++)
+            qs[s] = s;
+        for (int s = 0; s < batch; s++)
+            pos[s] = ctx - 1;
+        int32_t *dtab = upload(tab, sizeof(int32_t) * per_set * a.nsets);
+        int32_t *dqs = upload(qs, sizeof(int32_t) * (batch + 1));
+        int32_t *dpos = upload(pos, sizeof(int32_t) * batch);
+        for (int k = 0; k < a.nsets; k++)
+            a.b[k] = (AttnBatch){.num_tokens = batch,
+                                 .positions = dpos,
+                                 .num_seqs = batch,
+                                 .query_start = dqs,
+                                 .block_tables = dtab + (size_t)k * per_set,
+                                 .max_blocks_per_seq = mb};
+        a.ws_bytes = k_cuda_attention_workspace_bytes(&a.l, batch, nh, mb);
+        a.ws = a.ws_bytes ? k_cuda_malloc(a.ws_bytes) : NULL;
+        double ms = time_median(run_attn, &a, 20);
+        double floor_ms = (double)batch * ctx * nkv * D * 2 * 2 / bw * 1e3;
+        print_message("timing: decode batch %3d ctx %5d: %8.1f us, floor %7.1f us (%.2fx), "
+                      "%.2f TB/s; x32 layers %.2f ms\n",
+                      batch, ctx, ms * 1e3, floor_ms * 1e3, ms / floor_ms,
+                      (double)batch * ctx * nkv * D * 4 / (ms * 1e-3) / 1e12, ms * 32);
+        k_cuda_free(a.ws);
+        k_cuda_free(dtab);
+        k_cuda_free(dqs);
+        k_cuda_free(dpos);
+        free(tab);
+        free(qs);
+        free(pos);
+    }
+
+    /* prefill: {sequences, tokens each, cached prefix} */
+    const int pre[][3] = {{1, 2048, 0}, {1, 512, 0}, {4, 512, 0}, {1, 512, 1536}};
+    for (int ci = 0; ci < 4; ci++) {
+        const int ns = pre[ci][0], len = pre[ci][1], prefix = pre[ci][2];
+        const int mb = (prefix + len + bs - 1) / bs, rows = ns * len;
+        int32_t *tab = xmalloc(sizeof(int32_t) * ns * mb);
+        for (int i = 0; i < ns * mb; i++)
+            tab[i] = perm[i];
+        int32_t *qs = xmalloc(sizeof(int32_t) * (ns + 1)), *pos = xmalloc(sizeof(int32_t) * rows);
+        double pairs = 0;
+        for (int s = 0; s <= ns; s++)
+            qs[s] = s * len;
+        for (int r = 0; r < rows; r++) {
+            pos[r] = prefix + r % len;
+            pairs += pos[r] + 1;
+        }
+        int32_t *dtab = upload(tab, sizeof(int32_t) * ns * mb);
+        int32_t *dqs = upload(qs, sizeof(int32_t) * (ns + 1));
+        int32_t *dpos = upload(pos, sizeof(int32_t) * rows);
+        a.nsets = 1;
+        a.prefill = 1;
+        a.b[0] = (AttnBatch){.num_tokens = rows,
+                             .positions = dpos,
+                             .num_seqs = ns,
+                             .query_start = dqs,
+                             .block_tables = dtab,
+                             .max_blocks_per_seq = mb};
+        double ms = time_median(run_attn, &a, 20);
+        double flops = 4.0 * nh * D * pairs;
+        double floor_ms = flops / tflops * 1e3;
+        print_message("timing: prefill %d x %4d tokens after %4d cached: %7.1f us, floor %6.1f us "
+                      "(%.2fx), %.0f TFLOP/s; x32 layers %.2f ms\n",
+                      ns, len, prefix, ms * 1e3, floor_ms * 1e3, ms / floor_ms,
+                      flops / (ms * 1e-3) / 1e12, ms * 32);
+        k_cuda_free(dtab);
+        k_cuda_free(dqs);
+        k_cuda_free(dpos);
+        free(tab);
+        free(qs);
+        free(pos);
+    }
+    k_cuda_free(a.cache);
+    k_cuda_free(a.q);
+    k_cuda_free(a.out);
+    free(perm);
+}
+
+#endif /* PAGELLM_HAVE_CUDA */
+
+#define UNIT(name) cmocka_unit_test(name),
+
+int main(void) {
+    const struct CMUnitTest tests[] = {ATTN_TESTS(UNIT)};
+    const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
