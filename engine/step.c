@@ -157,30 +157,41 @@ static int pick_graph(const Engine *e, const SchedulerOutput *o) {
 
 /* Pack the scheduled tokens into the model's batch (built in host memory, padded to the
  * graph's rows when `graph` >= 0, then copied to the backend's); returns the number of logit
- * rows of real sequences. */
+ * rows of real sequences. Single-token sequences come first in the batch (so the backend can
+ * give them its decode attention), prompt chunks after; the logit rows stay in the
+ * scheduler's order, which is the order sampling walks. */
 static int build_batch(Engine *e, const SchedulerOutput *o, int graph, AttnBatch *b) {
     BatchBuffers *h = &e->h;
-    int bs = e->cfg.block_size, t = 0, rows = 0;
-    for (int i = 0; i < o->num_seqs; i++) {
-        const ScheduledSeq *ss = &o->seqs[i];
-        const Sequence *seq = ss->seq;
-        h->query_start[i] = t;
-        for (int j = 0; j < ss->num_tokens; j++, t++) {
-            int p = ss->start + j;
-            h->tokens[t] = seq->tokens[p];
-            h->positions[t] = p;
-            h->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
+    int bs = e->cfg.block_size, t = 0, rows = 0, at = 0, num_decode = 0;
+    int last_row[o->num_seqs > 0 ? o->num_seqs : 1];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < o->num_seqs; i++) {
+            const ScheduledSeq *ss = &o->seqs[i];
+            if ((ss->num_tokens == 1) != (pass == 0))
+                continue;
+            const Sequence *seq = ss->seq;
+            h->query_start[at] = t;
+            for (int j = 0; j < ss->num_tokens; j++, t++) {
+                int p = ss->start + j;
+                h->tokens[t] = seq->tokens[p];
+                h->positions[t] = p;
+                h->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
+            }
+            PL_CHECK(seq->table.num_blocks <= e->max_blocks_per_seq);
+            memcpy(h->block_tables + (size_t)at * e->max_blocks_per_seq, seq->table.blocks,
+                   (size_t)seq->table.num_blocks * sizeof(int32_t));
+            last_row[i] = t - 1;
+            at++;
+            num_decode += pass == 0;
         }
-        PL_CHECK(seq->table.num_blocks <= e->max_blocks_per_seq);
-        memcpy(h->block_tables + (size_t)i * e->max_blocks_per_seq, seq->table.blocks,
-               (size_t)seq->table.num_blocks * sizeof(int32_t));
-        if (ss->sample)
-            h->logit_rows[rows++] = t - 1;
     }
+    for (int i = 0; i < o->num_seqs; i++)
+        if (o->seqs[i].sample)
+            h->logit_rows[rows++] = last_row[i];
     h->query_start[o->num_seqs] = t;
     int seqs = o->num_seqs, real_rows = rows;
     if (graph >= 0) {
-        seqs = rows = t = e->graph_size[graph];
+        seqs = rows = t = num_decode = e->graph_size[graph];
         eng_pad_decode_rows(e, o->num_seqs, seqs);
     }
     eng_upload_batch(e, t, seqs, rows);
@@ -190,7 +201,8 @@ static int build_batch(Engine *e, const SchedulerOutput *o, int graph, AttnBatch
                      .num_seqs = seqs,
                      .query_start = e->d.query_start,
                      .block_tables = e->d.block_tables,
-                     .max_blocks_per_seq = e->max_blocks_per_seq};
+                     .max_blocks_per_seq = e->max_blocks_per_seq,
+                     .num_decode_seqs = num_decode};
     return real_rows;
 }
 

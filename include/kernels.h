@@ -53,6 +53,8 @@ typedef struct {
     const int32_t *query_start;  /* [num_seqs + 1] row offsets of each sequence's tokens */
     const int32_t *block_tables; /* [num_seqs, max_blocks_per_seq] physical block ids */
     int max_blocks_per_seq;
+    int num_decode_seqs; /* host value: the first num_decode_seqs sequences have one row each
+                          * (a backend may give them a decode kernel); 0 = not known */
 } AttnBatch;
 
 /* Rotary embedding frequencies, precomputed once per model (llama3 scaling folded in). */

@@ -822,7 +822,7 @@ static void test_attention_single(void **state) {
     int64_t slot = 2 * 8 + 0;
     ops->kv_write(cache, &l, 0, k, v, &slot, 1);
     int32_t pos = 0, qs[2] = {0, 1}, table[1] = {2};
-    AttnBatch b = {1, &pos, &slot, 1, qs, table, 1};
+    AttnBatch b = {1, &pos, &slot, 1, qs, table, 1, 1};
     ops->attention(out, q, cache, &l, 0, &b, 2, 0.3f);
     for (int h = 0; h < 2; h++)
         for (int d = 0; d < 8; d++)

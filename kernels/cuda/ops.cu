@@ -166,15 +166,9 @@ static void ops_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
                           stream());
 }
 
-/* A batch of single-token sequences (pure decode) takes the decode kernel, anything with a
- * prompt chunk the prefill kernel (both are exact for any batch). */
 template <DType A>
-static void ops_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l,
-                          int layer, const AttnBatch *b, int nh, float scale) {
-    if (b->num_tokens != b->num_seqs) {
-        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, b, nh, scale, stream());
-        return;
-    }
+static void attention_decode(void *out, const void *q, const void *kv_cache, const KvLayout *l,
+                             int layer, const AttnBatch *b, int nh, float scale) {
     ActState *s = state<A>();
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
     if (need > s->attn_workspace_bytes) {
@@ -185,6 +179,28 @@ static void ops_attention(void *out, const void *q, const void *kv_cache, const 
     }
     k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, s->attn_workspace,
                             s->attn_workspace_bytes, stream());
+}
+
+/* Single-row sequences take the decode kernel, prompt chunks the prefill kernel: a batch
+ * whose first num_decode_seqs sequences are decodes is split into those two views (both
+ * kernels are exact for any batch; each is fast for its own kind). */
+template <DType A>
+static void ops_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l,
+                          int layer, const AttnBatch *b, int nh, float scale) {
+    int nd = b->num_tokens == b->num_seqs ? b->num_seqs : b->num_decode_seqs;
+    if (nd > 0) {
+        AttnBatch d = *b;
+        d.num_tokens = d.num_seqs = nd;
+        attention_decode<A>(out, q, kv_cache, l, layer, &d, nh, scale);
+    }
+    if (nd < b->num_seqs) {
+        AttnBatch p = *b;
+        p.num_tokens = b->num_tokens - nd;
+        p.num_seqs = b->num_seqs - nd;
+        p.query_start += nd;
+        p.block_tables += (size_t)nd * b->max_blocks_per_seq;
+        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, stream());
+    }
 }
 
 template <DType A> static void ops_silu_mul(void *out, const void *gate_up, int n, int dim) {
