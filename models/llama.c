@@ -132,7 +132,7 @@ static Status upload_weights(Model *m) {
         list[i]->data = dev;
     }
     if (tied)
-        m->w.lm_head.data = m->w.embed.data;
+        m->w.lm_head = m->w.embed; /* data and (converted) dtype */
     free(list);
     weights_free_host(&m->w);
     st_close(m->ckpt);
