@@ -3,6 +3,7 @@
 # workload, measured, floor, measured/floor, target, pass/fail.
 #
 #   bench/h200.sh [OUTDIR]        (from the repository root, after ./configure.py && ninja)
+#   ROWS="1 2 3" bench/h200.sh    only those rows (numbered as in the comments below)
 #
 # Model: Llama-3-8B shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, head_dim 128,
 # intermediate 14336, vocab 128256), load-format dummy, bf16, block size 16, written to
@@ -32,6 +33,7 @@ model=(--model "$out/l3" --load-format dummy --block-size 16)
 cold=(--enable-prefix-caching false)
 
 rows=()
+want() { [ -z "${ROWS:-}" ] || [[ " $ROWS " == *" $1 "* ]]; }
 # row NAME MEASURED FLOOR UNIT TARGET_TEXT PASS(0/1); ratio = measured/floor (or floor/measured
 # for rates, flagged by UNIT ending in /s)
 row() {
@@ -45,69 +47,83 @@ le() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a!="" && a<=b)}' && echo 1 || echo 
 ge() { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a!="" && a>=b)}' && echo 1 || echo 0; }
 
 # 1. batch-1 decode
-$bin bench latency "${model[@]}" --batch-size 1 --input-len 128 --output-len 256 \
-    --num-iters-warmup 1 --num-iters 3 --max-model-len 4096 >"$out/latency-b1.log" 2>&1
-d1=$(num 'Decode step \(batch 1\): median [0-9.]+' <"$out/latency-b1.log")
-row "decode step, batch 1 (128 in, 256 out)" "$d1" 3.80 ms "<= 4.2 ms" "$(le "$d1" 4.2)"
+if want 1; then
+    $bin bench latency "${model[@]}" --batch-size 1 --input-len 128 --output-len 256 \
+        --num-iters-warmup 1 --num-iters 3 --max-model-len 4096 >"$out/latency-b1.log" 2>&1
+    d1=$(num 'Decode step \(batch 1\): median [0-9.]+' <"$out/latency-b1.log")
+    row "decode step, batch 1 (128 in, 256 out)" "$d1" 3.80 ms "<= 4.2 ms" "$(le "$d1" 4.2)"
+fi
 
 # 2. batch-256 decode at context ~1024; 8. host share of its steps
-$bin bench latency "${model[@]}" "${cold[@]}" --batch-size 256 --input-len 1024 --output-len 32 \
-    --num-iters-warmup 1 --num-iters 2 --max-model-len 2048 --max-num-batched-tokens 8192 \
-    >"$out/latency-b256.log" 2>&1
-d256=$(num 'Decode step \(batch 256\): median [0-9.]+' <"$out/latency-b256.log")
-row "decode step, batch 256, context 1024" "$d256" 11.9 ms "<= 14 ms" "$(le "$d256" 14)"
-host=$(num 'host share [0-9.]+' <"$out/latency-b256.log")
-rows+=("| engine host time per decode step, batch 256 | $host % | 0 | - | <= 5 % | $([ "$(le "$host" 5)" = 1 ] && echo pass || echo FAIL) |")
+if want 2; then
+    $bin bench latency "${model[@]}" "${cold[@]}" --batch-size 256 --input-len 1024 --output-len 32 \
+        --num-iters-warmup 1 --num-iters 2 --max-model-len 2048 --max-num-batched-tokens 8192 \
+        >"$out/latency-b256.log" 2>&1
+    d256=$(num 'Decode step \(batch 256\): median [0-9.]+' <"$out/latency-b256.log")
+    row "decode step, batch 256, context 1024" "$d256" 11.9 ms "<= 14 ms" "$(le "$d256" 14)"
+    host=$(num 'host share [0-9.]+' <"$out/latency-b256.log")
+    rows+=("| engine host time per decode step, batch 256 | $host % | 0 | - | <= 5 % | $([ "$(le "$host" 5)" = 1 ] && echo pass || echo FAIL) |")
+fi
 
 # 3. TTFT of one 2048-token prompt
-$bin bench latency "${model[@]}" "${cold[@]}" --batch-size 1 --input-len 2048 --output-len 2 \
-    --num-iters-warmup 1 --num-iters 5 --max-model-len 4096 >"$out/ttft-2048.log" 2>&1
-ttft=$(num 'Prefill \(batch 1 x 2048 tokens, to every first token\): median [0-9.]+' <"$out/ttft-2048.log")
-row "TTFT, one 2048-token prompt, idle" "$ttft" 43 ms "<= 55 ms" "$(le "$ttft" 55)"
+if want 3; then
+    $bin bench latency "${model[@]}" "${cold[@]}" --batch-size 1 --input-len 2048 --output-len 2 \
+        --num-iters-warmup 1 --num-iters 5 --max-model-len 4096 >"$out/ttft-2048.log" 2>&1
+    ttft=$(num 'Prefill \(batch 1 x 2048 tokens, to every first token\): median [0-9.]+' <"$out/ttft-2048.log")
+    row "TTFT, one 2048-token prompt, idle" "$ttft" 43 ms "<= 55 ms" "$(le "$ttft" 55)"
+fi
 
 # 4. offline throughput 128/128 x 4096
-$bin bench throughput "${model[@]}" --input-len 128 --output-len 128 --num-prompts 4096 \
-    --max-model-len 2048 >"$out/throughput-128.log" 2>&1
-tp=$(num '[0-9.]+ output tokens/s' <"$out/throughput-128.log")
-row "bench throughput 128/128 x 4096" "$tp" 23700 tok/s ">= 17k tok/s" "$(ge "$tp" 17000)"
+if want 4; then
+    $bin bench throughput "${model[@]}" --input-len 128 --output-len 128 --num-prompts 4096 \
+        --max-model-len 2048 >"$out/throughput-128.log" 2>&1
+    tp=$(num '[0-9.]+ output tokens/s' <"$out/throughput-128.log")
+    row "bench throughput 128/128 x 4096" "$tp" 23700 tok/s ">= 17k tok/s" "$(ge "$tp" 17000)"
+fi
 
 # 5. offline throughput 1000/1000 x 2000
-$bin bench throughput "${model[@]}" --input-len 1000 --output-len 1000 --num-prompts 2000 \
-    --max-model-len 4096 >"$out/throughput-1000.log" 2>&1
-tpl=$(num '[0-9.]+ output tokens/s' <"$out/throughput-1000.log")
-row "bench throughput 1000/1000 x 2000" "$tpl" "" tok/s ">= 10k tok/s" "$(ge "$tpl" 10000)"
+if want 5; then
+    $bin bench throughput "${model[@]}" --input-len 1000 --output-len 1000 --num-prompts 2000 \
+        --max-model-len 4096 >"$out/throughput-1000.log" 2>&1
+    tpl=$(num '[0-9.]+ output tokens/s' <"$out/throughput-1000.log")
+    row "bench throughput 1000/1000 x 2000" "$tpl" "" tok/s ">= 10k tok/s" "$(ge "$tpl" 10000)"
+fi
 
 # 9. server ready (graphs captured), then 6. the 128/128 workload over HTTP
-port=18123
-t0=$(date +%s.%N)
-$bin serve "${model[@]}" --port $port --max-model-len 2048 --served-model-name l3 \
-    >"$out/serve.log" 2>&1 &
-spid=$!
-ready=""
-for _ in $(seq 1 600); do
-    if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
-        ready=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'); break
+if want 9 || want 6; then
+    port=18123
+    t0=$(date +%s.%N)
+    $bin serve "${model[@]}" --port $port --max-model-len 2048 --served-model-name l3 \
+        >"$out/serve.log" 2>&1 &
+    spid=$!
+    ready=""
+    for _ in $(seq 1 600); do
+        if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+            ready=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'); break
+        fi
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.1
+    done
+    rows+=("| server ready, 8B dummy, graphs captured | ${ready:-never} s | - | - | <= 20 s | $([ "$(le "$ready" 20)" = 1 ] && echo pass || echo FAIL) |")
+    if [ -n "$ready" ]; then
+        $bin bench serve --port $port --model l3 --tokenizer "$out/l3" --random-input-len 128 \
+            --random-output-len 128 --ignore-eos --num-prompts 4096 --request-rate inf \
+            >"$out/serve-bench.log" 2>&1
     fi
-    kill -0 $spid 2>/dev/null || break
-    sleep 0.1
-done
-rows+=("| server ready, 8B dummy, graphs captured | ${ready:-never} s | - | - | <= 20 s | $([ "$(le "$ready" 20)" = 1 ] && echo pass || echo FAIL) |")
-if [ -n "$ready" ]; then
-    $bin bench serve --port $port --model l3 --tokenizer "$out/l3" --random-input-len 128 \
-        --random-output-len 128 --ignore-eos --num-prompts 4096 --request-rate inf \
-        >"$out/serve-bench.log" 2>&1
+    kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+    http=$(num 'Output token throughput \(tok/s\): +[0-9.]+' <"$out/serve-bench.log" 2>/dev/null)
+    pct=$(awk -v h="$http" -v t="$tp" 'BEGIN{if (h>0 && t>0) printf "%.1f", 100*h/t}')
+    rows+=("| bench serve, rate inf, 128/128 x 4096 over HTTP | $http tok/s ($pct % of in-process) | $tp tok/s | - | >= 95 % | $([ "$(ge "$pct" 95)" = 1 ] && echo pass || echo FAIL) |")
 fi
-kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
-http=$(num 'Output token throughput \(tok/s\): +[0-9.]+' <"$out/serve-bench.log" 2>/dev/null)
-pct=$(awk -v h="$http" -v t="$tp" 'BEGIN{if (h>0 && t>0) printf "%.1f", 100*h/t}')
-rows+=("| bench serve, rate inf, 128/128 x 4096 over HTTP | $http tok/s ($pct % of in-process) | $tp tok/s | - | >= 95 % | $([ "$(ge "$pct" 95)" = 1 ] && echo pass || echo FAIL) |")
 
 # 7. swap of 1000 blocks out and back in
-$bin bench latency "${model[@]}" --batch-size 1 --input-len 16 --output-len 4 \
-    --num-iters-warmup 0 --num-iters 1 --swap-blocks 1000 --swap-space 4 --max-model-len 2048 \
-    >"$out/swap.log" 2>&1
-sw=$(num 'round trip [0-9.]+ GB/s' <"$out/swap.log")
-row "swap 1000 blocks out and in" "$sw" 55 GB/s ">= 45 GB/s" "$(ge "$sw" 45)"
+if want 7; then
+    $bin bench latency "${model[@]}" --batch-size 1 --input-len 16 --output-len 4 \
+        --num-iters-warmup 0 --num-iters 1 --swap-blocks 1000 --swap-space 4 --max-model-len 2048 \
+        >"$out/swap.log" 2>&1
+    sw=$(num 'round trip [0-9.]+ GB/s' <"$out/swap.log")
+    row "swap 1000 blocks out and in" "$sw" 55 GB/s ">= 45 GB/s" "$(ge "$sw" 45)"
+fi
 
 echo "pagellm $(git rev-parse --short HEAD 2>/dev/null), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
 echo "| workload | measured | floor | measured / floor | target | result |"
