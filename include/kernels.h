@@ -205,6 +205,12 @@ typedef struct KernelOps {
 
     /* Wait until every op issued so far has finished (NULL: ops are synchronous). */
     void (*synchronize)(void);
+
+    /* Tensor parallelism (NULL on backends without it). Ops act on the calling thread's
+     * current device; set_device chooses it (device i = tensor-parallel rank i). all_reduce
+     * sums buf[count] (act dtype) over the ranks in place, on every rank's thread at once. */
+    void (*set_device)(int device);
+    void (*all_reduce)(void *buf, size_t count);
 } KernelOps;
 
 /* The CPU backend (always available). */

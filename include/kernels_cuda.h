@@ -66,6 +66,12 @@ void k_cuda_stream_synchronize(void *stream);
  * k_cuda_device_count() > 0. */
 const KernelOps *k_cuda_ops(DType act);
 
+/* Tensor parallelism over devices 0..n-1 of this process: one NCCL communicator per device
+ * (ncclCommInitAll), used by the op tables' all_reduce on that device. Returns -1 when n is
+ * not in [1, visible devices] or the build has no NCCL (n > 1); aborts on an NCCL error. */
+int k_cuda_tp_init(int n);
+void k_cuda_tp_destroy(int n);
+
 /* ---- element-wise and row ops ---- */
 
 /* out[n, H] (act) = table[ids[i], :], H = table->shape[1]; ids [n] int32 on the device.

@@ -46,12 +46,25 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
  * an int or a list, overrides config.json's). */
 Status model_config_load(const char *dir, ModelConfig *cfg);
 
+/* One tensor-parallel rank's part of the model (Megatron-style): query heads, KV heads
+ * (replicated when there are fewer KV heads than ranks) and MLP columns. */
+typedef struct {
+    int rank, size;                             /* rank in [0, size) */
+    int num_heads, num_kv_heads, intermediate;  /* this rank's */
+    int first_head, first_kv_head, first_inter; /* where they start in the whole model */
+} ModelShard;
+
+/* The shard of `rank` of `size` ranks; errors when the heads or the MLP do not split. */
+Status model_shard(const ModelConfig *cfg, int rank, int size, ModelShard *out);
+
 typedef struct {
     const char *dir;      /* Hugging Face model folder */
     int load_dummy;       /* load-format dummy: random weights of the config's shape */
     uint64_t seed;        /* for dummy weights */
     int max_num_tokens;   /* largest batch (tokens per forward) the scratch buffers hold */
     const KernelOps *ops; /* backend; NULL = CPU */
+    int tp_rank, tp_size; /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
+                           * the backend's all_reduce, called on every rank's thread at once */
 } ModelLoadOptions;
 
 typedef struct Model Model;
@@ -68,8 +81,8 @@ const ModelConfig *model_config(const Model *m);
 size_t model_weight_bytes(const Model *m);
 size_t model_activation_bytes(const Model *m);
 
-/* Geometry of a KV cache for this model with the given block size (in the backend's act
- * dtype). */
+/* Geometry of a KV cache for this model (this rank's KV heads) with the given block size,
+ * in the backend's act dtype. */
 KvLayout model_kv_layout(const Model *m, int block_size);
 
 /* One forward step: token_ids[batch->num_tokens] at the batch's positions and slots, K/V

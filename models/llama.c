@@ -16,7 +16,9 @@
 #include "weights.h"
 
 struct Model {
-    ModelConfig cfg;
+    ModelConfig cfg;   /* the whole model's */
+    ModelConfig local; /* this tensor-parallel rank's heads and MLP columns */
+    ModelShard shard;
     const KernelOps *ops;
     StCheckpoint *ckpt; /* NULL for dummy weights */
     ModelWeights w;     /* tensor data in backend memory */
@@ -40,7 +42,7 @@ struct Model {
 };
 
 static Status alloc_scratch(Model *m) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
     size_t t = (size_t)m->max_num_tokens * pl_dtype_size(ops->act);
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
@@ -140,6 +142,34 @@ static Status upload_weights(Model *m) {
     return PL_OK;
 }
 
+Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
+    if (size <= 1) {
+        *out = (ModelShard){0, 1, c->num_heads, c->num_kv_heads, c->intermediate_size, 0, 0, 0};
+        return PL_OK;
+    }
+    if (c->num_heads % size || c->intermediate_size % size ||
+        (c->num_kv_heads % size && size % c->num_kv_heads))
+        return pl_error_set(PL_ERR_INVALID,
+                            "tensor-parallel-size %d does not split this model: %d attention "
+                            "heads, %d KV heads and intermediate size %d must divide by it (or "
+                            "the KV heads divide it)",
+                            size, c->num_heads, c->num_kv_heads, c->intermediate_size);
+    ModelShard s = {.rank = rank, .size = size};
+    s.num_heads = c->num_heads / size;
+    s.first_head = rank * s.num_heads;
+    s.intermediate = c->intermediate_size / size;
+    s.first_inter = rank * s.intermediate;
+    if (c->num_kv_heads >= size) {
+        s.num_kv_heads = c->num_kv_heads / size;
+        s.first_kv_head = rank * s.num_kv_heads;
+    } else { /* replicated: the one KV head this rank's query heads read */
+        s.num_kv_heads = 1;
+        s.first_kv_head = s.first_head / (c->num_heads / c->num_kv_heads);
+    }
+    *out = s;
+    return PL_OK;
+}
+
 Status model_load(const ModelLoadOptions *opt, Model **out) {
     *out = NULL;
     if (opt->max_num_tokens <= 0)
@@ -148,15 +178,27 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     m->ops = opt->ops ? opt->ops : k_cpu_ops();
     m->max_num_tokens = opt->max_num_tokens;
     Status st = model_config_load(opt->dir, &m->cfg);
+    if (st == PL_OK)
+        st = model_shard(&m->cfg, opt->tp_rank, opt->tp_size, &m->shard);
+    if (st == PL_OK && m->shard.size > 1 && !m->ops->all_reduce)
+        st = pl_error_set(PL_ERR_UNSUPPORTED,
+                          "tensor-parallel-size %d: the %s backend has no "
+                          "all-reduce (needs CUDA with NCCL)",
+                          m->shard.size, m->ops->name);
     if (st != PL_OK)
         goto fail;
+    m->local = m->cfg;
+    m->local.num_heads = m->shard.num_heads;
+    m->local.num_kv_heads = m->shard.num_kv_heads;
+    m->local.intermediate_size = m->shard.intermediate;
     if (opt->load_dummy) {
         st = weights_dummy(&m->cfg, opt->seed,
-                           m->ops->host_memory || !m->ops->fill_dummy ? NULL : m->ops, &m->w);
+                           m->ops->host_memory || !m->ops->fill_dummy ? NULL : m->ops, &m->shard,
+                           &m->w);
     } else {
         st = st_open(opt->dir, &m->ckpt);
         if (st == PL_OK)
-            st = weights_bind(&m->cfg, m->ckpt, &m->w);
+            st = weights_bind(&m->cfg, m->ckpt, &m->shard, &m->w);
     }
     if (st == PL_OK)
         st = upload_weights(m);
@@ -207,7 +249,7 @@ const ModelConfig *model_config(const Model *m) {
 
 KvLayout model_kv_layout(const Model *m, int block_size) {
     return (KvLayout){.num_layers = m->cfg.num_layers,
-                      .num_kv_heads = m->cfg.num_kv_heads,
+                      .num_kv_heads = m->local.num_kv_heads,
                       .head_dim = m->cfg.head_dim,
                       .block_size = block_size,
                       .dtype = m->ops->act};
@@ -220,7 +262,7 @@ static const Tensor *bias_or_null(const Tensor *b) {
 void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, void *kv_cache,
                    const KvLayout *kv_layout, const int32_t *logits_rows, int num_logits,
                    float *logits) {
-    const ModelConfig *c = &m->cfg;
+    const ModelConfig *c = &m->local; /* this rank's heads and MLP columns */
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, hidden = c->hidden_size;
     const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)c->head_dim);
@@ -240,11 +282,15 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
                             &m->rope, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         ops->matmul(m->proj, m->attn, &lw->wo, NULL, n);
+        if (m->shard.size > 1) /* row-parallel: each rank holds a partial sum */
+            ops->all_reduce(m->proj, (size_t)n * hidden);
 
         ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->mlp_norm, n, hidden, eps);
         ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
         ops->silu_mul(m->act, m->gate_up, n, c->intermediate_size);
         ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
+        if (m->shard.size > 1)
+            ops->all_reduce(m->proj, (size_t)n * hidden);
     }
     if (num_logits == 0)
         return;

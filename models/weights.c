@@ -104,6 +104,22 @@ uint16_t *weights_to_bf16(const Tensor *t) {
     return b;
 }
 
+/* Rows [r0, r0 + rows) of a row-major tensor: a view into the same data. */
+static Tensor row_view(const Tensor *t, int64_t r0, int64_t rows) {
+    Tensor v = *t;
+    size_t row_bytes = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * pl_dtype_size(t->dtype);
+    v.data = (char *)t->data + (size_t)r0 * row_bytes;
+    v.shape[0] = rows;
+    return v;
+}
+
+/* q, k, v (weights or biases) cut to the shard's heads. */
+static void shard_qkv(Tensor qkv[3], const ModelShard *sh, int64_t D) {
+    qkv[0] = row_view(&qkv[0], sh->first_head * D, sh->num_heads * D);
+    for (int k = 1; k < 3; k++)
+        qkv[k] = row_view(&qkv[k], sh->first_kv_head * D, sh->num_kv_heads * D);
+}
+
 /* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
  * in a buffer owned by w. */
 static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
@@ -137,14 +153,35 @@ static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) 
     out->shape[0] = rows;
 }
 
-Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w) {
+/* Columns [c0, c0 + cols) of a 2-D tensor into a buffer owned by w (t itself when whole). */
+static void take_cols(ModelWeights *w, Tensor *t, int64_t c0, int64_t cols) {
+    if (c0 == 0 && cols == t->shape[1])
+        return;
+    size_t es = pl_dtype_size(t->dtype), rows = (size_t)t->shape[0];
+    char *buf = pl_xmalloc(rows * (size_t)cols * es);
+    for (size_t r = 0; r < rows; r++)
+        memcpy(buf + r * (size_t)cols * es,
+               (const char *)t->data + (r * (size_t)t->shape[1] + (size_t)c0) * es,
+               (size_t)cols * es);
+    w->fused = pl_xrealloc(w->fused, (size_t)(w->num_fused + 1) * sizeof *w->fused);
+    w->fused[w->num_fused++] = buf;
+    t->data = buf;
+    t->shape[1] = cols;
+}
+
+Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
+                    ModelWeights *w) {
     memset(w, 0, sizeof *w);
+    ModelShard sh;
+    Status s = model_shard(cfg, shard ? shard->rank : 0, shard ? shard->size : 1, &sh);
+    if (s != PL_OK)
+        return s;
+    const int64_t D = cfg->head_dim;
     Binder b = {.ck = ck};
     checkpoint_label(ck, b.label, sizeof b.label);
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
     const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
     const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
-    Status s;
     if ((s = bind(&b, "model.embed_tokens.weight", V, H, &w->embed)) ||
         (s = bind(&b, "model.norm.weight", H, 0, &w->final_norm)))
         goto fail;
@@ -170,19 +207,25 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights
         BIND("self_attn.q_proj.weight", QD, H, &qkv[0]);
         BIND("self_attn.k_proj.weight", KD, H, &qkv[1]);
         BIND("self_attn.v_proj.weight", KD, H, &qkv[2]);
+        shard_qkv(qkv, &sh, D);
         fuse_rows(w, &l->wqkv, qkv, 3);
         if (cfg->qkv_bias) {
             BIND("self_attn.q_proj.bias", QD, 0, &qkv[0]);
             BIND("self_attn.k_proj.bias", KD, 0, &qkv[1]);
             BIND("self_attn.v_proj.bias", KD, 0, &qkv[2]);
+            shard_qkv(qkv, &sh, D);
             fuse_rows(w, &l->bqkv, qkv, 3);
         }
         BIND("self_attn.o_proj.weight", H, QD, &l->wo);
+        take_cols(w, &l->wo, (int64_t)sh.first_head * D, (int64_t)sh.num_heads * D);
         BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
         BIND("mlp.gate_proj.weight", I, H, &gate_up[0]);
         BIND("mlp.up_proj.weight", I, H, &gate_up[1]);
+        for (int k = 0; k < 2; k++)
+            gate_up[k] = row_view(&gate_up[k], sh.first_inter, sh.intermediate);
         fuse_rows(w, &l->w_gate_up, gate_up, 2);
         BIND("mlp.down_proj.weight", H, I, &l->w_down);
+        take_cols(w, &l->w_down, sh.first_inter, sh.intermediate);
 #undef BIND
     }
     return PL_OK;
@@ -308,18 +351,27 @@ static void fill_on_device(const KernelOps *ops, const DummySpec *spec, size_t n
 }
 
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
-                     ModelWeights *w) {
+                     const ModelShard *shard, ModelWeights *w) {
     memset(w, 0, sizeof *w);
+    ModelShard sh;
+    Status st = model_shard(cfg, shard ? shard->rank : 0, shard ? shard->size : 1, &sh);
+    if (st != PL_OK)
+        return st;
+    if (sh.rank > 0)
+        seed = mix64(seed + (uint64_t)sh.rank);
     DType dt = cfg->torch_dtype;
     if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16)
         return pl_error_set(PL_ERR_UNSUPPORTED, "dummy weights: dtype %s is not supported",
                             pl_dtype_name(dt));
     if (device && device->act == DT_BF16)
         dt = DT_BF16;
-    const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
-    const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
-    const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
+    /* fan-in scales are the whole model's; the shapes are the shard's */
+    const int64_t H = cfg->hidden_size, I = sh.intermediate, V = cfg->vocab_size;
+    const int64_t QD = (int64_t)sh.num_heads * cfg->head_dim;
+    const int64_t KD = (int64_t)sh.num_kv_heads * cfg->head_dim;
     const int L = cfg->num_layers;
+    const float inv_qd = 1.0f / sqrtf((float)cfg->num_heads * cfg->head_dim);
+    const float inv_i = 1.0f / sqrtf((float)cfg->intermediate_size);
     w->layers = pl_xcalloc((size_t)L, sizeof *w->layers);
 
     /* Scales: a projection with U(-1/sqrt(fan_in), +) keeps unit-RMS input at output RMS
@@ -348,10 +400,10 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
         ADD(&l->wqkv, FILL_UNIFORM, inv_h, QD + 2 * KD, H);
         if (cfg->qkv_bias)
             ADD(&l->bqkv, FILL_UNIFORM, 0.01f, QD + 2 * KD, 0);
-        ADD(&l->wo, FILL_UNIFORM, 1.0f / sqrtf((float)QD), H, QD);
+        ADD(&l->wo, FILL_UNIFORM, inv_qd, H, QD);
         ADD(&l->mlp_norm, FILL_ONES, 0, H, 0);
         ADD(&l->w_gate_up, FILL_UNIFORM, inv_h, 2 * I, H);
-        ADD(&l->w_down, FILL_UNIFORM, 1.0f / sqrtf((float)I), H, I);
+        ADD(&l->w_down, FILL_UNIFORM, inv_i, H, I);
     }
 #undef ADD
     PL_CHECK(n <= cap);

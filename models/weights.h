@@ -32,16 +32,21 @@ typedef struct {
 
 /* Bind every tensor the config needs from `ck`, checking presence, shape and dtype (F32, F16
  * or BF16). Errors name the checkpoint file and tensor. Unfused tensors stay in the mapping;
- * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ). */
-Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, ModelWeights *w);
+ * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ).
+ * With a shard (NULL: the whole model) only that rank's rows of q/k/v and gate/up and its
+ * columns of o_proj and down_proj are taken (columns copied into owned buffers); norms, the
+ * embedding and the LM head are whole on every rank. */
+Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
+                    ModelWeights *w);
 
 /* Random weights of the config's shape (deterministic in `seed`): projections ~ U(-a, a) with
  * a = 1/sqrt(fan_in), norms 1, biases small. device NULL: in host memory, in
  * cfg->torch_dtype. Else filled in place in that backend's memory by its fill_dummy op (no
  * host copy, no upload), in bfloat16 when its activations are bfloat16; the values are the
- * host fill's, converted. */
+ * host fill's, converted. A shard (NULL: whole) gets its own shapes and values (seeded by
+ * its rank: dummy weights are for speed, not for comparing outputs across sizes). */
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
-                     ModelWeights *w);
+                     const ModelShard *shard, ModelWeights *w);
 
 /* A malloc'd bfloat16 copy of a F32 / F16 tensor's data (round to nearest even). */
 uint16_t *weights_to_bf16(const Tensor *t);

@@ -260,7 +260,7 @@ static Status open_and_bind(const char *dir, const ModelConfig *cfg) {
     if (s != PL_OK)
         return s;
     ModelWeights w;
-    s = weights_bind(cfg, ck, &w);
+    s = weights_bind(cfg, ck, NULL, &w);
     if (s == PL_OK)
         weights_free(&w);
     st_close(ck);
@@ -317,13 +317,67 @@ static void test_stories_open(void **state) {
     st_close(NULL);
 }
 
+/* Tensor-parallel shards: head and MLP ranges, replicated KV heads, and the bound shard of
+ * stories260K (8 heads, 4 KV heads of 8, intermediate 172) equal to slices of the whole. */
+static void test_shard_bind(void **state) {
+    (void)state;
+    ModelConfig cfg;
+    assert_int_equal(model_config_load(STORIES, &cfg), PL_OK);
+    ModelShard s;
+    assert_int_equal(model_shard(&cfg, 1, 2, &s), PL_OK);
+    assert_int_equal(s.num_heads, 4);
+    assert_int_equal(s.first_head, 4);
+    assert_int_equal(s.num_kv_heads, 2);
+    assert_int_equal(s.first_kv_head, 2);
+    assert_int_equal(s.intermediate, 86);
+    assert_int_equal(s.first_inter, 86);
+    ModelConfig two_kv = cfg;
+    two_kv.num_kv_heads = 2;
+    assert_int_equal(model_shard(&two_kv, 3, 4, &s), PL_OK); /* KV heads replicated */
+    assert_int_equal(s.num_kv_heads, 1);
+    assert_int_equal(s.first_kv_head, 1); /* query heads 6, 7 read KV head 1 */
+    assert_int_equal(model_shard(&cfg, 0, 3, &s), PL_ERR_INVALID);
+    assert_non_null(strstr(pl_error(), "tensor-parallel-size 3"));
+
+    StCheckpoint *ck = NULL;
+    assert_int_equal(st_open(STORIES, &ck), PL_OK);
+    ModelWeights whole, part;
+    ModelShard r1;
+    assert_int_equal(model_shard(&cfg, 1, 2, &r1), PL_OK);
+    assert_int_equal(weights_bind(&cfg, ck, NULL, &whole), PL_OK);
+    assert_int_equal(weights_bind(&cfg, ck, &r1, &part), PL_OK);
+    const LayerWeights *w = &whole.layers[2], *p = &part.layers[2];
+    const float *wq = w->wqkv.data, *pq = p->wqkv.data;
+    assert_int_equal(p->wqkv.shape[0], 32 + 16 + 16);
+    assert_memory_equal(pq, wq + 32 * 64, 32 * 64 * 4);                  /* q heads 4..7 */
+    assert_memory_equal(pq + 32 * 64, wq + (64 + 16) * 64, 16 * 64 * 4); /* k heads 2, 3 */
+    assert_memory_equal(pq + 48 * 64, wq + (96 + 16) * 64, 16 * 64 * 4); /* v heads 2, 3 */
+    assert_int_equal(p->wo.shape[0], 64);
+    assert_int_equal(p->wo.shape[1], 32);
+    for (int r = 0; r < 64; r++)
+        assert_memory_equal((const float *)p->wo.data + r * 32,
+                            (const float *)w->wo.data + r * 64 + 32, 32 * 4);
+    const float *wg = w->w_gate_up.data, *pg = p->w_gate_up.data;
+    assert_int_equal(p->w_gate_up.shape[0], 2 * 86);
+    assert_memory_equal(pg, wg + 86 * 64, 86 * 64 * 4);                   /* gate rows 86.. */
+    assert_memory_equal(pg + 86 * 64, wg + (172 + 86) * 64, 86 * 64 * 4); /* up rows 86.. */
+    assert_int_equal(p->w_down.shape[1], 86);
+    for (int r = 0; r < 64; r++)
+        assert_memory_equal((const float *)p->w_down.data + r * 86,
+                            (const float *)w->w_down.data + r * 172 + 86, 86 * 4);
+    assert_ptr_equal(part.embed.data, whole.embed.data); /* whole on every rank */
+    weights_free(&whole);
+    weights_free(&part);
+    st_close(ck);
+}
+
 static void test_stories_bind(void **state) {
     ModelConfig cfg;
     assert_int_equal(model_config_load(STORIES, &cfg), PL_OK);
     StCheckpoint *ck = NULL;
     assert_int_equal(st_open(STORIES, &ck), PL_OK);
     ModelWeights w;
-    assert_int_equal(weights_bind(&cfg, ck, &w), PL_OK);
+    assert_int_equal(weights_bind(&cfg, ck, NULL, &w), PL_OK);
     assert_ptr_equal(w.lm_head.data, w.embed.data); /* tied */
     assert_int_equal(w.embed.shape[0], 512);
     assert_int_equal(w.embed.shape[1], 64);
@@ -344,7 +398,7 @@ static void test_stories_bind(void **state) {
 
     /* Untied, it needs lm_head.weight, which stories260K does not have. */
     cfg.tie_word_embeddings = 0;
-    expect_error(weights_bind(&cfg, ck, &w), STORIES "/model.safetensors",
+    expect_error(weights_bind(&cfg, ck, NULL, &w), STORIES "/model.safetensors",
                  "missing tensor 'lm_head.weight'", NULL);
     st_close(ck);
 }
@@ -536,7 +590,7 @@ static void test_bind_tiny(void **state) {
     assert_int_equal(st_open(dir, &ck), PL_OK);
     assert_int_equal(st_count(ck), n);
     ModelWeights w;
-    assert_int_equal(weights_bind(&cfg, ck, &w), PL_OK);
+    assert_int_equal(weights_bind(&cfg, ck, NULL, &w), PL_OK);
     assert_int_equal(w.embed.dtype, DT_BF16);
     /* q in F16 with k, v in F32: the fused tensor is F32; layer 0 keeps the common F32 */
     assert_int_equal(w.layers[1].wqkv.dtype, DT_F32);
@@ -638,7 +692,7 @@ static void test_bind_missing(void **state) {
     StCheckpoint *ck = NULL;
     assert_int_equal(st_open(dir, &ck), PL_OK);
     ModelWeights w;
-    assert_int_equal(weights_bind(&qwen, ck, &w), PL_OK);
+    assert_int_equal(weights_bind(&qwen, ck, NULL, &w), PL_OK);
     assert_non_null(w.layers[1].bqkv.data);
     assert_int_equal(w.layers[1].bqkv.shape[0], 8 + 4 + 4);
     assert_int_equal(w.layers[1].bqkv.ndim, 1);
@@ -668,7 +722,7 @@ static void test_sharded_ok(void **state) {
     assert_string_equal(t->file, path_in(dir, "model-00002-of-00002.safetensors"));
     assert_float_equal(((const float *)t->data)[7], 7.5f, 0);
     ModelWeights w;
-    assert_int_equal(weights_bind(&cfg, ck, &w), PL_OK);
+    assert_int_equal(weights_bind(&cfg, ck, NULL, &w), PL_OK);
     assert_float_equal(((const float *)w.lm_head.data)[1], 1.5f, 0);
     weights_free(&w);
     st_close(ck);
@@ -790,9 +844,9 @@ static void test_dummy(void **state) {
     ModelConfig cfg;
     assert_int_equal(model_config_load(STORIES, &cfg), PL_OK);
     ModelWeights a, b, c, h;
-    assert_int_equal(weights_dummy(&cfg, 42, NULL, &a), PL_OK);
-    assert_int_equal(weights_dummy(&cfg, 42, NULL, &b), PL_OK);
-    assert_int_equal(weights_dummy(&cfg, 43, NULL, &c), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, NULL, &a), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, NULL, &b), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 43, NULL, NULL, &c), PL_OK);
     assert_non_null(a.dummy_storage);
     assert_ptr_equal(a.lm_head.data, a.embed.data);
     assert_int_equal(a.embed.dtype, DT_F32);
@@ -815,7 +869,7 @@ static void test_dummy(void **state) {
 
     /* BF16 holds the F32 values rounded; F16 likewise. */
     cfg.torch_dtype = DT_BF16;
-    assert_int_equal(weights_dummy(&cfg, 42, NULL, &h), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, NULL, &h), PL_OK);
     assert_int_equal(h.layers[1].wqkv.dtype, DT_BF16);
     assert_ptr_equal(h.lm_head.data, h.embed.data);
     for (size_t i = 0; i < elems(&a.layers[1].wqkv); i++)
@@ -825,7 +879,7 @@ static void test_dummy(void **state) {
     check_uniform(&h.embed, sqrtf(3.0f / 64));
     weights_free(&h);
     cfg.torch_dtype = DT_F16;
-    assert_int_equal(weights_dummy(&cfg, 42, NULL, &h), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 42, NULL, NULL, &h), PL_OK);
     for (size_t i = 0; i < elems(&a.embed); i++)
         assert_int_equal(((const uint16_t *)h.embed.data)[i], pl_f32_to_f16(get(&a.embed, i)));
     weights_free(&h);
@@ -840,7 +894,7 @@ static void test_dummy(void **state) {
 static void test_dummy_untied_bias(void **state) {
     ModelConfig cfg = tiny_config(0, 1);
     ModelWeights w;
-    assert_int_equal(weights_dummy(&cfg, 7, NULL, &w), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 7, NULL, NULL, &w), PL_OK);
     assert_ptr_not_equal(w.lm_head.data, w.embed.data);
     assert_int_equal(w.lm_head.shape[0], 16);
     assert_int_equal(w.layers[1].bqkv.shape[0], 8 + 4 + 4);
@@ -876,8 +930,8 @@ static void test_dummy_threads(void **state) {
     snprintf(json, sizeof json, fmt, 8, 1);
     assert_int_equal(model_config_parse(json, "small", &small), PL_OK);
     ModelWeights a, b;
-    assert_int_equal(weights_dummy(&big, 99, NULL, &a), PL_OK);
-    assert_int_equal(weights_dummy(&small, 99, NULL, &b), PL_OK);
+    assert_int_equal(weights_dummy(&big, 99, NULL, NULL, &a), PL_OK);
+    assert_int_equal(weights_dummy(&small, 99, NULL, NULL, &b), PL_OK);
     assert_memory_equal(a.embed.data, b.embed.data, 513 * 64 * 2);
     check_uniform(&a.embed, sqrtf(3.0f / 64));
     check_uniform(&a.layers[5].w_down, 1.0f / 64);
@@ -904,6 +958,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_open),
         cmocka_unit_test(test_stories_bind),
+        cmocka_unit_test(test_shard_bind),
         cmocka_unit_test(test_truncated),
         cmocka_unit_test(test_header_length),
         cmocka_unit_test(test_offsets_beyond_data),

@@ -527,8 +527,8 @@ static void test_dummy_fill(void **state) {
     int bad = 0;
     for (int ai = 0; ai < 2; ai++) {
         const KernelOps *ops = k_cuda_ops(acts[ai]);
-        assert_int_equal(weights_dummy(&cfg, 1234, NULL, &host), PL_OK);
-        assert_int_equal(weights_dummy(&cfg, 1234, ops, &dev), PL_OK);
+        assert_int_equal(weights_dummy(&cfg, 1234, NULL, NULL, &host), PL_OK);
+        assert_int_equal(weights_dummy(&cfg, 1234, ops, NULL, &dev), PL_OK);
         const Tensor *h[] = {&host.embed,           &host.lm_head,        &host.final_norm,
                              &host.layers[1].wqkv,  &host.layers[1].bqkv, &host.layers[0].w_gate_up,
                              &host.layers[0].w_down};

@@ -11,23 +11,22 @@
  * graphs (graph_begin / graph_end) and replayed.
  *
  * State shared by the ops (streams, the cuBLASLt handle and decode-attention workspace of
- * each table, the device copy of copy-on-write pairs) is created on first use and kept for
- * the process: one GPU per process for now (tensor parallelism will give each rank its own).
- * Lazily grown state (gemm heuristics, the attention workspace) must reach its working size
- * before a capture, which the engine's warm-up does. */
+ * each table, the device copy of copy-on-write pairs, the NCCL communicator) is kept per
+ * device, created on first use on that device and kept for the process: the ops act on the
+ * calling thread's current device, so each tensor-parallel rank's thread drives its own GPU
+ * through the same tables. Lazily grown state (gemm heuristics, the attention workspace) must
+ * reach its working size before a capture, which the engine's warm-up does. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#ifdef PAGELLM_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 /* Largest n * K of an fp32-activation matmul on 16-bit weights done in one piece (larger
  * batches are split into row chunks by k_cuda_matmul). */
 #define GEMM_SCRATCH_ELEMS ((size_t)2048 * 16384)
-
-static cudaStream_t compute_stream, swap_stream;
-static cudaEvent_t compute_done, swaps_done;
-static int32_t *cow_pairs; /* device copy of copy-on-write pairs */
-static int cow_pairs_cap;
 
 /* Per-table state (index 0: F32, 1: BF16). */
 typedef struct {
@@ -35,20 +34,42 @@ typedef struct {
     void *attn_workspace;
     size_t attn_workspace_bytes;
 } ActState;
-static ActState act_state[2];
+
+/* Everything the ops keep for one device. */
+typedef struct {
+    int ready;
+    cudaStream_t compute_stream, swap_stream;
+    cudaEvent_t compute_done, swaps_done;
+    int32_t *cow_pairs; /* device copy of copy-on-write pairs */
+    int cow_pairs_cap;
+    ActState act[2];
+    void *comm; /* ncclComm_t of this device's tensor-parallel rank, NULL alone */
+} DevState;
+
+enum { MAX_DEVICES = 64 };
+static DevState devices[MAX_DEVICES];
+
+static DevState *dev(void) {
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    KC_REQUIRE(d >= 0 && d < MAX_DEVICES, "device %d: at most %d devices", d, MAX_DEVICES);
+    DevState *s = &devices[d];
+    if (!s->ready) {
+        CUDA_CHECK(cudaStreamCreate(&s->compute_stream));
+        CUDA_CHECK(cudaStreamCreate(&s->swap_stream));
+        CUDA_CHECK(cudaEventCreateWithFlags(&s->compute_done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&s->swaps_done, cudaEventDisableTiming));
+        s->ready = 1;
+    }
+    return s;
+}
 
 static cudaStream_t stream(void) {
-    if (!compute_stream) {
-        CUDA_CHECK(cudaStreamCreate(&compute_stream));
-        CUDA_CHECK(cudaStreamCreate(&swap_stream));
-        CUDA_CHECK(cudaEventCreateWithFlags(&compute_done, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&swaps_done, cudaEventDisableTiming));
-    }
-    return compute_stream;
+    return dev()->compute_stream;
 }
 
 template <DType A> static ActState *state(void) {
-    ActState *s = &act_state[A == DT_BF16];
+    ActState *s = &dev()->act[A == DT_BF16];
     if (!s->gemm)
         s->gemm = k_cuda_gemm_create(A == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
     return s;
@@ -103,26 +124,28 @@ static void ops_swap_blocks(void *dst_pool, const void *src_pool, const int32_t 
                             size_t block_bytes) {
     if (n <= 0)
         return;
-    CUDA_CHECK(cudaEventRecord(compute_done, stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(swap_stream, compute_done, 0));
+    DevState *s = dev();
+    CUDA_CHECK(cudaEventRecord(s->compute_done, s->compute_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s->swap_stream, s->compute_done, 0));
     for (int i = 0; i < n; i++) /* block-major: one contiguous copy per block */
         CUDA_CHECK(cudaMemcpyAsync((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
                                    (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes,
-                                   block_bytes, cudaMemcpyDefault, swap_stream));
-    CUDA_CHECK(cudaEventRecord(swaps_done, swap_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(compute_stream, swaps_done, 0));
+                                   block_bytes, cudaMemcpyDefault, s->swap_stream));
+    CUDA_CHECK(cudaEventRecord(s->swaps_done, s->swap_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s->compute_stream, s->swaps_done, 0));
 }
 
 static void ops_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                             size_t block_bytes) {
-    if (n > cow_pairs_cap) {
-        CUDA_CHECK(cudaStreamSynchronize(stream())); /* the old pairs may be in use */
-        k_cuda_free(cow_pairs);
-        cow_pairs_cap = n * 2;
-        cow_pairs = (int32_t *)k_cuda_malloc((size_t)cow_pairs_cap * 2 * sizeof(int32_t));
+    DevState *s = dev();
+    if (n > s->cow_pairs_cap) {
+        CUDA_CHECK(cudaStreamSynchronize(s->compute_stream)); /* the old pairs may be in use */
+        k_cuda_free(s->cow_pairs);
+        s->cow_pairs_cap = n * 2;
+        s->cow_pairs = (int32_t *)k_cuda_malloc((size_t)s->cow_pairs_cap * 2 * sizeof(int32_t));
     }
-    ops_to_device(cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
-    k_cuda_copy_blocks(dst_pool, src_pool, cow_pairs, n, block_bytes, stream());
+    ops_to_device(s->cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
+    k_cuda_copy_blocks(dst_pool, src_pool, s->cow_pairs, n, block_bytes, s->compute_stream);
 }
 
 template <DType A>
@@ -232,6 +255,50 @@ static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float sc
     k_cuda_fill_dummy(dst, dt, n, key, scale, stream());
 }
 
+#ifdef PAGELLM_HAVE_NCCL
+#define NCCL_CHECK(expr)                                                                           \
+    do {                                                                                           \
+        ncclResult_t r_ = (expr);                                                                  \
+        KC_REQUIRE(r_ == ncclSuccess, "NCCL error in %s: %s", #expr, ncclGetErrorString(r_));      \
+    } while (0)
+
+int k_cuda_tp_init(int n) {
+    int have = k_cuda_device_count();
+    if (n < 1 || n > have || n > MAX_DEVICES)
+        return -1;
+    ncclComm_t comms[MAX_DEVICES];
+    int ids[MAX_DEVICES];
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    NCCL_CHECK(ncclCommInitAll(comms, n, ids));
+    for (int i = 0; i < n; i++)
+        devices[i].comm = comms[i];
+    return 0;
+}
+
+void k_cuda_tp_destroy(int n) {
+    for (int i = 0; i < n && i < MAX_DEVICES; i++) {
+        if (devices[i].comm)
+            NCCL_CHECK(ncclCommDestroy((ncclComm_t)devices[i].comm));
+        devices[i].comm = NULL;
+    }
+}
+
+template <DType A> static void ops_all_reduce(void *buf, size_t count) {
+    DevState *s = dev();
+    KC_REQUIRE(s->comm, "all_reduce: this device has no tensor-parallel communicator");
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, A == DT_BF16 ? ncclBfloat16 : ncclFloat32, ncclSum,
+                             (ncclComm_t)s->comm, s->compute_stream));
+}
+#else
+int k_cuda_tp_init(int n) {
+    return n == 1 ? 0 : -1;
+}
+void k_cuda_tp_destroy(int n) {
+    (void)n;
+}
+#endif
+
 static void ops_graph_begin(void) {
     CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
 }
@@ -252,6 +319,10 @@ static void ops_graph_launch(void *graph) {
 static void ops_graph_destroy(void *graph) {
     if (graph)
         CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+static void ops_set_device(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
 }
 
 static void ops_synchronize(void) {
@@ -289,6 +360,10 @@ template <DType A> static KernelOps make_ops(void) {
     o.sample_rows = ops_sample_rows;
     o.logprobs = ops_logprobs;
     o.fill_dummy = ops_fill_dummy;
+#ifdef PAGELLM_HAVE_NCCL
+    o.all_reduce = ops_all_reduce<A>;
+#endif
+    o.set_device = ops_set_device;
     o.graph_begin = ops_graph_begin;
     o.graph_end = ops_graph_end;
     o.graph_launch = ops_graph_launch;
