@@ -18,6 +18,7 @@ EngineConfig eng_config_default(void) {
     return (EngineConfig){.model_dir = NULL,
                           .device = "auto",
                           .dtype = "auto",
+                          .tensor_parallel_size = 1,
                           .block_size = 16,
                           .max_num_batched_tokens = 2048,
                           .max_num_seqs = 256,
@@ -146,61 +147,51 @@ static Status size_pools(Engine *e) {
 }
 
 /* Sizes in bytes of the BatchBuffers arrays, in field order. */
-static void batch_sizes(const Engine *e, size_t sizes[7]) {
-    size_t t = (size_t)e->cfg.max_num_batched_tokens, s = (size_t)e->cfg.max_num_seqs;
-    size_t vocab = (size_t)model_config(e->model)->vocab_size;
-    sizes[0] = sizes[1] = t * sizeof(int32_t);
-    sizes[2] = t * sizeof(int64_t);
-    sizes[3] = (s + 1) * sizeof(int32_t);
-    sizes[4] = s * (size_t)e->max_blocks_per_seq * sizeof(int32_t);
-    sizes[5] = s * sizeof(int32_t);
-    sizes[6] = s * vocab * sizeof(float);
-}
-
-static void batch_fields(BatchBuffers *b, void **f[7]) {
-    f[0] = (void **)&b->tokens;
-    f[1] = (void **)&b->positions;
-    f[2] = (void **)&b->slots;
-    f[3] = (void **)&b->query_start;
-    f[4] = (void **)&b->block_tables;
-    f[5] = (void **)&b->logit_rows;
-    f[6] = (void **)&b->logits;
-}
-
-static Status alloc_step_buffers(Engine *e) {
+/* The host step buffers and per-step host arrays (each rank's device copies: ranks.c). */
+static void alloc_host_buffers(Engine *e) {
     size_t sizes[7];
-    void **h[7], **d[7];
-    batch_sizes(e, sizes);
-    batch_fields(&e->h, h);
-    batch_fields(&e->d, d);
+    void **h[7];
+    eng_batch_sizes(e, sizes);
+    eng_batch_fields(&e->h, h);
     size_t s = (size_t)e->cfg.max_num_seqs;
     e->fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
     e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
     e->sampled = pl_xmalloc(s * sizeof(int32_t));
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 7; i++)
         *h[i] = pl_xcalloc(1, sizes[i]);
-        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
-        if (!*d[i])
-            return pl_error_set(PL_ERR_NOMEM,
-                                "out of %s memory for the step buffers (max-num-seqs %d, "
-                                "max-num-batched-tokens %d)",
-                                e->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
-    }
-    return PL_OK;
 }
 
-static void free_step_buffers(Engine *e) {
-    void **h[7], **d[7];
-    batch_fields(&e->h, h);
-    batch_fields(&e->d, d);
-    for (int i = 0; i < 7; i++) {
-        if (*d[i] && *d[i] != *h[i])
-            e->ops->free(*d[i]);
+static void free_host_buffers(Engine *e) {
+    void **h[7];
+    eng_batch_fields(&e->h, h);
+    for (int i = 0; i < 7; i++)
         free(*h[i]);
-    }
     free(e->fork_logits);
     free(e->sample_reqs);
     free(e->sampled);
+}
+
+/* Tensor parallelism: the communicators for tensor-parallel-size GPUs. */
+static Status start_tp(Engine *e) {
+    int tp = e->cfg.tensor_parallel_size > 1 ? e->cfg.tensor_parallel_size : 1;
+    e->tp = 1;
+    if (tp == 1)
+        return PL_OK;
+    if (!e->ops->all_reduce || !e->ops->set_device)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "tensor-parallel-size %d needs the cuda backend built with NCCL "
+                            "(the %s backend has no all-reduce)",
+                            tp, e->ops->name);
+#ifdef PAGELLM_HAVE_CUDA
+    int have = k_cuda_device_count();
+    if (tp > have)
+        return pl_error_set(PL_ERR_INVALID, "tensor-parallel-size %d needs %d GPUs; %d visible", tp,
+                            tp, have);
+    if (k_cuda_tp_init(tp) != 0)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "tensor-parallel-size %d: NCCL setup failed", tp);
+#endif
+    e->tp = tp;
+    return PL_OK;
 }
 
 static Status create_scheduling(Engine *e) {
@@ -251,13 +242,12 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     pthread_cond_init(&e->work, NULL);
     if ((st = pick_backend(cfg, &e->ops)) != PL_OK)
         goto fail;
-    ModelLoadOptions mo = {.dir = cfg->model_dir,
-                           .load_dummy = cfg->load_dummy,
-                           .seed = cfg->seed,
-                           .max_num_tokens = cfg->max_num_batched_tokens,
-                           .ops = e->ops};
-    if ((st = model_load(&mo, &e->model)) != PL_OK)
+    if ((st = start_tp(e)) != PL_OK || (st = eng_ranks_start(e)) != PL_OK)
         goto fail;
+    RankJob job = {.kind = JOB_LOAD};
+    if ((st = eng_ranks_run(e, &job)) != PL_OK)
+        goto fail;
+    e->model = e->ranks[0].model;
     /* A folder without tokenizer.json still serves token ids (as vLLM's
      * skip_tokenizer_init); text in or out then needs a tokenizer and is refused. */
     char tok_path[4096];
@@ -274,39 +264,17 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->kv_layout = model_kv_layout(e->model, cfg->block_size);
     e->block_bytes = k_kv_block_elems(&e->kv_layout) * pl_dtype_size(e->kv_layout.dtype);
     e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
-    if ((st = alloc_step_buffers(e)) != PL_OK)
+    alloc_host_buffers(e);
+    job.kind = JOB_BUFFERS;
+    if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = eng_warm_up(e)) != PL_OK)
         goto fail;
-    void *warm_block = e->ops->alloc(e->block_bytes);
-    if (!warm_block) {
-        st = pl_error_set(PL_ERR_NOMEM,
-                          "no %s memory left for one KV-cache block after the "
-                          "weights and activations",
-                          e->ops->name);
-        goto fail;
-    }
-    eng_warm_up(e, warm_block);
-    e->ops->free(warm_block);
-    double free_before_kv = (double)e->ops->free_memory();
+    double free_before_kv = (double)e->ops->free_memory(); /* rank 0's device, as every rank */
     if ((st = size_pools(e)) != PL_OK)
         goto fail;
-    if (!(e->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes))) {
-        st = pl_error_set(PL_ERR_NOMEM,
-                          "out of %s memory for %d KV-cache blocks (%.2f GiB): "
-                          "lower gpu-memory-utilization or num-gpu-blocks-override",
-                          e->ops->name, e->num_gpu_blocks,
-                          (double)e->num_gpu_blocks * e->block_bytes / PL_GIB);
+    job.kind = JOB_POOLS;
+    if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = create_scheduling(e)) != PL_OK ||
+        (st = eng_device_sampler_init(e)) != PL_OK || (st = eng_capture_graphs(e)) != PL_OK)
         goto fail;
-    }
-    e->kv_cpu =
-        e->ops->alloc_host((size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes);
-    if (!e->kv_cpu) {
-        st = pl_error_set(PL_ERR_NOMEM, "cannot allocate %.2f GiB of swap space: lower swap-space",
-                          (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
-        goto fail;
-    }
-    if ((st = create_scheduling(e)) != PL_OK || (st = eng_device_sampler_init(e)) != PL_OK)
-        goto fail;
-    eng_capture_graphs(e);
     if (!cfg->quiet)
         print_budget(e, free_before_kv);
     *out = e;
@@ -340,17 +308,17 @@ void eng_destroy(Engine *e) {
     free(e->active);
     free(e->inbox);
     free(e->aborts);
-    eng_destroy_graphs(e);
     eng_device_sampler_free(e);
+    eng_ranks_stop(e);
     sched_destroy(e->sched);
     blk_destroy(e->bm);
-    model_destroy(e->model);
     tok_destroy(e->tok);
-    if (e->kv_gpu)
-        e->ops->free(e->kv_gpu);
-    if (e->kv_cpu)
-        e->ops->free_host(e->kv_cpu);
-    free_step_buffers(e);
+    free_host_buffers(e);
+#ifdef PAGELLM_HAVE_CUDA
+    if (e->tp > 1)
+        k_cuda_tp_destroy(e->tp);
+#endif
+    free(e->graph_size);
     free(e->events);
     free(e->text);
     free(e->top_ids);
@@ -502,15 +470,16 @@ Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t) {
     int32_t *pairs = pl_xmalloc((size_t)blocks * 2 * sizeof(int32_t));
     for (int i = 0; i < blocks; i++)
         pairs[2 * i] = pairs[2 * i + 1] = i;
+    const Rank *r = &e->ranks[0]; /* every rank swaps the same way, on its own link */
     void (*sync)(void) = e->ops->synchronize;
     if (sync)
         sync();
     double t0 = pl_now();
-    e->ops->swap_blocks(e->kv_cpu, e->kv_gpu, pairs, blocks, e->block_bytes);
+    e->ops->swap_blocks(r->kv_cpu, r->kv_gpu, pairs, blocks, e->block_bytes);
     if (sync)
         sync();
     double t1 = pl_now();
-    e->ops->swap_blocks(e->kv_gpu, e->kv_cpu, pairs, blocks, e->block_bytes);
+    e->ops->swap_blocks(r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes);
     if (sync)
         sync();
     double t2 = pl_now();

@@ -79,17 +79,60 @@ typedef struct {
     size_t workspace_bytes;
 } DeviceSampler;
 
+/* One tensor-parallel rank (ranks.c): its model shard, its KV pools (its KV heads; every rank
+ * has the same blocks, so one block table serves all), its device step buffers and decode
+ * graphs. Rank i drives device i; rank 0 runs on the engine's thread, the others on worker
+ * threads executing the same jobs at the same time. */
+typedef struct Rank {
+    struct Engine *engine;
+    int index;
+    Model *model;
+    void *kv_gpu;   /* the device pool (host memory on the CPU backend) */
+    void *kv_cpu;   /* the swap pool */
+    BatchBuffers d; /* the step buffers in backend memory (= the host ones on the CPU) */
+    void **graphs;  /* [Engine.num_graphs] */
+    Status status;  /* of its last job, with its message (errors are per thread) */
+    char error[1024];
+    pthread_t thread;
+} Rank;
+
+/* What every rank does at once (eng_ranks_run). */
+typedef enum {
+    JOB_LOAD,    /* load this rank's model shard */
+    JOB_BUFFERS, /* device step buffers */
+    JOB_WARM_UP, /* a forward of the host batch over a one-block pool (eng_warm_up) */
+    JOB_POOLS,   /* the KV pools, num_gpu_blocks and num_cpu_blocks */
+    JOB_CAPTURE, /* capture decode graph `graph` of the padded host batch */
+    JOB_STEP,    /* one step: block copies, batch upload, forward */
+    JOB_LOGITS,  /* eng_prompt_logits: every position's logits of ids[num_tokens] */
+    JOB_EXIT,    /* free the rank's resources; workers end */
+} JobKind;
+
+typedef struct {
+    JobKind kind;
+    const SchedulerOutput *o;                  /* JOB_STEP: its block copies */
+    int num_tokens, num_seqs, num_rows, graph; /* JOB_STEP: the batch (graph -1: eager) */
+    int num_decode;                            /* JOB_STEP: leading single-token seqs */
+    const int32_t *ids;                        /* JOB_LOGITS: the prompt (num_tokens) */
+    float *logits_out;                         /* JOB_LOGITS: host [num_tokens, vocab] */
+} RankJob;
+
 struct Engine {
     EngineConfig cfg;
     const KernelOps *ops;
-    Model *model;
+    Model *model; /* rank 0's (its config is the whole model's) */
     Tokenizer *tok;
     int max_model_len;
-    KvLayout kv_layout;
+    KvLayout kv_layout; /* one rank's */
     size_t block_bytes;
     int num_gpu_blocks, num_cpu_blocks;
-    void *kv_gpu; /* the device pool (host memory on the CPU backend) */
-    void *kv_cpu; /* the swap pool */
+    int tp;      /* tensor-parallel ranks */
+    Rank *ranks; /* [tp] */
+    pthread_mutex_t job_mu;
+    pthread_cond_t job_cv, job_done_cv;
+    RankJob job; /* the current job, for the workers */
+    uint64_t job_seq;
+    int jobs_done;
     BlockManager *bm;
     Scheduler *sched;
     int64_t next_seq_id;
@@ -109,10 +152,10 @@ struct Engine {
     Request **active;
     int active_n, active_cap;
 
-    /* per-step batch, sized at creation: built in host memory (h), read by the model from
-     * backend memory (d; the same buffers when the backend computes in host memory) */
+    /* per-step batch, sized at creation: built in host memory (h), read by each rank's model
+     * from its own copy (Rank.d) */
     int max_blocks_per_seq;
-    BatchBuffers h, d;
+    BatchBuffers h;
     float *fork_logits;         /* [vocab]: a row copied for each extra sample */
     SampleRequest *sample_reqs; /* [max_num_seqs] */
     int32_t *sampled;           /* [max_num_seqs] */
@@ -133,10 +176,10 @@ struct Engine {
     int64_t decode_steps;
     double decode_seconds[4]; /* schedule, prepare, forward, sample */
 
-    /* decode graphs (graphs.c): graphs[g] replays a decode step of graph_size[g] rows */
+    /* decode graphs (graphs.c): each rank's graphs[g] replays a decode step of graph_size[g]
+     * rows */
     int num_graphs;
-    int *graph_size; /* ascending */
-    void **graphs;
+    int *graph_size;      /* ascending */
     double graph_seconds; /* spent capturing them */
 };
 
@@ -160,10 +203,33 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
 /* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
 size_t eng_top_reserve(Engine *e, size_t k);
 
+/* ---- ranks.c ---- */
+
+/* Start the ranks (workers for ranks 1..tp-1); eng_ranks_stop frees every rank's resources. */
+Status eng_ranks_start(Engine *e);
+void eng_ranks_stop(Engine *e);
+
+/* Every rank does `job` at once (rank 0 on the calling thread); the first error of a rank is
+ * returned (and set as this thread's error). */
+Status eng_ranks_run(Engine *e, const RankJob *job);
+
+/* A rank's part of eng_prompt_logits (generate.c): a private KV pool, the whole prompt as
+ * one chunk, rank 0's logits of every position to the host. */
+Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, float *logits);
+
+/* The sizes of the step buffers (BatchBuffers fields in order). */
+void eng_batch_sizes(const Engine *e, size_t sizes[7]);
+void eng_batch_fields(BatchBuffers *b, void **f[7]);
+
 /* ---- graphs.c ---- */
 
-/* Copy the first rows of the host step buffers to the backend's (no-op on host memory). */
-void eng_upload_batch(Engine *e, int num_tokens, int num_seqs, int num_rows);
+/* Copy the first rows of the host step buffers to the rank's (no-op on host memory). */
+void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows);
+
+/* The rank's forward over its uploaded batch: graph `graph` (>= 0) or eagerly; logits (rank
+ * 0 only) for num_rows rows. */
+void eng_rank_forward(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows,
+                      int num_decode, int graph);
 
 /* Rows [from, to) of the host step buffers become padding decode rows (token 0 at position
  * 0 through block 0, no cache write, own logits row); query_start[to] closes the batch. */
@@ -172,13 +238,16 @@ void eng_pad_decode_rows(Engine *e, int from, int to);
 /* Index of the smallest graph of at least num_seqs rows, -1 when none. */
 int eng_graph_for(const Engine *e, int num_seqs);
 
-/* Run the largest decode batch and prompt chunk once over a one-block KV pool (`kv_block`),
- * so lazily sized backend state reaches its working size. Needs the step buffers. */
-void eng_warm_up(Engine *e, void *kv_block);
+/* Run the largest decode batch and prompt chunk once on every rank over its one-block KV
+ * pool, so lazily sized backend state reaches its working size (engine thread; the ranks
+ * do eng_rank_warm_up). */
+Status eng_warm_up(Engine *e);
+void eng_rank_warm_up(Engine *e, Rank *r, const RankJob *j);
 
-/* Capture the decode graphs over the real KV pool (nothing when the backend has no graphs
- * or enforce-eager is set). */
-void eng_capture_graphs(Engine *e);
-void eng_destroy_graphs(Engine *e);
+/* Choose the captured batch sizes (Engine.graph_size) and have every rank capture its decode
+ * graphs over its KV pool (nothing when the backend has no graphs or enforce-eager is set). */
+Status eng_capture_graphs(Engine *e);
+void eng_rank_capture(Engine *e, Rank *r, int g);
+void eng_destroy_graphs(Engine *e, Rank *r);
 
 #endif

@@ -1,6 +1,6 @@
 /* generate.c - single-request conveniences over the engine: eng_generate (run one prompt to
  * the end through the step loop) and eng_prompt_logits (every position's logits, for
- * verification against a reference implementation). */
+ * verification against a reference implementation, on every tensor-parallel rank at once). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +54,12 @@ Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
         if (ids[i] < 0 || ids[i] >= vocab)
             return pl_error_set(PL_ERR_INVALID, "token id %d is outside the vocabulary [0, %d)",
                                 ids[i], vocab);
+    RankJob j = {.kind = JOB_LOGITS, .ids = ids, .num_tokens = n, .logits_out = logits};
+    return eng_ranks_run(e, &j);
+}
+
+Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, float *logits) {
+    int vocab = model_config(e->model)->vocab_size;
     /* A private cache with an identity block table: no scheduler involvement. */
     const KernelOps *ops = e->ops;
     int bs = e->cfg.block_size, nblocks = (n + bs - 1) / bs;
@@ -72,7 +78,8 @@ Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
     size_t bytes[] = {(size_t)n * 4, (size_t)nblocks * 4, (size_t)n * 4, (size_t)n * 8, 8};
     void *dev[5] = {0};
     void *kv = ops->alloc((size_t)nblocks * e->block_bytes);
-    float *dev_logits = ops->alloc((size_t)n * vocab * sizeof(float));
+    int rows = r->index == 0 ? n : 0; /* rank 0 computes the logits */
+    float *dev_logits = ops->alloc((size_t)(rows ? rows : 1) * vocab * sizeof(float));
     int ok = kv && dev_logits;
     for (int i = 0; i < 5 && ok; i++)
         if ((ok = (dev[i] = ops->alloc(bytes[i])) != NULL))
@@ -97,8 +104,11 @@ Status eng_prompt_logits(Engine *e, const int32_t *ids, int n, float *logits) {
                    .query_start = dev[4],
                    .block_tables = dev[1],
                    .max_blocks_per_seq = nblocks};
-    model_forward(e->model, dev[0], &b, kv, &e->kv_layout, dev[2], n, dev_logits);
-    ops->to_host(logits, dev_logits, (size_t)n * vocab * sizeof(float));
+    model_forward(r->model, dev[0], &b, kv, &e->kv_layout, dev[2], rows, dev_logits);
+    if (rows)
+        ops->to_host(logits, dev_logits, (size_t)n * vocab * sizeof(float));
+    else if (ops->synchronize) /* the private pool is freed next */
+        ops->synchronize();
     for (int i = 0; i < 5; i++)
         ops->free(dev[i]);
     ops->free(kv);

@@ -144,10 +144,11 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
     if (hist)
         ops->to_device(ds->d_history, ds->h_history, hist * sizeof(int32_t));
     if (want_lp)
-        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->d.logits, n, vocab, kmax);
+        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->ranks[0].d.logits, n, vocab,
+                      kmax);
     int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (greedy ? SAMPLE_ALL_GREEDY : 0);
-    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->d.logits, n, vocab,
-                     ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
+    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->ranks[0].d.logits, n,
+                     vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
                      ds->workspace_bytes);
     ops->to_host(tokens, ds->d_tokens, (size_t)n * sizeof(int32_t));
     if (!want_lp)

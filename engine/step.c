@@ -131,19 +131,6 @@ static void take_inbox(Engine *e) {
     free(aborts);
 }
 
-static void do_block_copies(Engine *e, const SchedulerOutput *o) {
-    const KernelOps *ops = e->ops;
-    if (o->num_swap_out)
-        ops->swap_blocks(e->kv_cpu, e->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
-                         e->block_bytes);
-    if (o->num_swap_in)
-        ops->swap_blocks(e->kv_gpu, e->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
-                         e->block_bytes);
-    if (o->num_copies)
-        ops->copy_blocks(e->kv_gpu, e->kv_gpu, (const int32_t *)o->copies, o->num_copies,
-                         e->block_bytes);
-}
-
 /* The decode graph for this step, -1 for an eager forward: a graph needs a pure-decode step
  * (one token per sequence, every one sampled). */
 static int pick_graph(const Engine *e, const SchedulerOutput *o) {
@@ -155,12 +142,11 @@ static int pick_graph(const Engine *e, const SchedulerOutput *o) {
     return eng_graph_for(e, o->num_seqs);
 }
 
-/* Pack the scheduled tokens into the model's batch (built in host memory, padded to the
- * graph's rows when `graph` >= 0, then copied to the backend's); returns the number of logit
- * rows of real sequences. Single-token sequences come first in the batch (so the backend can
- * give them its decode attention), prompt chunks after; the logit rows stay in the
- * scheduler's order, which is the order sampling walks. */
-static int build_batch(Engine *e, const SchedulerOutput *o, int graph, AttnBatch *b) {
+/* Pack the scheduled tokens into the host step batch (padded to the graph's rows when
+ * `graph` >= 0) and describe it in j (each rank uploads it). Single-token sequences come first in
+ * the batch (so the backend can give them its decode attention), prompt chunks after; the logit
+ * rows stay in the scheduler's order, which is the order sampling walks. */
+static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob *j) {
     BatchBuffers *h = &e->h;
     int bs = e->cfg.block_size, t = 0, rows = 0, at = 0, num_decode = 0;
     int last_row[o->num_seqs > 0 ? o->num_seqs : 1];
@@ -189,21 +175,18 @@ static int build_batch(Engine *e, const SchedulerOutput *o, int graph, AttnBatch
         if (o->seqs[i].sample)
             h->logit_rows[rows++] = last_row[i];
     h->query_start[o->num_seqs] = t;
-    int seqs = o->num_seqs, real_rows = rows;
+    int seqs = o->num_seqs;
     if (graph >= 0) {
         seqs = rows = t = num_decode = e->graph_size[graph];
         eng_pad_decode_rows(e, o->num_seqs, seqs);
     }
-    eng_upload_batch(e, t, seqs, rows);
-    *b = (AttnBatch){.num_tokens = t,
-                     .positions = e->d.positions,
-                     .slot_mapping = e->d.slots,
-                     .num_seqs = seqs,
-                     .query_start = e->d.query_start,
-                     .block_tables = e->d.block_tables,
-                     .max_blocks_per_seq = e->max_blocks_per_seq,
-                     .num_decode_seqs = num_decode};
-    return real_rows;
+    *j = (RankJob){.kind = JOB_STEP,
+                   .o = o,
+                   .num_tokens = t,
+                   .num_seqs = seqs,
+                   .num_rows = rows,
+                   .graph = graph,
+                   .num_decode = num_decode};
 }
 
 static SampleRequest sample_request(const Sequence *seq) {
@@ -309,11 +292,12 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
 /* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
 static void sample_on_host(Engine *e, const SchedulerOutput *o, RowLogprobs *lps) {
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
-    if (e->d.logits != e->h.logits) {
+    const float *dev_logits = e->ranks[0].d.logits;
+    if (dev_logits != e->h.logits) {
         int rows = 0;
         for (int i = 0; i < o->num_seqs; i++)
             rows += o->seqs[i].sample;
-        e->ops->to_host(e->h.logits, e->d.logits, (size_t)rows * vocab * sizeof(float));
+        e->ops->to_host(e->h.logits, dev_logits, (size_t)rows * vocab * sizeof(float));
     }
     /* room for the raw rows first: their events point into it until the step ends */
     for (int i = 0; i < o->num_seqs; i++)
@@ -383,7 +367,10 @@ int eng_step(Engine *e, const EngEvent **events) {
     t[0] = pl_now();
     take_inbox(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
-    do_block_copies(e, o);
+    if (o->num_seqs == 0 && (o->num_swap_out || o->num_swap_in || o->num_copies)) {
+        RankJob copies = {.kind = JOB_STEP, .o = o}; /* block copies only */
+        eng_ranks_run(e, &copies);
+    }
     int decode = o->num_seqs > 0;
     for (int i = 0; i < o->num_seqs; i++)
         decode &= o->seqs[i].num_tokens == 1;
@@ -394,16 +381,11 @@ int eng_step(Engine *e, const EngEvent **events) {
             if (r->t_scheduled == 0)
                 r->t_scheduled = now;
         }
-        AttnBatch b;
+        RankJob job;
         t[1] = pl_now();
-        int graph = pick_graph(e, o);
-        int rows = build_batch(e, o, graph, &b);
+        build_batch(e, o, pick_graph(e, o), &job);
         t[2] = pl_now();
-        if (graph >= 0)
-            e->ops->graph_launch(e->graphs[graph]);
-        else
-            model_forward(e->model, e->d.tokens, &b, e->kv_gpu, &e->kv_layout, e->d.logit_rows,
-                          rows, e->d.logits);
+        eng_ranks_run(e, &job);  /* block copies, upload and forward on every rank */
         if (e->ops->synchronize) /* the forward phase ends when the device is done */
             e->ops->synchronize();
         t[3] = pl_now();

@@ -50,7 +50,6 @@ typedef struct {
     char *host;                /* owned; listen address, default "127.0.0.1" */
     int port;                  /* listen port, default 8000 */
     char *api_key;             /* owned; NULL = no authentication */
-    int tensor_parallel_size;  /* GPUs per model, default 1 (stored only for now) */
     int max_queue_len;         /* requests waiting at most; more get 503; default 1024 */
     int max_request_bytes;     /* largest HTTP request body; default 1 MiB */
     double request_timeout;    /* seconds a request may take end to end; 0 = no limit; 60 */

@@ -24,6 +24,7 @@ typedef struct {
                                      * 16-bit checkpoint, else float32), "float32", "bfloat16";
                                      * "float16" is refused (not implemented) */
     int enforce_eager;              /* 1 = no CUDA graphs for decode */
+    int tensor_parallel_size;       /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
     int load_dummy;                 /* load-format dummy */
     uint64_t seed;                  /* dummy weights */
     int block_size;                 /* tokens per KV block: 8, 16, 32, 64, 128 */

@@ -15,7 +15,8 @@ typedef struct Server Server;
 
 /* Start listening (GET /health answers 503 while loading), load the model, start the
  * engine thread. The Config must outlive the server. Errors: address in use, model load
- * failures (message set). */
+ * failures (message set). SIGINT and SIGTERM are caught from the start: one while the model
+ * loads exits at once (status 1); once serving, srv_wait_and_drain handles them. */
 Status srv_start(const Config *cfg, Server **out);
 
 /* Block until SIGINT or SIGTERM, then drain: stop accepting, let in-flight requests finish

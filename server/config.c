@@ -436,10 +436,10 @@ Status cfg_validate(const Config *c) {
                             "never be scheduled; raise max-num-batched-tokens or enable "
                             "chunked prefill",
                             e->max_model_len, e->max_num_batched_tokens);
-    if (c->tensor_parallel_size > 1 && e->device && !strcmp(e->device, "cpu"))
+    if (c->engine.tensor_parallel_size > 1 && e->device && !strcmp(e->device, "cpu"))
         return pl_error_set(PL_ERR_INVALID,
                             "tensor-parallel-size %d needs device cuda (device is cpu)",
-                            c->tensor_parallel_size);
+                            c->engine.tensor_parallel_size);
     return PL_OK;
 }
 

@@ -100,7 +100,7 @@ static const CfgKey keys[] = {
     KEY_ENUM("preemption-mode", engine.preemption_mode, preemption_modes, 0, "MODE",
              "swap (else recompute) or recompute, when blocks run out", NULL),
     /* execution */
-    KEY_INT("tensor-parallel-size", tensor_parallel_size, 1, NO_MAX, "N",
+    KEY_INT("tensor-parallel-size", engine.tensor_parallel_size, 1, NO_MAX, "N",
             "GPUs that split the model", NULL),
     KEY_BOOL("enforce-eager", engine.enforce_eager, "run decode without CUDA graphs"),
     {.name = "seed",
@@ -251,7 +251,6 @@ void cfg_init(Config *c) {
         c->engine.device = "auto";
     c->host = pl_xstrdup("127.0.0.1");
     c->port = 8000;
-    c->tensor_parallel_size = 1;
     c->max_queue_len = 1024;
     c->max_request_bytes = 1 << 20;
     c->request_timeout = 60;

@@ -99,7 +99,7 @@ static void test_defaults(void **state) {
     assert_int_equal(c.port, 8000);
     assert_string_equal(c.engine.dtype, "auto");
     assert_string_equal(c.log_level, "info");
-    assert_int_equal(c.tensor_parallel_size, 1);
+    assert_int_equal(c.engine.tensor_parallel_size, 1);
     assert_int_equal(c.engine.enforce_eager, 0);
     assert_int_equal(c.max_queue_len, 1024);
     assert_int_equal(c.max_request_bytes, 1 << 20);
@@ -216,7 +216,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.enable_chunked_prefill, 0);
     assert_int_equal(c->engine.enable_prefix_caching, 0);
     assert_int_equal(c->engine.preemption_mode, PREEMPT_RECOMPUTE);
-    assert_int_equal(c->tensor_parallel_size, 1);
+    assert_int_equal(c->engine.tensor_parallel_size, 1);
     assert_int_equal(c->engine.enforce_eager, 1);
     assert_true(c->engine.seed == UINT64_MAX);
     assert_int_equal(c->max_queue_len, 7);
@@ -517,7 +517,7 @@ static void test_validate(void **state) {
     expect_error(cfg_validate(&c), PL_ERR_INVALID, "key 'host' needs a value", NULL);
     c.host = strdup("::1");
     assert_int_equal(cfg_validate(&c), PL_OK);
-    c.tensor_parallel_size = 2;
+    c.engine.tensor_parallel_size = 2;
     expect_error(cfg_validate(&c), PL_ERR_INVALID, "tensor-parallel-size", "cpu", NULL);
     cfg_free(&c);
 }

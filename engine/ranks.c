@@ -1,0 +1,236 @@
+/* ranks.c - the tensor-parallel ranks: one per GPU, each with its model shard, KV pools,
+ * step buffers and graphs (Rank). Rank 0 runs on whichever thread drives the engine; ranks
+ * 1..tp-1 on worker threads bound to their devices. Every job (load, buffers, warm-up, pools,
+ * capture, step, exit) is done by all ranks at once, as the collective operations inside the
+ * forward pass require: eng_ranks_run posts it, rank 0 does it on the caller's thread, and
+ * the call returns when every rank has issued its work (a worker's device work may still be
+ * running; the next collective or copy orders it). With one rank there are no threads. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+void eng_batch_sizes(const Engine *e, size_t sizes[7]) {
+    size_t t = (size_t)e->cfg.max_num_batched_tokens, s = (size_t)e->cfg.max_num_seqs;
+    size_t vocab = (size_t)model_config(e->model)->vocab_size;
+    sizes[0] = sizes[1] = t * sizeof(int32_t);
+    sizes[2] = t * sizeof(int64_t);
+    sizes[3] = (s + 1) * sizeof(int32_t);
+    sizes[4] = s * (size_t)e->max_blocks_per_seq * sizeof(int32_t);
+    sizes[5] = s * sizeof(int32_t);
+    sizes[6] = s * vocab * sizeof(float);
+}
+
+void eng_batch_fields(BatchBuffers *b, void **f[7]) {
+    f[0] = (void **)&b->tokens;
+    f[1] = (void **)&b->positions;
+    f[2] = (void **)&b->slots;
+    f[3] = (void **)&b->query_start;
+    f[4] = (void **)&b->block_tables;
+    f[5] = (void **)&b->logit_rows;
+    f[6] = (void **)&b->logits;
+}
+
+static Status load(Engine *e, Rank *r) {
+    const EngineConfig *c = &e->cfg;
+    ModelLoadOptions mo = {.dir = c->model_dir,
+                           .load_dummy = c->load_dummy,
+                           .seed = c->seed,
+                           .max_num_tokens = c->max_num_batched_tokens,
+                           .ops = e->ops,
+                           .tp_rank = r->index,
+                           .tp_size = e->tp};
+    return model_load(&mo, &r->model);
+}
+
+static Status alloc_buffers(Engine *e, Rank *r) {
+    size_t sizes[7];
+    void **h[7], **d[7];
+    eng_batch_sizes(e, sizes);
+    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&r->d, d);
+    for (int i = 0; i < 7; i++) {
+        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
+        if (!*d[i])
+            return pl_error_set(PL_ERR_NOMEM,
+                                "out of %s memory for the step buffers (max-num-seqs %d, "
+                                "max-num-batched-tokens %d)",
+                                e->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
+    }
+    return PL_OK;
+}
+
+static Status warm_up(Engine *e, Rank *r, const RankJob *j) {
+    if (!(r->kv_gpu = e->ops->alloc(e->block_bytes)))
+        return pl_error_set(PL_ERR_NOMEM,
+                            "no %s memory left for one KV-cache block after the weights and "
+                            "activations",
+                            e->ops->name);
+    eng_rank_warm_up(e, r, j);
+    e->ops->free(r->kv_gpu);
+    r->kv_gpu = NULL;
+    return PL_OK;
+}
+
+static Status alloc_pools(Engine *e, Rank *r) {
+    if (!(r->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes)))
+        return pl_error_set(PL_ERR_NOMEM,
+                            "out of %s memory for %d KV-cache blocks (%.2f GiB): lower "
+                            "gpu-memory-utilization or num-gpu-blocks-override",
+                            e->ops->name, e->num_gpu_blocks,
+                            (double)e->num_gpu_blocks * e->block_bytes / PL_GIB);
+    size_t host = (size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes;
+    if (!(r->kv_cpu = e->ops->alloc_host(host)))
+        return pl_error_set(PL_ERR_NOMEM,
+                            "cannot allocate %.2f GiB of swap space: lower swap-space",
+                            (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
+    return PL_OK;
+}
+
+static void step(Engine *e, Rank *r, const RankJob *j) {
+    const KernelOps *ops = e->ops;
+    const SchedulerOutput *o = j->o;
+    if (o->num_swap_out)
+        ops->swap_blocks(r->kv_cpu, r->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
+                         e->block_bytes);
+    if (o->num_swap_in)
+        ops->swap_blocks(r->kv_gpu, r->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
+                         e->block_bytes);
+    if (o->num_copies)
+        ops->copy_blocks(r->kv_gpu, r->kv_gpu, (const int32_t *)o->copies, o->num_copies,
+                         e->block_bytes);
+    if (j->num_tokens == 0)
+        return;
+    eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
+    eng_rank_forward(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode, j->graph);
+}
+
+static void free_rank(Engine *e, Rank *r) {
+    const KernelOps *ops = e->ops;
+    eng_destroy_graphs(e, r);
+    void **h[7], **d[7];
+    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&r->d, d);
+    for (int i = 0; i < 7; i++)
+        if (*d[i] && *d[i] != *h[i])
+            ops->free(*d[i]);
+    memset(&r->d, 0, sizeof r->d);
+    if (r->kv_gpu)
+        ops->free(r->kv_gpu);
+    if (r->kv_cpu)
+        ops->free_host(r->kv_cpu);
+    r->kv_gpu = r->kv_cpu = NULL;
+    model_destroy(r->model);
+    r->model = NULL;
+}
+
+static void rank_do(Engine *e, Rank *r, const RankJob *j) {
+    Status st = PL_OK;
+    switch (j->kind) {
+        case JOB_LOAD:
+            st = load(e, r);
+            break;
+        case JOB_BUFFERS:
+            st = alloc_buffers(e, r);
+            break;
+        case JOB_WARM_UP:
+            st = warm_up(e, r, j);
+            break;
+        case JOB_POOLS:
+            st = alloc_pools(e, r);
+            break;
+        case JOB_CAPTURE:
+            eng_rank_capture(e, r, j->graph);
+            break;
+        case JOB_STEP:
+            step(e, r, j);
+            break;
+        case JOB_LOGITS:
+            st = eng_rank_prompt_logits(e, r, j->ids, j->num_tokens, j->logits_out);
+            break;
+        case JOB_EXIT:
+            free_rank(e, r);
+            break;
+    }
+    r->status = st;
+    if (st != PL_OK)
+        snprintf(r->error, sizeof r->error, "%s", pl_error());
+}
+
+static void *worker(void *arg) {
+    Rank *r = arg;
+    Engine *e = r->engine;
+    e->ops->set_device(r->index);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&e->job_mu);
+    for (;;) {
+        while (e->job_seq == seen)
+            pthread_cond_wait(&e->job_cv, &e->job_mu);
+        seen = e->job_seq;
+        RankJob j = e->job;
+        pthread_mutex_unlock(&e->job_mu);
+        rank_do(e, r, &j);
+        pthread_mutex_lock(&e->job_mu);
+        e->jobs_done++;
+        pthread_cond_signal(&e->job_done_cv);
+        if (j.kind == JOB_EXIT)
+            break;
+    }
+    pthread_mutex_unlock(&e->job_mu);
+    return NULL;
+}
+
+Status eng_ranks_start(Engine *e) {
+    e->ranks = pl_xcalloc((size_t)e->tp, sizeof *e->ranks);
+    pthread_mutex_init(&e->job_mu, NULL);
+    pthread_cond_init(&e->job_cv, NULL);
+    pthread_cond_init(&e->job_done_cv, NULL);
+    for (int i = 0; i < e->tp; i++) {
+        e->ranks[i].index = i;
+        e->ranks[i].engine = e;
+    }
+    for (int i = 1; i < e->tp; i++) {
+        if (pthread_create(&e->ranks[i].thread, NULL, worker, &e->ranks[i]) != 0) {
+            e->tp = i; /* the ones started end with the engine */
+            return pl_error_set(PL_ERR_NOMEM, "cannot start the worker thread of rank %d", i);
+        }
+    }
+    return PL_OK;
+}
+
+Status eng_ranks_run(Engine *e, const RankJob *job) {
+    if (e->tp > 1) {
+        pthread_mutex_lock(&e->job_mu);
+        e->job = *job;
+        e->jobs_done = 0;
+        e->job_seq++;
+        pthread_cond_broadcast(&e->job_cv);
+        pthread_mutex_unlock(&e->job_mu);
+    }
+    rank_do(e, &e->ranks[0], job);
+    if (e->tp > 1) {
+        pthread_mutex_lock(&e->job_mu);
+        while (e->jobs_done < e->tp - 1)
+            pthread_cond_wait(&e->job_done_cv, &e->job_mu);
+        pthread_mutex_unlock(&e->job_mu);
+    }
+    for (int i = 0; i < e->tp; i++)
+        if (e->ranks[i].status != PL_OK)
+            return pl_error_set(e->ranks[i].status, "%s", e->ranks[i].error);
+    return PL_OK;
+}
+
+void eng_ranks_stop(Engine *e) {
+    if (!e->ranks)
+        return;
+    RankJob j = {.kind = JOB_EXIT};
+    eng_ranks_run(e, &j);
+    for (int i = 1; i < e->tp; i++)
+        pthread_join(e->ranks[i].thread, NULL);
+    pthread_mutex_destroy(&e->job_mu);
+    pthread_cond_destroy(&e->job_cv);
+    pthread_cond_destroy(&e->job_done_cv);
+    free(e->ranks);
+    e->ranks = NULL;
+}
