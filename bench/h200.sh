@@ -57,7 +57,7 @@ fi
 
 # 2. batch-256 decode at context ~1024; 8. host share of its steps
 if want 2; then
-    $bin bench latency "${model[@]}" "${cold[@]}" --batch-size 256 --input-len 1024 --output-len 32 \
+    $bin bench latency "${model[@]}" "${cold[@]}" --batch-size 256 --input-len 1024 --output-len 96 \
         --num-iters-warmup 1 --num-iters 2 --max-model-len 2048 --max-num-batched-tokens 8192 \
         >"$out/latency-b256.log" 2>&1
     d256=$(num 'Decode step \(batch 256\): median [0-9.]+' <"$out/latency-b256.log")

@@ -24,7 +24,9 @@ static void add(Times *t, double x) {
 }
 
 /* One iteration: seconds to completion, or -1 on failure. Decode step and prefill times go
- * to the lists when they are given (measured iterations). */
+ * to the lists when they are given (measured iterations). A decode step counts only when
+ * every request of the batch got a token from it (after all first tokens, before any has
+ * finished), so its time is that of a step of the whole batch. */
 static double run_batch(Engine *e, const BenchOfflineOptions *o, int32_t *const *prompts,
                         uint64_t seed, Times *decode, Times *prefill, long *tokens) {
     int b = o->batch_size, started = 0, done = 0;
@@ -50,16 +52,17 @@ static double run_batch(Engine *e, const BenchOfflineOptions *o, int32_t *const 
         int decoding = started == b; /* every prompt already has its first token */
         const EngEvent *ev;
         double ts = pl_now();
-        int n = eng_step(e, &ev);
+        int n = eng_step(e, &ev), step_tokens = 0;
         double te = pl_now();
         for (int k = 0; k < n; k++) {
             if (ev[k].token >= 0) {
                 (*tokens)++;
+                step_tokens++;
                 started += ev[k].num_generated == 1;
             }
             done += ev[k].finish != FINISH_NONE;
         }
-        if (decoding && decode)
+        if (decoding && step_tokens == b && decode)
             add(decode, te - ts);
         if (!decoding && started == b && prefill)
             add(prefill, te - t0);
