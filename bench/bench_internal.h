@@ -185,7 +185,7 @@ int32_t *bench_random_ids(BenchRng *rng, int n, const Engine *e);
 /* Write j (reference taken) to path, indented as vLLM's --output-json; 0 on failure. */
 int bench_write_offline_json(json_t *j, const char *path);
 /* Print where the engine's pure-decode steps between two eng_stats snapshots spent their
- * time, per step (nothing when there were none). */
+ * time, per step, and the share of the host-only phases (nothing when there were none). */
 void bench_print_decode_phases(const EngineStats *before, const EngineStats *after);
 
 /* ---- progress.c ------------------------------------------------------------------------- */

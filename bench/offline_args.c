@@ -86,8 +86,8 @@ int bench_offline_flag(BenchOfflineOptions *o, int latency, int argc, char **arg
     static const char *const names[] = {"--input-len",        "--output-len", "--batch-size",
                                         "--num-iters-warmup", "--num-iters",  "--swap-blocks"};
     static const long lows[] = {1, 1, 1, 0, 1, 0};
-    int *fields[] = {&o->data.input_len, &o->data.output_len, &o->batch_size,
-                     &o->num_iters_warmup, &o->num_iters,     &o->swap_blocks};
+    int *fields[] = {&o->data.input_len,   &o->data.output_len, &o->batch_size,
+                     &o->num_iters_warmup, &o->num_iters,       &o->swap_blocks};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         if ((r = bflag_value(cmd, names[k], argc, argv, i, &v)) == 0)
             continue;

@@ -504,6 +504,7 @@ EngineStats eng_stats(Engine *e) {
     s.decode_seconds_prepare = e->decode_seconds[1];
     s.decode_seconds_forward = e->decode_seconds[2];
     s.decode_seconds_sample = e->decode_seconds[3];
+    s.decode_seconds_emit = e->decode_seconds[4];
     for (int i = 0; i < e->active_n; i++) {
         Request *r = e->active[i];
         int running = 0, swapped = 0;

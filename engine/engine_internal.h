@@ -174,7 +174,7 @@ struct Engine {
 
     /* time of pure-decode steps by phase (EngineStats) */
     int64_t decode_steps;
-    double decode_seconds[4]; /* schedule, prepare, forward, sample */
+    double decode_seconds[5]; /* schedule, prepare, forward, sample, emit */
 
     /* decode graphs (graphs.c): each rank's graphs[g] replays a decode step of graph_size[g]
      * rows */

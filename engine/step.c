@@ -324,12 +324,15 @@ static void sample_on_host(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     k_cpu_ops()->sample(e->sampled, e->h.logits, k, vocab, e->sample_reqs);
 }
 
-static void sample_and_emit(Engine *e, const SchedulerOutput *o) {
+/* Sample every row that wants a token (on the backend when it can), then turn the tokens
+ * into events; *t_sampled is when the sampling ended. */
+static void sample_and_emit(Engine *e, const SchedulerOutput *o, double *t_sampled) {
     RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
     if (eng_device_sample_ok(e, o))
         eng_device_sample(e, o, e->sampled, lps);
     else
         sample_on_host(e, o, lps);
+    *t_sampled = pl_now();
     int k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (o->seqs[i].sample) {
@@ -363,7 +366,7 @@ int eng_step(Engine *e, const EngEvent **events) {
     e->events_n = 0;
     e->text_len = 0;
     e->top_len = 0;
-    double t[5];
+    double t[6];
     t[0] = pl_now();
     take_inbox(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
@@ -390,11 +393,11 @@ int eng_step(Engine *e, const EngEvent **events) {
             e->ops->synchronize();
         t[3] = pl_now();
         sched_step_done(e->sched, o);
-        sample_and_emit(e, o);
-        t[4] = pl_now();
+        sample_and_emit(e, o, &t[4]);
+        t[5] = pl_now();
         if (decode) {
             e->decode_steps++;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 5; i++)
                 e->decode_seconds[i] += t[i + 1] - t[i];
         }
     }

@@ -132,11 +132,12 @@ typedef struct {
     int64_t kv_slots_allocated; /* token slots in blocks held by running sequences */
     int64_t kv_slots_used;      /* tokens those sequences hold */
     /* where the time of pure-decode steps went, summed over them (host clock): scheduling;
-     * packing and uploading the batch; the forward pass (issuing it and waiting for the
-     * logits, which is the device's time unless the host is slower); sampling and events */
+     * packing the batch; uploading and running the forward pass (to the device's end);
+     * sampling (on the device on CUDA: its kernels and the copy of the tokens back);
+     * turning tokens into events (stop checks, detokenization) */
     int64_t decode_steps;
     double decode_seconds_schedule, decode_seconds_prepare, decode_seconds_forward,
-        decode_seconds_sample;
+        decode_seconds_sample, decode_seconds_emit;
 } EngineStats;
 
 /* A swap round trip for benchmarks: `blocks` KV blocks copied to the swap pool and back
