@@ -193,10 +193,110 @@ static void sse(CompletionReq *cr, json_t *chunk) {
     free(s);
 }
 
+/* A growing byte buffer for hand-written SSE chunks. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static void buf_put(Buf *b, const char *s, size_t n) {
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2 + 256;
+        b->p = pl_xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+static void buf_str(Buf *b, const char *s) {
+    buf_put(b, s, strlen(s));
+}
+
+/* s[0..n) as a JSON string, quotes included: '"', '\\' and control characters escaped,
+ * everything else (UTF-8 included) as is, as jansson writes it. */
+static void buf_json_string(Buf *b, const char *s, size_t n) {
+    buf_put(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        buf_put(b, s + run, i - run);
+        char esc[8];
+        const char *named = c == '"'    ? "\\\""
+                            : c == '\\' ? "\\\\"
+                            : c == '\n' ? "\\n"
+                            : c == '\r' ? "\\r"
+                            : c == '\t' ? "\\t"
+                            : c == '\b' ? "\\b"
+                            : c == '\f' ? "\\f"
+                                        : NULL;
+        if (!named) {
+            snprintf(esc, sizeof esc, "\\u%04X", c);
+            named = esc;
+        }
+        buf_str(b, named);
+        run = i + 1;
+    }
+    buf_put(b, s + run, n - run);
+    buf_put(b, "\"", 1);
+}
+
+/* The common streaming chunk (no logprobs), written directly: the engine thread formats one
+ * per token, and building it through jansson objects cost several times more. The bytes are
+ * those json_dumps(JSON_COMPACT) gives for stream_chunk's objects. */
+static void stream_chunk_plain(CompletionReq *cr, int index, const Choice *ch, size_t from,
+                               size_t to, const char *finish) {
+    const ApiRequest *q = &cr->req;
+    Buf b = {0};
+    char num[64];
+    buf_str(&b, "data: {\"id\":");
+    buf_json_string(&b, cr->id, strlen(cr->id));
+    buf_str(&b, q->is_chat ? ",\"object\":\"chat.completion.chunk\",\"created\":"
+                           : ",\"object\":\"text_completion\",\"created\":");
+    snprintf(num, sizeof num, "%ld", cr->created);
+    buf_str(&b, num);
+    buf_str(&b, ",\"model\":");
+    buf_json_string(&b, cr->srv->model_name, strlen(cr->srv->model_name));
+    snprintf(num, sizeof num, ",\"choices\":[{\"index\":%d,", index);
+    buf_str(&b, num);
+    const char *text = ch->text ? ch->text + from : "";
+    if (q->is_chat) {
+        buf_str(&b, "\"delta\":{");
+        if (!cr->sent_role) {
+            buf_str(&b, "\"role\":\"assistant\"");
+            cr->sent_role = 1;
+            if (to > from || !finish)
+                buf_str(&b, ",");
+        }
+        if (to > from || !finish) {
+            buf_str(&b, "\"content\":");
+            buf_json_string(&b, text, to - from);
+        }
+        buf_str(&b, "},");
+    } else {
+        buf_str(&b, "\"text\":");
+        buf_json_string(&b, text, to - from);
+        buf_str(&b, ",");
+    }
+    buf_str(&b, "\"logprobs\":null,\"finish_reason\":");
+    if (finish)
+        buf_json_string(&b, finish, strlen(finish));
+    else
+        buf_str(&b, "null");
+    buf_str(&b, "}]}\n\n");
+    out_append(cr, b.p, b.len);
+    free(b.p);
+}
+
 /* One streaming chunk for choice `index` carrying text [from, to) and tokens [t0, t1). */
 static void stream_chunk(CompletionReq *cr, int index, const Choice *ch, size_t from, size_t to,
                          int t0, int t1, const char *finish) {
     const ApiRequest *q = &cr->req;
+    if (q->logprobs < 0) {
+        stream_chunk_plain(cr, index, ch, from, to, finish);
+        return;
+    }
     json_t *root = envelope(cr, q->is_chat ? "chat.completion.chunk" : "text_completion");
     json_t *c;
     if (q->is_chat) {
