@@ -1,9 +1,20 @@
 /* cuda_test_util.h - (test-only) helpers shared by the CUDA tests: GPU discovery that
  * skips cleanly, a seeded random stream, dtype rounding and conversion, host<->device
  * copies, tolerance checks printing the first mismatches, and weights with a device twin.
- * Included by tests/test_*_cuda.c inside their PAGELLM_HAVE_CUDA part. */
+ * Included by tests/test_*_cuda.c after cmocka.h and kernels.h; in a build without the CUDA
+ * backend it only defines SKIP_TEST. */
 #ifndef PAGELLM_TESTS_CUDA_TEST_UTIL_H
 #define PAGELLM_TESTS_CUDA_TEST_UTIL_H
+
+/* A test that says it cannot run here (a build without the CUDA backend). */
+#define SKIP_TEST(name)                                                                            \
+    static void name(void **state) {                                                               \
+        (void)state;                                                                               \
+        print_message("CUDA backend not built: skipped\n");                                        \
+        skip();                                                                                    \
+    }
+
+#ifdef PAGELLM_HAVE_CUDA
 
 static inline int gpu_available(void) {
     static int count = -1;
@@ -108,7 +119,7 @@ static inline void download_as(float *dst, const void *src, size_t n, DType dt) 
 
 /* Count elements outside |got - want| <= atol + rtol |want| (NaN fails); print the first few. */
 static inline int check_close(const char *what, const float *got, const float *want, size_t n,
-                       double tol) {
+                              double tol) {
     int bad = 0;
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
@@ -158,4 +169,17 @@ static inline void free_weight(Weight *w) {
     k_cuda_free(w->dev.data);
 }
 
+static inline int rnd_int(int n) {
+    return (int)(rng_next() % (uint64_t)n);
+}
+
+/* Device copy of x[n] in dt (x already holds dt-representable values). */
+static inline void *upload_as(const float *x, size_t n, DType dt) {
+    void *h = to_dtype(x, n, dt);
+    void *d = upload(h, n * pl_dtype_size(dt));
+    free(h);
+    return d;
+}
+
+#endif /* PAGELLM_HAVE_CUDA */
 #endif

@@ -38,6 +38,7 @@
 
 #include "kernels_cuda.h"
 #endif
+#include "cuda_test_util.h"
 
 #define ATTN_TESTS(X)                                                                              \
     X(test_attention_sweep)                                                                        \
@@ -47,31 +48,11 @@
 
 #ifndef PAGELLM_HAVE_CUDA
 
-#define SKIP_TEST(name)                                                                            \
-    static void name(void **state) {                                                               \
-        (void)state;                                                                               \
-        print_message("CUDA backend not built: skipped\n");                                        \
-        skip();                                                                                    \
-    }
 ATTN_TESTS(SKIP_TEST)
 
 #else
 
 /* ---------------- helpers ---------------- */
-
-#include "cuda_test_util.h"
-
-static int rnd_int(int n) {
-    return (int)(rng_next() % (uint64_t)n);
-}
-
-/* Device copy of x[n] in dt (x already holds dt-representable values). */
-static void *upload_as(const float *x, size_t n, DType dt) {
-    void *h = to_dtype(x, n, dt);
-    void *d = upload(h, n * pl_dtype_size(dt));
-    free(h);
-    return d;
-}
 
 static double atol_of(DType dt) {
     return dt == DT_F32 ? 1e-4 : 1e-2;

@@ -27,6 +27,7 @@
 #ifdef PAGELLM_HAVE_CUDA
 #include "kernels_cuda.h"
 #endif
+#include "cuda_test_util.h"
 
 #define CUDA_TESTS(X)                                                                              \
     X(test_embedding)                                                                              \
@@ -42,31 +43,11 @@
 
 #ifndef PAGELLM_HAVE_CUDA
 
-#define SKIP_TEST(name)                                                                            \
-    static void name(void **state) {                                                               \
-        (void)state;                                                                               \
-        print_message("CUDA backend not built: skipped\n");                                        \
-        skip();                                                                                    \
-    }
 CUDA_TESTS(SKIP_TEST)
 
 #else
 
 /* ---------------- helpers ---------------- */
-
-#include "cuda_test_util.h"
-
-static int rnd_int(int n) {
-    return (int)(rng_next() % (uint64_t)n);
-}
-
-/* Device copy of x[n] in dt (x already holds dt-representable values). */
-static void *upload_as(const float *x, size_t n, DType dt) {
-    void *h = to_dtype(x, n, dt);
-    void *d = upload(h, n * pl_dtype_size(dt));
-    free(h);
-    return d;
-}
 
 /* A device buffer of n elements of dt filled with NaN (0xFF bytes). */
 static void *poisoned(size_t n, DType dt) {

@@ -34,6 +34,7 @@
 
 #include "kernels_cuda.h"
 #endif
+#include "cuda_test_util.h"
 
 #define MATMUL_TESTS(X)                                                                            \
     X(test_matmul_small)                                                                           \
@@ -47,19 +48,11 @@
 
 #ifndef PAGELLM_HAVE_CUDA
 
-#define SKIP_TEST(name)                                                                            \
-    static void name(void **state) {                                                               \
-        (void)state;                                                                               \
-        print_message("CUDA backend not built: skipped\n");                                        \
-        skip();                                                                                    \
-    }
 MATMUL_TESTS(SKIP_TEST)
 
 #else
 
 /* ---------------- helpers ---------------- */
-
-#include "cuda_test_util.h"
 
 static void upload_into(void *d, const float *x, size_t n, DType dt) {
     void *h = to_dtype(x, n, dt);

@@ -42,6 +42,7 @@
 
 #include "kernels_cuda.h"
 #endif
+#include "cuda_test_util.h"
 
 #define SAMPLE_TESTS(X)                                                                            \
     X(test_sample_sweep)                                                                           \
@@ -51,21 +52,9 @@
 
 #ifndef PAGELLM_HAVE_CUDA
 
-#define SKIP_TEST(name)                                                                            \
-    static void name(void **state) {                                                               \
-        (void)state;                                                                               \
-        print_message("CUDA backend not built: skipped\n");                                        \
-        skip();                                                                                    \
-    }
 SAMPLE_TESTS(SKIP_TEST)
 
 #else
-
-#include "cuda_test_util.h"
-
-static int rnd_int(int n) {
-    return (int)(rng_next() % (uint64_t)n);
-}
 
 /* ---------------- batches ---------------- */
 
