@@ -411,7 +411,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
     q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
     pthread_mutex_lock(&e->mu);
-    q->id = ++e->next_request_id;
+    uint64_t new_id = q->id = ++e->next_request_id; /* q may be freed once the lock is gone */
     if (e->inbox_n == e->inbox_cap) {
         e->inbox_cap = e->inbox_cap ? 2 * e->inbox_cap : 16;
         e->inbox = pl_xrealloc(e->inbox, (size_t)e->inbox_cap * sizeof *e->inbox);
@@ -420,7 +420,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->mu);
     if (id)
-        *id = q->id;
+        *id = new_id;
     return PL_OK;
 }
 

@@ -359,6 +359,16 @@ static void engine_metrics(Out *o, const EngineStats *s) {
                  ratio((double)s->num_gpu_blocks - s->free_gpu_blocks, s->num_gpu_blocks));
     gauge_double(o, "cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.",
                  ratio((double)s->num_cpu_blocks - s->free_cpu_blocks, s->num_cpu_blocks));
+    /* Block counts as well as the ratios: "every block free" is exact whatever the pool size
+     * (free counts include cached prefix blocks nobody holds, which are reusable at once). */
+    gauge_int(o, "num_gpu_blocks", "KV-cache blocks in the GPU pool.", s->num_gpu_blocks);
+    gauge_int(o, "num_free_gpu_blocks",
+              "Free KV-cache blocks in the GPU pool (cached prefix blocks no request holds "
+              "included).",
+              s->free_gpu_blocks);
+    gauge_int(o, "num_cpu_blocks", "KV-cache blocks in the CPU swap pool.", s->num_cpu_blocks);
+    gauge_int(o, "num_free_cpu_blocks", "Free KV-cache blocks in the CPU swap pool.",
+              s->free_cpu_blocks);
     gauge_double(o, "kv_cache_waste_perc",
                  "Fraction of the KV-cache token slots held by running requests that hold no "
                  "token (partly filled blocks).",

@@ -1,9 +1,13 @@
 /* server.c - the HTTP daemon (libmicrohttpd, epoll, internal thread pool, suspend/resume),
- * routing of every endpoint, authentication, body limits, the engine thread and shutdown. */
+ * routing of every endpoint, authentication, body limits (a declared oversized body is refused
+ * before it is read), the engine thread and shutdown. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
+#include <semaphore.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +19,9 @@
 
 #define PAGELLM_VERSION "0.1.0"
 
+static volatile sig_atomic_t signals_seen, serving; /* for the signal handler */
+static void catch_signals(void);
+
 /* Per-connection state while the request body arrives. */
 typedef struct {
     char *body;
@@ -22,6 +29,23 @@ typedef struct {
     int too_big;
     CompletionReq *cr; /* set once a completion was submitted */
 } ConnCtx;
+
+static ConnClock *clock_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A Content-Length over max-request-bytes: the body need not be read to refuse it. */
+static int declared_too_big(const Server *s, struct MHD_Connection *conn) {
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (!cl)
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(cl, &end, 10);
+    return end != cl && (errno == ERANGE || n > (unsigned long long)s->cfg->max_request_bytes);
+}
 
 /* Queue `body` (malloc'd, taken) with a content type and at most one extra header. */
 static enum MHD_Result respond(Server *s, struct MHD_Connection *conn, int status, const char *type,
@@ -132,6 +156,7 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
                       "request body exceeds max-request-bytes (%d)", s->cfg->max_request_bytes);
         return srv_send_error(s, conn, &err);
     }
+    dl_set_receiving(s->deadlines, clock_of(conn), 0); /* complete: the answer is owed */
     if (rt->needs_model && !atomic_load(&s->ready))
         return fail(s, conn, 503, "server_error", "%s", "the model is still loading");
     if (!strcmp(url, "/health"))
@@ -154,6 +179,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     ConnCtx *c = *con_cls;
     if (!c) {
         *con_cls = c = pl_xcalloc(1, sizeof *c);
+        /* Refuse a declared oversized body at once (401/404/405 first, as for any request):
+         * libmicrohttpd then closes the connection without reading the body. */
+        if (declared_too_big(s, conn)) {
+            c->too_big = 1;
+            return dispatch(s, conn, url, method, c);
+        }
         return MHD_YES;
     }
     if (c->cr) /* resumed after the engine finished a non-streaming request */
@@ -180,6 +211,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     ConnCtx *c = *con_cls;
+    Server *s = cls;
+    dl_set_receiving(s->deadlines, clock_of(conn), 1); /* a next request may arrive */
     if (!c)
         return;
     if (c->cr)
@@ -187,6 +220,36 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(c->body);
     free(c);
     *con_cls = NULL;
+}
+
+/* libmicrohttpd's own messages: while the daemon starts, the last one is kept (the start-up
+ * error names the cause in its one line); afterwards each is one "pagellm: http:" line. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    Server *s = cls;
+    char msg[sizeof s->mhd_error];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\r\n")] = '\0';
+    if (atomic_load(&s->listening)) {
+        fprintf(stderr, "pagellm: http: %s\n", msg);
+        return;
+    }
+    pthread_mutex_lock(&s->stats_mu); /* its worker threads may log while it starts */
+    memcpy(s->mhd_error, msg, sizeof msg);
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+/* Connections open and close: their request-timeout clocks. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    Server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? dl_open(s->deadlines, ci->connect_fd) : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        dl_close(s->deadlines, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void *engine_loop(void *arg) {
@@ -251,24 +314,32 @@ Status srv_start(const Config *cfg, Server **out) {
     pthread_mutex_init(&s->stats_mu, NULL);
     s->metrics = met_create(s->model_name);
     signal(SIGPIPE, SIG_IGN);
+    catch_signals();
     raise_fd_limit();
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
     if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1) {
         srv_destroy(s);
         return pl_error_set(PL_ERR_INVALID, "host '%s' is not an IPv4 address", cfg->host);
     }
-    unsigned timeout = cfg->request_timeout > 0 ? (unsigned)cfg->request_timeout : 0;
+    /* request-timeout twice: libmicrohttpd closes a connection idle that long (rounded up to
+     * whole seconds), and deadline.c one that has not sent its whole request in that time */
+    unsigned timeout = cfg->request_timeout > 0 ? (unsigned)ceil(cfg->request_timeout) : 0;
+    s->deadlines = dl_create(cfg->request_timeout);
     s->daemon = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
         (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_LIMIT, 8192u,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
     if (!s->daemon) {
+        int err = errno;
+        char why[sizeof s->mhd_error];
+        snprintf(why, sizeof why, "%s", s->mhd_error[0] ? s->mhd_error : strerror(err));
         srv_destroy(s);
-        return pl_error_set(PL_ERR_IO, "cannot listen on %s:%d (%s)", cfg->host, cfg->port,
-                            strerror(errno));
+        return pl_error_set(PL_ERR_IO, "cannot listen on %s:%d: %s", cfg->host, cfg->port, why);
     }
+    atomic_store(&s->listening, 1);
     fprintf(stderr, "pagellm: listening on http://%s:%d, loading %s\n", cfg->host, cfg->port,
             cfg->engine.model_dir);
     Status st = eng_create(&cfg->engine, &s->engine);
@@ -282,27 +353,36 @@ Status srv_start(const Config *cfg, Server **out) {
     if (pthread_create(&s->engine_thread, NULL, engine_loop, s) != 0)
         pl_fatal(__FILE__, __LINE__, "cannot start the engine thread");
     s->engine_thread_started = 1;
+    serving = 1;
     atomic_store(&s->ready, 1);
     fprintf(stderr, "pagellm: serving %s on http://%s:%d\n", s->model_name, cfg->host, cfg->port);
     *out = s;
     return PL_OK;
 }
 
-static volatile sig_atomic_t signals_seen;
+static sem_t signal_sem;
 
 static void on_signal(int sig) {
     (void)sig;
-    if (++signals_seen > 1)
-        _exit(1); /* a second signal: stop at once */
+    if (!serving || ++signals_seen > 1)
+        _exit(1); /* while loading, or a second signal: stop at once */
+    sem_post(&signal_sem);
 }
 
-void srv_wait_and_drain(Server *s, double grace_seconds) {
+/* Installed before the daemon starts: a SIGTERM that comes just after /health turned 200
+ * drains like any other instead of killing the process (the default action), and one while
+ * the model loads ends it at once with status 1. */
+static void catch_signals(void) {
+    sem_init(&signal_sem, 0, 0);
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    while (!signals_seen)
-        pause();
+}
+
+void srv_wait_and_drain(Server *s, double grace_seconds) {
+    while (sem_wait(&signal_sem) != 0) /* EINTR */
+        ;
     fprintf(stderr, "pagellm: shutting down: %d requests in flight\n", atomic_load(&s->in_flight));
     atomic_store(&s->stopping, 1);
     double until = pl_now() + grace_seconds;
@@ -323,6 +403,7 @@ void srv_destroy(Server *s) {
     }
     if (s->daemon)
         MHD_stop_daemon(s->daemon);
+    dl_destroy(s->deadlines);
     eng_destroy(s->engine);
     met_destroy(s->metrics);
     free(s->bos_text);

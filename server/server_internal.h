@@ -13,15 +13,29 @@
 #include "metrics.h"
 #include "server.h"
 
+/* deadline.c: request-timeout as a deadline for receiving a whole request (headers and body),
+ * enforced by a watchdog thread that shuts down the sockets of connections past it. */
+typedef struct Deadlines Deadlines;
+typedef struct ConnClock ConnClock;
+Deadlines *dl_create(double seconds);      /* NULL (no deadline) when seconds <= 0 */
+void dl_destroy(Deadlines *d);             /* NULL is fine */
+ConnClock *dl_open(Deadlines *d, int fd);  /* a connection opened: its clock runs */
+void dl_close(Deadlines *d, ConnClock *c); /* before the fd is closed */
+/* 0: the request is complete (the clock stops); 1: the next one may arrive (it restarts). */
+void dl_set_receiving(Deadlines *d, ConnClock *c, int receiving);
+
 struct Server {
     const Config *cfg;
     const char *model_name; /* served-model-name, else the model folder */
     struct MHD_Daemon *daemon;
+    Deadlines *deadlines; /* request-timeout for receiving requests, or NULL */
     Engine *engine;
     ChatTemplate chat_template;
     char *bos_text; /* BOS / EOS token texts for chat templates, or NULL */
     char *eos_text;
     Metrics *metrics;
+    atomic_int listening; /* the daemon started (libmicrohttpd's messages go to stderr) */
+    char mhd_error[256];  /* libmicrohttpd's last message while the daemon starts */
     atomic_int ready;     /* model loaded */
     atomic_int stopping;  /* engine thread should exit once idle */
     atomic_int in_flight; /* completion requests admitted and not yet finished */

@@ -435,6 +435,10 @@ static const char *const FAMILIES[][2] = {
     {P_ "num_requests_swapped", "gauge"},
     {P_ "gpu_cache_usage_perc", "gauge"},
     {P_ "cpu_cache_usage_perc", "gauge"},
+    {P_ "num_gpu_blocks", "gauge"},
+    {P_ "num_free_gpu_blocks", "gauge"},
+    {P_ "num_cpu_blocks", "gauge"},
+    {P_ "num_free_cpu_blocks", "gauge"},
     {P_ "kv_cache_waste_perc", "gauge"},
     {P_ "num_preemptions_total", "counter"},
     {P_ "num_preemptions_by_kind_total", "counter"},
@@ -515,6 +519,10 @@ static void test_render_values(void **state) {
     assert_near(value_of(&P, P_ "gpu_cache_usage_perc", NULL, NULL), 0.75, "gpu usage");
     assert_near(value_of(&P, P_ "cpu_cache_usage_perc", NULL, NULL), 0.25, "cpu usage");
     assert_near(value_of(&P, P_ "kv_cache_waste_perc", NULL, NULL), 0.25, "waste");
+    assert_near(value_of(&P, P_ "num_gpu_blocks", NULL, NULL), 100, "gpu blocks");
+    assert_near(value_of(&P, P_ "num_free_gpu_blocks", NULL, NULL), 25, "free gpu blocks");
+    assert_near(value_of(&P, P_ "num_cpu_blocks", NULL, NULL), 40, "cpu blocks");
+    assert_near(value_of(&P, P_ "num_free_cpu_blocks", NULL, NULL), 30, "free cpu blocks");
     assert_near(value_of(&P, P_ "num_preemptions_total", NULL, NULL), 7, "preemptions");
     assert_near(value_of(&P, P_ "num_preemptions_by_kind_total", "kind", "swap"), 4, "swap");
     assert_near(value_of(&P, P_ "num_preemptions_by_kind_total", "kind", "recompute"), 3,

@@ -5,7 +5,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, curl, parseSSE, assertErrorShape, show, T } from './server.mjs';
+import { startServer, curl, parseSSE, assertErrorShape, show, T, scaled } from './server.mjs';
 
 const MESSAGES = [
     { role: 'system', content: 'You tell short stories.' },
@@ -96,7 +96,7 @@ describe('chat with --chat-template chatml', () => {
 
     it('chat through the openai client, plain and streaming', T(), async () => {
         assert.ok(plain, 'needs the non-streaming test');
-        const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 15000 });
+        const client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: scaled(15000) });
         const res = await client.chat.completions.create({ model: srv.model, messages: MESSAGES, max_tokens: 16, temperature: 0 });
         assert.equal(res.choices[0].message.content, plain.content);
         assert.equal(res.choices[0].message.role, 'assistant');

@@ -3,7 +3,7 @@
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, scrapeUntil, promValue, GOLDEN, T } from './server.mjs';
+import { startServer, readSSE, scrapeUntil, promValue, GOLDEN, T, scaled } from './server.mjs';
 
 const CLIENTS = 256;
 
@@ -24,7 +24,7 @@ describe('concurrency', () => {
                 headers: { 'Content-Type': 'application/json' },
                 body: JSON.stringify({ model: srv.model, prompt: g.prompt, max_tokens: g.max_tokens,
                                        temperature: 0, stream: true, stream_options: { include_usage: true } }),
-                signal: AbortSignal.timeout(40000),
+                signal: AbortSignal.timeout(scaled(40000)),
             });
             if (res.status !== 200) return { i, g, error: `status ${res.status}: ${await res.text()}` };
             let text = '';

@@ -4,7 +4,7 @@
 import { describe, it, before, after } from 'node:test';
 import net from 'node:net';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, scrape, promValue, sleep, T } from './server.mjs';
+import { startServer, readSSE, scrape, promValue, sleep, T, scaled } from './server.mjs';
 
 // A small KV pool, so one sequence's blocks are a visible share of it.
 const BLOCKS = 64;
@@ -12,7 +12,7 @@ const BLOCKS = 64;
 // Idle: nothing running, waiting or swapped, no block in use on either pool, and
 // done(prom) (the aborted request counted).
 async function waitIdle(srv, ms, done = () => true) {
-    const deadline = Date.now() + ms;
+    const deadline = Date.now() + scaled(ms);
     let prom;
     for (;;) {
         prom = await scrape(srv);

@@ -1,10 +1,11 @@
 // errors.test.mjs - every bad input of issue 4 answers with the right status and an
 // OpenAI-shaped {"error": {"message", "type", "param", "code"}}, and the server keeps serving
-// everyone else; a full queue answers 503 with Retry-After.
+// everyone else; a full queue answers 503 with Retry-After at once (under a second), the
+// admitted requests finish whole, and the server answers again after the burst.
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, curl, parseSSE, postJSON, assertErrorShape, GOLDEN, show, sleep, T } from './server.mjs';
+import { startServer, curl, parseSSE, readSSE, postJSON, assertErrorShape, GOLDEN, show, sleep, T, scaled } from './server.mjs';
 
 const MAX_REQUEST_BYTES = 16384;
 const QUEUE_N = 8; // --max-num-seqs of the queue test's server, and n of its requests
@@ -69,7 +70,7 @@ async function sendFetch(srv, req) {
         method: req.method ?? 'POST',
         headers: body === undefined ? {} : { 'Content-Type': 'application/json' },
         body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
-        signal: AbortSignal.timeout(15000),
+        signal: AbortSignal.timeout(scaled(15000)),
     });
     return { status: res.status, text: await res.text() };
 }
@@ -147,6 +148,49 @@ describe('queue over --max-queue-len', () => {
         });
         assert.equal(again.status, 200, show(again));
         assert.equal(again.json.choices[0].text, ONCE.text);
+    });
+
+    it('a burst beyond the queue gets 503 + Retry-After within a second; the admitted request finishes; then it recovers', T(30000), async () => {
+        // The one queue place is taken by a long streaming request (QUEUE_N x 480 tokens),
+        // admitted for sure once its first chunk arrived; a burst of 32 then finds the queue full.
+        const long = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 2 };
+        const res = await fetch(`${srv.url}/v1/completions`, {
+            method: 'POST',
+            headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify({ ...long, stream: true, stream_options: { include_usage: true } }),
+            signal: AbortSignal.timeout(scaled(20000)),
+        });
+        assert.equal(res.status, 200);
+        let usage = null;
+        let first;
+        const gotFirst = new Promise((r) => (first = r));
+        const holder = readSSE(res, (data) => {
+            first();
+            if (data !== '[DONE]' && JSON.parse(data).usage) usage = JSON.parse(data).usage;
+            return false;
+        });
+        await gotFirst;
+        const burst = await Promise.all(Array.from({ length: 32 }, async () => {
+            const t0 = performance.now();
+            const r = await postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: ONCE.prompt, max_tokens: 16, temperature: 0 });
+            return { ...r, ms: performance.now() - t0 };
+        }));
+        const holderDone = holder.then(() => performance.now());
+        const burstDone = performance.now();
+        for (const r of burst) {
+            assert.equal(r.status, 503, show(r));
+            assert.match(r.headers.get('retry-after') ?? '', /^\d+$/, 'Retry-After');
+            assertErrorShape(r.json, '503 (burst)');
+            assert.ok(r.ms < scaled(1000), `a 503 took ${r.ms.toFixed(0)} ms`);
+        }
+        // The admitted request was not disturbed: it finishes whole, after the burst's answers.
+        assert.ok(await holderDone > burstDone, 'the burst was answered while the admitted request ran');
+        assert.equal(usage?.completion_tokens, QUEUE_N * 480, `admitted request: usage ${JSON.stringify(usage)}`);
+        const again = await postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: ONCE.prompt, max_tokens: 16, temperature: 0 });
+        assert.equal(again.status, 200, show(again));
+        assert.equal(again.json.choices[0].text, ONCE.text);
+        const max = Math.max(...burst.map((r) => r.ms));
+        console.log(`overload: 32 x 503 in at most ${max.toFixed(1)} ms each`);
     });
 
     it('a 503 through curl has Retry-After too', T(30000), async () => {

@@ -4,14 +4,14 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, GOLDEN, T } from './server.mjs';
+import { startServer, GOLDEN, T, scaled } from './server.mjs';
 
 describe('openai client', () => {
     let srv;
     let client;
     before(async () => {
         srv = await startServer();
-        client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 15000 });
+        client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: scaled(15000) });
     }, T(30000));
     after(async () => {
         if (srv) await srv.stop();

@@ -18,7 +18,9 @@
 # npm or curl the suite is skipped (counted as one skipped test) and the reason printed.
 # Exit status: node's (0 when every test passed or the suite was skipped).
 #
-# PAGELLM_E2E_TIMEOUT: seconds the whole suite may run (default 300).
+# PAGELLM_E2E_TIMEOUT: seconds the whole suite may run (default 420 x PAGELLM_E2E_SLOW).
+# PAGELLM_E2E_SLOW: a factor >= 1 that stretches every time limit of the suite (for slow
+# builds: .ci/run sets 4 for its ASan + UBSan run); see tests/e2e/server.mjs.
 # PAGELLM_E2E_ARGS: extra flags for every server (e.g. "--log-level debug").
 set -uo pipefail
 
@@ -100,9 +102,10 @@ cleanup() {
 trap cleanup EXIT
 trap '[[ -n $node_pid ]] && kill -TERM "$node_pid" 2>/dev/null; exit 130' INT TERM
 
+e2e_limit=${PAGELLM_E2E_TIMEOUT:-$(awk -v s="${PAGELLM_E2E_SLOW:-1}" 'BEGIN { s += 0; if (s < 1) s = 1; printf "%d", 420 * s }')}
 limit=()
 if command -v timeout >/dev/null; then
-    limit=(timeout -k 10 "${PAGELLM_E2E_TIMEOUT:-300}")
+    limit=(timeout -k 10 "$e2e_limit")
 fi
 tap=$work/report.tap
 # Test files run one at a time (the default on small machines anyway): the timing-sensitive
@@ -137,7 +140,7 @@ if ! grep -q '^# pass ' "$tap" 2>/dev/null; then
 fi
 if ((status != 0 && (failed == 0 || status == 124))); then
     if ((status == 124)); then
-        why="timed out after ${PAGELLM_E2E_TIMEOUT:-300}s"
+        why="timed out after ${e2e_limit}s"
     else
         why="node exited with status $status"
     fi

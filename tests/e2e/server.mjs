@@ -18,7 +18,13 @@ export const MODEL_DIR = path.join(ROOT, 'models', 'stories260K');
 export const GOLDEN = JSON.parse(readFileSync(path.join(MODEL_DIR, 'golden.json'), 'utf8')).cases;
 // Extra flags for every server, e.g. PAGELLM_E2E_ARGS="--log-level debug".
 const EXTRA_ARGS = (process.env.PAGELLM_E2E_ARGS || '').split(/\s+/).filter(Boolean);
-const START_TIMEOUT_MS = 20000;
+// PAGELLM_E2E_SLOW=F (a number >= 1) multiplies every time limit of the suite by F: the
+// per-test limits (T), the server start limit and the windows tests wait for an event in
+// (scaled()). For slow builds such as ASan + UBSan on 2 cores (.ci/run sets it); unset, 1.
+export const SLOW = Math.max(1, Number(process.env.PAGELLM_E2E_SLOW) || 1);
+/** A time window in ms, stretched by PAGELLM_E2E_SLOW. */
+export const scaled = (ms) => Math.round(ms * SLOW);
+const START_TIMEOUT_MS = scaled(20000);
 
 const live = new Set(); // child processes not yet reaped
 process.on('exit', () => {
@@ -84,10 +90,15 @@ async function startOn(port, args, apiKey) {
     };
     proc.stdout.on('data', keep);
     proc.stderr.on('data', keep);
+    let stopping = false;
     const exited = new Promise((resolve) => {
         proc.on('exit', (code, signal) => {
             live.delete(proc);
             if (pidFile) rmSync(pidFile, { force: true });
+            // A server that dies on its own (a crash, a sanitizer report) says why in the report.
+            if (!stopping && (code !== 0 || signal))
+                console.error(`e2e: server ${argv.join(' ')} exited on its own (code ${code}, signal ${signal}); ` +
+                              `its last output:\n${output.slice(-6000)}`);
             resolve({ code, signal });
         });
         proc.on('error', (err) => {
@@ -106,8 +117,14 @@ async function startOn(port, args, apiKey) {
         argv: [PAGELLM, ...argv].join(' '),
         exited,
         log: () => output,
+        /** Send a signal on purpose (the exit that follows is not reported as a death). */
+        signal(sig) {
+            stopping = true;
+            proc.kill(sig);
+        },
         /** SIGTERM, then SIGKILL after graceMs; resolves to {code, signal}. */
         async stop(graceMs = 5000) {
+            stopping = true;
             if (exitInfo) return exitInfo;
             proc.kill('SIGTERM');
             const timer = setTimeout(() => proc.kill('SIGKILL'), graceMs);
@@ -159,7 +176,7 @@ export function haveCurl() {
  * other value sent as JSON. Resolves to { status, headers (lower-case names), text, json }
  * where json is the parsed body or undefined.
  */
-export function curl(url, { method, body, headers = {}, timeoutS = 30 } = {}) {
+export function curl(url, { method, body, headers = {}, timeoutS = 30 * SLOW } = {}) {
     const args = ['-sS', '--http1.1', '--max-time', String(timeoutS), '-D', '-', '-o', '-',
                   '-H', 'Expect:'];
     let input = null;
@@ -220,7 +237,7 @@ function parseCurlOutput(raw) {
 // fetch helpers
 
 /** POST JSON with fetch; resolves to { status, headers, json, text }. */
-export async function postJSON(url, body, { headers = {}, timeoutMs = 30000 } = {}) {
+export async function postJSON(url, body, { headers = {}, timeoutMs = scaled(30000) } = {}) {
     const res = await fetch(url, {
         method: 'POST',
         headers: { 'Content-Type': 'application/json', ...headers },
@@ -356,7 +373,7 @@ export function promValue(prom, name, labels = {}) {
  * (A finished request's counters may land a moment after its last byte reaches the client.)
  */
 export async function scrapeUntil(server, ok, ms = 1000) {
-    const deadline = Date.now() + ms;
+    const deadline = Date.now() + scaled(ms);
     for (;;) {
         const prom = await scrape(server);
         if (ok(prom) || Date.now() > deadline) return prom;
@@ -408,7 +425,7 @@ export function assertCompletionShape(json, model) {
 }
 
 /** Options object for test(): a per-test time bound. */
-export const T = (ms = 15000) => ({ timeout: ms });
+export const T = (ms = 15000) => ({ timeout: scaled(ms) });
 
 /** A short description of a response for assertion messages. */
 export const show = (r) => `${r.status} ${(r.text ?? '').slice(0, 400)}`;

@@ -1,12 +1,12 @@
 // signals.test.mjs - SIGTERM while requests are in flight: the server exits 0, and each
 // client gets either a complete answer or a clean connection close (no reset, no hang).
-// SIGINT on an idle server exits 0 too.
+// A second SIGTERM during the drain exits at once; SIGINT on an idle server exits 0 too.
 
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, postJSON, sleep, T } from './server.mjs';
+import { startServer, readSSE, postJSON, scrapeUntil, promValue, sleep, T, scaled } from './server.mjs';
 
-const EXIT_WITHIN_MS = 10000;
+const EXIT_WITHIN_MS = scaled(10000);
 
 /** How an error thrown while reading a response ended: a clean close (the server closed the
  * connection: FIN, "other side closed") is fine; a reset is not. */
@@ -23,7 +23,7 @@ async function exitsWithin(srv, ms) {
     const timer = sleep(ms).then(() => 'timeout');
     const r = await Promise.race([srv.exited, timer]);
     if (r === 'timeout') {
-        srv.proc.kill('SIGKILL');
+        srv.signal('SIGKILL');
         return { timedOut: true };
     }
     return r;
@@ -59,7 +59,7 @@ describe('signals', () => {
                 if (ev.usage) usage = ev.usage;
                 if (first) {
                     first = false;
-                    srv.proc.kill('SIGTERM');
+                    srv.signal('SIGTERM');
                     sigSent = true;
                 }
                 return false;
@@ -92,10 +92,44 @@ describe('signals', () => {
         }
     });
 
+    it('a second SIGTERM during the drain exits at once (status 1)', T(30000), async () => {
+        const srv = await startServer();
+        try {
+            // 128 samples x 480 tokens: seconds of work, so the drain is still waiting for it
+            // when the second signal comes.
+            const plain = postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: '', max_tokens: 480, n: 128,
+                                                                  ignore_eos: true, temperature: 1, seed: 5 })
+                .then((r) => ({ r }), (err) => ({ err }));
+            await scrapeUntil(srv, (p) => promValue(p, 'pagellm:num_requests_running') >= 1, 5000);
+            // The second signal goes once the server says it drains (two signals sent before
+            // the first is handled would merge into one).
+            const draining = new Promise((resolve, reject) => {
+                const look = () => /shutting down: (\d+) requests in flight/.exec(srv.log());
+                srv.proc.stderr.on('data', () => look() && resolve(look()));
+                srv.exited.then((e) => reject(new Error(`exited before draining: ${JSON.stringify(e)}:\n${srv.log()}`)));
+                if (look()) resolve(look());
+            });
+            srv.signal('SIGTERM');
+            const m = await draining;
+            assert.ok(Number(m[1]) >= 1, `nothing in flight when the drain began: ${m[0]}`);
+            srv.signal('SIGTERM');
+            const t1 = Date.now();
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            const ms = Date.now() - t1;
+            assert.ok(!e.timedOut, 'no exit after the second SIGTERM');
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 1, signal: null }, srv.log().slice(-2000));
+            assert.ok(ms < scaled(1000), `exit ${ms} ms after the second SIGTERM`);
+            const p = await plain;
+            assert.ok(p.err || p.r.status !== 200, 'the request finished: the second signal did not cut the drain short');
+        } finally {
+            await srv.stop(1000);
+        }
+    });
+
     it('SIGINT on an idle server: exit 0', T(20000), async () => {
         const srv = await startServer();
         try {
-            srv.proc.kill('SIGINT');
+            srv.signal('SIGINT');
             const e = await exitsWithin(srv, EXIT_WITHIN_MS);
             assert.ok(!e.timedOut, `the server did not exit within ${EXIT_WITHIN_MS} ms of SIGINT`);
             assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null },
