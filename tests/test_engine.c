@@ -335,6 +335,32 @@ static void test_kv_waste_under_one_block_per_sequence(void **state) {
     eng_destroy(e);
 }
 
+/* Settings the engine cannot honour are one-line errors naming them, not crashes. */
+static void test_unsupported_settings_are_errors(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    c.device = "cpu";
+    c.tensor_parallel_size = 2;
+    Engine *e = NULL;
+    assert_int_equal(eng_create(&c, &e), PL_ERR_UNSUPPORTED);
+    assert_null(e);
+    assert_non_null(strstr(pl_error(), "tensor-parallel-size 2 needs the cuda backend"));
+    c = base_config();
+    c.device = "cpu";
+    c.dtype = "bfloat16";
+    assert_int_equal(eng_create(&c, &e), PL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pl_error(), "dtype bfloat16: the cpu backend computes in float32"));
+    c.dtype = "float16";
+    assert_int_equal(eng_create(&c, &e), PL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pl_error(), "float16 is not implemented"));
+    c.dtype = "double";
+    assert_int_equal(eng_create(&c, &e), PL_ERR_INVALID);
+    assert_non_null(strstr(pl_error(), "dtype 'double'"));
+    c.dtype = "float32"; /* what the cpu backend computes in: fine */
+    assert_int_equal(eng_create(&c, &e), PL_OK);
+    eng_destroy(e);
+}
+
 static void test_impossible_requests_are_rejected(void **state) {
     (void)state;
     EngineConfig c = base_config();
@@ -474,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_hit),
         cmocka_unit_test(test_kv_waste_under_one_block_per_sequence),
         cmocka_unit_test(test_impossible_requests_are_rejected),
+        cmocka_unit_test(test_unsupported_settings_are_errors),
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
         cmocka_unit_test(test_out_of_backend_memory_is_an_error),
     };
