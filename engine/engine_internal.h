@@ -98,14 +98,15 @@ typedef struct Rank {
 
 /* What every rank does at once (eng_ranks_run). */
 typedef enum {
-    JOB_LOAD,    /* load this rank's model shard */
-    JOB_BUFFERS, /* device step buffers */
-    JOB_WARM_UP, /* a forward of the host batch over a one-block pool (eng_warm_up) */
-    JOB_POOLS,   /* the KV pools, num_gpu_blocks and num_cpu_blocks */
-    JOB_CAPTURE, /* capture decode graph `graph` of the padded host batch */
-    JOB_STEP,    /* one step: block copies, batch upload, forward */
-    JOB_LOGITS,  /* eng_prompt_logits: every position's logits of ids[num_tokens] */
-    JOB_EXIT,    /* free the rank's resources; workers end */
+    JOB_LOAD,       /* load this rank's model shard */
+    JOB_BUFFERS,    /* device step buffers */
+    JOB_WARM_BLOCK, /* a one-block KV pool for the warm-up */
+    JOB_WARM_UP,    /* a forward of the host batch over that pool (eng_warm_up) */
+    JOB_POOLS,      /* the KV pools, num_gpu_blocks and num_cpu_blocks (the block freed) */
+    JOB_CAPTURE,    /* capture decode graph `graph` of the padded host batch */
+    JOB_STEP,       /* one step: block copies, batch upload, forward */
+    JOB_LOGITS,     /* eng_prompt_logits: every position's logits of ids[num_tokens] */
+    JOB_EXIT,       /* free the rank's resources; workers end */
 } JobKind;
 
 typedef struct {

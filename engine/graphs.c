@@ -90,14 +90,18 @@ void eng_rank_warm_up(Engine *e, Rank *r, const RankJob *j) {
 Status eng_warm_up(Engine *e) {
     if (!e->ops->graph_begin) /* a backend without graphs has no lazy device state either */
         return PL_OK;
+    RankJob j = {.kind = JOB_WARM_BLOCK};
+    Status st = eng_ranks_run(e, &j);
+    if (st != PL_OK)
+        return st;
     int rows = largest_decode(e);
     eng_pad_decode_rows(e, 0, rows);
-    RankJob j = {.kind = JOB_WARM_UP,
-                 .num_tokens = rows,
-                 .num_seqs = rows,
-                 .num_rows = rows,
-                 .num_decode = rows};
-    Status st = eng_ranks_run(e, &j);
+    j = (RankJob){.kind = JOB_WARM_UP,
+                  .num_tokens = rows,
+                  .num_seqs = rows,
+                  .num_rows = rows,
+                  .num_decode = rows};
+    st = eng_ranks_run(e, &j);
     if (st != PL_OK)
         return st;
     /* one prompt chunk of the largest size, every position reading block 0, writing nothing */

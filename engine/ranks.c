@@ -61,19 +61,20 @@ static Status alloc_buffers(Engine *e, Rank *r) {
     return PL_OK;
 }
 
-static Status warm_up(Engine *e, Rank *r, const RankJob *j) {
+/* The warm-up's one-block pool, in a job of its own: a rank out of memory must fail before
+ * the others enter the warm-up's collectives, or they would wait for it for ever. */
+static Status alloc_warm_block(Engine *e, Rank *r) {
     if (!(r->kv_gpu = e->ops->alloc(e->block_bytes)))
         return pl_error_set(PL_ERR_NOMEM,
                             "no %s memory left for one KV-cache block after the weights and "
                             "activations",
                             e->ops->name);
-    eng_rank_warm_up(e, r, j);
-    e->ops->free(r->kv_gpu);
-    r->kv_gpu = NULL;
     return PL_OK;
 }
 
 static Status alloc_pools(Engine *e, Rank *r) {
+    if (r->kv_gpu) /* the warm-up's block */
+        e->ops->free(r->kv_gpu);
     if (!(r->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes)))
         return pl_error_set(PL_ERR_NOMEM,
                             "out of %s memory for %d KV-cache blocks (%.2f GiB): lower "
@@ -134,8 +135,11 @@ static void rank_do(Engine *e, Rank *r, const RankJob *j) {
         case JOB_BUFFERS:
             st = alloc_buffers(e, r);
             break;
+        case JOB_WARM_BLOCK:
+            st = alloc_warm_block(e, r);
+            break;
         case JOB_WARM_UP:
-            st = warm_up(e, r, j);
+            eng_rank_warm_up(e, r, j);
             break;
         case JOB_POOLS:
             st = alloc_pools(e, r);
