@@ -120,6 +120,12 @@ static void shard_qkv(Tensor qkv[3], const ModelShard *sh, int64_t D) {
         qkv[k] = row_view(&qkv[k], sh->first_kv_head * D, sh->num_kv_heads * D);
 }
 
+/* w frees buf with the other host copies (weights_free_host). */
+static void own(ModelWeights *w, void *buf) {
+    w->fused = pl_xrealloc(w->fused, (size_t)(w->num_fused + 1) * sizeof *w->fused);
+    w->fused[w->num_fused++] = buf;
+}
+
 /* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
  * in a buffer owned by w. */
 static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
@@ -145,8 +151,7 @@ static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) 
         }
         at += ne;
     }
-    w->fused = pl_xrealloc(w->fused, (size_t)(w->num_fused + 1) * sizeof *w->fused);
-    w->fused[w->num_fused++] = buf;
+    own(w, buf);
     *out = parts[0];
     out->data = buf;
     out->dtype = dt;
@@ -163,8 +168,7 @@ static void take_cols(ModelWeights *w, Tensor *t, int64_t c0, int64_t cols) {
         memcpy(buf + r * (size_t)cols * es,
                (const char *)t->data + (r * (size_t)t->shape[1] + (size_t)c0) * es,
                (size_t)cols * es);
-    w->fused = pl_xrealloc(w->fused, (size_t)(w->num_fused + 1) * sizeof *w->fused);
-    w->fused[w->num_fused++] = buf;
+    own(w, buf);
     t->data = buf;
     t->shape[1] = cols;
 }
