@@ -113,7 +113,7 @@ void tok_split_added(const Tokenizer *t, const Trie *tr, const char *s, size_t n
             if (at->rstrip) {
                 while (stop < n && pattern_match_char(&t->re_space, s + stop, n - stop, cx->md)) {
                     int32_t cp;
-                    stop += (size_t)utf8_next((const unsigned char *)s + stop, n - stop, &cp);
+                    stop += (size_t)tok_utf8_next((const unsigned char *)s + stop, n - stop, &cp);
                 }
             }
             if (start_offset < start)

@@ -258,7 +258,7 @@ static void bpe_part(const Tokenizer *t, const char *w, size_t n, TokCtx *cx, in
     } while (0)
     for (size_t i = 0; i < n;) {
         int32_t cp;
-        size_t k = (size_t)utf8_next(u + i, n - i, &cp);
+        size_t k = (size_t)tok_utf8_next(u + i, n - i, &cp);
         int32_t id;
         if ((t->cont_prefix && i > 0) || (t->eow_suffix && i + k == n)) {
             key->n = 0;

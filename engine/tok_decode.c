@@ -55,7 +55,7 @@ Status tok_parse_decoder(const json_t *j, Decoder **out, const char *path) {
         if (!c || !*c)
             c = " ";
         int32_t cp;
-        d->strip_ch_len = utf8_next((const unsigned char *)c, strlen(c), &cp);
+        d->strip_ch_len = tok_utf8_next((const unsigned char *)c, strlen(c), &cp);
         memcpy(d->strip_ch, c, (size_t)d->strip_ch_len);
         json_t *a = json_object_get(j, "start"), *b = json_object_get(j, "stop");
         d->start = json_is_integer(a) ? (int)json_integer_value(a) : 0;
@@ -68,7 +68,7 @@ Status tok_parse_decoder(const json_t *j, Decoder **out, const char *path) {
         if (!r || !*r)
             r = "\xe2\x96\x81";
         int32_t cp;
-        d->repl_len = utf8_next((const unsigned char *)r, strlen(r), &cp);
+        d->repl_len = tok_utf8_next((const unsigned char *)r, strlen(r), &cp);
         memcpy(d->repl, r, (size_t)d->repl_len);
         const char *ps = jstr(j, "prepend_scheme");
         d->prepend_scheme = ps ? (!strcmp(ps, "never") ? PREPEND_NEVER : PREPEND_ALWAYS)
@@ -162,14 +162,14 @@ static void flush_bytes(DecCtx *dc, TList *out, int mode, int at_end) {
         return;
     tl_begin(out);
     if (mode == DECODE_HF) {
-        if (utf8_is_valid(b->p, b->n))
+        if (tok_utf8_is_valid(b->p, b->n))
             tb_put(&out->text, b->p, b->n);
         else
             for (size_t i = 0; i < b->n; i++)
                 tb_put(&out->text, "\xef\xbf\xbd", 3);
     } else {
         size_t hold = 0;
-        utf8_lossy(&out->text, b->p, b->n, mode == DECODE_STREAM && at_end ? &hold : NULL);
+        tok_utf8_lossy(&out->text, b->p, b->n, mode == DECODE_STREAM && at_end ? &hold : NULL);
         dc->held = hold;
     }
     tl_end(out);
@@ -195,7 +195,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                         int32_t cp;
                         if (a >= n)
                             break;
-                        pos = a + (size_t)utf8_next((const unsigned char *)s + a, n - a, &cp);
+                        pos = a + (size_t)tok_utf8_next((const unsigned char *)s + a, n - a, &cp);
                         continue;
                     }
                     tb_put(&dst->text, s + prev, a - prev);
@@ -245,7 +245,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                 size_t n = TLEN(src, i), start = raw->n, j = 0;
                 while (j < n) {
                     int32_t cp;
-                    int k = utf8_next(s + j, n - j, &cp);
+                    int k = tok_utf8_next(s + j, n - j, &cp);
                     int byte = tok_cp_to_byte(cp);
                     if (byte < 0)
                         break;
@@ -259,8 +259,8 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             }
             tl_begin(dst);
             size_t hold = 0;
-            utf8_lossy(&dst->text, raw->p ? raw->p : "", raw->n,
-                       mode == DECODE_STREAM ? &hold : NULL);
+            tok_utf8_lossy(&dst->text, raw->p ? raw->p : "", raw->n,
+                           mode == DECODE_STREAM ? &hold : NULL);
             dc->held = hold;
             tl_end(dst);
             break;
@@ -332,9 +332,9 @@ size_t tok_decode_into(const Tokenizer *t, const int32_t *ids, int n, int skip_s
             tb_putc(out, ' ');
         tb_put(out, TOK(in, i), TLEN(in, i));
     }
-    if (!utf8_is_valid(out->p, out->n)) { /* cannot happen with sane decoders; stay valid */
+    if (!tok_utf8_is_valid(out->p, out->n)) { /* cannot happen with sane decoders; stay valid */
         TBuf fixed = {0};
-        utf8_lossy(&fixed, out->p, out->n, NULL);
+        tok_utf8_lossy(&fixed, out->p, out->n, NULL);
         tb_free(out);
         *out = fixed;
     }

@@ -79,15 +79,15 @@ void u64map_free(U64Map *m);
 /* Length of the well-formed sequence at s (n bytes left): >0 valid, else -k where k >= 1
  * bytes form an ill-formed maximal subpart, or 0 when s is a truncated but valid prefix
  * running to the end of the input. */
-int utf8_seq(const unsigned char *s, size_t n);
+int tok_utf8_seq(const unsigned char *s, size_t n);
 /* Next char for splitting: returns its byte length (1 for an invalid byte; *cp = -1). */
-int utf8_next(const unsigned char *s, size_t n, int32_t *cp);
-int utf8_encode(uint32_t cp, char *out); /* returns 1..4 */
+int tok_utf8_next(const unsigned char *s, size_t n, int32_t *cp);
+int tok_utf8_encode(uint32_t cp, char *out); /* returns 1..4 */
 /* Append the lossy conversion (U+FFFD per maximal ill-formed subpart, as Rust's
  * String::from_utf8_lossy). With hold != NULL a truncated sequence at the very end is not
  * converted and its length is stored in *hold. */
-void utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold);
-int utf8_is_valid(const char *s, size_t n);
+void tok_utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold);
+int tok_utf8_is_valid(const char *s, size_t n);
 
 /* ---- GPT-2 byte <-> unicode map --------------------------------------------------------- */
 extern const uint16_t tok_byte_to_cp[256];

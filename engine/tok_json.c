@@ -100,7 +100,7 @@ static int string(Scan *s, const char **out, size_t *len) {
         } else if (cp >= 0xdc00 && cp <= 0xdfff)
             return 0;
         char enc[4];
-        tb_put(&s->str, enc, (size_t)utf8_encode(cp, enc));
+        tb_put(&s->str, enc, (size_t)tok_utf8_encode(cp, enc));
     }
     if (q >= s->end)
         return 0;

@@ -126,7 +126,7 @@ void tok_nfc(const char *s, size_t n, TBuf *out) {
     CpVec c = {0};
     for (i = 0; i < n;) {
         int32_t cp;
-        int k = utf8_next(u + i, n - i, &cp);
+        int k = tok_utf8_next(u + i, n - i, &cp);
         if (cp < 0)
             cp_push(&c, RAW | u[i]);
         else
@@ -171,7 +171,7 @@ void tok_nfc(const char *s, size_t n, TBuf *out) {
             tb_putc(out, (char)(c.v[r] & 0xff));
         else {
             char e[4];
-            tb_put(out, e, (size_t)utf8_encode(c.v[r], e));
+            tb_put(out, e, (size_t)tok_utf8_encode(c.v[r], e));
         }
     }
     free(c.v);

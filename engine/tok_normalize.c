@@ -115,14 +115,14 @@ static void lowercase(const char *s, size_t n, TBuf *out) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
         int32_t cp;
-        int k = utf8_next(u + i, n - i, &cp);
+        int k = tok_utf8_next(u + i, n - i, &cp);
         if (cp < 0x80) { /* ASCII or an invalid byte: keep the byte, lowercase ASCII */
             char c = (char)u[i];
             tb_putc(out, (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c);
         } else {
             wint_t lc = utf8_locale ? towlower_l((wint_t)cp, utf8_locale) : (wint_t)cp;
             char e[4];
-            tb_put(out, e, (size_t)utf8_encode((uint32_t)lc, e));
+            tb_put(out, e, (size_t)tok_utf8_encode((uint32_t)lc, e));
         }
         i += (size_t)k;
     }
@@ -133,7 +133,7 @@ static void strip(const Normalizer *nz, const char *s, size_t n, TBuf *out, TokC
     if (nz->left)
         while (a < b && pattern_match_char(&nz->pat, s + a, b - a, cx->md)) {
             int32_t cp;
-            a += (size_t)utf8_next((const unsigned char *)s + a, b - a, &cp);
+            a += (size_t)tok_utf8_next((const unsigned char *)s + a, b - a, &cp);
         }
     if (nz->right)
         while (b > a) {

@@ -165,7 +165,7 @@ void pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_dat
             if (a >= n)
                 break;
             int32_t cp;
-            pos = a + (size_t)utf8_next((const unsigned char *)s + a, n - a, &cp);
+            pos = a + (size_t)tok_utf8_next((const unsigned char *)s + a, n - a, &cp);
             continue;
         }
         mv_push(out, a, b);
@@ -176,7 +176,7 @@ void pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_dat
             if (b >= n)
                 break;
             int32_t cp;
-            pos = b + (size_t)utf8_next((const unsigned char *)s + b, n - b, &cp);
+            pos = b + (size_t)tok_utf8_next((const unsigned char *)s + b, n - b, &cp);
         }
     }
 }
@@ -185,7 +185,7 @@ int pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_da
     if (!n || !p->re)
         return 0;
     int32_t cp;
-    size_t k = (size_t)utf8_next((const unsigned char *)s, n, &cp);
+    size_t k = (size_t)tok_utf8_next((const unsigned char *)s, n, &cp);
     return re_match(p->re, s, k, 0, PCRE2_ANCHORED, md) >= 0;
 }
 

@@ -46,7 +46,7 @@ static int metaspace_char(const json_t *j, char *out) {
     if (!r || !*r)
         r = "\xe2\x96\x81"; /* U+2581 */
     int32_t cp;
-    int k = utf8_next((const unsigned char *)r, strlen(r), &cp);
+    int k = tok_utf8_next((const unsigned char *)r, strlen(r), &cp);
     memcpy(out, r, (size_t)k);
     return k;
 }

@@ -75,7 +75,7 @@ static int starts_mid_char(const Tokenizer *t, int32_t id) {
         b = (int)strtol(s + 3, NULL, 16);
     else if (n && dec_has(t->dec, DEC_BYTELEVEL)) {
         int32_t cp;
-        utf8_next((const unsigned char *)s, n, &cp);
+        tok_utf8_next((const unsigned char *)s, n, &cp);
         b = tok_cp_to_byte(cp);
     }
     return b >= 0x80 && b <= 0xbf;

@@ -4,7 +4,7 @@
 #include "tok_internal.h"
 
 /* ---- UTF-8 ------------------------------------------------------------------------------ */
-int utf8_seq(const unsigned char *s, size_t n) {
+int tok_utf8_seq(const unsigned char *s, size_t n) {
     unsigned c = s[0];
     if (c < 0x80)
         return 1;
@@ -37,8 +37,8 @@ int utf8_seq(const unsigned char *s, size_t n) {
     return need + 1;
 }
 
-int utf8_next(const unsigned char *s, size_t n, int32_t *cp) {
-    int k = utf8_seq(s, n);
+int tok_utf8_next(const unsigned char *s, size_t n, int32_t *cp) {
+    int k = tok_utf8_seq(s, n);
     if (k <= 0) {
         *cp = -1;
         return 1;
@@ -56,7 +56,7 @@ int utf8_next(const unsigned char *s, size_t n, int32_t *cp) {
     return k;
 }
 
-int utf8_encode(uint32_t cp, char *o) {
+int tok_utf8_encode(uint32_t cp, char *o) {
     if (cp < 0x80) {
         o[0] = (char)cp;
         return 1;
@@ -79,7 +79,7 @@ int utf8_encode(uint32_t cp, char *o) {
     return 4;
 }
 
-void utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
+void tok_utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, run = 0; /* run: start of pending valid bytes */
     if (hold)
@@ -90,7 +90,7 @@ void utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
             i++;
             continue;
         }
-        int k = utf8_seq(u + i, n - i);
+        int k = tok_utf8_seq(u + i, n - i);
         if (k > 0) {
             i += (size_t)k;
             continue;
@@ -107,10 +107,10 @@ void utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
     tb_put(out, s + run, i - run);
 }
 
-int utf8_is_valid(const char *s, size_t n) {
+int tok_utf8_is_valid(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        int k = utf8_seq(u + i, n - i);
+        int k = tok_utf8_seq(u + i, n - i);
         if (k <= 0)
             return 0;
         i += (size_t)k;

@@ -296,7 +296,7 @@ void pl_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags) {
     char *o = l->text.p + l->text.n;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        k += (size_t)utf8_encode(tok_byte_to_cp[(unsigned char)s[i]], o + k);
+        k += (size_t)tok_utf8_encode(tok_byte_to_cp[(unsigned char)s[i]], o + k);
     o[k] = 0;
     Piece *p = pl_add(l);
     p->off = (uint32_t)l->text.n;
