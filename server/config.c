@@ -475,7 +475,7 @@ void cfg_print_help(FILE *f) {
 }
 
 /* Length of the UTF-8 sequence at p and its code point (-1 when malformed). */
-static int tok_utf8_next(const unsigned char *p, long *cp) {
+static int utf8_next(const unsigned char *p, long *cp) {
     int n = *p >= 0xF0 ? 4 : *p >= 0xE0 ? 3 : *p >= 0xC0 ? 2 : 0;
     if (n == 0 || *p > 0xF4) {
         *cp = -1;
@@ -513,7 +513,7 @@ static void write_quoted(FILE *f, const char *s) {
             continue;
         }
         long cp;
-        int n = tok_utf8_next(p, &cp);
+        int n = utf8_next(p, &cp);
         if (cp < 0)
             fputs("\\uFFFD", f);
         else if ((cp >= 0x80 && cp <= 0x9F) || cp == 0xFFFE || cp == 0xFFFF)
