@@ -29,27 +29,29 @@ EngineConfig eng_config_default(void) {
                           .swap_space_gib = 4};
 }
 
-/* The activation dtype: dtype "auto" is bfloat16 on CUDA for a bfloat16 or float16
- * checkpoint (16-bit weights become bfloat16 at upload), else float32. */
+/* The activation dtype: dtype "auto" is bfloat16 on CUDA for a bfloat16 checkpoint and
+ * float16 for a float16 one (weights are converted to the act dtype at upload), else
+ * float32. bfloat16 and float16 need the CUDA backend. */
 static Status pick_act(const char *dtype, int cuda, const char *model_dir, DType *act) {
     const char *d = dtype ? dtype : "auto";
     if (!strcmp(d, "float32")) {
         *act = DT_F32;
-    } else if (!strcmp(d, "bfloat16")) {
+    } else if (!strcmp(d, "bfloat16") || !strcmp(d, "float16")) {
         if (!cuda)
             return pl_error_set(PL_ERR_UNSUPPORTED,
-                                "dtype bfloat16: the cpu backend computes in float32 (use dtype "
-                                "auto or float32)");
-        *act = DT_BF16;
-    } else if (!strcmp(d, "float16")) {
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "dtype float16 is not implemented yet: use bfloat16 (or auto)");
+                                "dtype %s: the cpu backend computes in float32 (use dtype "
+                                "auto or float32)",
+                                d);
+        *act = d[0] == 'b' ? DT_BF16 : DT_F16;
     } else if (!strcmp(d, "auto")) {
         ModelConfig mc;
         Status st = cuda ? model_config_load(model_dir, &mc) : PL_OK;
         if (st != PL_OK)
             return st;
-        *act = cuda && (mc.torch_dtype == DT_BF16 || mc.torch_dtype == DT_F16) ? DT_BF16 : DT_F32;
+        *act = !cuda                       ? DT_F32
+               : mc.torch_dtype == DT_BF16 ? DT_BF16
+               : mc.torch_dtype == DT_F16  ? DT_F16
+                                           : DT_F32;
     } else {
         return pl_error_set(PL_ERR_INVALID,
                             "dtype '%s' is not one of auto, float32, bfloat16, float16", d);

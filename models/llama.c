@@ -96,8 +96,9 @@ static size_t tensor_bytes(const Tensor *t) {
 }
 
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
- * memory; the host copies (mapping or dummy buffer) are released afterwards. With bfloat16
- * activations every weight goes up as bfloat16 (the GEMMs multiply bf16 by bf16). */
+ * memory; the host copies (mapping or dummy buffer) are released afterwards. With 16-bit
+ * activations every weight goes up in that dtype (the GEMMs multiply bf16 by bf16, or f16 by
+ * f16). */
 static Status upload_weights(Model *m) {
     if (m->ops->host_memory || m->w.device)
         return PL_OK;
@@ -105,17 +106,17 @@ static Status upload_weights(Model *m) {
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
     m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
-    int widen = m->ops->act == DT_BF16;
+    int widen = m->ops->act != DT_F32; /* every weight goes up in the 16-bit act dtype */
     size_t total = 0, done = 0;
     for (int i = 0; i < n; i++)
         total += tensor_bytes(list[i]) / pl_dtype_size(list[i]->dtype) *
                  (widen ? 2 : pl_dtype_size(list[i]->dtype));
     for (int i = 0; i < n; i++) {
         void *converted = NULL;
-        if (widen && list[i]->dtype != DT_BF16) {
-            converted = weights_to_bf16(list[i]);
+        if (widen && list[i]->dtype != m->ops->act) {
+            converted = weights_to_16bit(list[i], m->ops->act);
             list[i]->data = converted;
-            list[i]->dtype = DT_BF16;
+            list[i]->dtype = m->ops->act;
         }
         size_t bytes = tensor_bytes(list[i]);
         void *dev = m->ops->alloc(bytes);

@@ -94,13 +94,14 @@ static float element_f32(const void *p, DType dt, size_t i) {
     return dt == DT_BF16 ? pl_bf16_to_f32(h) : pl_f16_to_f32(h);
 }
 
-uint16_t *weights_to_bf16(const Tensor *t) {
+uint16_t *weights_to_16bit(const Tensor *t, DType dt) {
     size_t ne = 1;
     for (int d = 0; d < t->ndim; d++)
         ne *= (size_t)t->shape[d];
+    uint16_t (*conv)(float) = dt == DT_BF16 ? pl_f32_to_bf16 : pl_f32_to_f16;
     uint16_t *b = pl_xmalloc(ne * sizeof *b);
     for (size_t i = 0; i < ne; i++)
-        b[i] = pl_f32_to_bf16(element_f32(t->data, t->dtype, i));
+        b[i] = conv(element_f32(t->data, t->dtype, i));
     return b;
 }
 
@@ -367,8 +368,8 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16)
         return pl_error_set(PL_ERR_UNSUPPORTED, "dummy weights: dtype %s is not supported",
                             pl_dtype_name(dt));
-    if (device && device->act == DT_BF16)
-        dt = DT_BF16;
+    if (device && device->act != DT_F32)
+        dt = device->act;
     /* fan-in scales are the whole model's; the shapes are the shard's */
     const int64_t H = cfg->hidden_size, I = sh.intermediate, V = cfg->vocab_size;
     const int64_t QD = (int64_t)sh.num_heads * cfg->head_dim;

@@ -48,8 +48,8 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
                      const ModelShard *shard, ModelWeights *w);
 
-/* A malloc'd bfloat16 copy of a F32 / F16 tensor's data (round to nearest even). */
-uint16_t *weights_to_bf16(const Tensor *t);
+/* A malloc'd copy of a tensor's data in dt, DT_BF16 or DT_F16 (round to nearest even). */
+uint16_t *weights_to_16bit(const Tensor *t, DType dt);
 
 /* Release the host buffers behind dummy and fused weights once they were copied to a device
  * (the tensor structs, now pointing at device memory, stay). */

@@ -61,7 +61,8 @@ static double atol_of(DType dt) {
     return dt == DT_F32 ? 1e-4 : 1e-2;
 }
 
-static const DType acts[] = {DT_F32, DT_BF16};
+static const DType acts[] = {DT_F32, DT_BF16, DT_F16};
+enum { N_ACTS = sizeof acts / sizeof *acts };
 static const DType wdts[] = {DT_F32, DT_F16, DT_BF16};
 
 /* ---------------- embedding, norms, activation, gather ---------------- */
@@ -73,7 +74,7 @@ static void test_embedding(void **state) {
     rng_seed(1);
     const int hiddens[] = {8, 64, 100, 4096};
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
+    for (int ai = 0; ai < N_ACTS; ai++)
         for (int wi = 0; wi < 3; wi++)
             for (int hi = 0; hi < 4; hi++) {
                 DType act = acts[ai];
@@ -150,7 +151,7 @@ static void test_rmsnorm(void **state) {
     REQUIRE_GPU();
     rng_seed(2);
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
+    for (int ai = 0; ai < N_ACTS; ai++)
         for (int wi = 0; wi < 3; wi++)
             for (int di = 0; di < 6; di++)
                 bad += norm_case(acts[ai], wdts[wi], di % 2 ? 7 : 1, norm_dims[di], 0, 0);
@@ -162,7 +163,7 @@ static void test_add_rmsnorm(void **state) {
     REQUIRE_GPU();
     rng_seed(3);
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
+    for (int ai = 0; ai < N_ACTS; ai++)
         for (int wi = 0; wi < 3; wi++)
             for (int di = 0; di < 6; di++)
                 bad += norm_case(acts[ai], wdts[wi], di % 2 ? 5 : 3, norm_dims[di], 1, 1);
@@ -178,7 +179,7 @@ static void test_silu_mul(void **state) {
     rng_seed(4);
     const int shapes[][2] = {{1, 8}, {3, 100}, {16, 14336}, {5, 1}};
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
+    for (int ai = 0; ai < N_ACTS; ai++)
         for (int si = 0; si < 4; si++) {
             DType act = acts[ai];
             int n = shapes[si][0], dim = shapes[si][1];
@@ -212,7 +213,7 @@ static void test_gather_rows(void **state) {
     const KernelOps *cpu = k_cpu_ops();
     rng_seed(5);
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++) {
+    for (int ai = 0; ai < N_ACTS; ai++) {
         DType act = acts[ai];
         int rows_in = 37, dim = 96, n = 6;
         int32_t rows[6] = {36, 0, 5, 5, 17, 2};
@@ -272,7 +273,7 @@ static void test_rope(void **state) {
     const int dims[] = {8, 64, 80, 96, 128, 256};
     const int gqa[] = {1, 4, 8};
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
+    for (int ai = 0; ai < N_ACTS; ai++)
         for (int di = 0; di < 6; di++)
             for (int gi = 0; gi < 3; gi++) {
                 DType act = acts[ai];
@@ -412,8 +413,8 @@ static void kv_sweep(int fused) {
     const int kvh[] = {1, 2, 8};
     const int bss[] = {8, 16, 32};
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++)
-        for (int ci = 0; ci < 2; ci++)
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int ci = 0; ci < N_ACTS; ci++)
             for (int di = 0; di < 4; di++)
                 for (int hi = 0; hi < 3; hi++)
                     bad += kv_case(acts[ai], acts[ci], dims[di], kvh[hi], hi == 2 ? 4 : 1,
@@ -506,7 +507,7 @@ static void test_dummy_fill(void **state) {
                        .torch_dtype = DT_F32};
     ModelWeights host, dev;
     int bad = 0;
-    for (int ai = 0; ai < 2; ai++) {
+    for (int ai = 0; ai < N_ACTS; ai++) {
         const KernelOps *ops = k_cuda_ops(acts[ai]);
         assert_int_equal(weights_dummy(&cfg, 1234, NULL, NULL, &host), PL_OK);
         assert_int_equal(weights_dummy(&cfg, 1234, ops, NULL, &dev), PL_OK);
@@ -524,8 +525,9 @@ static void test_dummy_fill(void **state) {
             k_cuda_memcpy(got, d[t]->data, n * es);
             for (size_t i = 0; i < n; i++) {
                 float want = ((const float *)h[t]->data)[i];
+                uint16_t h16 = acts[ai] == DT_BF16 ? pl_f32_to_bf16(want) : pl_f32_to_f16(want);
                 int same = acts[ai] == DT_F32 ? !memcmp(got + i * 4, &want, 4)
-                                              : ((const uint16_t *)got)[i] == pl_f32_to_bf16(want);
+                                              : ((const uint16_t *)got)[i] == h16;
                 if (!same && bad++ < 5)
                     print_error("dummy fill %s tensor %zu element %zu differs\n", dn(acts[ai]), t,
                                 i);

@@ -110,10 +110,10 @@ __device__ static inline void find_tile(const int32_t *query_start, int num_seqs
     *t0_out = found_t0;
 }
 
-/* The tensor-core prefill (attention_prefill_tc.cu): bf16 queries and cache, head_dim a
- * multiple of 16 up to 256. kc_prefill_tc_ok says whether it applies. */
+/* The tensor-core prefill (attention_prefill_tc.cu): bf16 or f16 queries and a cache of the
+ * same type, head_dim a multiple of 16 up to 256. kc_prefill_tc_ok says whether it applies. */
 bool kc_prefill_tc_ok(DType act, const KvLayout *l);
-void kc_prefill_tc(void *out, const void *q, const void *kv_cache, const KvGeom &kg,
+void kc_prefill_tc(void *out, const void *q, DType act, const void *kv_cache, const KvGeom &kg,
                    const AttnBatch *b, int nh, float scale, cudaStream_t stream);
 
 /* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32. */

@@ -46,6 +46,15 @@ __device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int l
         o[2 * j] = f.x, o[2 * j + 1] = f.y;
     }
 }
+__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const f16 *) {
+    uint4 u = ring[i * 32 + lane];
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __half22float2(h[j]);
+        o[2 * j] = f.x, o[2 * j + 1] = f.y;
+    }
+}
 __device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane,
                                      const float *) {
     float4 a = *(const float4 *)&ring[2 * i * 32 + lane],

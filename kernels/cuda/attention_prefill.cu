@@ -3,8 +3,8 @@
  * to its sequence's earlier chunks already in the cache as well as to itself).
  *
  * k_cuda_attention_prefill takes the tensor-core kernel (attention_prefill_tc.cu) for bf16
- * queries on a bf16 cache with head_dim a multiple of 16 up to 256, and otherwise the fp32
- * CUDA-core kernel here, which handles every supported shape and dtype pair exactly.
+ * (f16) queries on a bf16 (f16) cache with head_dim a multiple of 16 up to 256, and otherwise the
+ * fp32 CUDA-core kernel here, which handles every supported shape and dtype pair exactly.
  *
  * Grid (query tile, KV head x head group). A tile is M query vectors: TQ = M / HB rows of one
  * sequence times the HB query heads of one KV head, so each K/V tile staged in shared memory
@@ -260,7 +260,7 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
     const int G = nh / kg.nkv;
     cudaStream_t st = kc_stream(stream);
     if (kc_prefill_tc_ok(act, l)) {
-        kc_prefill_tc(out, q, kv_cache, kg, b, nh, scale, st);
+        kc_prefill_tc(out, q, act, kv_cache, kg, b, nh, scale, st);
         return;
     }
     KC_DISPATCH_ATTN(act, l->dtype, what, {

@@ -1,6 +1,7 @@
 /* attention_prefill_tc.cu - causal prefill attention over the paged cache on tensor cores: bf16
- * queries and cache, head_dim D a multiple of 16 up to 256, fp32 accumulation and softmax
- * (k_cuda_attention_prefill sends everything else to the CUDA-core kernel).
+ * (or f16) queries and cache of the same type, head_dim D a multiple of 16 up to 256, fp32
+ * accumulation and softmax (k_cuda_attention_prefill sends everything else to the CUDA-core
+ * kernel).
  *
  * Grid (query tile, KV head x head group), query tiles in reverse order so that the tiles with
  * the longest contexts start first. A tile is 64 query vectors: 64 / HB rows of one sequence
@@ -8,13 +9,15 @@
  * tile; each of the 4 warps owns 16 vectors. K/V tiles of TK positions are gathered from the
  * cache's blocks by cp.async into shared memory, double-buffered (the next tile loads while
  * this one is used); rows are padded by 16 bytes so that ldmatrix reads are conflict-free.
- * Per tile, flash-attention 2 style: S = Q K^T by mma.sync m16n8k16 (bf16 in, fp32 out; Q
+ * Per tile, flash-attention 2 style: S = Q K^T by mma.sync m16n8k16 (16-bit in, fp32 out; Q
  * fragments stay in registers up to D = 128, else are reloaded from shared memory), causal
  * mask by each vector's own position (only on tiles that reach past the tile's first row),
  * online softmax in registers (exp2 with the scale folded in), then O += P V with P rounded
- * to bf16 straight from the S accumulators into A fragments and V read by ldmatrix.trans.
- * The row sums are reduced across each quad once at the end. */
+ * to the 16-bit type straight from the S accumulators into A fragments and V read by
+ * ldmatrix.trans. The row sums are reduced across each quad once at the end. */
 #include <math.h>
+
+#include <type_traits>
 
 #include "attention.cuh"
 
@@ -31,23 +34,37 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
-/* c[16x8] += a[16x16] b[16x8], bf16 inputs, fp32 accumulators. */
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+/* c[16x8] += a[16x16] b[16x8], 16-bit inputs (T: bf16 or f16), fp32 accumulators. */
+template <typename T>
+__device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if constexpr (std::is_same<T, bf16>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
+/* Two fp32 values rounded to T and packed into one 32-bit register (lo in the low half). */
+template <typename T> __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+    uint32_t r;
+    if constexpr (std::is_same<T, bf16>::value) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        r = *(uint32_t *)&h;
+    } else {
+        __half2 h = __floats2half2_rn(lo, hi);
+        r = *(uint32_t *)&h;
+    }
+    return r;
 }
 
-template <int D>
+template <typename T, int D>
 __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
-    bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ cache, KvGeom kg,
+    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int HB, float scale_log2) {
     constexpr int TK = D <= 128 ? 64 : 32; /* positions per K/V tile */
@@ -58,9 +75,9 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     constexpr int ND = D / 8;              /* dim n-tiles of O */
     constexpr bool QREG = D <= 128;        /* Q fragments held in registers */
     extern __shared__ uint4 smem_tc[];
-    bf16 *Qs = (bf16 *)smem_tc;  /* [TC_M][DS] */
-    bf16 *Ks = Qs + TC_M * DS;   /* [2][TK][DS] */
-    bf16 *Vs = Ks + 2 * TK * DS; /* [2][TK][DS] */
+    T *Qs = (T *)smem_tc;     /* [TC_M][DS] */
+    T *Ks = Qs + TC_M * DS;   /* [2][TK][DS] */
+    T *Vs = Ks + 2 * TK * DS; /* [2][TK][DS] */
     __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rows = TC_M / HB;
@@ -85,7 +102,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     for (int e = tid; e < TC_M * CH; e += TC_THREADS) {
         const int v = e / CH, c = e - v * CH, r = v / HB, t = t0 + r;
         const bool ok = t < t_end;
-        const bf16 *src = ok ? q + ((size_t)t * nh + h0 + v - r * HB) * D + c * 8 : q;
+        const T *src = ok ? q + ((size_t)t * nh + h0 + v - r * HB) * D + c * 8 : q;
         cp_async16(smem_addr(Qs + v * DS + c * 8), src, ok);
     }
     cp_async_commit();
@@ -115,14 +132,14 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     const int minpos = s_minpos, maxpos = s_maxpos;
 
     const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
-    const bf16 *kbase = cache + kg.layer_off + (size_t)g * D;
+    const T *kbase = cache + kg.layer_off + (size_t)g * D;
     auto load_tile = [&](int kt, int buf) {
         const int k0 = kt * TK;
-        bf16 *kd = Ks + buf * TK * DS, *vd = Vs + buf * TK * DS;
+        T *kd = Ks + buf * TK * DS, *vd = Vs + buf * TK * DS;
         for (int e = tid; e < TK * CH; e += TC_THREADS) {
             const int j = e / CH, c = e - j * CH, p = k0 + j;
             const bool ok = p <= maxpos; /* zeros past it: P = 0 must not meet garbage in V */
-            const bf16 *src = cache;
+            const T *src = cache;
             if (ok) {
                 const int bi = kv_block_of(kg, p);
                 src = kbase + (size_t)table[bi] * kg.block_elems +
@@ -138,7 +155,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     __syncthreads();
 
     uint32_t qf[QREG ? KD : 1][4];
-    const bf16 *qrow = Qs + (warp * 16 + (lane & 15)) * DS + (lane >> 4) * 8;
+    const T *qrow = Qs + (warp * 16 + (lane & 15)) * DS + (lane >> 4) * 8;
     if constexpr (QREG) {
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
@@ -161,7 +178,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const bf16 *Kb = Ks + (kt & 1) * TK * DS, *Vb = Vs + (kt & 1) * TK * DS;
+        const T *Kb = Ks + (kt & 1) * TK * DS, *Vb = Vs + (kt & 1) * TK * DS;
 
         float sc[NT][4];
 #pragma unroll
@@ -181,8 +198,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             for (int n = 0; n < NT; n += 2) {
                 uint32_t b[4];
                 ldsm_x4(b, smem_addr(Kb + (n * 8 + krow) * DS + kk * 16 + kcol));
-                mma_bf16(sc[n], a, b[0], b[1]);
-                mma_bf16(sc[n + 1], a, b[2], b[3]);
+                mma16<T>(sc[n], a, b[0], b[1]);
+                mma16<T>(sc[n + 1], a, b[2], b[3]);
             }
         }
 
@@ -225,8 +242,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             const float p3 = exp2f(fmaf(sc[n][3], scale_log2, -ms1));
             rs0 += p0 + p1;
             rs1 += p2 + p3;
-            pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
-            pf[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+            pf[n / 2][(n & 1) * 2] = pack16<T>(p0, p1);
+            pf[n / 2][(n & 1) * 2 + 1] = pack16<T>(p2, p3);
         }
         l0 = l0 * al0 + rs0;
         l1 = l1 * al1 + rs1;
@@ -243,8 +260,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             for (int d = 0; d < ND; d += 2) {
                 uint32_t b[4];
                 ldsm_x4_trans(b, smem_addr(Vb + (kc * 16 + vrow) * DS + d * 8 + vcol));
-                mma_bf16(o[d], pf[kc], b[0], b[1]);
-                mma_bf16(o[d + 1], pf[kc], b[2], b[3]);
+                mma16<T>(o[d], pf[kc], b[0], b[1]);
+                mma16<T>(o[d + 1], pf[kc], b[2], b[3]);
             }
         __syncthreads(); /* this buffer is refilled by the next iteration's load */
     }
@@ -256,25 +273,26 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     }
     if (ta < t_end) {
         const float inv = 1.0f / l0;
-        bf16 *dst = out + ((size_t)ta * nh + h0 + v0 % HB) * D + tq * 2;
+        T *dst = out + ((size_t)ta * nh + h0 + v0 % HB) * D + tq * 2;
 #pragma unroll
         for (int d = 0; d < ND; d++)
-            *(uint32_t *)(dst + d * 8) = pack_bf16(o[d][0] * inv, o[d][1] * inv);
+            *(uint32_t *)(dst + d * 8) = pack16<T>(o[d][0] * inv, o[d][1] * inv);
     }
     if (tb < t_end) {
         const float inv = 1.0f / l1;
-        bf16 *dst = out + ((size_t)tb * nh + h0 + v1 % HB) * D + tq * 2;
+        T *dst = out + ((size_t)tb * nh + h0 + v1 % HB) * D + tq * 2;
 #pragma unroll
         for (int d = 0; d < ND; d++)
-            *(uint32_t *)(dst + d * 8) = pack_bf16(o[d][2] * inv, o[d][3] * inv);
+            *(uint32_t *)(dst + d * 8) = pack16<T>(o[d][2] * inv, o[d][3] * inv);
     }
 }
 
 bool kc_prefill_tc_ok(DType act, const KvLayout *l) {
-    return act == DT_BF16 && l->dtype == DT_BF16 && l->head_dim % 16 == 0 && l->head_dim <= 256;
+    return (act == DT_BF16 || act == DT_F16) && l->dtype == act && l->head_dim % 16 == 0 &&
+           l->head_dim <= 256;
 }
 
-template <int D>
+template <typename T, int D>
 static void launch_tc(void *out, const void *q, const void *cache, const KvGeom &kg,
                       const AttnBatch *b, int nh, float scale, cudaStream_t stream) {
     constexpr int TK = D <= 128 ? 64 : 32;
@@ -285,20 +303,23 @@ static void launch_tc(void *out, const void *q, const void *cache, const KvGeom 
     const int rows = TC_M / HB;
     dim3 grid((unsigned)((b->num_tokens + rows - 1) / rows + b->num_seqs),
               (unsigned)(kg.nkv * (G / HB)));
-    const size_t smem = (size_t)(TC_M + 4 * TK) * (D + 8) * sizeof(bf16);
-    auto kern = prefill_tc_kernel<D>;
+    const size_t smem = (size_t)(TC_M + 4 * TK) * (D + 8) * sizeof(T);
+    auto kern = prefill_tc_kernel<T, D>;
     kc_set_smem(kern, smem);
     kern<<<grid, TC_THREADS, smem, stream>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)cache, kg, b->positions, b->query_start,
-        b->num_seqs, b->block_tables, nh, G, HB, scale * 1.4426950408889634f);
+        (T *)out, (const T *)q, (const T *)cache, kg, b->positions, b->query_start, b->num_seqs,
+        b->block_tables, nh, G, HB, scale * 1.4426950408889634f);
     CUDA_CHECK_LAUNCH();
 }
 
-void kc_prefill_tc(void *out, const void *q, const void *kv_cache, const KvGeom &kg,
+void kc_prefill_tc(void *out, const void *q, DType act, const void *kv_cache, const KvGeom &kg,
                    const AttnBatch *b, int nh, float scale, cudaStream_t stream) {
 #define TC_CASE(d)                                                                                 \
     case d:                                                                                        \
-        launch_tc<d>(out, q, kv_cache, kg, b, nh, scale, stream);                                  \
+        if (act == DT_BF16)                                                                        \
+            launch_tc<bf16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                        \
+        else                                                                                       \
+            launch_tc<f16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                         \
         break;
     switch (kg.D) {
         TC_CASE(16)

@@ -52,7 +52,7 @@ template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
     return __float2half_rn(x);
 }
 
-/* 8 consecutive elements (16-byte aligned for 16-bit types, 32 for float) as fp32. */
+/* 8 consecutive elements (16-byte aligned for 16-bit types and for float) as fp32. */
 __device__ __forceinline__ void load8(float out[8], const float *p) {
     float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
@@ -66,6 +66,38 @@ __device__ __forceinline__ void load8(float out[8], const bf16 *p) {
         float2 f = __bfloat1622float2(h[i]);
         out[2 * i] = f.x, out[2 * i + 1] = f.y;
     }
+}
+
+__device__ __forceinline__ void load8(float out[8], const f16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __half22float2(h[i]);
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+    }
+}
+
+/* 8 fp32 values rounded to the element type and stored together (same alignment as load8). */
+__device__ __forceinline__ void store8(float *p, const float v[8]) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(bf16 *p, const float v[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+__device__ __forceinline__ void store8(f16 *p, const float v[8]) {
+    uint4 u;
+    __half2 *h = (__half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)p = u;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -122,8 +154,13 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
                 __VA_ARGS__;                                                                       \
                 break;                                                                             \
             }                                                                                      \
+            case DT_F16: {                                                                         \
+                using T = f16;                                                                     \
+                __VA_ARGS__;                                                                       \
+                break;                                                                             \
+            }                                                                                      \
             default:                                                                               \
-                pl_fatal(__FILE__, __LINE__, "%s: unsupported dtype %s (F32 or BF16 only)", what,  \
+                pl_fatal(__FILE__, __LINE__, "%s: unsupported dtype %s (F32, BF16 or F16)", what,  \
                          pl_dtype_name(dt));                                                       \
         }                                                                                          \
     } while (0)

@@ -1,14 +1,14 @@
 /* norm.cu - RMSNorm and the fused residual-add + RMSNorm of the pre-norm block boundary, one
- * block per row. As the CPU op: out = w * (x * rsqrt(mean(x^2) + eps)), weight multiplied
- * last; the sum of squares is a fp32 tree reduction. With a delta, residual + delta is
- * rounded to the activation dtype, stored, and that stored value is what gets normalised
- * (as transformers does in bf16). */
+ * block per row (a register-resident vector kernel where the shape allows, else a loop). As the CPU
+ * op: out = w * (x * rsqrt(mean(x^2) + eps)), weight multiplied last; the sum of squares is a fp32
+ * tree reduction. With a delta, residual + delta is rounded to the activation dtype, stored, and
+ * that stored value is what gets normalised (as transformers does in bf16). */
 #include "cuda_internal.cuh"
 
-enum { NORM_THREADS = 256 };
+enum { NORM_THREADS = 256, NORM_VEC = 4, NORM_MAX_THREADS = 1024 };
 
 /* x and res_out may alias (the add_rmsnorm case): each element is read, then written, by the
- * same thread. */
+ * same thread. Any dim. */
 template <typename T, typename TW>
 __global__ __launch_bounds__(NORM_THREADS) void norm_kernel(T *out, const T *x, const T *delta,
                                                             T *res_out, const TW *w, int dim,
@@ -32,6 +32,57 @@ __global__ __launch_bounds__(NORM_THREADS) void norm_kernel(T *out, const T *x, 
         out[base + d] = from_f32<T>(to_f32(w[d]) * (to_f32(src[base + d]) * inv));
 }
 
+/* dim % 8 == 0, dim <= 8 * NORM_VEC * NORM_MAX_THREADS, 16-byte aligned rows: each thread
+ * holds up to NORM_VEC 8-element vectors in registers between the sum and the scaling, so a
+ * row is read once, with all its loads in flight together (a batch-1 row is one block). */
+template <typename T, typename TW>
+__global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, const T *x,
+                                                                    const T *delta, T *res_out,
+                                                                    const TW *w, int dim,
+                                                                    float eps) {
+    __shared__ float scratch[32];
+    const size_t base = (size_t)blockIdx.x * dim;
+    const int nvec = dim / 8;
+    float v[NORM_VEC][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c >= nvec)
+            break;
+        load8(v[j], x + base + (size_t)c * 8);
+        if (delta) {
+            float d[8];
+            load8(d, delta + base + (size_t)c * 8);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                v[j][e] = to_f32(from_f32<T>(v[j][e] + d[e]));
+            store8(res_out + base + (size_t)c * 8, v[j]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            ss += v[j][e] * v[j][e];
+    }
+    ss = block_sum(ss, scratch);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c >= nvec)
+            break;
+        float wv[8];
+        load8(wv, w + (size_t)c * 8);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[j][e] = wv[e] * (v[j][e] * inv);
+        store8(out + base + (size_t)c * 8, v[j]);
+    }
+}
+
+static bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
 static void launch_norm(void *out, const void *x, const void *delta, void *res_out, DType act,
                         const Tensor *w, int n, int dim, float eps, void *stream,
                         const char *what) {
@@ -39,12 +90,21 @@ static void launch_norm(void *out, const void *x, const void *delta, void *res_o
                dim);
     if (n <= 0)
         return;
-    KC_DISPATCH_ACT(act, what, T,
-                    KC_DISPATCH_WEIGHT(w->dtype, what, TW,
-                                       norm_kernel<T, TW>
-                                       <<<n, NORM_THREADS, 0, kc_stream(stream)>>>(
-                                           (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
-                                           (const TW *)w->data, dim, eps)));
+    /* 16-byte alignment of every row (fp32 vectors are two 16-byte loads) */
+    bool vec = dim % 8 == 0 && dim <= 8 * NORM_VEC * NORM_MAX_THREADS && aligned16(out) &&
+               aligned16(x) && (!delta || aligned16(delta)) && aligned16(w->data) &&
+               ((size_t)dim * pl_dtype_size(act)) % 16 == 0;
+    int threads = (dim / 8 + NORM_VEC - 1) / NORM_VEC;
+    threads = ((threads + 31) / 32) * 32;
+    KC_DISPATCH_ACT(
+        act, what, T,
+        KC_DISPATCH_WEIGHT(w->dtype, what, TW,
+                           if (vec) norm_vec_kernel<T, TW><<<n, threads, 0, kc_stream(stream)>>>(
+                               (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
+                               (const TW *)w->data, dim, eps);
+                           else norm_kernel<T, TW><<<n, NORM_THREADS, 0, kc_stream(stream)>>>(
+                               (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
+                               (const TW *)w->data, dim, eps)));
     CUDA_CHECK_LAUNCH();
 }
 

@@ -42,8 +42,8 @@ typedef struct {
     cudaEvent_t compute_done, swaps_done;
     int32_t *cow_pairs; /* device copy of copy-on-write pairs */
     int cow_pairs_cap;
-    ActState act[2];
-    void *comm; /* ncclComm_t of this device's tensor-parallel rank, NULL alone */
+    ActState act[3]; /* by activation dtype: F32, BF16, F16 */
+    void *comm;      /* ncclComm_t of this device's tensor-parallel rank, NULL alone */
 } DevState;
 
 enum { MAX_DEVICES = 64 };
@@ -69,7 +69,7 @@ static cudaStream_t stream(void) {
 }
 
 template <DType A> static ActState *state(void) {
-    ActState *s = &dev()->act[A == DT_BF16];
+    ActState *s = &dev()->act[A == DT_F32 ? 0 : A == DT_BF16 ? 1 : 2];
     if (!s->gemm)
         s->gemm = k_cuda_gemm_create(A == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
     return s;
@@ -287,8 +287,8 @@ void k_cuda_tp_destroy(int n) {
 template <DType A> static void ops_all_reduce(void *buf, size_t count) {
     DevState *s = dev();
     KC_REQUIRE(s->comm, "all_reduce: this device has no tensor-parallel communicator");
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, A == DT_BF16 ? ncclBfloat16 : ncclFloat32, ncclSum,
-                             (ncclComm_t)s->comm, s->compute_stream));
+    ncclDataType_t t = A == DT_BF16 ? ncclBfloat16 : A == DT_F16 ? ncclFloat16 : ncclFloat32;
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, t, ncclSum, (ncclComm_t)s->comm, s->compute_stream));
 }
 #else
 int k_cuda_tp_init(int n) {
@@ -374,9 +374,10 @@ template <DType A> static KernelOps make_ops(void) {
 
 static const KernelOps cuda_ops_f32 = make_ops<DT_F32>();
 static const KernelOps cuda_ops_bf16 = make_ops<DT_BF16>();
+static const KernelOps cuda_ops_f16 = make_ops<DT_F16>();
 
 const KernelOps *k_cuda_ops(DType act) {
-    KC_REQUIRE(act == DT_F32 || act == DT_BF16, "k_cuda_ops: activations in %s are not supported",
-               pl_dtype_name(act));
-    return act == DT_BF16 ? &cuda_ops_bf16 : &cuda_ops_f32;
+    KC_REQUIRE(act == DT_F32 || act == DT_BF16 || act == DT_F16,
+               "k_cuda_ops: activations in %s are not supported", pl_dtype_name(act));
+    return act == DT_BF16 ? &cuda_ops_bf16 : act == DT_F16 ? &cuda_ops_f16 : &cuda_ops_f32;
 }

@@ -1,34 +1,28 @@
 /* rope.cu - rotary position embedding (Hugging Face rotate-half) fused with the store of the
- * step's K and V into the paged, block-major KV cache; one block per token.
+ * step's K and V into the paged, block-major KV cache; one block per token and head.
  *
- * As the CPU ops: angle = (float)pos * inv_freq[i] (cos/sin computed once per token into
- * shared memory, accurate sincosf), x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, q and k
- * rotated in place in the activation dtype; the cache then receives that rounded k (and v)
- * converted to its own dtype, at
- *   (slot / bs) * block_elems + layer * 2 * half + (V ? half : 0) + (slot % bs) * Hkv * D
- * with slot -1 (padding) skipped. The same kernel serves rope alone (no cache), kv_write
- * alone (no rotation) and both on the fused QKV projection's rows (q rotated into its own
- * buffer, as attention reads it). */
+ * As the CPU ops: angle = (float)pos * inv_freq[i] (accurate sincosf, per pair), x1' = x1 cos - x2
+ * sin, x2' = x2 cos + x1 sin, q and k rotated in place in the activation dtype; the cache then
+ * receives that rounded k (and v) converted to its own dtype, at (slot / bs) * block_elems + layer
+ * * 2 * half + (V ? half : 0) + (slot % bs) * Hkv * D with slot -1 (padding) skipped. The same
+ * kernel serves rope alone (no cache), kv_write alone (no rotation) and both on the fused QKV
+ * projection's rows (q rotated into its own buffer, as attention reads it). */
 #include "cuda_internal.cuh"
 
-enum { ROPE_THREADS = 128, ROPE_MAX_HALF = 512 };
+enum { ROPE_MAX_THREADS = 128, ROPE_MAX_HALF = 512 };
 
-/* q rows (stride q_stride) are rotated into q_out (contiguous [n, nh, D]; may equal q);
- * k rows (stride k_stride) are rotated in place; v rows (stride v_stride) are only read. */
+/* Block (t, y) handles token t's head y of the nh q heads, then the nkv k heads, then the nkv
+ * v heads (grid.y = nh + 2 nkv), one thread per rotated pair, so a decode-sized step spreads
+ * over as many SMs as it has heads. q rows (stride q_stride) are rotated into q_out
+ * (contiguous [n, nh, D]; may equal q); k rows (stride k_stride) are rotated in place; v rows
+ * (stride v_stride) are only read. A block whose part is absent (no q, no cache) returns. */
 template <typename T, typename TC>
-__global__ __launch_bounds__(ROPE_THREADS) void rope_kv_kernel(
+__global__ __launch_bounds__(ROPE_MAX_THREADS) void rope_kv_kernel(
     const T *q, T *q_out, size_t q_stride, T *k, size_t k_stride, const T *v, size_t v_stride,
     const int32_t *positions, const float *inv_freq, int nh, int nkv, int D, TC *cache,
     const int64_t *slot_mapping, int bs, size_t block_elems, size_t layer_off, size_t half) {
-    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
-    const int t = blockIdx.x, hd = D / 2;
+    const int t = blockIdx.x, y = blockIdx.y, hd = D / 2;
     const bool rotate = inv_freq != NULL;
-    if (rotate) {
-        float pos = (float)positions[t];
-        for (int i = threadIdx.x; i < hd; i += ROPE_THREADS)
-            sincosf(pos * inv_freq[i], &sn[i], &cs[i]);
-        __syncthreads();
-    }
     TC *kdst = NULL;
     if (cache) {
         int64_t slot = slot_mapping[t];
@@ -36,40 +30,45 @@ __global__ __launch_bounds__(ROPE_THREADS) void rope_kv_kernel(
             kdst = cache + (size_t)(slot / bs) * block_elems + layer_off +
                    (size_t)(slot % bs) * nkv * D;
     }
-    if (q && rotate) {
-        const T *qt = q + (size_t)t * q_stride;
-        T *ot = q_out + (size_t)t * nh * D;
-        for (int e = threadIdx.x; e < nh * hd; e += ROPE_THREADS) {
-            int h = e / hd, i = e - h * hd;
-            size_t at = (size_t)h * D + i;
-            float x1 = to_f32(qt[at]), x2 = to_f32(qt[at + hd]);
-            ot[at] = from_f32<T>(x1 * cs[i] - x2 * sn[i]);
-            ot[at + hd] = from_f32<T>(x2 * cs[i] + x1 * sn[i]);
+    if (y < nh) { /* a q head */
+        if (!q || !rotate)
+            return;
+        const T *x = q + (size_t)t * q_stride + (size_t)y * D;
+        T *o = q_out + ((size_t)t * nh + y) * D;
+        float pos = (float)positions[t];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            float sn, cs, x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+            sincosf(pos * inv_freq[i], &sn, &cs);
+            o[i] = from_f32<T>(x1 * cs - x2 * sn);
+            o[i + hd] = from_f32<T>(x2 * cs + x1 * sn);
         }
-    }
-    if (k && (rotate || kdst)) {
-        T *kt = k + (size_t)t * k_stride;
-        for (int e = threadIdx.x; e < nkv * hd; e += ROPE_THREADS) {
-            int h = e / hd, i = e - h * hd;
-            T *x = kt + (size_t)h * D + i;
-            T y1 = x[0], y2 = x[hd];
+    } else if (y < nh + nkv) { /* a k head: rotated in place, then cached */
+        int h = y - nh;
+        if (!k || !(rotate || kdst))
+            return;
+        T *x = k + (size_t)t * k_stride + (size_t)h * D;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            T y1 = x[i], y2 = x[i + hd];
             if (rotate) {
-                float x1 = to_f32(y1), x2 = to_f32(y2);
-                y1 = from_f32<T>(x1 * cs[i] - x2 * sn[i]);
-                y2 = from_f32<T>(x2 * cs[i] + x1 * sn[i]);
-                x[0] = y1;
-                x[hd] = y2;
+                float sn, cs, x1 = to_f32(y1), x2 = to_f32(y2);
+                sincosf((float)positions[t] * inv_freq[i], &sn, &cs);
+                y1 = from_f32<T>(x1 * cs - x2 * sn);
+                y2 = from_f32<T>(x2 * cs + x1 * sn);
+                x[i] = y1;
+                x[i + hd] = y2;
             }
             if (kdst) {
                 kdst[h * D + i] = from_f32<TC>(to_f32(y1));
                 kdst[h * D + i + hd] = from_f32<TC>(to_f32(y2));
             }
         }
-    }
-    if (v && kdst) {
-        const T *vt = v + (size_t)t * v_stride;
-        for (int e = threadIdx.x; e < nkv * D; e += ROPE_THREADS)
-            kdst[half + e] = from_f32<TC>(to_f32(vt[e]));
+    } else { /* a v head: only cached */
+        int h = y - nh - nkv;
+        if (!v || !kdst)
+            return;
+        const T *x = v + (size_t)t * v_stride + (size_t)h * D;
+        for (int e = threadIdx.x; e < D; e += blockDim.x)
+            kdst[half + (size_t)h * D + e] = from_f32<TC>(to_f32(x[e]));
     }
 }
 
@@ -110,10 +109,13 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     if (n <= 0)
         return;
     const float *inv = rope ? rope->inv_freq : NULL;
+    dim3 grid((unsigned)n, (unsigned)(nh + 2 * nkv));
+    int threads = ((D / 2 + 31) / 32) * 32;
+    threads = threads > ROPE_MAX_THREADS ? ROPE_MAX_THREADS : threads;
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_ACT(cdt, what, TC,
-                        rope_kv_kernel<T, TC><<<n, ROPE_THREADS, 0, kc_stream(stream)>>>(
+                        rope_kv_kernel<T, TC><<<grid, threads, 0, kc_stream(stream)>>>(
                             (const T *)r->q, (T *)r->q_out, r->q_stride, (T *)r->k, r->k_stride,
                             (const T *)r->v, r->v_stride, positions, inv, nh, nkv, D,
                             (TC *)kv_cache, slot_mapping, bs, block, layer_off, half)));
