@@ -66,7 +66,7 @@ static const CfgKey keys[] = {
     KEY_ENUM("device", engine.device, devices, 1, "DEVICE", "auto (cuda when present), cpu or cuda",
              NULL),
     KEY_ENUM("dtype", engine.dtype, dtypes, 1, "DTYPE",
-             "auto (bfloat16 on cuda for 16-bit weights), float32 or bfloat16", NULL),
+             "auto (the checkpoint's 16-bit dtype on cuda), float32, bfloat16 or float16", NULL),
     KEY_ENUM("load-format", engine.load_dummy, load_formats, 0, "FORMAT",
              "auto, safetensors or dummy (random weights)", NULL),
     /* KV cache */
