@@ -254,6 +254,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 static void *engine_loop(void *arg) {
     Server *s = arg;
+    Emitter *em = emitter_start(s);
     for (;;) {
         if (!eng_has_work(s->engine)) {
             if (atomic_load(&s->stopping) && atomic_load(&s->in_flight) == 0)
@@ -262,14 +263,13 @@ static void *engine_loop(void *arg) {
             continue;
         }
         const EngEvent *ev;
-        int n = eng_step(s->engine, &ev);
-        for (int i = 0; i < n; i++)
-            completion_on_event(s, &ev[i]);
+        emitter_push(em, ev, eng_step(s->engine, &ev));
         EngineStats st = eng_stats(s->engine);
         pthread_mutex_lock(&s->stats_mu);
         s->stats = st;
         pthread_mutex_unlock(&s->stats_mu);
     }
+    emitter_close(em); /* in_flight is 0: every final event was applied */
     return NULL;
 }
 

@@ -13,6 +13,13 @@
 #include "metrics.h"
 #include "server.h"
 
+/* emitter.c: the engine's events applied to their requests on a thread of their own, in
+ * step order, while the engine runs its next step. */
+typedef struct Emitter Emitter;
+Emitter *emitter_start(Server *s);
+void emitter_push(Emitter *em, const EngEvent *ev, int n); /* copies them */
+void emitter_close(Emitter *em); /* applies what is queued, then stops; NULL is fine */
+
 /* deadline.c: request-timeout as a deadline for receiving a whole request (headers and body),
  * enforced by a watchdog thread that shuts down the sockets of connections past it. */
 typedef struct Deadlines Deadlines;
@@ -108,7 +115,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
 /* Called again by MHD after a resumed non-streaming request: queue its JSON. */
 enum MHD_Result completion_resume(CompletionReq *cr, struct MHD_Connection *conn);
 
-/* Engine thread: apply one event to its request (locks it). */
+/* Event thread (emitter.c): apply one event to its request (locks it). */
 void completion_on_event(Server *s, const EngEvent *ev);
 
 /* The HTTP side is done with the request (connection closed or answered). */
