@@ -78,8 +78,8 @@ Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, flo
     size_t bytes[] = {(size_t)n * 4, (size_t)nblocks * 4, (size_t)n * 4, (size_t)n * 8, 8};
     void *dev[5] = {0};
     void *kv = ops->alloc((size_t)nblocks * e->block_bytes);
-    int rows = r->index == 0 ? n : 0; /* rank 0 computes the logits */
-    float *dev_logits = ops->alloc((size_t)(rows ? rows : 1) * vocab * sizeof(float));
+    /* every rank computes the logits (the LM head is vocabulary-parallel); rank 0 copies them */
+    float *dev_logits = ops->alloc((size_t)n * vocab * sizeof(float));
     int ok = kv && dev_logits;
     for (int i = 0; i < 5 && ok; i++)
         if ((ok = (dev[i] = ops->alloc(bytes[i])) != NULL))
@@ -104,8 +104,8 @@ Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, flo
                    .query_start = dev[4],
                    .block_tables = dev[1],
                    .max_blocks_per_seq = nblocks};
-    model_forward(r->model, dev[0], &b, kv, &e->kv_layout, dev[2], rows, dev_logits);
-    if (rows)
+    model_forward(r->model, dev[0], &b, kv, &e->kv_layout, dev[2], n, dev_logits);
+    if (r->index == 0)
         ops->to_host(logits, dev_logits, (size_t)n * vocab * sizeof(float));
     else if (ops->synchronize) /* the private pool is freed next */
         ops->synchronize();

@@ -64,8 +64,9 @@ static void forward(Engine *e, Rank *r, void *kv_pool, int num_tokens, int num_s
                    .block_tables = d->block_tables,
                    .max_blocks_per_seq = e->max_blocks_per_seq,
                    .num_decode_seqs = num_decode};
-    model_forward(r->model, d->tokens, &b, kv_pool, &e->kv_layout, d->logit_rows,
-                  r->index == 0 ? num_rows : 0, d->logits);
+    /* every rank: the LM head is vocabulary-parallel (rank 0 samples the gathered logits) */
+    model_forward(r->model, d->tokens, &b, kv_pool, &e->kv_layout, d->logit_rows, num_rows,
+                  d->logits);
 }
 
 void eng_rank_forward(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows,

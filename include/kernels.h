@@ -211,6 +211,25 @@ typedef struct KernelOps {
      * sums buf[count] (act dtype) over the ranks in place, on every rank's thread at once. */
     void (*set_device)(int device);
     void (*all_reduce)(void *buf, size_t count);
+
+    /* all_reduce(delta) then add_rmsnorm(residual, delta, out, ...) in one op (the row-parallel
+     * projection's partial sums into the next pre-norm); delta's contents afterwards are
+     * unspecified. Every rank's residual and out come out identical. */
+    void (*all_reduce_add_rmsnorm)(void *residual, void *delta, void *out, const Tensor *w, int n,
+                                   int dim, float eps);
+
+    /* out[size, count] = every rank's in[count], in rank order (act dtype). In place when
+     * in == out + rank * count. */
+    void (*all_gather)(void *out, const void *in, size_t count);
+
+    /* Vocabulary-parallel embedding: out[i] = table[ids[i] - first] when first <= ids[i] <
+     * first + table rows, else zeros (summed over the ranks, every id is found once). */
+    void (*embedding_slice)(void *out, const int32_t *ids, int n, const Tensor *table, int first);
+
+    /* Logits of a vocabulary-parallel LM head to fp32: parts[size, n, shard] (act dtype; slice
+     * r holds vocabulary ids [r * shard, (r + 1) * shard)) to out[n, vocab], ids >= vocab
+     * (padding) dropped. */
+    void (*vocab_logits_f32)(float *out, const void *parts, int n, int vocab, int shard, int size);
 } KernelOps;
 
 /* The CPU backend (always available). */

@@ -47,11 +47,14 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
 Status model_config_load(const char *dir, ModelConfig *cfg);
 
 /* One tensor-parallel rank's part of the model (Megatron-style): query heads, KV heads
- * (replicated when there are fewer KV heads than ranks) and MLP columns. */
+ * (replicated when there are fewer KV heads than ranks), MLP columns and vocabulary rows of
+ * the embedding and LM head. The vocabulary is cut into `size` slices of num_vocab rows
+ * (ceil(vocab / size) rounded up to a multiple of 8); rows past the vocabulary are padding
+ * (zero weights, their logits dropped). */
 typedef struct {
-    int rank, size;                             /* rank in [0, size) */
-    int num_heads, num_kv_heads, intermediate;  /* this rank's */
-    int first_head, first_kv_head, first_inter; /* where they start in the whole model */
+    int rank, size;                                          /* rank in [0, size) */
+    int num_heads, num_kv_heads, intermediate, num_vocab;    /* this rank's */
+    int first_head, first_kv_head, first_inter, first_vocab; /* where they start in the whole */
 } ModelShard;
 
 /* The shard of `rank` of `size` ranks; errors when the heads or the MLP do not split. */

@@ -37,7 +37,8 @@ struct Model {
     void *gate_up;  /* [T, 2 I] fused projection */
     void *act;      /* [T, I] silu(gate) * up */
     void *picked;   /* [T, H]: normed rows whose logits are wanted */
-    void *logits;   /* [T, V] in act dtype, before widening (unused when act is F32) */
+    void *logits;   /* [T, V] in act dtype, before widening (unused when act is F32); with
+                     * tensor parallelism every rank's LM-head slice [size, T, num_vocab] */
     size_t scratch_bytes;
 };
 
@@ -45,6 +46,9 @@ static Status alloc_scratch(Model *m) {
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
     size_t t = (size_t)m->max_num_tokens * pl_dtype_size(ops->act);
+    size_t logits = m->shard.size > 1    ? (size_t)m->shard.size * m->shard.num_vocab
+                    : ops->act == DT_F32 ? 0
+                                         : (size_t)c->vocab_size;
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
     struct {
         void **p;
@@ -58,7 +62,7 @@ static Status alloc_scratch(Model *m) {
              {&m->gate_up, t * 2 * c->intermediate_size},
              {&m->act, t * c->intermediate_size},
              {&m->picked, t * c->hidden_size},
-             {&m->logits, ops->act == DT_F32 ? 0 : t * c->vocab_size}};
+             {&m->logits, t * logits}};
     for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
         m->scratch_bytes += s[i].bytes;
         if (s[i].bytes && !(*s[i].p = ops->alloc(s[i].bytes)))
@@ -143,9 +147,18 @@ static Status upload_weights(Model *m) {
     return PL_OK;
 }
 
+/* Vocabulary slices are a multiple of this many rows, so that every rank's logits start
+ * aligned in the gathered [size, T, slice] buffer. */
+enum { VOCAB_SLICE_ALIGN = 8 };
+
 Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
     if (size <= 1) {
-        *out = (ModelShard){0, 1, c->num_heads, c->num_kv_heads, c->intermediate_size, 0, 0, 0};
+        *out = (ModelShard){.rank = 0,
+                            .size = 1,
+                            .num_heads = c->num_heads,
+                            .num_kv_heads = c->num_kv_heads,
+                            .intermediate = c->intermediate_size,
+                            .num_vocab = c->vocab_size};
         return PL_OK;
     }
     if (c->num_heads % size || c->intermediate_size % size ||
@@ -160,6 +173,9 @@ Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
     s.first_head = rank * s.num_heads;
     s.intermediate = c->intermediate_size / size;
     s.first_inter = rank * s.intermediate;
+    s.num_vocab = (c->vocab_size + size - 1) / size;
+    s.num_vocab = (s.num_vocab + VOCAB_SLICE_ALIGN - 1) / VOCAB_SLICE_ALIGN * VOCAB_SLICE_ALIGN;
+    s.first_vocab = rank * s.num_vocab;
     if (c->num_kv_heads >= size) {
         s.num_kv_heads = c->num_kv_heads / size;
         s.first_kv_head = rank * s.num_kv_heads;
@@ -181,7 +197,9 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     Status st = model_config_load(opt->dir, &m->cfg);
     if (st == PL_OK)
         st = model_shard(&m->cfg, opt->tp_rank, opt->tp_size, &m->shard);
-    if (st == PL_OK && m->shard.size > 1 && !m->ops->all_reduce)
+    if (st == PL_OK && m->shard.size > 1 &&
+        !(m->ops->all_reduce && m->ops->all_reduce_add_rmsnorm && m->ops->all_gather &&
+          m->ops->embedding_slice && m->ops->vocab_logits_f32))
         st = pl_error_set(PL_ERR_UNSUPPORTED,
                           "tensor-parallel-size %d: the %s backend has no "
                           "all-reduce (needs CUDA with NCCL)",
@@ -260,43 +278,69 @@ static const Tensor *bias_or_null(const Tensor *b) {
     return b->data ? b : NULL;
 }
 
+/* residual += proj (summed over the ranks first when they hold partial sums); normed =
+ * rmsnorm(residual) * w. */
+static void add_norm(Model *m, const Tensor *w, int n) {
+    const ModelConfig *c = &m->local;
+    if (m->shard.size > 1)
+        m->ops->all_reduce_add_rmsnorm(m->residual, m->proj, m->normed, w, n, c->hidden_size,
+                                       c->rms_norm_eps);
+    else
+        m->ops->add_rmsnorm(m->residual, m->proj, m->normed, w, n, c->hidden_size, c->rms_norm_eps);
+}
+
+/* Vocabulary-parallel LM head: this rank's logits slice for the picked rows, written in place
+ * into its part of the gathered buffer, gathered from every rank and reordered to
+ * logits[num_logits, vocab] (fp32). */
+static void lm_head_parallel(Model *m, int num_logits, float *logits) {
+    const KernelOps *ops = m->ops;
+    size_t part = (size_t)num_logits * m->shard.num_vocab;
+    char *mine = (char *)m->logits + (size_t)m->shard.rank * part * pl_dtype_size(ops->act);
+    ops->matmul(mine, m->picked, &m->w.lm_head, NULL, num_logits);
+    ops->all_gather(m->logits, mine, part);
+    ops->vocab_logits_f32(logits, m->logits, num_logits, m->cfg.vocab_size, m->shard.num_vocab,
+                          m->shard.size);
+}
+
 void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, void *kv_cache,
                    const KvLayout *kv_layout, const int32_t *logits_rows, int num_logits,
                    float *logits) {
     const ModelConfig *c = &m->local; /* this rank's heads and MLP columns */
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, hidden = c->hidden_size;
-    const float eps = c->rms_norm_eps, scale = 1.0f / sqrtf((float)c->head_dim);
+    const float scale = 1.0f / sqrtf((float)c->head_dim);
     PL_CHECK(n > 0 && n <= m->max_num_tokens);
 
-    ops->embedding(m->residual, token_ids, n, &m->w.embed);
+    if (m->shard.size > 1) { /* vocabulary-parallel: each id's row is on one rank */
+        ops->embedding_slice(m->residual, token_ids, n, &m->w.embed, m->shard.first_vocab);
+        ops->all_reduce(m->residual, (size_t)n * hidden);
+    } else {
+        ops->embedding(m->residual, token_ids, n, &m->w.embed);
+    }
+    ops->rmsnorm(m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden, c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        /* Pre-norm; from layer 1 on this also adds the previous MLP output. */
-        if (l == 0)
-            ops->rmsnorm(m->normed, m->residual, &lw->attn_norm, n, hidden, eps);
-        else
-            ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->attn_norm, n, hidden, eps);
-
         ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
         ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, c->num_heads,
                             &m->rope, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
-        ops->matmul(m->proj, m->attn, &lw->wo, NULL, n);
-        if (m->shard.size > 1) /* row-parallel: each rank holds a partial sum */
-            ops->all_reduce(m->proj, (size_t)n * hidden);
-
-        ops->add_rmsnorm(m->residual, m->proj, m->normed, &lw->mlp_norm, n, hidden, eps);
+        ops->matmul(m->proj, m->attn, &lw->wo, NULL, n); /* row-parallel: partial sums */
+        add_norm(m, &lw->mlp_norm, n);
         ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
         ops->silu_mul(m->act, m->gate_up, n, c->intermediate_size);
         ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
-        if (m->shard.size > 1)
-            ops->all_reduce(m->proj, (size_t)n * hidden);
+        /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted */
+        if (l + 1 < c->num_layers)
+            add_norm(m, &m->w.layers[l + 1].attn_norm, n);
     }
     if (num_logits == 0)
         return;
-    ops->add_rmsnorm(m->residual, m->proj, m->normed, &m->w.final_norm, n, hidden, eps);
+    add_norm(m, &m->w.final_norm, n);
     ops->gather_rows(m->picked, m->normed, logits_rows, num_logits, hidden);
+    if (m->shard.size > 1) {
+        lm_head_parallel(m, num_logits, logits);
+        return;
+    }
     if (ops->act == DT_F32) {
         ops->matmul(logits, m->picked, &m->w.lm_head, NULL, num_logits);
         return;

@@ -174,6 +174,25 @@ static void take_cols(ModelWeights *w, Tensor *t, int64_t c0, int64_t cols) {
     t->shape[1] = cols;
 }
 
+/* The shard's vocabulary rows [first_vocab, first_vocab + num_vocab) of a [V, H] tensor: a
+ * view, or (rows past V: the last slice's padding) a zero-padded copy owned by w. */
+static void take_vocab_rows(ModelWeights *w, Tensor *t, const ModelShard *sh) {
+    int64_t have = t->shape[0] - sh->first_vocab;
+    have = have < 0 ? 0 : have > sh->num_vocab ? sh->num_vocab : have;
+    if (have == sh->num_vocab) {
+        *t = row_view(t, sh->first_vocab, sh->num_vocab);
+        return;
+    }
+    size_t row_bytes = (size_t)t->shape[1] * pl_dtype_size(t->dtype);
+    char *buf = pl_xcalloc((size_t)sh->num_vocab, row_bytes);
+    if (have > 0)
+        memcpy(buf, (const char *)t->data + (size_t)sh->first_vocab * row_bytes,
+               (size_t)have * row_bytes);
+    own(w, buf);
+    t->data = buf;
+    t->shape[0] = sh->num_vocab;
+}
+
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
                     ModelWeights *w) {
     memset(w, 0, sizeof *w);
@@ -195,6 +214,13 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
         w->lm_head = w->embed;
     } else if ((s = bind(&b, "lm_head.weight", V, H, &w->lm_head))) {
         goto fail;
+    }
+    if (sh.size > 1) {
+        take_vocab_rows(w, &w->embed, &sh);
+        if (cfg->tie_word_embeddings)
+            w->lm_head = w->embed;
+        else
+            take_vocab_rows(w, &w->lm_head, &sh);
     }
 
     w->layers = pl_xcalloc((size_t)cfg->num_layers, sizeof *w->layers);
@@ -246,7 +272,11 @@ typedef enum { FILL_UNIFORM, FILL_ONES } FillKind;
 typedef struct {
     Tensor *t;
     FillKind kind;
-    float scale; /* uniform in [-scale, scale) */
+    float scale;  /* uniform in [-scale, scale) */
+    size_t count; /* elements filled; the rest (vocabulary padding) stay zero */
+    size_t first; /* element 0 is element `first` (even) of the stream */
+    int whole;    /* drawn from the whole model's stream (a vocabulary slice), not the rank's */
+    uint64_t key; /* the stream's key, set once every tensor is listed */
 } DummySpec;
 
 static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
@@ -321,7 +351,6 @@ typedef struct {
     const DummySpec *spec;
     size_t num_spec;
     DType dt;
-    uint64_t seed;
     int part, parts;
     int inline_run;
 } FillJob;
@@ -330,28 +359,39 @@ static void *fill_worker(void *arg) {
     const FillJob *j = arg;
     for (size_t i = 0; i < j->num_spec; i++) {
         const DummySpec *sp = &j->spec[i];
-        size_t ne = tensor_elems(sp->t);
+        size_t ne = sp->count;
         size_t lo = ne * (size_t)j->part / (size_t)j->parts & ~(size_t)1;
         size_t hi = j->part == j->parts - 1
                         ? ne
                         : ne * (size_t)(j->part + 1) / (size_t)j->parts & ~(size_t)1;
         if (sp->kind == FILL_ONES)
             fill_value(sp->t->data, j->dt, lo, hi, 1.0f);
-        else /* an independent stream per tensor */
-            fill_uniform(sp->t->data, j->dt, lo, hi, mix64(j->seed ^ mix64((uint64_t)i + 1)),
-                         sp->scale);
+        else
+            fill_uniform(sp->t->data, j->dt, lo, hi, sp->key, sp->scale);
     }
     return NULL;
 }
 
+/* Element i of a stream drawn from `key` is element i - first of the stream drawn from
+ * key + first / 2 golden-ratio steps (elements come in pairs, one draw each). */
+static uint64_t stream_key(uint64_t seed, size_t index, size_t first) {
+    return mix64(seed ^ mix64((uint64_t)index + 1)) + (uint64_t)(first / 2) * 0x9e3779b97f4a7c15ull;
+}
+
+/* A [V, H] tensor listed as the rows [first_row, first_row + rows) of the whole model's: its
+ * stream, and zeros past them (padding). */
+static void vocab_slice(DummySpec *sp, int64_t rows, int64_t first_row, int64_t H) {
+    sp->count = (size_t)(rows * H);
+    sp->first = (size_t)(first_row * H);
+    sp->whole = 1;
+}
+
 /* Fill every tensor in backend memory, each from its own stream as fill_worker does. */
-static void fill_on_device(const KernelOps *ops, const DummySpec *spec, size_t n, DType dt,
-                           uint64_t seed) {
+static void fill_on_device(const KernelOps *ops, const DummySpec *spec, size_t n, DType dt) {
     for (size_t i = 0; i < n; i++) {
         const DummySpec *sp = &spec[i];
         float scale = sp->kind == FILL_ONES ? 0.0f : sp->scale;
-        ops->fill_dummy(sp->t->data, dt, tensor_elems(sp->t), mix64(seed ^ mix64((uint64_t)i + 1)),
-                        scale);
+        ops->fill_dummy(sp->t->data, dt, sp->count, sp->key, scale);
     }
 }
 
@@ -362,8 +402,9 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     Status st = model_shard(cfg, shard ? shard->rank : 0, shard ? shard->size : 1, &sh);
     if (st != PL_OK)
         return st;
-    if (sh.rank > 0)
-        seed = mix64(seed + (uint64_t)sh.rank);
+    /* Sharded layers get a stream of their own per rank; vocabulary slices are slices of the
+     * whole model's embedding and LM head. */
+    const uint64_t rank_seed = sh.rank > 0 ? mix64(seed + (uint64_t)sh.rank) : seed;
     DType dt = cfg->torch_dtype;
     if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16)
         return pl_error_set(PL_ERR_UNSUPPORTED, "dummy weights: dtype %s is not supported",
@@ -371,7 +412,7 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     if (device && device->act != DT_F32)
         dt = device->act;
     /* fan-in scales are the whole model's; the shapes are the shard's */
-    const int64_t H = cfg->hidden_size, I = sh.intermediate, V = cfg->vocab_size;
+    const int64_t H = cfg->hidden_size, I = sh.intermediate, V = sh.num_vocab;
     const int64_t QD = (int64_t)sh.num_heads * cfg->head_dim;
     const int64_t KD = (int64_t)sh.num_kv_heads * cfg->head_dim;
     const int L = cfg->num_layers;
@@ -393,12 +434,18 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
         t_->ndim = (d1) ? 2 : 1;                                                                   \
         t_->shape[0] = (d0);                                                                       \
         t_->shape[1] = (d1);                                                                       \
-        spec[n++] = (DummySpec){t_, kind_, scale_};                                                \
+        spec[n++] = (DummySpec){t_, kind_, scale_, tensor_elems(t_), 0, 0, 0};                     \
     } while (0)
+    /* the shard's vocabulary rows that exist (the last slice may end in padding) */
+    int64_t vocab_rows = cfg->vocab_size - sh.first_vocab;
+    vocab_rows = vocab_rows < 0 ? 0 : vocab_rows > V ? V : vocab_rows;
     ADD(&w->embed, FILL_UNIFORM, emb, V, H);
+    vocab_slice(&spec[n - 1], vocab_rows, sh.first_vocab, H);
     ADD(&w->final_norm, FILL_ONES, 0, H, 0);
-    if (!cfg->tie_word_embeddings)
+    if (!cfg->tie_word_embeddings) {
         ADD(&w->lm_head, FILL_UNIFORM, inv_h, V, H);
+        vocab_slice(&spec[n - 1], vocab_rows, sh.first_vocab, H);
+    }
     for (int i = 0; i < L; i++) {
         LayerWeights *l = &w->layers[i];
         ADD(&l->attn_norm, FILL_ONES, 0, H, 0);
@@ -412,6 +459,8 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     }
 #undef ADD
     PL_CHECK(n <= cap);
+    for (size_t i = 0; i < n; i++)
+        spec[i].key = stream_key(spec[i].whole ? seed : rank_seed, i, spec[i].first);
 
     /* One buffer, each tensor starting on a 64-byte boundary. */
     const size_t esize = pl_dtype_size(dt), align = 64;
@@ -435,10 +484,12 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
         t->data = (char *)buf + off;
         off += (ne * esize + align - 1) / align * align;
         elements += ne;
+        if (!device && spec[i].count < ne) /* backend memory comes zeroed, host memory not */
+            memset((char *)t->data + spec[i].count * esize, 0, (ne - spec[i].count) * esize);
     }
 
     if (device) {
-        fill_on_device(device, spec, n, dt, seed);
+        fill_on_device(device, spec, n, dt);
         if (cfg->tie_word_embeddings)
             w->lm_head = w->embed;
         free(spec);
@@ -451,8 +502,7 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     FillJob *jobs = pl_xcalloc((size_t)nt, sizeof *jobs);
     pthread_t *tids = pl_xcalloc((size_t)nt, sizeof *tids);
     for (int t = 0; t < nt; t++) {
-        jobs[t] =
-            (FillJob){.spec = spec, .num_spec = n, .dt = dt, .seed = seed, .part = t, .parts = nt};
+        jobs[t] = (FillJob){.spec = spec, .num_spec = n, .dt = dt, .part = t, .parts = nt};
         if (t == 0 || pthread_create(&tids[t], NULL, fill_worker, &jobs[t]) != 0)
             jobs[t].inline_run = 1; /* the caller does it (thread 0, or no thread) */
     }

@@ -34,8 +34,9 @@ typedef struct {
  * or BF16). Errors name the checkpoint file and tensor. Unfused tensors stay in the mapping;
  * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ).
  * With a shard (NULL: the whole model) only that rank's rows of q/k/v and gate/up and its
- * columns of o_proj and down_proj are taken (columns copied into owned buffers); norms, the
- * embedding and the LM head are whole on every rank. */
+ * columns of o_proj and down_proj are taken (columns copied into owned buffers), and its
+ * vocabulary rows of the embedding and the LM head (a zero-padded copy when the last slice
+ * runs past the vocabulary); norms are whole on every rank. */
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
                     ModelWeights *w);
 
@@ -43,8 +44,9 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
  * a = 1/sqrt(fan_in), norms 1, biases small. device NULL: in host memory, in
  * cfg->torch_dtype. Else filled in place in that backend's memory by its fill_dummy op (no
  * host copy, no upload), in bfloat16 when its activations are bfloat16; the values are the
- * host fill's, converted. A shard (NULL: whole) gets its own shapes and values (seeded by
- * its rank: dummy weights are for speed, not for comparing outputs across sizes). */
+ * host fill's, converted. A shard (NULL: whole) gets its own shapes; its embedding and LM
+ * head are the whole model's rows (padding rows zero), its layers get values seeded by its
+ * rank (dummy weights are for speed, not for comparing outputs across sizes). */
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
                      const ModelShard *shard, ModelWeights *w);
 

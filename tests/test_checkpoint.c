@@ -365,7 +365,10 @@ static void test_shard_bind(void **state) {
     for (int r = 0; r < 64; r++)
         assert_memory_equal((const float *)p->w_down.data + r * 86,
                             (const float *)w->w_down.data + r * 172 + 86, 86 * 4);
-    assert_ptr_equal(part.embed.data, whole.embed.data); /* whole on every rank */
+    /* vocabulary rows 256..511 (a view); the tied LM head is the same slice */
+    assert_int_equal(part.embed.shape[0], 256);
+    assert_ptr_equal(part.embed.data, (const float *)whole.embed.data + 256 * 64);
+    assert_ptr_equal(part.lm_head.data, part.embed.data);
     weights_free(&whole);
     weights_free(&part);
     st_close(ck);

@@ -1,9 +1,14 @@
 /* test_tp_cuda.c - tensor parallelism over two GPUs on the bundled model (stories260K: 8
  * heads, 4 KV heads, MLP 172, fp32): every position's logits with tensor-parallel-size 2
- * equal those of one GPU within fp32 all-reduce rounding; greedy generations are identical;
- * 48 concurrent requests on a tiny KV pool (swapping, preempting) give the same tokens as on
- * one GPU, with swaps counted and every block free afterwards; asking for more GPUs than are
- * visible is a one-line error. Skips, saying so, without two GPUs (CI) or without NCCL. */
+ * equal those of one GPU within fp32 all-reduce rounding (bf16 activations: within bf16
+ * rounding), also with the vocabulary cut to 509 tokens so that the vocabulary-parallel LM
+ * head's last slice ends in padding; greedy generations are identical; 48 concurrent
+ * requests on a tiny KV pool (swapping, preempting) give the same tokens as on one GPU, with
+ * swaps counted and every block free afterwards; the collectives themselves (one-shot and
+ * NCCL all-reduce, exact on small integers; the fused all-reduce + add + RMSNorm against
+ * the host; replays of a captured all-reduce) give the same results on both ranks; asking for
+ * more GPUs than are visible is a one-line error. Skips, saying so, without two GPUs (CI) or
+ * without NCCL. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,7 +20,11 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include "engine.h"
+#include "tp_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include "kernels_cuda.h"
 #endif
@@ -34,9 +43,11 @@ static int two_gpus(void) {
     return 0;
 }
 
-static Engine *make_engine(int tp, int gpu_blocks, double swap_gib) {
+static Engine *make_engine_of(const char *dir, const char *dtype, int tp, int gpu_blocks,
+                              double swap_gib) {
     EngineConfig c = eng_config_default();
-    c.model_dir = MODEL_DIR;
+    c.model_dir = dir;
+    c.dtype = dtype;
     c.device = "cuda";
     c.quiet = 1;
     c.tensor_parallel_size = tp;
@@ -48,16 +59,18 @@ static Engine *make_engine(int tp, int gpu_blocks, double swap_gib) {
     return e;
 }
 
-static void test_logits_match_one_gpu(void **state) {
-    (void)state;
-    if (!two_gpus())
-        skip();
+static Engine *make_engine(int tp, int gpu_blocks, double swap_gib) {
+    return make_engine_of(MODEL_DIR, "float32", tp, gpu_blocks, swap_gib);
+}
+
+/* Every position's logits of one prompt with tensor-parallel-size 2 vs 1. */
+static void check_logits_match(const char *dir, const char *dtype, int vocab, double tol) {
     int32_t ids[40];
     for (int i = 0; i < 40; i++)
-        ids[i] = 1 + (i * 37) % 500;
-    int vocab = 512;
+        ids[i] = 1 + (i * 37) % (vocab - 1);
+    ids[39] = vocab - 1; /* the last slice's last id */
     float *one = malloc(sizeof(float) * 40 * vocab), *two = malloc(sizeof(float) * 40 * vocab);
-    Engine *e1 = make_engine(1, 0, 1), *e2 = make_engine(2, 0, 1);
+    Engine *e1 = make_engine_of(dir, dtype, 1, 0, 1), *e2 = make_engine_of(dir, dtype, 2, 0, 1);
     assert_int_equal(eng_prompt_logits(e1, ids, 40, one), PL_OK);
     assert_int_equal(eng_prompt_logits(e2, ids, 40, two), PL_OK);
     double worst = 0;
@@ -69,12 +82,36 @@ static void test_logits_match_one_gpu(void **state) {
         }
         worst = fmax(worst, err / scale);
     }
-    print_message("tp=2 vs tp=1 logits: worst row max|diff| / max|logit| = %.3g\n", worst);
-    assert_true(worst < 1e-5);
+    print_message("%s %s, vocab %d: tp=2 vs tp=1 logits: worst row max|diff| / max|logit| = "
+                  "%.3g\n",
+                  dir, dtype, vocab, worst);
+    assert_true(worst < tol);
     eng_destroy(e1);
     eng_destroy(e2);
     free(one);
     free(two);
+}
+
+static void test_logits_match_one_gpu(void **state) {
+    (void)state;
+    if (!two_gpus())
+        skip();
+    check_logits_match(MODEL_DIR, "float32", 512, 1e-5);
+    check_logits_match(MODEL_DIR, "bfloat16", 512, 5e-2);
+}
+
+static void test_uneven_vocabulary_matches_one_gpu(void **state) {
+    (void)state;
+    if (!two_gpus())
+        skip();
+    char dir[] = "/tmp/pagellm-tp-cuda-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(write_cut_vocab_model(dir, 509), 0);
+    check_logits_match(dir, "float32", 509, 1e-5);
+    check_logits_match(dir, "bfloat16", 509, 5e-2);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 typedef struct {
@@ -142,6 +179,193 @@ static void test_greedy_and_swap_match_one_gpu(void **state) {
     eng_destroy(e2);
 }
 
+#if defined(PAGELLM_HAVE_CUDA) && defined(PAGELLM_HAVE_NCCL)
+/* ---- the collectives, driven directly: one thread per rank ---------------------------- */
+
+enum { NORM_DIM = 4096 };
+
+typedef struct {
+    int rank;
+    const KernelOps *ops;
+    int errors;
+    char first_error[200];
+    float *normed; /* [rows, NORM_DIM]: the fused op's output, compared across ranks */
+    int rows;
+} CollJob;
+
+static void coll_error(CollJob *j, const char *fmt, ...) {
+    if (j->errors++ == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(j->first_error, sizeof j->first_error, fmt, ap);
+        va_end(ap);
+    }
+}
+
+/* Host fp32 <-> the ops' act dtype. */
+static void to_act(void *dst, const float *src, size_t n, DType act) {
+    for (size_t i = 0; i < n; i++) {
+        if (act == DT_F32)
+            ((float *)dst)[i] = src[i];
+        else
+            ((uint16_t *)dst)[i] = pl_f32_to_bf16(src[i]);
+    }
+}
+
+static float act_at(const void *p, size_t i, DType act) {
+    return act == DT_F32 ? ((const float *)p)[i] : pl_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static float small_value(int rank, size_t i) { /* sums of these are exact in bf16 */
+    return 0.25f * (float)((rank + 1) * (int)(i % 7 + 1));
+}
+
+/* Sums of several sizes (one-shot, its scalar tail, NCCL beyond the staging), repeated so
+ * that both staging halves are used many times; then replays of a captured all-reduce. */
+static void sums(CollJob *j, DType act, size_t es) {
+    const KernelOps *ops = j->ops;
+    const size_t sizes[] = {8, 4096 * 3 + 5, (size_t)5 << 20, 1, 300000};
+    size_t max = (size_t)5 << 20;
+    void *dev = ops->alloc(max * es), *host = malloc(max * es);
+    float *in = malloc(max * sizeof(float));
+    for (int it = 0; it < 40 && !j->errors; it++) {
+        size_t n = sizes[it % 5];
+        for (size_t i = 0; i < n; i++)
+            in[i] = small_value(j->rank, i + (size_t)it);
+        to_act(host, in, n, act);
+        ops->to_device(dev, host, n * es);
+        ops->all_reduce(dev, n);
+        ops->to_host(host, dev, n * es);
+        for (size_t i = 0; i < n; i++) {
+            float want = small_value(0, i + (size_t)it) + small_value(1, i + (size_t)it);
+            if (act_at(host, i, act) != want) {
+                coll_error(j, "all_reduce of %zu (iteration %d): element %zu is %g, want %g", n, it,
+                           i, act_at(host, i, act), want);
+                break;
+            }
+        }
+    }
+    size_t n = 4096;
+    for (size_t i = 0; i < n; i++)
+        in[i] = small_value(j->rank, i);
+    to_act(host, in, n, act);
+    ops->to_device(dev, host, n * es);
+    ops->synchronize();
+    ops->graph_begin();
+    ops->all_reduce(dev, n);
+    void *graph = ops->graph_end();
+    for (int k = 0; k < 10; k++) /* x0 + x1, then doubled by each replay after the first */
+        ops->graph_launch(graph);
+    ops->to_host(host, dev, n * es);
+    ops->graph_destroy(graph);
+    for (size_t i = 0; i < n && !j->errors; i++) {
+        float want = 512.0f * (small_value(0, i) + small_value(1, i));
+        if (act_at(host, i, act) != want)
+            coll_error(j, "replayed all_reduce: element %zu is %g, want %g", i,
+                       act_at(host, i, act), want);
+    }
+    ops->free(dev);
+    free(host);
+    free(in);
+}
+
+/* The fused all-reduce + residual add + RMSNorm against the host, rows of NORM_DIM. */
+static void fused_norm(CollJob *j, DType act, size_t es) {
+    const KernelOps *ops = j->ops;
+    size_t n = (size_t)j->rows * NORM_DIM;
+    float *res = malloc(n * sizeof(float)), *delta = malloc(n * sizeof(float));
+    float *w = malloc(NORM_DIM * sizeof(float));
+    void *host = malloc(n * es);
+    for (size_t i = 0; i < n; i++)
+        res[i] = (float)((int)(i % 13) - 6) * 0.125f;
+    for (int d = 0; d < NORM_DIM; d++)
+        w[d] = 0.5f + (float)(d % 5) * 0.25f;
+    void *d_res = ops->alloc(n * es), *d_delta = ops->alloc(n * es), *d_out = ops->alloc(n * es);
+    void *d_w = ops->alloc(NORM_DIM * sizeof(float));
+    ops->to_device(d_w, w, NORM_DIM * sizeof(float));
+    to_act(host, res, n, act);
+    ops->to_device(d_res, host, n * es);
+    for (size_t i = 0; i < n; i++)
+        delta[i] = small_value(j->rank, i);
+    to_act(host, delta, n, act);
+    ops->to_device(d_delta, host, n * es);
+    Tensor wt = {.data = d_w, .dtype = DT_F32, .ndim = 1, .shape = {NORM_DIM}};
+    ops->all_reduce_add_rmsnorm(d_res, d_delta, d_out, &wt, j->rows, NORM_DIM, 1e-5f);
+    ops->to_host(host, d_out, n * es);
+    for (size_t i = 0; i < n; i++)
+        j->normed[i] = act_at(host, i, act);
+    double tol = act == DT_F32 ? 1e-5 : 1e-2;
+    for (int r = 0; r < j->rows && !j->errors; r++) {
+        float row[NORM_DIM];
+        double ss = 0;
+        for (int d = 0; d < NORM_DIM; d++) {
+            size_t i = (size_t)r * NORM_DIM + d;
+            float sum = res[i] + small_value(0, i) + small_value(1, i);
+            row[d] = act == DT_F32 ? sum : pl_bf16_to_f32(pl_f32_to_bf16(sum));
+            ss += (double)row[d] * row[d];
+        }
+        double inv = 1.0 / sqrt(ss / NORM_DIM + 1e-5);
+        for (int d = 0; d < NORM_DIM; d++) {
+            double want = w[d] * row[d] * inv, got = j->normed[(size_t)r * NORM_DIM + d];
+            if (fabs(got - want) > tol * (1 + fabs(want))) {
+                coll_error(j, "all_reduce_add_rmsnorm, %d rows: row %d dim %d is %g, want %g",
+                           j->rows, r, d, got, want);
+                break;
+            }
+        }
+    }
+    ops->free(d_res);
+    ops->free(d_delta);
+    ops->free(d_out);
+    ops->free(d_w);
+    free(res);
+    free(delta);
+    free(w);
+    free(host);
+}
+
+static void *collectives_rank(void *arg) {
+    CollJob *j = arg;
+    j->ops->set_device(j->rank);
+    size_t es = pl_dtype_size(j->ops->act);
+    sums(j, j->ops->act, es);
+    if (!j->errors)
+        fused_norm(j, j->ops->act, es);
+    return NULL;
+}
+
+static void check_collectives(DType act, int rows) {
+    CollJob jobs[2];
+    pthread_t threads[2];
+    for (int r = 0; r < 2; r++) {
+        jobs[r] = (CollJob){.rank = r, .ops = k_cuda_ops(act), .rows = rows};
+        jobs[r].normed = malloc((size_t)rows * NORM_DIM * sizeof(float));
+        assert_int_equal(pthread_create(&threads[r], NULL, collectives_rank, &jobs[r]), 0);
+    }
+    for (int r = 0; r < 2; r++)
+        pthread_join(threads[r], NULL);
+    for (int r = 0; r < 2; r++)
+        if (jobs[r].errors)
+            fail_msg("%s, rank %d: %s", pl_dtype_name(act), r, jobs[r].first_error);
+    assert_memory_equal(jobs[0].normed, jobs[1].normed, (size_t)rows * NORM_DIM * sizeof(float));
+    print_message("collectives %s, fused rows %d: both ranks agree\n", pl_dtype_name(act), rows);
+    for (int r = 0; r < 2; r++)
+        free(jobs[r].normed);
+}
+
+static void test_collectives(void **state) {
+    (void)state;
+    if (!two_gpus())
+        skip();
+    assert_int_equal(k_cuda_tp_init(2), 0);
+    check_collectives(DT_F32, 3);
+    check_collectives(DT_BF16, 3);
+    check_collectives(DT_BF16, 700); /* 5.5 MB: the one-shot kernel's many rows per block */
+    check_collectives(DT_F32, 700);  /* 11 MB: NCCL, then the add + norm */
+    k_cuda_tp_destroy(2);
+}
+#endif
+
 static void test_too_many_gpus_is_an_error(void **state) {
     (void)state;
 #ifdef PAGELLM_HAVE_CUDA
@@ -171,6 +395,10 @@ static void test_too_many_gpus_is_an_error(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_match_one_gpu),
+        cmocka_unit_test(test_uneven_vocabulary_matches_one_gpu),
+#if defined(PAGELLM_HAVE_CUDA) && defined(PAGELLM_HAVE_NCCL)
+        cmocka_unit_test(test_collectives),
+#endif
         cmocka_unit_test(test_greedy_and_swap_match_one_gpu),
         cmocka_unit_test(test_too_many_gpus_is_an_error),
     };

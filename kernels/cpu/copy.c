@@ -1,5 +1,6 @@
 /* copy.c - memory and data movement ops of the CPU backend: its "device" memory is host
- * memory; gathering the hidden-state rows whose logits are wanted; whole-block copies
+ * memory; gathering the hidden-state rows whose logits are wanted; reordering the logits of a
+ * vocabulary-parallel LM head (gathered slices) into rows; whole-block copies
  * between KV pools (swap out, swap in, copy-on-write): one memcpy per block thanks to the
  * block-major layout. */
 #include <stdio.h>
@@ -16,6 +17,16 @@ void cpu_gather_rows(void *out, const void *in, const int32_t *rows, int n, int 
 
 void cpu_to_f32_op(float *out, const void *in, size_t n) {
     memcpy(out, in, n * sizeof(float)); /* CPU activations are fp32 already */
+}
+
+void cpu_vocab_logits_f32(float *out, const void *parts, int n, int vocab, int shard, int size) {
+    const float *p = parts;
+    for (int r = 0; r < size; r++) {
+        int64_t first = (int64_t)r * shard, cols = vocab - first < shard ? vocab - first : shard;
+        for (int i = 0; cols > 0 && i < n; i++)
+            memcpy(out + (size_t)i * vocab + first, p + ((size_t)r * n + i) * shard,
+                   (size_t)cols * sizeof(float));
+    }
 }
 
 void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,

@@ -17,6 +17,7 @@
 
 /* ---- ops (one file each; gather_rows and copy_blocks in copy.c) ---- */
 void cpu_embedding(void *out, const int32_t *ids, int n, const Tensor *table);
+void cpu_embedding_slice(void *out, const int32_t *ids, int n, const Tensor *table, int first);
 void cpu_rmsnorm(void *out, const void *x, const Tensor *w, int n, int dim, float eps);
 void cpu_add_rmsnorm(void *residual, const void *delta, void *out, const Tensor *w, int n, int dim,
                      float eps);
@@ -32,6 +33,7 @@ void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayou
 void cpu_silu_mul(void *out, const void *gate_up, int n, int dim);
 void cpu_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim);
 void cpu_to_f32_op(float *out, const void *in, size_t n);
+void cpu_vocab_logits_f32(float *out, const void *parts, int n, int vocab, int shard, int size);
 void *cpu_alloc(size_t bytes);
 void cpu_free(void *p);
 void cpu_copy(void *dst, const void *src, size_t bytes);

@@ -28,6 +28,8 @@ static const KernelOps cpu_ops = {
     .to_f32 = cpu_to_f32_op,
     .copy_blocks = cpu_copy_blocks,
     .sample = cpu_sample,
+    .embedding_slice = cpu_embedding_slice,
+    .vocab_logits_f32 = cpu_vocab_logits_f32,
 };
 
 const KernelOps *k_cpu_ops(void) {

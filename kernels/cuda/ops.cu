@@ -15,11 +15,17 @@
  * device, created on first use on that device and kept for the process: the ops act on the
  * calling thread's current device, so each tensor-parallel rank's thread drives its own GPU
  * through the same tables. Lazily grown state (gemm heuristics, the attention workspace) must
- * reach its working size before a capture, which the engine's warm-up does. */
+ * reach its working size before a capture, which the engine's warm-up does.
+ *
+ * Tensor parallelism: all-reduces of up to a few MB (every decode step's) take the one-shot
+ * kernel over peer memory (allreduce.cu), fused with the residual add + RMSNorm after it where
+ * the model asks for that; larger ones, the logits' all-gather, and GPUs that cannot reach
+ * each other's memory use NCCL. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include "tensor_parallel.cuh"
 #ifdef PAGELLM_HAVE_NCCL
 #include <nccl.h>
 #endif
@@ -239,6 +245,18 @@ template <DType A> static void ops_to_f32(float *out, const void *in, size_t n) 
     k_cuda_to_f32(out, in, A, n, stream());
 }
 
+template <DType A>
+static void ops_embedding_slice(void *out, const int32_t *ids, int n, const Tensor *table,
+                                int first) {
+    k_cuda_embedding_slice(out, A, ids, n, table, first, stream());
+}
+
+template <DType A>
+static void ops_vocab_logits_f32(float *out, const void *parts, int n, int vocab, int shard,
+                                 int size) {
+    k_cuda_vocab_logits_f32(out, parts, A, n, vocab, shard, size, stream());
+}
+
 static void ops_sample_rows(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
                             const DeviceSampleRow *rows, const int32_t *history, int flags,
                             void *workspace, size_t workspace_bytes) {
@@ -273,10 +291,12 @@ int k_cuda_tp_init(int n) {
     NCCL_CHECK(ncclCommInitAll(comms, n, ids));
     for (int i = 0; i < n; i++)
         devices[i].comm = comms[i];
+    k_cuda_ar_init(n); /* the one-shot path, when the GPUs reach each other's memory */
     return 0;
 }
 
 void k_cuda_tp_destroy(int n) {
+    k_cuda_ar_destroy(n);
     for (int i = 0; i < n && i < MAX_DEVICES; i++) {
         if (devices[i].comm)
             NCCL_CHECK(ncclCommDestroy((ncclComm_t)devices[i].comm));
@@ -284,11 +304,37 @@ void k_cuda_tp_destroy(int n) {
     }
 }
 
-template <DType A> static void ops_all_reduce(void *buf, size_t count) {
+template <DType A> static ncclDataType_t nccl_type(void) {
+    return A == DT_BF16 ? ncclBfloat16 : A == DT_F16 ? ncclFloat16 : ncclFloat32;
+}
+
+static ncclComm_t comm(void) {
     DevState *s = dev();
-    KC_REQUIRE(s->comm, "all_reduce: this device has no tensor-parallel communicator");
-    ncclDataType_t t = A == DT_BF16 ? ncclBfloat16 : A == DT_F16 ? ncclFloat16 : ncclFloat32;
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, t, ncclSum, (ncclComm_t)s->comm, s->compute_stream));
+    KC_REQUIRE(s->comm, "tensor parallelism: this device has no communicator");
+    return (ncclComm_t)s->comm;
+}
+
+template <DType A> static void ops_all_reduce(void *buf, size_t count) {
+    if (k_cuda_ar_fits(buf, count * pl_dtype_size(A), 0, A)) {
+        k_cuda_ar_sum(buf, A, count, stream());
+        return;
+    }
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type<A>(), ncclSum, comm(), stream()));
+}
+
+template <DType A>
+static void ops_all_reduce_add_rmsnorm(void *residual, void *delta, void *out, const Tensor *w,
+                                       int n, int dim, float eps) {
+    if (k_cuda_ar_fits(delta, (size_t)n * dim * pl_dtype_size(A), dim, A)) {
+        k_cuda_ar_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
+        return;
+    }
+    ops_all_reduce<A>(delta, (size_t)n * dim);
+    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
+}
+
+template <DType A> static void ops_all_gather(void *out, const void *in, size_t count) {
+    NCCL_CHECK(ncclAllGather(in, out, count, nccl_type<A>(), comm(), stream()));
 }
 #else
 int k_cuda_tp_init(int n) {
@@ -354,6 +400,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.silu_mul = ops_silu_mul<A>;
     o.gather_rows = ops_gather_rows<A>;
     o.to_f32 = ops_to_f32<A>;
+    o.embedding_slice = ops_embedding_slice<A>;
+    o.vocab_logits_f32 = ops_vocab_logits_f32<A>;
     o.copy_blocks = ops_copy_blocks;
     o.sample = NULL; /* sampling runs on the GPU: */
     o.sample_workspace_bytes = k_cuda_sample_workspace_bytes;
@@ -362,6 +410,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.fill_dummy = ops_fill_dummy;
 #ifdef PAGELLM_HAVE_NCCL
     o.all_reduce = ops_all_reduce<A>;
+    o.all_reduce_add_rmsnorm = ops_all_reduce_add_rmsnorm<A>;
+    o.all_gather = ops_all_gather<A>;
 #endif
     o.set_device = ops_set_device;
     o.graph_begin = ops_graph_begin;

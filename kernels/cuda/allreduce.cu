@@ -1,0 +1,295 @@
+/* allreduce.cu - one-shot all-reduce for small messages between the GPUs of one process.
+ *
+ * The tensor-parallel ranks are threads of one process, so each GPU can map the others'
+ * memory (peer access over NVLink). Every rank owns a staging buffer (two halves) and a flag
+ * array that its peers write. One kernel per all-reduce, on every rank at once:
+ *   1. each block copies its part of the input into this call's half of its own staging;
+ *   2. block b tells block b of every peer that its part is there (a release store of the
+ *      call's epoch into the peer's flags) and waits for the same from each peer (acquire
+ *      loads of its own flags);
+ *   3. each block reads its part from every rank's staging (ranks in order, so every rank
+ *      computes bit-identical sums) and writes the result, or, fused, adds it to the
+ *      residual and writes the RMSNorm of the rows it owns.
+ * Epochs are per block, in device memory, advanced by the kernel itself: no host work per
+ * call, so the kernels can be captured in CUDA graphs and replayed. The grid is fixed and
+ * every block takes part in every call's handshake, so all blocks agree on the epoch. Two
+ * halves make one handshake per call enough: a rank rewrites a half two calls later, and its
+ * handshake in between proves every peer has started the call after (and, in stream order,
+ * finished the one that read that half).
+ *
+ * The kernels spin on the peers: every rank must make the same sequence of calls (the model's
+ * forward does), and all AR_BLOCKS blocks must be resident at once (a handful per GPU). NCCL
+ * stays for messages larger than the staging half. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+#include "tensor_parallel.cuh"
+
+enum { AR_BLOCKS = 128, AR_THREADS = 512, AR_MAX_RANKS = 8 };
+static const size_t AR_HALF_BYTES = (size_t)8 << 20; /* largest one-shot message */
+/* A peer that has not arrived after this long never will (the ranks' calls diverged): the
+ * kernel traps, which fails loudly instead of hanging. */
+static const uint64_t AR_WAIT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
+
+/* One rank's view of the group: a kernel argument, fixed for the life of the group. */
+typedef struct {
+    char *staging[AR_MAX_RANKS];   /* every rank's staging: two halves of AR_HALF_BYTES */
+    uint32_t *flags[AR_MAX_RANKS]; /* every rank's flags [AR_BLOCKS][AR_MAX_RANKS]: from whom */
+    uint32_t *epochs;              /* this rank's [AR_BLOCKS]: the last call's epoch per block */
+    int rank, size;
+} ArView;
+
+static ArView views[AR_MAX_RANKS];
+static int group_size; /* 0: the one-shot path is off */
+
+/* ---- device side ---------------------------------------------------------------------- */
+
+__device__ __forceinline__ void store_release(uint32_t *p, uint32_t v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_ns(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t *p) {
+    uint32_t v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* This call's epoch for the block (the handshake stores it once every thread has read it). */
+__device__ __forceinline__ uint32_t call_epoch(const ArView &v) {
+    return v.epochs[blockIdx.x] + 1;
+}
+
+/* This call's half of rank r's staging. */
+__device__ __forceinline__ char *staging_half(const ArView &v, int r, uint32_t epoch) {
+    return v.staging[r] + (epoch & 1) * AR_HALF_BYTES;
+}
+
+/* Step 2: after it every peer's block has staged its part of this call. */
+__device__ __forceinline__ void handshake(const ArView &v, uint32_t epoch) {
+    __syncthreads(); /* the block's staging writes come before the release below */
+    int peer = threadIdx.x;
+    if (peer < v.size && peer != v.rank) {
+        store_release(v.flags[peer] + blockIdx.x * AR_MAX_RANKS + v.rank, epoch);
+        const uint32_t *mine = v.flags[v.rank] + blockIdx.x * AR_MAX_RANKS + peer;
+        const uint64_t start = global_ns();
+        while ((int32_t)(load_acquire(mine) - epoch) < 0) { /* a peer may be one call ahead */
+            if (global_ns() - start > AR_WAIT_LIMIT_NS) {
+                printf("one-shot all-reduce: rank %d (block %d) waited 20 s for rank %d at "
+                       "epoch %u\n",
+                       v.rank, blockIdx.x, peer, epoch);
+                __trap();
+            }
+        }
+    }
+    if (threadIdx.x == 0)
+        v.epochs[blockIdx.x] = epoch;
+    __syncthreads();
+}
+
+/* 16 bytes of T: VEC elements. */
+template <typename T> struct Vec { static constexpr int N = 16 / sizeof(T); };
+
+template <typename T> __device__ __forceinline__ void accumulate(float *acc, uint4 u) {
+    const T *e = (const T *)&u;
+#pragma unroll
+    for (int i = 0; i < Vec<T>::N; i++)
+        acc[i] += to_f32(e[i]);
+}
+
+/* The sum over the ranks (in rank order) of element vector i of this call's staging. */
+template <typename T>
+__device__ __forceinline__ void sum_ranks(float *acc, const ArView &v, uint32_t epoch, size_t i) {
+#pragma unroll
+    for (int k = 0; k < Vec<T>::N; k++)
+        acc[k] = 0.0f;
+    for (int r = 0; r < v.size; r++) /* L2 of the owner, not a stale L1 line */
+        accumulate<T>(acc, __ldcg((const uint4 *)staging_half(v, r, epoch) + i));
+}
+
+template <typename T> __device__ __forceinline__ uint4 pack(const float *a) {
+    uint4 u;
+    T *e = (T *)&u;
+#pragma unroll
+    for (int i = 0; i < Vec<T>::N; i++)
+        e[i] = from_f32<T>(a[i]);
+    return u;
+}
+
+/* Vectors [0, nvec) grid-strided; the scalar tail (count % VEC elements) goes to block 0. */
+template <typename T>
+__global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, ArView v) {
+    constexpr int N = Vec<T>::N;
+    const uint32_t epoch = call_epoch(v);
+    const size_t nvec = count / N, stride = (size_t)gridDim.x * blockDim.x;
+    const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint4 *mine = (uint4 *)staging_half(v, v.rank, epoch);
+    for (size_t i = first; i < nvec; i += stride)
+        mine[i] = ((const uint4 *)buf)[i];
+    const size_t tail = nvec * N + threadIdx.x;
+    if (blockIdx.x == 0 && tail < count)
+        ((T *)mine)[tail] = buf[tail];
+    handshake(v, epoch);
+    for (size_t i = first; i < nvec; i += stride) {
+        float acc[N];
+        sum_ranks<T>(acc, v, epoch, i);
+        ((uint4 *)buf)[i] = pack<T>(acc);
+    }
+    if (blockIdx.x == 0 && tail < count) {
+        float acc = 0.0f;
+        for (int r = 0; r < v.size; r++)
+            acc += to_f32(__ldcg((const T *)staging_half(v, r, epoch) + tail));
+        buf[tail] = from_f32<T>(acc);
+    }
+}
+
+/* Rows grid-strided over the blocks (the block that stages a row reduces it); dim % VEC == 0.
+ * The new residual is rounded to T and that stored value is normalised, as norm.cu does. */
+template <typename T, typename TW>
+__global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, const T *delta,
+                                                                 T *out, const TW *w, int n,
+                                                                 int dim, float eps, ArView v) {
+    constexpr int N = Vec<T>::N;
+    __shared__ float scratch[32];
+    const uint32_t epoch = call_epoch(v);
+    const int row_vecs = dim / N;
+    uint4 *mine = (uint4 *)staging_half(v, v.rank, epoch);
+    for (int row = blockIdx.x; row < n; row += gridDim.x)
+        for (int c = threadIdx.x; c < row_vecs; c += blockDim.x)
+            mine[(size_t)row * row_vecs + c] = ((const uint4 *)delta)[(size_t)row * row_vecs + c];
+    handshake(v, epoch);
+    for (int row = blockIdx.x; row < n; row += gridDim.x) {
+        uint4 *res = (uint4 *)residual + (size_t)row * row_vecs;
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
+            float acc[N];
+            sum_ranks<T>(acc, v, epoch, (size_t)row * row_vecs + c);
+            accumulate<T>(acc, res[c]);
+            uint4 r = pack<T>(acc);
+            res[c] = r;
+            const T *e = (const T *)&r;
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                ss += to_f32(e[k]) * to_f32(e[k]);
+        }
+        ss = block_sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        uint4 *o = (uint4 *)out + (size_t)row * row_vecs;
+        for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) { /* this thread's own stores */
+            uint4 r = res[c];
+            const T *e = (const T *)&r;
+            float y[N];
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                y[k] = to_f32(w[c * N + k]) * (to_f32(e[k]) * inv);
+            o[c] = pack<T>(y);
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------ */
+
+int k_cuda_ar_init(int n) {
+    const char *env = getenv("PAGELLM_ONESHOT_ALLREDUCE");
+    if (n < 2 || n > AR_MAX_RANKS || (env && strcmp(env, "0") == 0))
+        return -1;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            int ok = 1;
+            if (i != j)
+                CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, i, j));
+            if (!ok)
+                return -1;
+        }
+    int prev = 0;
+    CUDA_CHECK(cudaGetDevice(&prev));
+    ArView shared = {};
+    for (int i = 0; i < n; i++) {
+        CUDA_CHECK(cudaSetDevice(i));
+        for (int j = 0; j < n; j++) {
+            if (j == i)
+                continue;
+            cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
+            if (e == cudaErrorPeerAccessAlreadyEnabled)
+                (void)cudaGetLastError(); /* from an earlier group: fine, and not sticky */
+            else
+                CUDA_CHECK(e);
+        }
+        size_t flag_bytes = (size_t)AR_BLOCKS * AR_MAX_RANKS * sizeof(uint32_t);
+        shared.staging[i] = (char *)k_cuda_malloc(2 * AR_HALF_BYTES);
+        shared.flags[i] = (uint32_t *)k_cuda_malloc(flag_bytes);
+        views[i].epochs = (uint32_t *)k_cuda_malloc(AR_BLOCKS * sizeof(uint32_t));
+        k_cuda_memset(shared.flags[i], 0, flag_bytes);
+        k_cuda_memset(views[i].epochs, 0, AR_BLOCKS * sizeof(uint32_t));
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    for (int i = 0; i < n; i++) {
+        uint32_t *epochs = views[i].epochs;
+        views[i] = shared;
+        views[i].epochs = epochs;
+        views[i].rank = i;
+        views[i].size = n;
+    }
+    group_size = n;
+    CUDA_CHECK(cudaSetDevice(prev));
+    return 0;
+}
+
+void k_cuda_ar_destroy(int n) {
+    if (group_size == 0 || n != group_size)
+        return;
+    int prev = 0;
+    CUDA_CHECK(cudaGetDevice(&prev));
+    for (int i = 0; i < n; i++) {
+        CUDA_CHECK(cudaSetDevice(i));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        k_cuda_free(views[i].staging[i]);
+        k_cuda_free(views[i].flags[i]);
+        k_cuda_free(views[i].epochs);
+        memset(&views[i], 0, sizeof views[i]);
+    }
+    group_size = 0;
+    CUDA_CHECK(cudaSetDevice(prev));
+}
+
+/* The current device's view, NULL when the one-shot path is off for it. */
+static const ArView *current_view(void) {
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    return group_size && d < group_size ? &views[d] : NULL;
+}
+
+int k_cuda_ar_fits(const void *buf, size_t bytes, int dim, DType act) {
+    return current_view() && bytes <= AR_HALF_BYTES && (uintptr_t)buf % 16 == 0 &&
+           (size_t)dim * pl_dtype_size(act) % 16 == 0;
+}
+
+void k_cuda_ar_sum(void *buf, DType act, size_t count, cudaStream_t stream) {
+    const ArView *v = current_view();
+    KC_REQUIRE(v, "k_cuda_ar_sum: no one-shot all-reduce group on this device");
+    KC_DISPATCH_ACT(act, "k_cuda_ar_sum", T,
+                    sum_kernel<T><<<AR_BLOCKS, AR_THREADS, 0, stream>>>((T *)buf, count, *v));
+    CUDA_CHECK_LAUNCH();
+}
+
+void k_cuda_ar_add_rmsnorm(void *residual, const void *delta, void *out, DType act, const Tensor *w,
+                           int n, int dim, float eps, cudaStream_t stream) {
+    const ArView *v = current_view();
+    KC_REQUIRE(v, "k_cuda_ar_add_rmsnorm: no one-shot all-reduce group on this device");
+    KC_REQUIRE(w->ndim == 1 && w->shape[0] == dim,
+               "k_cuda_ar_add_rmsnorm: weight shape does not match dim %d", dim);
+    KC_DISPATCH_ACT(act, "k_cuda_ar_add_rmsnorm", T,
+                    KC_DISPATCH_WEIGHT(w->dtype, "k_cuda_ar_add_rmsnorm", TW,
+                                       add_rmsnorm_kernel<T, TW>
+                                       <<<AR_BLOCKS, AR_THREADS, 0, stream>>>(
+                                           (T *)residual, (const T *)delta, (T *)out,
+                                           (const TW *)w->data, n, dim, eps, *v)));
+    CUDA_CHECK_LAUNCH();
+}
