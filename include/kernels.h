@@ -4,7 +4,7 @@
  * (kernels/cpu, plain C, fp32 math, also the reference every GPU kernel is tested against)
  * and on CUDA (kernels/cuda). Pointers are in the backend's memory. Activations (the void *
  * arguments of the compute ops) and the KV cache are in the table's `act` dtype: F32 on the
- * CPU backend, F32 or BF16 on CUDA (one table each); weights may be fp32, fp16 or bf16
+ * CPU backend, F32, BF16 or F16 on CUDA (one table each); weights may be fp32, fp16 or bf16
  * (converted on the fly); the math is fp32 everywhere.
  *
  * The KV cache is block-major (DESIGN.md 2): physical block b holds, contiguously, every
@@ -99,7 +99,7 @@ enum {
 
 typedef struct KernelOps {
     const char *name; /* "cpu", "cuda" */
-    DType act;        /* activations and KV cache: DT_F32 or DT_BF16 */
+    DType act;        /* activations and KV cache: DT_F32, DT_BF16 or DT_F16 */
 
     /* Backend memory ("device" memory; plain host memory on the CPU backend, which sets
      * host_memory so that mmapped weights are used in place). alloc returns zeroed memory

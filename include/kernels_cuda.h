@@ -5,8 +5,8 @@
  * reference its test compares against), with these differences:
  *   - every pointer argument is device memory, except Tensor / KvLayout / AttnBatch / Rope
  *     structs themselves, which are host structs whose data pointers are device memory;
- *   - activations are in `DType act` (DT_F32 or DT_BF16; the math inside is fp32), weights
- *     F32 / F16 / BF16, the KV cache in KvLayout.dtype (DT_F32 or DT_BF16);
+ *   - activations are in `DType act` (DT_F32, DT_BF16 or DT_F16; the math inside is fp32),
+ *     weights F32 / F16 / BF16, the KV cache in KvLayout.dtype (DT_F32, DT_BF16 or DT_F16);
  *   - `stream` is a cudaStream_t (NULL = the legacy default stream), so C callers need no
  *     CUDA header; launches are asynchronous on it;
  *   - launchers never allocate, never synchronize, and are safe to capture in a CUDA graph
@@ -62,8 +62,8 @@ void k_cuda_stream_destroy(void *stream);
 void k_cuda_stream_synchronize(void *stream);
 
 /* The CUDA backend's op table for activations and KV cache in `act` (DT_F32: exact, for
- * comparisons; DT_BF16: the fast configuration); see kernels/cuda/ops.cu. Only call when
- * k_cuda_device_count() > 0. */
+ * comparisons; DT_BF16: the fast configuration; DT_F16: the same in fp16); see kernels/cuda/ops.cu.
+ * Only call when k_cuda_device_count() > 0. */
 const KernelOps *k_cuda_ops(DType act);
 
 /* Tensor parallelism over devices 0..n-1 of this process: one NCCL communicator per device
@@ -178,11 +178,11 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
  * k_cuda_matmul has the CPU `matmul` op's semantics: out[n, N] = x[n, K] w^T (+ bias), w of
  * shape [N, K] (row-major, F32/F16/BF16), bias [N] (any of those dtypes) or NULL, fp32
  * accumulation, x and out in `act`. Supported (act / weight): BF16 / BF16 (the fast path),
- * F32 / F32 (exact fp32, no TF32), F32 / BF16 and F32 / F16 (fp32 activations on 16-bit
+ * F16 / F16, F32 / F32 (exact fp32, no TF32), F32 / BF16 and F32 / F16 (fp32 activations on 16-bit
  * weights, within fp32 tolerance of the CPU op: x is split into two 16-bit halves in the
  * gemm's scratch); anything else aborts. Small batches with 16-bit weights, K % 8 == 0 and
  * 16-byte aligned x and w take a memory-bound GEMV kernel where it measured faster than
- * cuBLASLt on the H200 (BF16 activations: n <= 2; F32 activations: n <= 8); everything else
+ * cuBLASLt on the H200 (BF16 and F16 activations: n <= 2; F32 activations: n <= 8); everything else
  * goes through cuBLASLt.
  *
  * A KCudaGemm holds the cuBLASLt handle, a 32 MiB workspace, the F32-activation scratch and a

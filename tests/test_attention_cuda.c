@@ -7,17 +7,21 @@
  * a prompt chunk continuing a cached prefix, a fresh prompt) run as a decode launch, a prefill
  * launch, and the decode + prefill views of kernels_cuda.h, contexts up to 32k (split over the
  * sequence for decode; a prefill chunk after a 32k prefix), a batch wide enough for decode's
- * long partitions, and activation / cache dtypes f32 and bf16 (and mixed).
+ * long partitions, and activation / cache dtypes f32, bf16 and f16 (and mixed; f16 in decode
+ * only, where bf16 and f16 q on a cache of the same type with head_dim a multiple of 16 up to
+ * 256 run on tensor cores, and every other pair on CUDA cores). Decode launches must also be
+ * deterministic: a second launch on the same input gives the same bits.
  *
  * The CPU op sees exactly the values the GPU sees (inputs rounded to the GPU's dtypes first,
  * then an f32 copy); a result passes when |gpu - ref| <= tol + tol |ref| (tol 1e-4 for f32,
- * 1e-2 when activations or cache are bf16), and the first mismatches are printed. Outputs are
+ * 1e-2 when activations or cache are 16-bit), and the first mismatches are printed. Outputs are
  * poisoned (NaN) before each launch, so unwritten elements fail, and padding rows must stay
  * untouched.
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". The last test prints timings (never
- * asserts speed) at Llama-3-8B head shapes, CUDA-event medians, with the ratio to the H200
+ * asserts speed) at Llama-3-8B head shapes (bf16, and f16 for two decode shapes), CUDA-event
+ * medians (and per launch in a CUDA graph of back-to-back launches), with the ratio to the H200
  * floors (4.23 TB/s for decode's K/V bytes, 763 TFLOP/s bf16 for prefill's causal FLOPs).
  * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
  * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
@@ -172,6 +176,22 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                 k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &pv, nh, scale, NULL);
         }
         download_as(got, dout, nq, act);
+        if (mode == MODE_DECODE) { /* deterministic: a second launch gives the same bits */
+            void *again = k_cuda_malloc(nq * pl_dtype_size(act));
+            void *h1 = xmalloc(nq * pl_dtype_size(act)), *h2 = xmalloc(nq * pl_dtype_size(act));
+            k_cuda_memset(again, 0xFF, nq * pl_dtype_size(act));
+            k_cuda_attention_decode(again, dq, act, dcache, &dl, layer, &db, nh, scale, ws,
+                                    ws_bytes, NULL);
+            k_cuda_memcpy(h1, dout, nq * pl_dtype_size(act));
+            k_cuda_memcpy(h2, again, nq * pl_dtype_size(act));
+            if (memcmp(h1, h2, nq * pl_dtype_size(act)) != 0) {
+                print_error("attention decode D %d G %d bs %d: two launches differ\n", D, G, bs);
+                bad++;
+            }
+            k_cuda_free(again);
+            free(h1);
+            free(h2);
+        }
         char what[160];
         snprintf(what, sizeof what, "attention %s act %s cache %s D %d nkv %d G %d bs %d",
                  mode == MODE_DECODE    ? "decode"
@@ -179,7 +199,7 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                                         : "split",
                  dn(act), dn(cdt), D, nkv, G, bs);
         size_t real = (size_t)T * nh * D;
-        double tol = atol_of(act == DT_BF16 || cdt == DT_BF16 ? DT_BF16 : DT_F32);
+        double tol = atol_of(act != DT_F32 || cdt != DT_F32 ? DT_BF16 : DT_F32);
         bad += check_close(what, got, ref, real, tol);
         int touched = 0; /* padding rows stay poisoned */
         for (size_t i = real; i < nq; i++)
@@ -207,9 +227,15 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
     return bad;
 }
 
-/* Head dims x GQA ratios x block sizes x dtypes, each on a mixed batch: three decodes (up to
- * three 256-position partitions), a chunk continuing a cached prefix, a fresh prompt, and
- * two padding rows; every kernel mode (decode, prefill, decode+prefill views). */
+/* The modes a dtype pair is tested in: all of them, for every pair. */
+static int modes_of(DType act, DType cdt) {
+    (void)act, (void)cdt;
+    return MODE_DECODE | MODE_PREFILL | MODE_SPLIT;
+}
+
+/* Head dims x GQA ratios x block sizes x dtypes (f32, bf16, f16), each on a mixed batch: three
+ * decodes (up to three 256-position partitions), a chunk continuing a cached prefix, a fresh
+ * prompt, and two padding rows; every kernel mode (decode, prefill, decode+prefill views). */
 static void test_attention_sweep(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -217,12 +243,12 @@ static void test_attention_sweep(void **state) {
     const int dims[] = {8, 40, 64, 80, 96, 128, 256};
     const int gqa[] = {1, 4, 8};
     const int bss[] = {8, 16, 32, 64, 128};
-    const DType pairs[][2] = {{DT_F32, DT_F32}, {DT_BF16, DT_BF16}};
+    const DType pairs[][2] = {{DT_F32, DT_F32}, {DT_BF16, DT_BF16}, {DT_F16, DT_F16}};
     int bad = 0, cases = 0;
     for (int di = 0; di < 7; di++)
         for (int gi = 0; gi < 3; gi++)
             for (int bi = 0; bi < 5; bi++)
-                for (int pi = 0; pi < 2; pi++) {
+                for (int pi = 0; pi < 3; pi++) {
                     if (quick() && ((di != 0 && di != 5) || bi != 1))
                         continue;
                     SeqSpec specs[5] = {
@@ -233,7 +259,7 @@ static void test_attention_sweep(void **state) {
                         {0, 20 + rnd_int(60)},
                     };
                     bad += attention_case(dims[di], 2, gqa[gi], bss[bi], pairs[pi][0], pairs[pi][1],
-                                          specs, 5, 2, MODE_DECODE | MODE_PREFILL | MODE_SPLIT);
+                                          specs, 5, 2, modes_of(pairs[pi][0], pairs[pi][1]));
                     cases++;
                 }
     print_message("attention sweep: %d batches x 3 modes, %d mismatching comparisons\n", cases,
@@ -256,6 +282,12 @@ static void test_attention_shapes(void **state) {
     bad += attention_case(64, 1, 16, 8, DT_F32, DT_F32, mix, 3, 0, 7);
     bad += attention_case(64, 1, 16, 8, DT_BF16, DT_BF16, mix, 3, 0, 7);
     bad += attention_case(128, 2, 2, 24, DT_BF16, DT_BF16, mix, 3, 0, 7);
+    bad += attention_case(128, 2, 4, 16, DT_F32, DT_F16, mix, 3, 0, 7);
+    bad += attention_case(128, 2, 4, 16, DT_F16, DT_F32, mix, 3, 0, 7);
+    bad += attention_case(128, 4, 7, 16, DT_F16, DT_F16, mix, 3, 1, 7);
+    bad += attention_case(64, 1, 16, 8, DT_F16, DT_F16, mix, 3, 0, 7);
+    bad += attention_case(128, 1, 32, 16, DT_BF16, DT_BF16, mix, 3, 0, 7);
+    bad += attention_case(96, 1, 24, 16, DT_F16, DT_F16, mix, 3, 0, 7);
     SeqSpec one[1] = {{0, 200}};
     bad += attention_case(128, 8, 4, 32, DT_BF16, DT_BF16, one, 1, 0, 7);
     SeqSpec odd[3] = {{37, 1}, {250, 77}, {3, 130}};
@@ -274,6 +306,8 @@ static void test_attention_shapes(void **state) {
         bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
         bad += attention_case(256, 2, 1, 64, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
         bad += attention_case(80, 2, 8, 128, DT_BF16, DT_BF16, prompt, 2, 0, MODE_PREFILL);
+        bad += attention_case(128, 2, 4, 16, DT_F16, DT_F16, prompt, 2, 0, MODE_PREFILL);
+        bad += attention_case(80, 2, 8, 128, DT_F16, DT_F16, prompt, 2, 0, MODE_PREFILL);
     }
     assert_int_equal(bad, 0);
 }
@@ -291,6 +325,7 @@ static void test_attention_long(void **state) {
     int bad = 0;
     bad += attention_case(128, 2, 4, 16, DT_F32, DT_F32, specs, 6, 1, 7);
     bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, specs, 6, 1, 7);
+    bad += attention_case(128, 2, 4, 16, DT_F16, DT_F16, specs, 6, 1, 7);
     SeqSpec specs2[3] = {{4096, 1}, {2047, 1}, {3000, 100}};
     bad += attention_case(64, 2, 8, 32, DT_BF16, DT_BF16, specs2, 3, 0, 7);
     bad += attention_case(256, 1, 1, 32, DT_F32, DT_F32, specs2, 3, 0, 7);
@@ -303,6 +338,8 @@ static void test_attention_long(void **state) {
         wide[s] = (SeqSpec){rnd_int(1500), 1};
     bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, wide, 256, 3, MODE_DECODE);
     bad += attention_case(128, 8, 4, 16, DT_F32, DT_F32, wide, 256, 0, MODE_DECODE);
+    bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, wide, 256, 0, MODE_DECODE);
+    bad += attention_case(256, 4, 2, 16, DT_BF16, DT_BF16, wide, 256, 0, MODE_DECODE);
     assert_int_equal(bad, 0);
 }
 
@@ -341,18 +378,59 @@ typedef struct {
     KvLayout l;
     AttnBatch b[64]; /* one per set of blocks: rotating defeats the 60 MB L2 */
     int nsets, prefill, nh;
+    DType dt; /* q and cache */
     float scale;
+    void *stream; /* NULL: the legacy stream */
 } TimedAttn;
 
 static void run_attn(void *ctx, int i) {
     TimedAttn *a = ctx;
     const AttnBatch *b = &a->b[i % a->nsets];
     if (a->prefill)
-        k_cuda_attention_prefill(a->out, a->q, DT_BF16, a->cache, &a->l, 0, b, a->nh, a->scale,
-                                 NULL);
+        k_cuda_attention_prefill(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                 a->stream);
     else
-        k_cuda_attention_decode(a->out, a->q, DT_BF16, a->cache, &a->l, 0, b, a->nh, a->scale,
-                                a->ws, a->ws_bytes, NULL);
+        k_cuda_attention_decode(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale, a->ws,
+                                a->ws_bytes, a->stream);
+}
+
+/* Device time per launch without the host's launch overhead, as the engine's CUDA graphs run
+ * it: one graph of a launch per set, the median of 5 replays divided by the sets, in ms. */
+static double time_graph(TimedAttn *a) {
+    a->stream = k_cuda_stream_create();
+    cudaStream_t st = (cudaStream_t)a->stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < a->nsets; i++)
+        run_attn(a, i);
+    CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float t[5];
+    CUDA_CHECK(cudaGraphLaunch(exec, st)); /* warm-up */
+    for (int i = 0; i < 5; i++) {
+        CUDA_CHECK(cudaEventRecord(e0, st));
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    for (int i = 1; i < 5; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    k_cuda_stream_destroy(a->stream);
+    a->stream = NULL;
+    return t[2] / a->nsets;
 }
 
 /* Not a check: timings at Llama-3-8B head shapes (32 query heads, 8 KV heads, head_dim 128,
@@ -368,13 +446,14 @@ static void test_attention_timing(void **state) {
     rng_seed(12);
     const int D = 128, nkv = 8, nh = 32, bs = 16;
     const double bw = 4.23e12, tflops = 763e12;
-    const size_t pool_tokens = 256 * 1024 + 64 * 1024;
+    const size_t pool_tokens = 256 * 2048 + 64 * 1024;
     const int nblocks = (int)(pool_tokens / bs);
     TimedAttn a;
     memset(&a, 0, sizeof a);
     a.l = (KvLayout){
         .num_layers = 1, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_BF16};
     a.nh = nh;
+    a.dt = DT_BF16;
     a.scale = 1.0f / sqrtf((float)D);
     size_t block_bytes = (size_t)2 * bs * nkv * D * 2;
     a.cache = k_cuda_malloc(block_bytes * nblocks);
@@ -403,9 +482,14 @@ static void test_attention_timing(void **state) {
     a.out = k_cuda_malloc((size_t)max_rows * nh * D * 2);
     free(q);
 
-    const int dec[][2] = {{1, 1024}, {1, 8192}, {1, 32768}, {64, 1024}, {256, 1024}};
-    for (int ci = 0; ci < 5; ci++) {
+    /* {batch, context, 1: f16 q and cache (the cache's bf16 bits read as f16, finite)} */
+    const int dec[][3] = {{1, 128},    {1, 1024},    {1, 4096},     {1, 8192},  {1, 32768},
+                          {8, 1024},   {64, 1024},   {256, 128},    {256, 512}, {256, 1024},
+                          {256, 2048}, {1, 1024, 1}, {256, 1024, 1}};
+    for (int ci = 0; ci < (int)(sizeof dec / sizeof dec[0]); ci++) {
         const int batch = dec[ci][0], ctx = dec[ci][1], mb = ctx / bs;
+        a.dt = dec[ci][2] ? DT_F16 : DT_BF16;
+        a.l.dtype = a.dt;
         const int per_set = batch * mb;
         const double set_bytes = (double)per_set * block_bytes;
         a.nsets = 1 + (int)(240e6 / set_bytes); /* 240 MB in rotation: 4x the L2 */
@@ -413,6 +497,8 @@ static void test_attention_timing(void **state) {
             a.nsets = nblocks / per_set;
         if (a.nsets > 64)
             a.nsets = 64;
+        if (a.nsets < 1)
+            a.nsets = 1;
         a.prefill = 0;
         int32_t *tab = xmalloc(sizeof(int32_t) * per_set * a.nsets);
         for (int i = 0; i < per_set * a.nsets; i++)
@@ -436,10 +522,12 @@ static void test_attention_timing(void **state) {
         a.ws_bytes = k_cuda_attention_workspace_bytes(&a.l, batch, nh, mb);
         a.ws = a.ws_bytes ? k_cuda_malloc(a.ws_bytes) : NULL;
         double ms = time_median(run_attn, &a, 20);
+        k_cuda_synchronize(); /* the graph's stream does not wait for the legacy one */
+        double graph_ms = time_graph(&a);
         double floor_ms = (double)batch * ctx * nkv * D * 2 * 2 / bw * 1e3;
-        print_message("timing: decode batch %3d ctx %5d: %8.1f us, floor %7.1f us (%.2fx), "
-                      "%.2f TB/s; x32 layers %.2f ms\n",
-                      batch, ctx, ms * 1e3, floor_ms * 1e3, ms / floor_ms,
+        print_message("timing: decode %s batch %3d ctx %5d: %8.1f us (graph %7.1f us), floor "
+                      "%7.1f us (%.2fx), %.2f TB/s; x32 layers %.2f ms\n",
+                      dn(a.dt), batch, ctx, ms * 1e3, graph_ms * 1e3, floor_ms * 1e3, ms / floor_ms,
                       (double)batch * ctx * nkv * D * 4 / (ms * 1e-3) / 1e12, ms * 32);
         k_cuda_free(a.ws);
         k_cuda_free(dtab);
@@ -451,6 +539,8 @@ static void test_attention_timing(void **state) {
     }
 
     /* prefill: {sequences, tokens each, cached prefix} */
+    a.dt = DT_BF16;
+    a.l.dtype = DT_BF16;
     const int pre[][3] = {{1, 2048, 0}, {1, 512, 0}, {4, 512, 0}, {1, 512, 1536}};
     for (int ci = 0; ci < 4; ci++) {
         const int ns = pre[ci][0], len = pre[ci][1], prefix = pre[ci][2];

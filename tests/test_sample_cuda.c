@@ -661,24 +661,24 @@ static float time_sample(const Batch *b, DevBatch *d, int flags, int lp_k, cudaE
 }
 
 /* Not a check: n = 256 rows of vocab 128256 (128 MB of logits; one read is 31 us at
- * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise. */
+ * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise; then the first five cases (the
+ * decode step's critical path) at n = 1 and 8. */
 static void test_sample_timing(void **state) {
     (void)state;
     REQUIRE_GPU();
     if (quick())
         return;
     rng_seed(404);
-    const int n = 256, V = 128256;
+    const int V = 128256;
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    double pass_us = (double)n * V * 4 / 4.2e12 * 1e6;
     struct {
         const char *name;
         int kind, flags, lp_k;
         SamplingParams p;
-    } cases[10];
-    for (int c = 0; c < 10; c++) {
+    } cases[11];
+    for (int c = 0; c < 11; c++) {
         cases[c].kind = ROW_PEAKED;
         cases[c].flags = KC_SAMPLE_NO_PENALTIES;
         cases[c].lp_k = -1;
@@ -715,15 +715,21 @@ static void test_sample_timing(void **state) {
     cases[9].name = "temperature 1 on wide U(-60, 60) rows (60% skip the exp)";
     cases[9].kind = ROW_WIDE;
     cases[9].p.temperature = 1.0f;
-    for (int c = 0; c < 10; c++) {
-        Batch b = make_batch(n, V, cases[c].kind, &cases[c].p);
-        DevBatch d = upload_batch(&b);
-        float us = time_sample(&b, &d, cases[c].flags, cases[c].lp_k, e0, e1);
-        print_message("timing: n %d V %d %-62s %8.1f us (%.1f row reads)\n", n, V, cases[c].name,
-                      (double)us, us / pass_us);
-        free_dev(&d);
-        free_batch(&b);
-    }
+    cases[10].name = "logprobs k 5";
+    cases[10].lp_k = 5;
+    const int ns[3] = {256, 1, 8}, ncases[3] = {11, 5, 5};
+    for (int ni = 0; ni < 3; ni++)
+        for (int c = 0; c < ncases[ni]; c++) {
+            int n = ns[ni];
+            double pass_us = (double)n * V * 4 / 4.2e12 * 1e6;
+            Batch b = make_batch(n, V, cases[c].kind, &cases[c].p);
+            DevBatch d = upload_batch(&b);
+            float us = time_sample(&b, &d, cases[c].flags, cases[c].lp_k, e0, e1);
+            print_message("timing: n %3d V %d %-62s %8.1f us (%.1f row reads)\n", n, V,
+                          cases[c].name, (double)us, us / pass_us);
+            free_dev(&d);
+            free_batch(&b);
+        }
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
 }

@@ -8,6 +8,7 @@
  * Dtype combinations (activation / weight):
  *   BF16 / BF16  bf16 in, fp32 compute, bf16 out; bias fused through CUBLASLT_EPILOGUE_BIAS when
  *                it is bf16 (cuBLASLt wants the bias in the output type), else a small kernel.
+ *   F16 / F16    the same in fp16 (CUDA_R_16F in and out, fp32 compute, an f16 bias fused).
  *   F32 / F32    plain fp32 (CUBLAS_COMPUTE_32F: no TF32).
  *   F32 / BF16, F32 / F16: x is split into hi = w_type(x) and lo = w_type(x - hi) in the gemm's
  *                scratch, and out = W hi + W lo (two GEMMs, fp32 out, the second with beta 1),
@@ -18,7 +19,7 @@
  *
  * Small batches (n <= 8, 16-bit weights, K % 8 == 0, 16-byte aligned x and w): one warp per R
  * weight rows streams them with 16-byte non-allocating loads, several in flight per lane, and
- * dots them with all n rows of x (read through L1, fp32 when act is F32), fp32 accumulate, a
+ * dots them with all n rows of x (read through L1, in act: F32, BF16 or F16), fp32 accumulate, a
  * warp reduction, bias in fp32, rounding once. It is used where it measured faster than
  * cuBLASLt (the table below); cuBLASLt itself reached 3.67 TB/s at n = 1 on 14336x4096 here,
  * not the 2.2 TB/s issue 7 quotes, so the margin is 4-14 %, largest on 4096x4096.
@@ -76,11 +77,12 @@ struct KCudaGemm {
  *   14336x4096  32.0 / 30.6   31.6 / 30.0   31.4 / 33.6   31.3 / 50.2
  *   4096x4096   13.6 / 11.9   13.6 / 12.2   13.5 / 13.9   13.5 / 18.1
  *   4096x14336  31.8 / 29.9   32.0 / 30.9   32.2 / 38.6   32.4 / 51.9
- * so bf16 activations take the GEMV at n <= 2 only. (At n >= 4 it falls behind, presumably on
- * its fp32 FMAs per weight byte and the x re-reads through L1 -- not profiled; a tensor-core
- * small-n kernel would be the next thing to try.) F32 activations on 16-bit weights take it at
- * every n <= 8 (their cuBLASLt path is a conversion plus two GEMMs). */
-enum { GEMV_MAX_N_BF16 = 2 };
+ * so bf16 activations take the GEMV at n <= 2 only, and f16 ones too (the same bytes per
+ * weight; not measured separately). (At n >= 4 it falls behind, presumably on its fp32 FMAs
+ * per weight byte and the x re-reads through L1 -- not profiled; a tensor-core small-n kernel
+ * would be the next thing to try.) F32 activations on 16-bit weights take it at every n <= 8
+ * (their cuBLASLt path is a conversion plus two GEMMs). */
+enum { GEMV_MAX_N_16 = 2 };
 
 /* Weight rows per warp, as measured: 4 when N leaves about 3584 warps at 4 rows each (N =
  * 14336: n = 1 and 2), else 1 at n = 1 and 2 at n = 2 (N = 4096, K = 4096 or 14336); at larger
@@ -472,19 +474,19 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     KC_REQUIRE(K > 0, "k_cuda_matmul: K must be positive");
     const DType wt = w->dtype;
     const int w16 = wt == DT_BF16 || wt == DT_F16;
-    const int same16 = act == DT_BF16 && wt == DT_BF16;
+    const int same16 = (act == DT_BF16 || act == DT_F16) && wt == act;
     const int f32x16 = act == DT_F32 && w16;
     if (!same16 && !f32x16 && !(act == DT_F32 && wt == DT_F32))
         pl_fatal(__FILE__, __LINE__,
                  "k_cuda_matmul: activations %s with weights %s unsupported (BF16/BF16, "
-                 "F32/F32, F32/BF16, F32/F16)",
+                 "F16/F16, F32/F32, F32/BF16, F32/F16)",
                  pl_dtype_name(act), pl_dtype_name(wt));
     cudaStream_t s = kc_stream(stream);
 
     /* small batches: the GEMV */
     if (w16 && n <= GEMV_MAX_N && K % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
         ((uintptr_t)w->data & 15) == 0 && g->force_path != KC_GEMM_CUBLASLT) {
-        int use = g->force_path == KC_GEMM_GEMV || f32x16 || n <= GEMV_MAX_N_BF16;
+        int use = g->force_path == KC_GEMM_GEMV || f32x16 || n <= GEMV_MAX_N_16;
         if (use) {
             int rows = g->force_rows ? g->force_rows : gemv_rows(n, N);
             const void *bp = b ? b->data : NULL;
@@ -492,8 +494,10 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
             if (b)
                 KC_REQUIRE(b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16,
                            "k_cuda_matmul: bias dtype %s", pl_dtype_name(b->dtype));
-            if (same16)
+            if (same16 && wt == DT_BF16)
                 gemv_launch<bf16, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+            else if (same16)
+                gemv_launch<f16, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
             else if (wt == DT_BF16)
                 gemv_launch<float, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
             else

@@ -31,16 +31,19 @@ __device__ __forceinline__ float desc_key_value(uint32_t key) {
     return __uint_as_float((asc & 0x80000000u) ? (asc & 0x7fffffffu) : ~asc);
 }
 
-/* f(i, row[i]) for every i < V, split over the block: a scalar head up to 16-byte alignment,
- * float4 loads four at a time, a scalar tail. Each thread visits its indices in increasing
- * order. */
-template <typename F> __device__ __forceinline__ void row_for_each(const float *row, int V, F f) {
-    int head = (int)(((16 - ((uintptr_t)row & 15)) & 15) / 4);
-    head = head < V ? head : V;
+/* f(i, row[i]) for every i in [lo, hi), split over the block: a scalar head up to 16-byte
+ * alignment, float4 loads four at a time, a scalar tail. Each thread visits its indices in
+ * increasing order. */
+template <typename F>
+__device__ __forceinline__ void slice_for_each(const float *row, int lo, int hi, F f) {
+    const float *p = row + lo;
+    const int len = hi - lo;
+    int head = (int)(((16 - ((uintptr_t)p & 15)) & 15) / 4);
+    head = head < len ? head : len;
     if ((int)threadIdx.x < head)
-        f((int)threadIdx.x, row[threadIdx.x]);
-    const float4 *vec = (const float4 *)(row + head);
-    int nvec = (V - head) / 4, k = threadIdx.x;
+        f(lo + (int)threadIdx.x, p[threadIdx.x]);
+    const float4 *vec = (const float4 *)(p + head);
+    int nvec = (len - head) / 4, k = threadIdx.x;
     for (; k + 3 * SAMPLE_THREADS < nvec; k += 4 * SAMPLE_THREADS) {
         float4 a[4];
 #pragma unroll
@@ -48,7 +51,7 @@ template <typename F> __device__ __forceinline__ void row_for_each(const float *
             a[u] = __ldg(vec + k + u * SAMPLE_THREADS);
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int i = head + 4 * (k + u * SAMPLE_THREADS);
+            int i = lo + head + 4 * (k + u * SAMPLE_THREADS);
             f(i, a[u].x);
             f(i + 1, a[u].y);
             f(i + 2, a[u].z);
@@ -57,14 +60,14 @@ template <typename F> __device__ __forceinline__ void row_for_each(const float *
     }
     for (; k < nvec; k += SAMPLE_THREADS) {
         float4 a = __ldg(vec + k);
-        int i = head + 4 * k;
+        int i = lo + head + 4 * k;
         f(i, a.x);
         f(i + 1, a.y);
         f(i + 2, a.z);
         f(i + 3, a.w);
     }
-    for (int i = head + 4 * nvec + threadIdx.x; i < V; i += SAMPLE_THREADS)
-        f(i, row[i]);
+    for (int i = head + 4 * nvec + threadIdx.x; i < len; i += SAMPLE_THREADS)
+        f(lo + i, p[i]);
 }
 
 /* (value, index) with the CPU argmax rule: larger value wins, the lower index on equal values
