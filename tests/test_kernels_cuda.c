@@ -372,7 +372,7 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     download_as(got, dcache, cache_n, cdt);
     char cw[160];
     snprintf(cw, sizeof cw, "%s: cache", what);
-    bad += check_close(cw, got, cache, cache_n, atol_of(cdt == DT_BF16 ? cdt : act));
+    bad += check_close(cw, got, cache, cache_n, atol_of(cdt != DT_F32 ? cdt : act));
     if (fused) {
         float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));
         download_as(gq, dq, nq, act);
