@@ -7,26 +7,29 @@
  * penalties once per distinct history token in place (saving the raw logits beside the
  * history for the token logits), and clears the counts through the history.
  *
- * Sampling: one thread block cluster of SAMPLE_CLUSTER blocks per row, each block a slice of
- * the vocabulary. The blocks combine their partial results through distributed shared memory
- * in the leader's (rank 0), which takes the sequential decisions (the bin of a selection, the
- * sort and scan of its tokens) and hands them to the others; every pass over the row is split
- * over the cluster. (H200, vocab 128256, temperature 1: one row in 48 us, 193 us with one
- * block per row; but 256 rows in 461 us, 316 us with one block per row.) Pass 1 is the
- * argmax (greedy rows stop there). Pass 2 bins the tokens by d = max - logit (linear bins of
- * 1/32, monotone in the ranking) with the count and the weight exp(-d) of each bin; weights are
- * fixed-point integers (w * 2^S, S chosen so that a whole row cannot overflow 64 bits), so sums
- * are exact, order-free and reproducible. Tokens whose weight rounds to 0 are left out of the
- * bins: they rank after every binned token and can never be drawn. Top-k, the top-p cut and the
- * draw are each a selection "first token in rank order where the cumulative count or weight
- * reaches T": the bin holding it comes from a scan of the histogram, then its tokens are
- * gathered into shared memory, sorted by (key, id) and scanned. A bin too large for shared
- * memory is narrowed first by histograms over its float keys (11 bits at a time), down to a
- * single logit value whose tokens are taken in id order. Min-p needs no selection: its tokens
- * are a prefix of the ranking, so the kept mass is the smaller of the top-p mass and the mass
- * of tokens with w >= min_p. Sums differ from the CPU's double sums only by rounding (and expf
- * by an ulp), so a draw or cut picks a different token than the CPU only at a near-tie of
- * cumulative mass. */
+ * Sampling: one thread block cluster per row, each block a slice of the vocabulary; the
+ * cluster has up to SAMPLE_CLUSTER_MAX blocks, halved while the rows would put more than
+ * SAMPLE_FILL blocks on each SM (8 for a few rows, 1 at 256 rows on the H200). The blocks
+ * merge their histograms through distributed shared memory into the leader's (rank 0) and
+ * each takes a copy back, so every block finds the same bins itself; the leader takes the
+ * remaining sequential decisions (the sort and scan of a bin) and hands out the hit. (One
+ * block per row took 193-330 us for one row at temperature 1 on the H200: a single SM reads
+ * the whole row several times.) A top-k or top-p cut within the first SAMPLE_CAP / 2 tokens
+ * gathers and sorts that prefix once, and the later selections scan it. Pass 1 is the
+ * argmax (greedy rows stop there). Pass 2 bins the
+ * tokens by d = max - logit (linear bins of 1/32, monotone in the ranking) with the count and
+ * the weight exp(-d) of each bin; weights are fixed-point integers (w * 2^S, S chosen so that
+ * a whole row cannot overflow 64 bits), so sums are exact, order-free and reproducible. Tokens
+ * whose weight rounds to 0 are left out of the bins: they rank after every binned token and
+ * can never be drawn. Top-k, the top-p cut and the draw are each a selection "first token in
+ * rank order where the cumulative count or weight reaches T": the bin holding it comes from a
+ * scan of the histogram, then its tokens are gathered into shared memory, sorted by (key, id)
+ * and scanned. A bin too large for shared memory is narrowed first by histograms over its
+ * float keys (11 bits at a time), down to a single logit value whose tokens are taken in id
+ * order. Min-p needs no selection: its tokens are a prefix of the ranking, so the kept mass is
+ * the smaller of the top-p mass and the mass of tokens with w >= min_p. Sums differ from the
+ * CPU's double sums only by rounding (and expf by an ulp), so a draw or cut picks a different
+ * token than the CPU only at a near-tie of cumulative mass. */
 #include <cooperative_groups.h>
 
 #include "sample.cuh"
@@ -38,8 +41,9 @@ enum {
     SAMPLE_CAP = 8192,  /* tokens a selection sorts in shared memory */
     SAMPLE_DIGITS = 11, /* bits of the float key per refinement pass (2048 bins) */
     PEN_THREADS = 512,
-    PEN_SLABS = 32,     /* blocks of the penalty kernel, each with its own counts */
-    SAMPLE_CLUSTER = 8, /* blocks per row (a thread block cluster), each a slice of the row */
+    PEN_SLABS = 32,         /* blocks of the penalty kernel, each with its own counts */
+    SAMPLE_CLUSTER_MAX = 8, /* blocks per row (a thread block cluster) at most */
+    SAMPLE_FILL = 2,        /* the rows' clusters aim at about this many blocks per SM */
 };
 #define SAMPLE_BPU  32.0f /* coarse bins per unit of d */
 #define SAMPLE_TAIL 48.0f /* d beyond which the weight is 0 at any scale (e^-48 < 2^-63) */
@@ -141,39 +145,40 @@ struct Hit {
     u64 mass;
 };
 
-/* One step of a selection as the leader decided it: coarse bin b (-1: not reached, an internal
- * inconsistency), the float keys [klo, khi] still in play, how many tokens they hold, and the
- * count and weight of the ranking before them. */
+/* One step of a selection: coarse bins [b_lo, b], the float keys [klo, khi] still in play,
+ * how many tokens they hold, and the count and weight of the ranking before them. */
 struct Plan {
-    int b;
+    int b_lo, b;
     unsigned klo, khi;
     u64 n_in, before_cnt, before_mass;
 };
 
 /* What the blocks of a row's cluster exchange through distributed shared memory. The leader's
- * (rank 0) part / sums / taken collect the others' contributions; every block's plan and hit
- * receive the leader's decisions. */
+ * (rank 0) part / sums / taken collect the others' contributions; every block's hit receives
+ * the leader's selections. */
 struct ClusterShared {
-    ArgMax part[SAMPLE_CLUSTER]; /* each block's argmax of its slice */
-    u64 sums[SAMPLE_CLUSTER][3]; /* each block's binned tokens, weight, min-p weight */
-    unsigned taken;              /* tokens gathered into the leader's keys */
-    Plan plan;
-    Hit hit;
+    ArgMax part[SAMPLE_CLUSTER_MAX]; /* each block's argmax of its slice */
+    u64 sums[SAMPLE_CLUSTER_MAX][3]; /* each block's binned tokens, weight, min-p weight */
+    unsigned taken;                  /* tokens gathered into the leader's keys */
+    unsigned cached;                 /* leader: tokens of the sorted prefix kept in its keys */
+    Hit hit[2]; /* by the parity of the selection (a block may read one while the next is set) */
 };
 
 struct SampleCtx {
     const float *row;
     int V, lo, hi;            /* this block's slice of the row: [lo, hi) */
-    unsigned rank;            /* in the cluster; 0 is the leader */
+    unsigned rank, nblocks;   /* in the cluster (0 is the leader), and the cluster's size */
     float temp, lmax, qscale; /* qscale = 2^S */
     u64 *keys;                /* [SAMPLE_CAP] gathered tokens; the refinement histograms */
     u64 *hmass;               /* [SAMPLE_NB] coarse histogram: weight per bin */
-    unsigned *hcnt;           /* [SAMPLE_NB] and tokens per bin */
+    unsigned *hcnt;           /* [SAMPLE_NB] and tokens per bin (the row's, once merged) */
     u64 *scratch;             /* [SAMPLE_WARPS + 1] for the block scans */
     ClusterShared *sh;        /* this block's */
     ClusterShared *lead;      /* the leader's, and its arrays below (distributed shared memory) */
     u64 *lead_keys, *lead_hmass;
     unsigned *lead_hcnt;
+    int selects;  /* selections made so far */
+    int cached_b; /* the leader's keys hold bins [0, cached_b] sorted (-1: nothing) */
 };
 
 __device__ __forceinline__ float value_of(const SampleCtx &c, float x) {
@@ -189,16 +194,20 @@ __device__ __forceinline__ u64 fixed_of(const SampleCtx &c, float w) {
     return __float2ull_rn(w * c.qscale);
 }
 
-/* The leader's thread 0 hands every block of the cluster the same plan / hit. */
-__device__ void broadcast_plan(const SampleCtx &c, const Plan &pl) {
-    if (threadIdx.x == 0)
-        for (unsigned r = 0; r < SAMPLE_CLUSTER; r++)
-            cg::this_cluster().map_shared_rank(c.sh, r)->plan = pl;
-}
+/* The leader's thread 0 hands every block of the cluster the same hit. */
 __device__ void broadcast_hit(const SampleCtx &c, const Hit &h) {
     if (threadIdx.x == 0)
-        for (unsigned r = 0; r < SAMPLE_CLUSTER; r++)
-            cg::this_cluster().map_shared_rank(c.sh, r)->hit = h;
+        for (unsigned r = 0; r < c.nblocks; r++)
+            cg::this_cluster().map_shared_rank(c.sh, r)->hit[c.selects & 1] = h;
+}
+
+/* *p += q for a histogram in this block's shared memory. */
+__device__ __forceinline__ void add_mass(u64 *p, u64 q) {
+    unsigned *w = (unsigned *)p, lo = (unsigned)q, hi = (unsigned)(q >> 32);
+    unsigned old = atomicAdd(w, lo);
+    hi += old + lo < old; /* the carry out of the low word */
+    if (hi)
+        atomicAdd(w + 1, hi);
 }
 
 /* A block other than the leader adds its (complete) histogram into the leader's. */
@@ -211,6 +220,18 @@ __device__ void flush_hist(const SampleCtx &c, const unsigned *cnt, const u64 *m
             atomicAdd(lead_cnt + i, cnt[i]);
             atomicAdd(lead_mass + i, mass[i]);
         }
+}
+
+/* A block other than the leader takes a copy of the leader's merged histogram, so that every
+ * block finds the same bins by itself. */
+__device__ void copy_hist(const SampleCtx &c, unsigned *cnt, u64 *mass, const unsigned *lead_cnt,
+                          const u64 *lead_mass) {
+    if (c.rank == 0)
+        return;
+    for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
+        cnt[i] = lead_cnt[i];
+        mass[i] = lead_mass[i];
+    }
 }
 
 /* The crossing bin of a histogram, with the count and weight of the bins before it. */
@@ -254,22 +275,22 @@ __device__ BinHit find_bin(const SampleCtx &c, const unsigned *cnt, const u64 *m
 struct RawRange {
     float lo, hi;
 };
-__device__ RawRange raw_range(const SampleCtx &c, int b) {
+__device__ RawRange raw_range(const SampleCtx &c, int b_lo, int b) {
     double t = c.temp, m = c.lmax;
-    double lo = t * (m - (b + 1) / (double)SAMPLE_BPU), hi = t * (m - b / (double)SAMPLE_BPU);
+    double lo = t * (m - (b + 1) / (double)SAMPLE_BPU), hi = t * (m - b_lo / (double)SAMPLE_BPU);
     double slack = 1e-6 * (fabs(lo) + fabs(hi) + fabs(t * m)) + 1e-30;
     return RawRange{(float)(lo - slack), (float)(hi + slack)};
 }
 
-/* Fixed-point weight of the token of raw logit x if it lies in coarse bin b (raw range r)
+/* Fixed-point weight of the token of raw logit x if it lies in coarse bins [b_lo, b] (raw range r)
  * with a key in [klo, khi] and a nonzero weight, its value in *v; else 0. */
-__device__ __forceinline__ u64 in_range(const SampleCtx &c, float x, RawRange r, int b,
+__device__ __forceinline__ u64 in_range(const SampleCtx &c, float x, RawRange r, int b_lo, int b,
                                         unsigned klo, unsigned khi, float *v) {
     if (!(x >= r.lo && x <= r.hi))
         return 0;
     *v = value_of(c, x);
     float d = c.lmax - *v;
-    if (!(d < SAMPLE_TAIL) || (int)(d * SAMPLE_BPU) != b)
+    if (!(d < SAMPLE_TAIL) || (int)(d * SAMPLE_BPU) < b_lo || (int)(d * SAMPLE_BPU) > b)
         return 0;
     unsigned k = desc_key(*v);
     if (k < klo || k > khi)
@@ -277,10 +298,11 @@ __device__ __forceinline__ u64 in_range(const SampleCtx &c, float x, RawRange r,
     return fixed_of(c, weight_of(d));
 }
 
-/* Gather the (at most SAMPLE_CAP) tokens of the plan's bin and keys into the leader's keys
+/* Gather the (at most SAMPLE_CAP) tokens of the plan's bins and keys into the leader's keys
  * (the others stage theirs in their own keys, then copy them over in one range), and the
- * leader sorts them by rank and scans them for the crossing. */
-__device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, u64 T) {
+ * leader sorts them by rank and scans them for the crossing; with `keep` (a prefix of at most
+ * SAMPLE_CAP / 2 tokens), it keeps the sorted prefix and its cumulative weights. */
+__device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, u64 T, bool keep) {
     cg::cluster_group cluster = cg::this_cluster();
     __shared__ unsigned staged, base;
     __shared__ Hit hit;
@@ -290,10 +312,10 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
     }
     __syncthreads();
     unsigned *counter = c.rank == 0 ? &c.lead->taken : &staged;
-    RawRange xr = raw_range(c, pl.b);
+    RawRange xr = raw_range(c, pl.b_lo, pl.b);
     slice_for_each(c.row, c.lo, c.hi, [&](int i, float x) {
         float v;
-        if (in_range(c, x, xr, pl.b, pl.klo, pl.khi, &v)) {
+        if (in_range(c, x, xr, pl.b_lo, pl.b, pl.klo, pl.khi, &v)) {
             unsigned at = atomicAdd(counter, 1u);
             if (at < SAMPLE_CAP)
                 c.keys[at] = (u64)desc_key(v) << 32 | (unsigned)i;
@@ -311,6 +333,9 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
     cluster.sync();
     if (c.rank == 0) {
         unsigned taken = c.sh->taken;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            c.sh->taken = 0; /* for the next selection: no block adds to it before the barrier */
         int m = taken < SAMPLE_CAP ? (int)taken : SAMPLE_CAP, P = 1;
         while (P < m)
             P <<= 1;
@@ -337,9 +362,14 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
         for (int e = lo; e < hi; e++)
             local += fixed_of(c, weight_of(c.lmax - desc_key_value((unsigned)(c.keys[e] >> 32))));
         u64 mass = pl.before_mass + block_scan_u64(local, &tot, c.scratch);
+        u64 *cum = c.keys + SAMPLE_CAP / 2;
+        if (keep && threadIdx.x == 0)
+            c.sh->cached = (unsigned)m;
         for (int e = lo; e < hi; e++) {
             u64 key = c.keys[e], prev = mass;
             mass += fixed_of(c, weight_of(c.lmax - desc_key_value((unsigned)(key >> 32))));
+            if (keep)
+                cum[e] = mass;
             u64 count = pl.before_cnt + e + 1;
             if (by_count ? count == T : (prev < T && mass >= T))
                 hit = Hit{(int)(unsigned)key, mass};
@@ -348,7 +378,28 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
         broadcast_hit(c, hit);
     }
     cluster.sync();
-    return c.sh->hit;
+    return c.sh->hit[c.selects & 1];
+}
+
+/* The crossing within the leader's sorted prefix (bins [0, c.cached_b], cumulative weights
+ * beside it): no pass over the row. */
+__device__ Hit cached_select(const SampleCtx &c, bool by_count, u64 T) {
+    __shared__ Hit hit;
+    if (c.rank == 0) {
+        if (threadIdx.x == 0)
+            hit.id = -1;
+        __syncthreads();
+        const u64 *cum = c.keys + SAMPLE_CAP / 2;
+        for (unsigned e = threadIdx.x; e < c.sh->cached; e += SAMPLE_THREADS) {
+            u64 prev = e ? cum[e - 1] : 0;
+            if (by_count ? e + 1 == T : (prev < T && cum[e] >= T))
+                hit = Hit{(int)(unsigned)c.keys[e], cum[e]};
+        }
+        __syncthreads();
+        broadcast_hit(c, hit);
+    }
+    cg::this_cluster().sync();
+    return c.sh->hit[c.selects & 1];
 }
 
 /* Index of the j-th token (1-based, in id order) whose key is `key`: the leader alone, over
@@ -380,72 +431,71 @@ __device__ int nth_with_key(const SampleCtx &c, unsigned key, u64 j) {
     return r;
 }
 
-/* Every block clears its refinement histograms (the leader's take the others' flushes after
- * the next cluster barrier). */
-__device__ void clear_refine(const SampleCtx &c) {
-    unsigned *dcnt = (unsigned *)(c.keys + SAMPLE_NB);
-    for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
-        c.keys[i] = 0;
-        dcnt[i] = 0;
-    }
-}
-
-/* First token in rank order where the cumulative count (by_count) or weight reaches T, for
- * 1 <= T <= the binned total. Every block of the cluster calls it; all get the same hit. */
-__device__ Hit sample_select(const SampleCtx &c, bool by_count, u64 T) {
+/* Narrow a bin of more than SAMPLE_CAP tokens by histograms over the next bits of its float
+ * keys (each block's slice into its own, merged in the leader's, copied back to every block),
+ * until it holds at most SAMPLE_CAP tokens or a single key. 0: an internal inconsistency. */
+__device__ bool refine(const SampleCtx &c, bool by_count, u64 T, Plan &pl) {
     cg::cluster_group cluster = cg::this_cluster();
     unsigned *dcnt = (unsigned *)(c.keys + SAMPLE_NB);
     unsigned *lead_dcnt = (unsigned *)(c.lead_keys + SAMPLE_NB);
-    if (c.rank == 0) {
-        BinHit bh = find_bin(c, c.hcnt, c.hmass, by_count, T, 0, 0);
-        broadcast_plan(c, Plan{bh.b, 0, 0xffffffffu, bh.cnt, bh.before_cnt, bh.before_mass});
-        if (threadIdx.x == 0)
-            c.sh->taken = 0;
-    }
-    clear_refine(c);
-    cluster.sync();
-    Plan pl = c.sh->plan;
-    if (pl.b < 0)
-        return Hit{-1, 0};
-    RawRange xr = raw_range(c, pl.b);
-    while (pl.n_in > SAMPLE_CAP && pl.klo < pl.khi) { /* narrow by the next bits of the key */
+    RawRange xr = raw_range(c, pl.b, pl.b);
+    while (pl.n_in > SAMPLE_CAP && pl.klo < pl.khi) {
         int bits = 32 - __clz(pl.khi - pl.klo);
         int shift = bits > SAMPLE_DIGITS ? bits - SAMPLE_DIGITS : 0;
+        for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
+            c.keys[i] = 0;
+            dcnt[i] = 0;
+        }
+        cluster.sync(); /* every block's histograms clear (and read) before any adds */
         slice_for_each(c.row, c.lo, c.hi, [&](int, float x) {
             float v;
-            u64 q = in_range(c, x, xr, pl.b, pl.klo, pl.khi, &v);
+            u64 q = in_range(c, x, xr, pl.b, pl.b, pl.klo, pl.khi, &v);
             if (q) {
                 unsigned g = (desc_key(v) - pl.klo) >> shift;
                 atomicAdd(&dcnt[g], 1u);
-                atomicAdd(&c.keys[g], q);
+                add_mass(&c.keys[g], q);
             }
         });
         __syncthreads();
         flush_hist(c, dcnt, c.keys, lead_dcnt, c.lead_keys);
         cluster.sync();
-        if (c.rank == 0) {
-            BinHit g = find_bin(c, dcnt, c.keys, by_count, T, pl.before_cnt, pl.before_mass);
-            Plan np = pl;
-            if (g.b < 0) {
-                np.b = -1;
-            } else {
-                u64 nlo = (u64)pl.klo + ((u64)g.b << shift), nhi = nlo + (1ull << shift) - 1;
-                np.klo = (unsigned)nlo;
-                np.khi = nhi < pl.khi ? (unsigned)nhi : pl.khi;
-                np.n_in = g.cnt;
-                np.before_cnt = g.before_cnt;
-                np.before_mass = g.before_mass;
-            }
-            broadcast_plan(c, np);
-        }
-        clear_refine(c);
-        cluster.sync();
-        pl = c.sh->plan;
-        if (pl.b < 0)
-            return Hit{-1, 0};
+        copy_hist(c, dcnt, c.keys, lead_dcnt, c.lead_keys);
+        cluster.sync(); /* every copy taken before the leader's keys change */
+        BinHit g = find_bin(c, dcnt, c.keys, by_count, T, pl.before_cnt, pl.before_mass);
+        if (g.b < 0)
+            return false;
+        u64 nlo = (u64)pl.klo + ((u64)g.b << shift), nhi = nlo + (1ull << shift) - 1;
+        pl.klo = (unsigned)nlo;
+        pl.khi = nhi < pl.khi ? (unsigned)nhi : pl.khi;
+        pl.n_in = g.cnt;
+        pl.before_cnt = g.before_cnt;
+        pl.before_mass = g.before_mass;
     }
+    return true;
+}
+
+/* First token in rank order where the cumulative count (by_count) or weight reaches T, for
+ * 1 <= T <= the binned total. Every block of the cluster calls it (with its copy of the
+ * merged histogram, so all find the same bin); all get the same hit. With `keep` (another
+ * selection follows, at or before this one in rank order), a crossing within the first
+ * SAMPLE_CAP / 2 tokens gathers and sorts all of them, and the next selections scan that. */
+__device__ Hit select_once(SampleCtx &c, bool by_count, u64 T, bool keep) {
+    BinHit bh = find_bin(c, c.hcnt, c.hmass, by_count, T, 0, 0);
+    if (bh.b < 0)
+        return Hit{-1, 0};
+    if (bh.b <= c.cached_b)
+        return cached_select(c, by_count, T);
+    c.cached_b = -1;
+    if (keep && bh.before_cnt + bh.cnt <= SAMPLE_CAP / 2) {
+        Plan pre = {0, bh.b, 0, 0xffffffffu, bh.before_cnt + bh.cnt, 0, 0};
+        c.cached_b = bh.b;
+        return gather_select(c, pre, by_count, T, true);
+    }
+    Plan pl = {bh.b, bh.b, 0, 0xffffffffu, bh.cnt, bh.before_cnt, bh.before_mass};
+    if (!refine(c, by_count, T, pl))
+        return Hit{-1, 0};
     if (pl.n_in <= SAMPLE_CAP)
-        return gather_select(c, pl, by_count, T);
+        return gather_select(c, pl, by_count, T, false);
     /* more than SAMPLE_CAP tokens of one value: equal weights, taken in id order */
     if (c.rank == 0) {
         u64 q = fixed_of(c, weight_of(c.lmax - desc_key_value(pl.klo)));
@@ -454,12 +504,19 @@ __device__ Hit sample_select(const SampleCtx &c, bool by_count, u64 T) {
         int id = nth_with_key(c, pl.klo, j);
         broadcast_hit(c, Hit{id, pl.before_mass + j * q});
     }
-    cluster.sync();
-    return c.sh->hit;
+    cg::this_cluster().sync();
+    return c.sh->hit[c.selects & 1];
+}
+
+__device__ Hit sample_select(SampleCtx &c, bool by_count, u64 T, bool keep) {
+    Hit h = select_once(c, by_count, T, keep);
+    c.selects++;
+    return h;
 }
 
 /* The token of a sampling row whose largest value lmax is finite (every block of the cluster;
- * the coarse histograms were cleared before the argmax's cluster barrier). */
+ * the coarse histograms were cleared before the argmax's cluster barrier). The blocks' coarse
+ * histograms are merged in the leader's and copied back to every block. */
 __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
     bool minp = p.min_p > 0.0f;
     float thr = p.min_p < 1.0f ? p.min_p : 1.0f;
@@ -472,7 +529,7 @@ __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
             if (q) {
                 int b = (int)(d * SAMPLE_BPU);
                 atomicAdd(&c.hcnt[b], 1u);
-                atomicAdd(&c.hmass[b], q);
+                add_mass(&c.hmass[b], q);
                 binned++;
                 mass += q;
                 if (minp && w >= thr)
@@ -491,10 +548,11 @@ __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
     __syncthreads(); /* every shared atomic of this block done */
     flush_hist(c, c.hcnt, c.hmass, c.lead_hcnt, c.lead_hmass);
     cg::this_cluster().sync();
+    copy_hist(c, c.hcnt, c.hmass, c.lead_hcnt, c.lead_hmass);
     __shared__ u64 sums[3];
     if (threadIdx.x < 3) {
         u64 s = 0;
-        for (int r = 0; r < SAMPLE_CLUSTER; r++)
+        for (unsigned r = 0; r < c.nblocks; r++)
             s += c.lead->sums[r][threadIdx.x];
         sums[threadIdx.x] = s;
     }
@@ -505,13 +563,13 @@ __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
 
     /* the candidates' weight: the top k, or every token of nonzero weight */
     if (p.top_k > 0 && p.top_k < c.V && (u64)p.top_k <= binned)
-        total = sample_select(c, true, (u64)p.top_k).mass;
+        total = sample_select(c, true, (u64)p.top_k, true).mass;
     /* top-p keeps the ranking up to the token where the weight reaches top_p * total */
     u64 kept = total;
     if (p.top_p < 1.0f) {
         double t = (double)p.top_p * (double)total;
         u64 T = t > 1.0 ? (u64)ceil(t) : 1;
-        kept = sample_select(c, false, T < total ? T : total).mass;
+        kept = sample_select(c, false, T < total ? T : total, true).mass;
     }
     /* min-p keeps the prefix of tokens with w >= min_p: the kept weight is the smaller one */
     if (minp && minp_mass < kept)
@@ -519,7 +577,7 @@ __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
     /* the draw: the first token where the cumulative weight exceeds u * kept */
     double u = (double)random_uniform(p.seed, (u64)(long long)p.num_output);
     u64 T = (u64)(u * (double)kept) + 1;
-    return sample_select(c, false, T < kept ? T : kept).id;
+    return sample_select(c, false, T < kept ? T : kept, false).id;
 }
 
 /* ---- the sampling kernel ---- */
@@ -547,22 +605,19 @@ __device__ void finish_row(int32_t *tokens, float *token_logits, int r, int toke
         token_logits[r] = raw;
 }
 
-/* Row blockIdx.x / SAMPLE_CLUSTER, its slice `rank` of the vocabulary per block. */
+/* Row blockIdx.x / (cluster size), its slice `rank` of the vocabulary per block. */
 template <bool GREEDY_ONLY>
-__global__ __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
-    __launch_bounds__(SAMPLE_THREADS,
-                      2) void sample_kernel(int32_t *tokens, float *token_logits,
-                                            const float *logits, int V, const KCudaSampleRow *rows,
-                                            const int32_t *history, const float *hist_raw,
-                                            int penalties, float qscale) {
+__global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
+    int32_t *tokens, float *token_logits, const float *logits, int V, const KCudaSampleRow *rows,
+    const int32_t *history, const float *hist_raw, int penalties, float qscale) {
     extern __shared__ u64 smem[];
     __shared__ ArgMax am_scratch[SAMPLE_WARPS];
     __shared__ u64 scan_scratch[SAMPLE_WARPS + 1];
     __shared__ ClusterShared sh;
     cg::cluster_group cluster = cg::this_cluster();
-    const unsigned rank = cluster.block_rank();
-    const int r = blockIdx.x / SAMPLE_CLUSTER;
-    const int chunk = ((V + SAMPLE_CLUSTER - 1) / SAMPLE_CLUSTER + 3) & ~3;
+    const unsigned rank = cluster.block_rank(), nblocks = cluster.num_blocks();
+    const int r = blockIdx.x / nblocks;
+    const int chunk = ((V + nblocks - 1) / nblocks + 3) & ~3;
     const int lo = min(V, (int)rank * chunk), hi = min(V, lo + chunk);
     const KCudaSampleRow p = rows[r];
     const float *row = logits + (size_t)r * V;
@@ -571,11 +626,14 @@ __global__ __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
     ClusterShared *lead = cluster.map_shared_rank(&sh, 0);
     u64 *hmass = smem + SAMPLE_CAP;
     unsigned *hcnt = (unsigned *)(smem + SAMPLE_CAP + SAMPLE_NB);
-    if (!GREEDY_ONLY && !greedy)
+    if (!GREEDY_ONLY && !greedy) {
         for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
             hcnt[i] = 0;
             hmass[i] = 0;
         }
+        if (threadIdx.x == 0)
+            sh.taken = 0;
+    }
 
     /* pass 1: the argmax of the values (logit / temperature for sampling rows), per slice,
      * then merged from the leader's copies by every block */
@@ -591,7 +649,7 @@ __global__ __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
     cluster.sync();
     if (threadIdx.x < 32) {
         ArgMax m = {-INFINITY, INT_MAX};
-        if (threadIdx.x < SAMPLE_CLUSTER)
+        if (threadIdx.x < nblocks)
             m = lead->part[threadIdx.x];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
@@ -609,6 +667,7 @@ __global__ __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
                        lo,
                        hi,
                        rank,
+                       nblocks,
                        temp,
                        am.v,
                        qscale,
@@ -620,7 +679,9 @@ __global__ __cluster_dims__(SAMPLE_CLUSTER, 1, 1)
                        lead,
                        cluster.map_shared_rank(smem, 0),
                        cluster.map_shared_rank(hmass, 0),
-                       cluster.map_shared_rank(hcnt, 0)};
+                       cluster.map_shared_rank(hcnt, 0),
+                       0,
+                       -1};
         token = sample_row(c, p);
     }
     if (rank == 0) {
@@ -669,14 +730,31 @@ void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, i
     while ((2ll << log2v) <= vocab)
         log2v++;
     float qscale = ldexpf(1.0f, 62 - log2v);
-    if (flags & KC_SAMPLE_ALL_GREEDY) {
-        sample_kernel<true><<<n * SAMPLE_CLUSTER, SAMPLE_THREADS, 0, s>>>(
-            tokens, token_logits, logits, vocab, rows, history, hist_raw, penalties, qscale);
-    } else {
-        size_t smem = (SAMPLE_CAP + SAMPLE_NB) * sizeof(u64) + SAMPLE_NB * sizeof(unsigned);
-        kc_set_smem(sample_kernel<false>, smem);
-        sample_kernel<false><<<n * SAMPLE_CLUSTER, SAMPLE_THREADS, smem, s>>>(
-            tokens, token_logits, logits, vocab, rows, history, hist_raw, penalties, qscale);
-    }
-    CUDA_CHECK_LAUNCH();
+    /* blocks per row: about SAMPLE_FILL blocks per SM in all, at most SAMPLE_CLUSTER_MAX */
+    int device, sms, per_row = SAMPLE_CLUSTER_MAX;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    while (per_row > 1 && (long long)n * per_row > (long long)SAMPLE_FILL * sms)
+        per_row >>= 1;
+    bool all_greedy = flags & KC_SAMPLE_ALL_GREEDY;
+    size_t smem =
+        all_greedy ? 0 : (SAMPLE_CAP + SAMPLE_NB) * sizeof(u64) + SAMPLE_NB * sizeof(unsigned);
+    void (*kernel)(int32_t *, float *, const float *, int, const KCudaSampleRow *, const int32_t *,
+                   const float *, int, float) =
+        all_greedy ? sample_kernel<true> : sample_kernel<false>;
+    kc_set_smem(kernel, smem);
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = (unsigned)per_row;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(n * per_row));
+    cfg.blockDim = dim3(SAMPLE_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tokens, token_logits, (const float *)logits, vocab,
+                                  rows, history, (const float *)hist_raw, penalties, qscale));
 }
