@@ -5,6 +5,8 @@
 
 template <typename T>
 __global__ void silu_mul_kernel(T *out, const T *gate_up, size_t total, int dim) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / (size_t)dim, j = i - r * (size_t)dim;
@@ -19,9 +21,8 @@ void k_cuda_silu_mul(void *out, const void *gate_up, DType act, int n, int dim, 
     if (total == 0)
         return;
     KC_DISPATCH_ACT(act, "k_cuda_silu_mul", T,
-                    silu_mul_kernel<T><<<kc_blocks(total, 256), 256, 0, kc_stream(stream)>>>(
-                        (T *)out, (const T *)gate_up, total, dim));
-    CUDA_CHECK_LAUNCH();
+                    kc_launch_pdl(silu_mul_kernel<T>, dim3(kc_blocks(total, 256)), dim3(256), 0,
+                                  kc_stream(stream), (T *)out, (const T *)gate_up, total, dim));
 }
 
 template <typename T> __global__ void to_f32_kernel(float *out, const T *in, size_t n) {

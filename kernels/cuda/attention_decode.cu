@@ -107,6 +107,8 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     TQ *__restrict__ out, const TQ *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     using R = DecRing<TC, CPL>;
     constexpr int U = R::U, UNITS = R::UNITS, SLOT = R::SLOT, S = R::S;
     constexpr int RPW = 32 / LPR, N = HB * U, STEP = RPW * U;
@@ -349,6 +351,8 @@ template <typename TQ>
 __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
     TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
     const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     extern __shared__ float4 red_smem[];
     __shared__ float scratch[32];
     const int qs0 = query_start[0], row = qs0 + blockIdx.x, h = blockIdx.y;
@@ -441,11 +445,10 @@ static void launch_decode(const DecodeLaunch &a) {
                   ((size_t)HB * a.part_len + 2 * HB) * sizeof(float) +
                   ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
     kc_set_smem(kern, smem);
-    kern<<<a.grid, DEC_THREADS, smem, a.stream>>>(
-        (TQ *)a.out, (const TQ *)a.q, (const TC *)a.cache, a.kg, a.b->positions, a.b->query_start,
-        a.b->num_seqs, a.b->block_tables, a.nh, a.G, a.part_len, a.scale, a.ws_acc, a.ws_ml,
-        a.max_parts);
-    CUDA_CHECK_LAUNCH();
+    kc_launch_pdl(kern, a.grid, dim3(DEC_THREADS), smem, a.stream, (TQ *)a.out, (const TQ *)a.q,
+                  (const TC *)a.cache, a.kg, a.b->positions, a.b->query_start, a.b->num_seqs,
+                  a.b->block_tables, a.nh, a.G, a.part_len, a.scale, a.ws_acc, a.ws_ml,
+                  a.max_parts);
 }
 
 /* heads per block: the largest of 8, 4, 2, 1 dividing G, at most 8 / CPL (registers) */
@@ -549,10 +552,9 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
                 (size_t)RED_WARPS * D * sizeof(float) + (size_t)((parts + 3) & ~3) * sizeof(float);
             auto rkern = decode_reduce_kernel<TQ>;
             kc_set_smem(rkern, rsmem);
-            rkern<<<rgrid, RED_THREADS, rsmem, a.stream>>>((TQ *)out, a.ws_acc, a.ws_ml,
-                                                           b->positions, b->query_start,
-                                                           b->num_seqs, nh, D, part_len, max_parts);
-            CUDA_CHECK_LAUNCH();
+            kc_launch_pdl(rkern, rgrid, dim3(RED_THREADS), rsmem, a.stream, (TQ *)out, a.ws_acc,
+                          a.ws_ml, b->positions, b->query_start, b->num_seqs, nh, D, part_len,
+                          max_parts);
         }
     });
 }

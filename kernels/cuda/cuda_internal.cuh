@@ -189,6 +189,44 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
         }                                                                                          \
     } while (0)
 
+/* ---- programmatic dependent launch (Hopper) ----
+ * A kernel launched by kc_launch_pdl may start while the kernel before it on the stream is
+ * still running: its blocks become resident as soon as every block of that kernel has called
+ * kc_pdl_trigger, and wait in kc_pdl_wait until it has completed and its writes are visible.
+ * Such a kernel must call kc_pdl_wait before it reads or writes any activation (it may read
+ * weights before, which is how a GEMV streams its first weights during the previous kernel),
+ * then kc_pdl_trigger, so that the next kernel can start the same way. Both are no-ops when
+ * the kernel was launched normally or below sm_90. In a CUDA graph these become programmatic
+ * edges. PAGELLM_PDL=0 in the environment launches normally (for comparisons). */
+__device__ __forceinline__ void kc_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kc_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+int kc_pdl_enabled(void); /* runtime.cu: sm_90 or newer and PAGELLM_PDL not "0" */
+
+template <typename... KArgs, typename... Args>
+static inline void kc_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                 cudaStream_t stream, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = kc_pdl_enabled() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
+}
+
 /* Blocks for a grid-stride loop over `total` elements with `threads` per block. */
 static inline unsigned kc_blocks(size_t total, int threads) {
     size_t b = (total + (size_t)threads - 1) / (size_t)threads;

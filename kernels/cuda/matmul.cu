@@ -196,6 +196,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
         for (int i = 0; i < NX; i++)
             acc[r][i] = 0.0f;
     int c = lane;
+    bool waited = false; /* the first weights are requested before the wait for x */
     for (; c + (U - 1) * 32 < K8; c += U * 32) {
         uint4 wv[U][R];
 #pragma unroll
@@ -203,9 +204,18 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 wv[u][r] = ld_stream(wr[r] + (size_t)(c + u * 32) * 8);
+        if (!waited) {
+            kc_pdl_wait();
+            kc_pdl_trigger();
+            waited = true;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++)
             gemv_chunk<NX, R, XT, WT>(acc, wv[u], x, K, (c + u * 32) * 8);
+    }
+    if (!waited) {
+        kc_pdl_wait();
+        kc_pdl_trigger();
     }
     for (; c < K8; c += 32) {
         uint4 wv[R];
@@ -239,8 +249,8 @@ static void gemv_launch_r(int n, XT *out, const XT *x, const WT *w, const void *
     unsigned blocks = (unsigned)((warps + GEMV_THREADS / 32 - 1) / (GEMV_THREADS / 32));
 #define GEMV_CASE(NX)                                                                              \
     case NX:                                                                                       \
-        gemv_kernel<NX, R, XT, WT>                                                                 \
-            <<<blocks, GEMV_THREADS, 0, s>>>(out, x, w, bias, bias_dt, N, K);                      \
+        kc_launch_pdl(gemv_kernel<NX, R, XT, WT>, dim3(blocks), dim3(GEMV_THREADS), 0, s, out, x,  \
+                      w, bias, bias_dt, N, K);                                                     \
         break;
     switch (n) {
         GEMV_CASE(1)

@@ -13,6 +13,8 @@ template <typename T, typename TW>
 __global__ __launch_bounds__(NORM_THREADS) void norm_kernel(T *out, const T *x, const T *delta,
                                                             T *res_out, const TW *w, int dim,
                                                             float eps) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     __shared__ float scratch[32];
     size_t base = (size_t)blockIdx.x * dim;
     float ss = 0.0f;
@@ -40,6 +42,8 @@ __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, cons
                                                                     const T *delta, T *res_out,
                                                                     const TW *w, int dim,
                                                                     float eps) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * dim;
     const int nvec = dim / 8;
@@ -98,14 +102,14 @@ static void launch_norm(void *out, const void *x, const void *delta, void *res_o
     threads = ((threads + 31) / 32) * 32;
     KC_DISPATCH_ACT(
         act, what, T,
-        KC_DISPATCH_WEIGHT(w->dtype, what, TW,
-                           if (vec) norm_vec_kernel<T, TW><<<n, threads, 0, kc_stream(stream)>>>(
-                               (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
-                               (const TW *)w->data, dim, eps);
-                           else norm_kernel<T, TW><<<n, NORM_THREADS, 0, kc_stream(stream)>>>(
-                               (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
-                               (const TW *)w->data, dim, eps)));
-    CUDA_CHECK_LAUNCH();
+        KC_DISPATCH_WEIGHT(
+            w->dtype, what, TW,
+            if (vec) kc_launch_pdl(norm_vec_kernel<T, TW>, dim3(n), dim3(threads), 0,
+                                   kc_stream(stream), (T *)out, (const T *)x, (const T *)delta,
+                                   (T *)res_out, (const TW *)w->data, dim, eps);
+            else kc_launch_pdl(norm_kernel<T, TW>, dim3(n), dim3(NORM_THREADS), 0,
+                               kc_stream(stream), (T *)out, (const T *)x, (const T *)delta,
+                               (T *)res_out, (const TW *)w->data, dim, eps)));
 }
 
 void k_cuda_rmsnorm(void *out, const void *x, DType act, const Tensor *w, int n, int dim, float eps,

@@ -21,6 +21,8 @@ __global__ __launch_bounds__(ROPE_MAX_THREADS) void rope_kv_kernel(
     const T *q, T *q_out, size_t q_stride, T *k, size_t k_stride, const T *v, size_t v_stride,
     const int32_t *positions, const float *inv_freq, int nh, int nkv, int D, TC *cache,
     const int64_t *slot_mapping, int bs, size_t block_elems, size_t layer_off, size_t half) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
     const int t = blockIdx.x, y = blockIdx.y, hd = D / 2;
     const bool rotate = inv_freq != NULL;
     TC *kdst = NULL;
@@ -115,11 +117,11 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_ACT(cdt, what, TC,
-                        rope_kv_kernel<T, TC><<<grid, threads, 0, kc_stream(stream)>>>(
-                            (const T *)r->q, (T *)r->q_out, r->q_stride, (T *)r->k, r->k_stride,
-                            (const T *)r->v, r->v_stride, positions, inv, nh, nkv, D,
-                            (TC *)kv_cache, slot_mapping, bs, block, layer_off, half)));
-    CUDA_CHECK_LAUNCH();
+                        kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads), 0,
+                                      kc_stream(stream), (const T *)r->q, (T *)r->q_out,
+                                      r->q_stride, (T *)r->k, r->k_stride, (const T *)r->v,
+                                      r->v_stride, positions, inv, nh, nkv, D, (TC *)kv_cache,
+                                      slot_mapping, bs, block, layer_off, half)));
 }
 
 void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, int nh, int nkv,

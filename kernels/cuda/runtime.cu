@@ -1,8 +1,12 @@
 /* runtime.cu - the CUDA backend's runtime helpers: the CUDA_CHECK failure path, device
  * discovery that never aborts (so a binary built with CUDA still runs, and its GPU tests
  * skip, on a machine without a GPU), and thin wrappers over allocation, copies and streams
- * for C callers that include no CUDA header. */
+ * for C callers that include no CUDA header, and whether kernels use programmatic dependent
+ * launch. */
+#include <atomic>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_internal.cuh"
 
@@ -61,4 +65,18 @@ void k_cuda_stream_destroy(void *stream) {
 
 void k_cuda_stream_synchronize(void *stream) {
     CUDA_CHECK(cudaStreamSynchronize(kc_stream(stream)));
+}
+
+int kc_pdl_enabled(void) {
+    static std::atomic<int> enabled{-1}; /* worked out once: a host's GPUs are of one kind */
+    int e = enabled.load();
+    if (e < 0) {
+        int device = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        const char *env = getenv("PAGELLM_PDL");
+        e = major >= 9 && !(env && !strcmp(env, "0"));
+        enabled.store(e);
+    }
+    return e;
 }
