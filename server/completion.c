@@ -27,14 +27,21 @@ static void choice_append(Choice *ch, const char *text) {
     ch->len += n;
 }
 
+/* Append to the streaming buffer in amortised O(n): what was sent is dropped only once it is
+ * at least half of the buffer, and the allocation at least doubles when it grows (a client
+ * that reads slowly or not at all leaves megabytes pending). */
 static void out_append(CompletionReq *cr, const char *data, size_t n) {
-    size_t pending = cr->out_len - cr->out_sent;
-    if (cr->out_sent > 0) { /* drop what was sent */
+    if (cr->out_sent > 0 && cr->out_sent >= cr->out_len / 2) {
+        size_t pending = cr->out_len - cr->out_sent;
         memmove(cr->out, cr->out + cr->out_sent, pending);
         cr->out_len = pending;
         cr->out_sent = 0;
     }
-    cr->out = pl_xrealloc(cr->out, cr->out_len + n + 1);
+    if (cr->out_len + n + 1 > cr->out_cap) {
+        size_t cap = cr->out_cap ? 2 * cr->out_cap : 4096;
+        cr->out_cap = cap > cr->out_len + n + 1 ? cap : cr->out_len + n + 1;
+        cr->out = pl_xrealloc(cr->out, cr->out_cap);
+    }
     memcpy(cr->out + cr->out_len, data, n);
     cr->out_len += n;
     cr->out[cr->out_len] = '\0';
@@ -407,6 +414,7 @@ static void finish_request(Server *s, CompletionReq *cr) {
         free(cr->out);
         cr->out = final_json(cr);
         cr->out_len = strlen(cr->out);
+        cr->out_cap = cr->out_len + 1;
         cr->out_sent = 0;
     }
     int prompt, generated;

@@ -98,9 +98,9 @@ struct CompletionReq {
     int num_done; /* choices finished */
     int done;     /* every choice finished: the response is complete */
     int client_gone;
-    char *out; /* streaming: SSE bytes not yet sent; else the final JSON */
-    size_t out_len, out_sent;
-    int status; /* HTTP status of a non-streaming reply */
+    char *out; /* streaming: SSE bytes, [out_sent, out_len) not yet sent; else the final JSON */
+    size_t out_len, out_sent, out_cap; /* out_cap: bytes allocated (streaming) */
+    int status;                        /* HTTP status of a non-streaming reply */
     double t_arrival, t_first_token, t_last_token;
     double queue_seconds; /* reported by the engine; -1 until known */
     int sent_role;        /* chat streaming: the first delta carries the role */
