@@ -173,6 +173,19 @@ static inline int rnd_int(int n) {
     return (int)(rng_next() % (uint64_t)n);
 }
 
+/* A random permutation of 0..n-1 (malloc'd), e.g. physical block ids for a block table. */
+static inline int *rnd_perm(int n) {
+    int *perm = xmalloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        perm[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = rnd_int(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    return perm;
+}
+
 /* Device copy of x[n] in dt (x already holds dt-representable values). */
 static inline void *upload_as(const float *x, size_t n, DType dt) {
     void *h = to_dtype(x, n, dt);

@@ -94,14 +94,7 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
         .num_layers = L, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
     size_t block = (size_t)L * 2 * bs * nkv * D, cache_n = block * nblocks;
 
-    int *perm = xmalloc(sizeof(int) * nblocks);
-    for (int i = 0; i < nblocks; i++)
-        perm[i] = i;
-    for (int i = nblocks - 1; i > 0; i--) {
-        int j = rnd_int(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int *perm = rnd_perm(nblocks);
     int32_t *tables = xmalloc(sizeof(int32_t) * ns * max_blocks);
     int32_t *qs = xmalloc(sizeof(int32_t) * (ns + 1));
     int32_t *pos = xmalloc(sizeof(int32_t) * rows);
@@ -468,14 +461,7 @@ static void test_attention_timing(void **state) {
         free(v);
         free(h);
     }
-    int *perm = xmalloc(sizeof(int) * nblocks);
-    for (int i = 0; i < nblocks; i++)
-        perm[i] = i;
-    for (int i = nblocks - 1; i > 0; i--) {
-        int j = rnd_int(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int *perm = rnd_perm(nblocks);
     const int max_rows = 2048;
     float *q = rand_vec((size_t)max_rows * nh * D, -2, 2, DT_BF16);
     a.q = upload_as(q, (size_t)max_rows * nh * D, DT_BF16);

@@ -320,14 +320,7 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     float *cache = rand_vec(cache_n, -1, 1, cdt);
     /* distinct random slots, every 5th token padding */
     int nslots = nblocks * bs;
-    int *perm = xmalloc(sizeof(int) * nslots);
-    for (int i = 0; i < nslots; i++)
-        perm[i] = i;
-    for (int i = nslots - 1; i > 0; i--) {
-        int j = rnd_int(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    int *perm = rnd_perm(nslots);
     int64_t *slots = xmalloc(sizeof(int64_t) * n);
     int32_t *pos = xmalloc(sizeof(int32_t) * n);
     for (int t = 0; t < n; t++) {
