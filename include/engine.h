@@ -20,9 +20,9 @@
 typedef struct {
     const char *model_dir;          /* Hugging Face folder */
     const char *device;             /* "auto", "cpu" or "cuda" */
-    const char *dtype;              /* activations and KV cache: "auto" (bfloat16 on cuda for a
-                                     * 16-bit checkpoint, else float32), "float32", "bfloat16";
-                                     * "float16" is refused (not implemented) */
+    const char *dtype;              /* activations and KV cache: "auto" (on cuda the checkpoint's
+                                     * bfloat16 or float16, else float32), "float32", "bfloat16"
+                                     * or "float16" (the 16-bit ones on cuda only) */
     int enforce_eager;              /* 1 = no CUDA graphs for decode */
     int tensor_parallel_size;       /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
     int load_dummy;                 /* load-format dummy */
