@@ -37,23 +37,9 @@ enum {
 
 /* 8 cache elements from a stage of the ring (16-byte units, unit `i` of a lane at
  * ring[i * 32 + lane], so a warp's reads are conflict-free) as fp32. */
-__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const bf16 *) {
-    uint4 u = ring[i * 32 + lane];
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float2 f = __bfloat1622float2(h[j]);
-        o[2 * j] = f.x, o[2 * j + 1] = f.y;
-    }
-}
-__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const f16 *) {
-    uint4 u = ring[i * 32 + lane];
-    const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float2 f = __half22float2(h[j]);
-        o[2 * j] = f.x, o[2 * j + 1] = f.y;
-    }
+template <typename T16>
+__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const T16 *t) {
+    unpack8(o, ring[i * 32 + lane], t);
 }
 __device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane,
                                      const float *) {

@@ -58,24 +58,31 @@ __device__ __forceinline__ void load8(float out[8], const float *p) {
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
     out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
 }
-__device__ __forceinline__ void load8(float out[8], const bf16 *p) {
-    uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+
+/* 8 16-bit elements held in 16 bytes (lowest address first) as fp32; the last argument only
+ * selects the type. bf16 widens exactly by a shift into the high half of the fp32 word. */
+__device__ __forceinline__ void unpack8(float f[8], uint4 u, const bf16 *) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float2 f = __bfloat1622float2(h[i]);
-        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+        f[2 * i] = __uint_as_float(v[i] << 16);
+        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
     }
 }
-
-__device__ __forceinline__ void load8(float out[8], const f16 *p) {
-    uint4 u = *(const uint4 *)p;
+__device__ __forceinline__ void unpack8(float f[8], uint4 u, const f16 *) {
     const __half2 *h = (const __half2 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float2 f = __half22float2(h[i]);
-        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+        float2 t = __half22float2(h[i]);
+        f[2 * i] = t.x, f[2 * i + 1] = t.y;
     }
+}
+
+__device__ __forceinline__ void load8(float out[8], const bf16 *p) {
+    unpack8(out, *(const uint4 *)p, p);
+}
+__device__ __forceinline__ void load8(float out[8], const f16 *p) {
+    unpack8(out, *(const uint4 *)p, p);
 }
 
 /* 8 fp32 values rounded to the element type and stored together (same alignment as load8). */
@@ -210,6 +217,7 @@ __device__ __forceinline__ void kc_pdl_trigger(void) {
 }
 
 int kc_pdl_enabled(void); /* runtime.cu: sm_90 or newer and PAGELLM_PDL not "0" */
+int kc_sm_count(void);    /* runtime.cu: the current device's SMs, looked up once per device */
 
 template <typename... KArgs, typename... Args>
 static inline void kc_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,

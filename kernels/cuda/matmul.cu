@@ -136,23 +136,6 @@ __device__ __forceinline__ uint4 ld_stream(const void *p) {
     return r;
 }
 
-__device__ __forceinline__ void unpack8(float f[8], uint4 u, const bf16 *) {
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(v[i] << 16);
-        f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
-    }
-}
-__device__ __forceinline__ void unpack8(float f[8], uint4 u, const f16 *) {
-    const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 t = __half22float2(h[i]);
-        f[2 * i] = t.x, f[2 * i + 1] = t.y;
-    }
-}
-
 /* One 8-element chunk at column k of every weight row against every x row. */
 template <int NX, int R, typename XT, typename WT>
 __device__ __forceinline__ void gemv_chunk(float (&acc)[R][NX], const uint4 (&wv)[R],

@@ -80,3 +80,16 @@ int kc_pdl_enabled(void) {
     }
     return e;
 }
+
+int kc_sm_count(void) {
+    enum { MAX_CACHED = 64 };
+    static std::atomic<int> sms[MAX_CACHED]; /* 0: not looked up yet */
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    if (device < MAX_CACHED && (n = sms[device].load()) > 0)
+        return n;
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    if (device < MAX_CACHED)
+        sms[device].store(n);
+    return n;
+}

@@ -731,10 +731,8 @@ void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, i
         log2v++;
     float qscale = ldexpf(1.0f, 62 - log2v);
     /* blocks per row: about SAMPLE_FILL blocks per SM in all, at most SAMPLE_CLUSTER_MAX */
-    int device, sms, per_row = SAMPLE_CLUSTER_MAX;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    while (per_row > 1 && (long long)n * per_row > (long long)SAMPLE_FILL * sms)
+    int per_row = SAMPLE_CLUSTER_MAX;
+    while (per_row > 1 && (long long)n * per_row > (long long)SAMPLE_FILL * kc_sm_count())
         per_row >>= 1;
     bool all_greedy = flags & KC_SAMPLE_ALL_GREEDY;
     size_t smem =
