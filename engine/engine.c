@@ -26,7 +26,8 @@ EngineConfig eng_config_default(void) {
                           .enable_prefix_caching = 1,
                           .preemption_mode = PREEMPT_SWAP,
                           .gpu_memory_utilization = 0.9,
-                          .swap_space_gib = 4};
+                          .swap_space_gib = 4,
+                          .async_scheduling = 1};
 }
 
 /* The activation dtype: dtype "auto" is bfloat16 on CUDA for a bfloat16 checkpoint and
@@ -151,22 +152,22 @@ static Status size_pools(Engine *e) {
 /* Sizes in bytes of the BatchBuffers arrays, in field order. */
 /* The host step buffers and per-step host arrays (each rank's device copies: ranks.c). */
 static void alloc_host_buffers(Engine *e) {
-    size_t sizes[7];
-    void **h[7];
+    size_t sizes[BATCH_FIELDS];
+    void **h[BATCH_FIELDS];
     eng_batch_sizes(e, sizes);
     eng_batch_fields(&e->h, h);
     size_t s = (size_t)e->cfg.max_num_seqs;
     e->fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
     e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
     e->sampled = pl_xmalloc(s * sizeof(int32_t));
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < BATCH_FIELDS; i++)
         *h[i] = pl_xcalloc(1, sizes[i]);
 }
 
 static void free_host_buffers(Engine *e) {
-    void **h[7];
+    void **h[BATCH_FIELDS];
     eng_batch_fields(&e->h, h);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < BATCH_FIELDS; i++)
         free(*h[i]);
     free(e->fork_logits);
     free(e->sample_reqs);
@@ -213,6 +214,44 @@ static Status create_scheduling(Engine *e) {
     if (!(e->sched = sched_create(&sc, e->bm)))
         return PL_ERR_INVALID;
     return PL_OK;
+}
+
+/* Asynchronous scheduling's buffers, when the configuration and the backend allow it: the
+ * backend must be synchronous (CPU) or copy and signal asynchronously and sample on the
+ * device (CUDA), and there must be one rank (the other ranks would need the tokens too). */
+static Status start_overlap(Engine *e) {
+    const KernelOps *ops = e->ops;
+    int backend = ops->scatter_tokens &&
+                  (ops->host_memory || (ops->to_host_async && ops->event_create && e->ds.d_rows));
+    e->overlap = e->cfg.async_scheduling && e->tp == 1 && backend;
+    if (!e->overlap)
+        return PL_OK;
+    size_t s = (size_t)e->cfg.max_num_seqs;
+    for (int p = 0; p < 2; p++) {
+        if (!(e->step_tokens[p] = ops->alloc_host(s * sizeof(int32_t))))
+            return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampled tokens");
+        e->step_event[p] = ops->event_create ? ops->event_create() : NULL;
+    }
+    e->pending.rows = pl_xcalloc(s, sizeof *e->pending.rows);
+    e->block_read_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
+    e->block_written_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
+    return PL_OK;
+}
+
+static void stop_overlap(Engine *e) {
+    if (e->pending.active && e->ops->synchronize) /* its copies must land first */
+        e->ops->synchronize();
+    for (int p = 0; p < 2; p++) {
+        if (e->step_tokens[p])
+            e->ops->free_host(e->step_tokens[p]);
+        if (e->step_event[p])
+            e->ops->event_destroy(e->step_event[p]);
+    }
+    free(e->pending.rows);
+    free(e->block_read_step);
+    free(e->block_written_step);
+    for (int k = 0; k < SWAP_KINDS; k++)
+        free(e->swap_plan.pairs[k]);
 }
 
 static void print_budget(const Engine *e, double free_before_kv) {
@@ -275,7 +314,8 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
         goto fail;
     job.kind = JOB_POOLS;
     if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = create_scheduling(e)) != PL_OK ||
-        (st = eng_device_sampler_init(e)) != PL_OK || (st = eng_capture_graphs(e)) != PL_OK)
+        (st = eng_device_sampler_init(e)) != PL_OK || (st = start_overlap(e)) != PL_OK ||
+        (st = eng_capture_graphs(e)) != PL_OK)
         goto fail;
     if (!cfg->quiet)
         print_budget(e, free_before_kv);
@@ -310,6 +350,7 @@ void eng_destroy(Engine *e) {
     free(e->active);
     free(e->inbox);
     free(e->aborts);
+    stop_overlap(e);
     eng_device_sampler_free(e);
     eng_ranks_stop(e);
     sched_destroy(e->sched);
@@ -477,11 +518,11 @@ Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t) {
     if (sync)
         sync();
     double t0 = pl_now();
-    e->ops->swap_blocks(r->kv_cpu, r->kv_gpu, pairs, blocks, e->block_bytes);
+    e->ops->swap_blocks(r->kv_cpu, r->kv_gpu, pairs, blocks, e->block_bytes, 1);
     if (sync)
         sync();
     double t1 = pl_now();
-    e->ops->swap_blocks(r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes);
+    e->ops->swap_blocks(r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes, 1);
     if (sync)
         sync();
     double t2 = pl_now();
@@ -501,6 +542,7 @@ EngineStats eng_stats(Engine *e) {
                      .free_gpu_blocks = blk_num_free_gpu(e->bm),
                      .free_cpu_blocks = blk_num_free_cpu(e->bm)};
     s.generated_tokens = e->generated_tokens;
+    s.overlapped_steps = e->overlapped_steps;
     s.decode_steps = e->decode_steps;
     s.decode_seconds_schedule = e->decode_seconds[0];
     s.decode_seconds_prepare = e->decode_seconds[1];

@@ -21,7 +21,11 @@ typedef struct {
     int32_t *block_tables; /* [max_num_seqs, max_blocks_per_seq] */
     int32_t *logit_rows;   /* [max_num_seqs] */
     float *logits;         /* [max_num_seqs, vocab] */
+    int32_t *scatter;      /* [max_num_batched_tokens, 2]: (token index, previous step's row) */
 } BatchBuffers;
+
+/* The BatchBuffers fields, for the loops that allocate, upload and free them. */
+#define BATCH_FIELDS 8
 
 /* Abort id meaning "every request" (eng_abort_all). */
 #define ENG_ABORT_ALL UINT64_MAX
@@ -34,6 +38,7 @@ typedef struct {
     TokStream *stream; /* NULL without a tokenizer */
     int num_generated;
     FinishReason finish;
+    int pending_row; /* its row in the pending step (asynchronous scheduling), -1 if none */
 } SeqData;
 
 struct Request {
@@ -47,6 +52,7 @@ struct Request {
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
     int aborted;
+    int sync_sampling;  /* penalties or logprobs: its steps are not overlapped */
     double t_added;     /* eng_add_request */
     double t_scheduled; /* first step that computed any of it (0 = not yet) */
     Sequence **seqs;    /* [n] */
@@ -62,6 +68,30 @@ typedef struct {
     size_t top_at;     /* offset of its top-k in the step's top arrays */
     int num_top;
 } RowLogprobs;
+
+/* Asynchronous scheduling (step.c): one sampled row of the step launched last, whose
+ * tokens the host reads only after launching the next step. */
+typedef struct {
+    Sequence *seq;   /* NULL: the token is dropped (the sequence finished meanwhile) */
+    int placeholder; /* seq->tokens ends with a -1 standing in for this row's token */
+} PendingRow;
+
+typedef struct {
+    int active;
+    int num_rows;
+    PendingRow *rows; /* [max_num_seqs], in sampling order */
+    int parity;       /* Engine.step_tokens / step_event holding its tokens */
+    int64_t id;       /* its step number (the block stamps) */
+} PendingStep;
+
+/* The swaps of a step in issue order: swap-outs and swap-ins that may overlap the pending
+ * step, then those that touch its blocks and so wait for it. */
+enum { SWAP_OUT_NOW, SWAP_IN_NOW, SWAP_OUT_AFTER, SWAP_IN_AFTER, SWAP_KINDS };
+typedef struct {
+    BlockCopy *pairs[SWAP_KINDS];
+    int n[SWAP_KINDS];
+    int cap;
+} SwapPlan;
 
 /* ---- sample_device.c: sampling on the backend ---- */
 
@@ -114,6 +144,9 @@ typedef struct {
     const SchedulerOutput *o;                  /* JOB_STEP: its block copies */
     int num_tokens, num_seqs, num_rows, graph; /* JOB_STEP: the batch (graph -1: eager) */
     int num_decode;                            /* JOB_STEP: leading single-token seqs */
+    const SwapPlan *swaps;                     /* JOB_STEP: the swaps (NULL: none) */
+    int num_scatter;                           /* JOB_STEP: ids from the pending step */
+    const int32_t *scatter_src;                /* JOB_STEP: its sampled tokens (backend) */
     const int32_t *ids;                        /* JOB_LOGITS: the prompt (num_tokens) */
     float *logits_out;                         /* JOB_LOGITS: host [num_tokens, vocab] */
 } RankJob;
@@ -162,6 +195,19 @@ struct Engine {
     int32_t *sampled;           /* [max_num_seqs] */
     DeviceSampler ds;           /* sampling on the backend (sample_device.c) */
 
+    /* asynchronous scheduling (step.c): step N + 1 is scheduled and launched before the
+     * tokens of step N are read */
+    int overlap;              /* cfg.async_scheduling, one rank, a backend that can */
+    int num_sync_requests;    /* active requests whose steps cannot overlap */
+    PendingStep pending;      /* the step launched last, tokens unread */
+    int32_t *step_tokens[2];  /* [max_num_seqs] sampled tokens (pinned host), by parity */
+    void *step_event[2];      /* recorded after their copy (NULL: synchronous backend) */
+    int64_t step_id;          /* steps launched */
+    int64_t overlapped_steps; /* EngineStats */
+    int64_t *block_read_step; /* [num_gpu_blocks] last step reading / writing each block */
+    int64_t *block_written_step;
+    SwapPlan swap_plan;
+
     /* events of the last step and the text and logprobs they point into */
     EngEvent *events;
     int events_n, events_cap;
@@ -201,6 +247,13 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o);
  * (lps' top arrays in the step's arena). */
 void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps);
 
+/* The same without waiting (no logprobs): the tokens are copied to pinned `tokens` after the
+ * sampling; the caller records an event to know when they are there. */
+void eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens);
+
+/* 1 when sampling with these parameters reads the sequence's tokens (penalties). */
+int eng_has_penalty(const SamplingParams *p);
+
 /* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
 size_t eng_top_reserve(Engine *e, size_t k);
 
@@ -219,8 +272,8 @@ Status eng_ranks_run(Engine *e, const RankJob *job);
 Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, float *logits);
 
 /* The sizes of the step buffers (BatchBuffers fields in order). */
-void eng_batch_sizes(const Engine *e, size_t sizes[7]);
-void eng_batch_fields(BatchBuffers *b, void **f[7]);
+void eng_batch_sizes(const Engine *e, size_t sizes[BATCH_FIELDS]);
+void eng_batch_fields(BatchBuffers *b, void **f[BATCH_FIELDS]);
 
 /* ---- graphs.c ---- */
 

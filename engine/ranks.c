@@ -11,7 +11,7 @@
 
 #include "engine_internal.h"
 
-void eng_batch_sizes(const Engine *e, size_t sizes[7]) {
+void eng_batch_sizes(const Engine *e, size_t sizes[BATCH_FIELDS]) {
     size_t t = (size_t)e->cfg.max_num_batched_tokens, s = (size_t)e->cfg.max_num_seqs;
     size_t vocab = (size_t)model_config(e->model)->vocab_size;
     sizes[0] = sizes[1] = t * sizeof(int32_t);
@@ -20,9 +20,10 @@ void eng_batch_sizes(const Engine *e, size_t sizes[7]) {
     sizes[4] = s * (size_t)e->max_blocks_per_seq * sizeof(int32_t);
     sizes[5] = s * sizeof(int32_t);
     sizes[6] = s * vocab * sizeof(float);
+    sizes[7] = t * 2 * sizeof(int32_t);
 }
 
-void eng_batch_fields(BatchBuffers *b, void **f[7]) {
+void eng_batch_fields(BatchBuffers *b, void **f[BATCH_FIELDS]) {
     f[0] = (void **)&b->tokens;
     f[1] = (void **)&b->positions;
     f[2] = (void **)&b->slots;
@@ -30,6 +31,7 @@ void eng_batch_fields(BatchBuffers *b, void **f[7]) {
     f[4] = (void **)&b->block_tables;
     f[5] = (void **)&b->logit_rows;
     f[6] = (void **)&b->logits;
+    f[7] = (void **)&b->scatter;
 }
 
 static Status load(Engine *e, Rank *r) {
@@ -45,12 +47,12 @@ static Status load(Engine *e, Rank *r) {
 }
 
 static Status alloc_buffers(Engine *e, Rank *r) {
-    size_t sizes[7];
-    void **h[7], **d[7];
+    size_t sizes[BATCH_FIELDS];
+    void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
     eng_batch_sizes(e, sizes);
     eng_batch_fields(&e->h, h);
     eng_batch_fields(&r->d, d);
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < BATCH_FIELDS; i++) {
         *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
         if (!*d[i])
             return pl_error_set(PL_ERR_NOMEM,
@@ -89,31 +91,46 @@ static Status alloc_pools(Engine *e, Rank *r) {
     return PL_OK;
 }
 
+/* The step's swaps in plan order. With several ranks each waits for its device's compute:
+ * a worker's previous step may still be running when the next one is posted. */
+static void swap(Engine *e, Rank *r, const SwapPlan *p) {
+    for (int k = 0; k < SWAP_KINDS; k++) {
+        if (p->n[k] == 0)
+            continue;
+        int out = k == SWAP_OUT_NOW || k == SWAP_OUT_AFTER;
+        int after = k == SWAP_OUT_AFTER || k == SWAP_IN_AFTER || e->tp > 1;
+        e->ops->swap_blocks(out ? r->kv_cpu : r->kv_gpu, out ? r->kv_gpu : r->kv_cpu,
+                            (const int32_t *)p->pairs[k], p->n[k], e->block_bytes, after);
+    }
+}
+
 static void step(Engine *e, Rank *r, const RankJob *j) {
     const KernelOps *ops = e->ops;
     const SchedulerOutput *o = j->o;
-    if (o->num_swap_out)
-        ops->swap_blocks(r->kv_cpu, r->kv_gpu, (const int32_t *)o->swap_out, o->num_swap_out,
-                         e->block_bytes);
-    if (o->num_swap_in)
-        ops->swap_blocks(r->kv_gpu, r->kv_cpu, (const int32_t *)o->swap_in, o->num_swap_in,
-                         e->block_bytes);
+    if (j->swaps)
+        swap(e, r, j->swaps);
     if (o->num_copies)
         ops->copy_blocks(r->kv_gpu, r->kv_gpu, (const int32_t *)o->copies, o->num_copies,
                          e->block_bytes);
     if (j->num_tokens == 0)
         return;
     eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
+    if (j->num_scatter) { /* input ids the host has not seen yet */
+        if (r->d.scatter != e->h.scatter)
+            ops->to_device(r->d.scatter, e->h.scatter,
+                           (size_t)j->num_scatter * 2 * sizeof(int32_t));
+        ops->scatter_tokens(r->d.tokens, j->scatter_src, r->d.scatter, j->num_scatter);
+    }
     eng_rank_forward(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode, j->graph);
 }
 
 static void free_rank(Engine *e, Rank *r) {
     const KernelOps *ops = e->ops;
     eng_destroy_graphs(e, r);
-    void **h[7], **d[7];
+    void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
     eng_batch_fields(&e->h, h);
     eng_batch_fields(&r->d, d);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < BATCH_FIELDS; i++)
         if (*d[i] && *d[i] != *h[i])
             ops->free(*d[i]);
     memset(&r->d, 0, sizeof r->d);

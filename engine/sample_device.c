@@ -64,7 +64,7 @@ void eng_device_sampler_free(Engine *e) {
     memset(ds, 0, sizeof *ds);
 }
 
-static int has_penalty(const SamplingParams *p) {
+int eng_has_penalty(const SamplingParams *p) {
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
            p->frequency_penalty != 0.0f;
 }
@@ -82,7 +82,7 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
         if (r->n > r->num_started ||
             (r->params.logprobs && r->params.top_logprobs > DEVICE_MAX_TOP_LOGPROBS))
             return 0;
-        if (has_penalty(&d->sampling))
+        if (eng_has_penalty(&d->sampling))
             history += (size_t)seq->num_tokens;
     }
     return history <= e->ds.history_cap;
@@ -99,7 +99,10 @@ size_t eng_top_reserve(Engine *e, size_t k) {
     return at;
 }
 
-void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+/* Describe the sampled rows to the backend and launch their logprobs and sampling (tokens in
+ * ds->d_tokens); returns the row count, *kmax the top logprobs to copy (want_lp: any). */
+static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps, int *kmax_out,
+                           int *want_lp_out) {
     const KernelOps *ops = e->ops;
     DeviceSampler *ds = &e->ds;
     int vocab = model_config(e->model)->vocab_size;
@@ -122,7 +125,7 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
                                  .num_output = seq->num_tokens - seq->num_prompt,
                                  .seed = p->seed,
                                  .num_prompt = seq->num_prompt};
-        if (has_penalty(p)) {
+        if (eng_has_penalty(p)) {
             penalties = 1;
             row->history_offset = (int32_t)hist;
             memcpy(ds->h_history + hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
@@ -137,9 +140,10 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
         }
         n++;
     }
+    *kmax_out = kmax = kmax < vocab ? kmax : vocab;
+    *want_lp_out = want_lp;
     if (n == 0)
-        return;
-    kmax = kmax < vocab ? kmax : vocab;
+        return 0;
     ops->to_device(ds->d_rows, ds->h_rows, (size_t)n * sizeof(DeviceSampleRow));
     if (hist)
         ops->to_device(ds->d_history, ds->h_history, hist * sizeof(int32_t));
@@ -150,6 +154,25 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
     ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->ranks[0].d.logits, n,
                      vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
                      ds->workspace_bytes);
+    return n;
+}
+
+void eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens) {
+    RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
+    int kmax, want_lp;
+    int n = launch_sampling(e, o, lps, &kmax, &want_lp);
+    PL_CHECK(!want_lp); /* such requests are not overlapped */
+    if (n > 0)
+        e->ops->to_host_async(tokens, e->ds.d_tokens, (size_t)n * sizeof(int32_t));
+}
+
+void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+    const KernelOps *ops = e->ops;
+    DeviceSampler *ds = &e->ds;
+    int kmax, want_lp;
+    int n = launch_sampling(e, o, lps, &kmax, &want_lp);
+    if (n == 0)
+        return;
     ops->to_host(tokens, ds->d_tokens, (size_t)n * sizeof(int32_t));
     if (!want_lp)
         return;

@@ -1,6 +1,17 @@
 /* step.c - one engine step: take new requests and aborts from the inbox, let the scheduler
  * plan the batch, perform its block copies, run the model over the packed batch, sample,
- * and turn the new tokens into output events (text in context, finish reasons). */
+ * and turn the new tokens into output events (text in context, finish reasons).
+ *
+ * Asynchronous scheduling (Engine.overlap): a step is launched (swaps, forward, sampling, the
+ * copy of its tokens to pinned memory) and the engine goes on without waiting for it. Each
+ * sequence that will go on gets a placeholder token (-1), so the next eng_step can schedule
+ * and launch step N + 1 at once, its input ids for those placeholders scattered on the device
+ * from step N's sampled tokens; only then does it wait for step N's tokens and turn them into
+ * events. The host's work thus runs while the device computes. A sequence that stops on a
+ * sampled token has been scheduled once more by then: that step's row is dropped. Swaps of
+ * blocks the running step does not touch start at once, beside it. Requests whose sampling
+ * reads the host's token history (penalties), wants logprobs, or still has n > 1 samples to
+ * fork make the engine wait for each step, as without overlap. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +64,7 @@ static void start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
     d->sampling = r->params.sampling;
     d->sampling.seed += (uint64_t)index;
     d->stream = e->tok ? tok_stream_create(e->tok, r->prompt, r->num_prompt) : NULL;
+    d->pending_row = -1;
     seq->owner = d;
     r->seqs[index] = seq;
     r->num_started++;
@@ -117,6 +129,8 @@ static void take_inbox(Engine *e) {
             seq_create(e->next_seq_id++, r->prompt, r->num_prompt, r->params.max_tokens);
         start_sequence(e, r, 0, seq);
         PL_CHECK(sched_add(e->sched, seq) == PL_OK); /* validated by eng_add_request */
+        r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling);
+        e->num_sync_requests += r->sync_sampling || r->n > 1;
         if (e->active_n == e->active_cap) {
             e->active_cap = e->active_cap ? 2 * e->active_cap : 16;
             e->active = pl_xrealloc(e->active, (size_t)e->active_cap * sizeof *e->active);
@@ -148,7 +162,7 @@ static int pick_graph(const Engine *e, const SchedulerOutput *o) {
  * rows stay in the scheduler's order, which is the order sampling walks. */
 static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob *j) {
     BatchBuffers *h = &e->h;
-    int bs = e->cfg.block_size, t = 0, rows = 0, at = 0, num_decode = 0;
+    int bs = e->cfg.block_size, t = 0, rows = 0, at = 0, num_decode = 0, scatter = 0;
     int last_row[o->num_seqs > 0 ? o->num_seqs : 1];
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < o->num_seqs; i++) {
@@ -162,6 +176,14 @@ static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob 
                 h->tokens[t] = seq->tokens[p];
                 h->positions[t] = p;
                 h->slots[t] = (int64_t)seq->table.blocks[p / bs] * bs + p % bs;
+                if (h->tokens[t] < 0) { /* a placeholder: sampled by the pending step */
+                    const SeqData *d = seq->owner;
+                    PL_CHECK(e->pending.active && d->pending_row >= 0);
+                    h->tokens[t] = 0;
+                    h->scatter[2 * scatter] = t;
+                    h->scatter[2 * scatter + 1] = d->pending_row;
+                    scatter++;
+                }
             }
             PL_CHECK(seq->table.num_blocks <= e->max_blocks_per_seq);
             memcpy(h->block_tables + (size_t)at * e->max_blocks_per_seq, seq->table.blocks,
@@ -186,7 +208,53 @@ static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob 
                    .num_seqs = seqs,
                    .num_rows = rows,
                    .graph = graph,
-                   .num_decode = num_decode};
+                   .num_decode = num_decode,
+                   .num_scatter = scatter,
+                   .scatter_src =
+                       e->ops->host_memory ? e->step_tokens[e->pending.parity] : e->ds.d_tokens};
+}
+
+/* Record which blocks step `id` reads and writes (its swaps-to-be-overlapped check them). */
+static void stamp_blocks(Engine *e, const SchedulerOutput *o, int64_t id) {
+    int bs = e->cfg.block_size;
+    for (int i = 0; i < o->num_seqs; i++) {
+        const ScheduledSeq *ss = &o->seqs[i];
+        const BlockTable *t = &ss->seq->table;
+        for (int b = 0; b < t->num_blocks; b++)
+            e->block_read_step[t->blocks[b]] = id;
+        for (int p = ss->start; p < ss->start + ss->num_tokens; p += bs - p % bs)
+            e->block_written_step[t->blocks[p / bs]] = id;
+    }
+}
+
+/* Order the step's swaps so that those not touching the pending step's blocks go first
+ * and overlap it: a swap-out waits only if the pending step writes its block, a swap-in only
+ * if the pending step reads (or writes) the block it fills. Returns the plan, or NULL. */
+static const SwapPlan *plan_swaps(Engine *e, const SchedulerOutput *o) {
+    if (o->num_swap_out + o->num_swap_in == 0)
+        return NULL;
+    SwapPlan *p = &e->swap_plan;
+    int need = o->num_swap_out > o->num_swap_in ? o->num_swap_out : o->num_swap_in;
+    if (need > p->cap) {
+        p->cap = 2 * need;
+        for (int k = 0; k < SWAP_KINDS; k++)
+            p->pairs[k] = pl_xrealloc(p->pairs[k], (size_t)p->cap * sizeof(BlockCopy));
+    }
+    int64_t busy = e->pending.active ? e->pending.id : -1;
+    memset(p->n, 0, sizeof p->n);
+    for (int i = 0; i < o->num_swap_out; i++) {
+        BlockCopy c = o->swap_out[i];
+        int k = e->block_written_step && e->block_written_step[c.src] == busy ? SWAP_OUT_AFTER
+                                                                              : SWAP_OUT_NOW;
+        p->pairs[k][p->n[k]++] = c;
+    }
+    for (int i = 0; i < o->num_swap_in; i++) {
+        BlockCopy c = o->swap_in[i];
+        int k =
+            e->block_read_step && e->block_read_step[c.dst] == busy ? SWAP_IN_AFTER : SWAP_IN_NOW;
+        p->pairs[k][p->n[k]++] = c;
+    }
+    return p;
 }
 
 static SampleRequest sample_request(const Sequence *seq) {
@@ -213,9 +281,12 @@ static int is_stop_token(const Engine *e, const Request *r, int32_t t) {
 
 /* Record a sampled token on its sequence: stop on EOS or a stop token, append, check
  * lengths, emit. */
-static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp) {
+static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
+                         int placeholder) {
     SeqData *d = seq->owner;
     Request *r = d->req;
+    if (placeholder) /* the last token stands for this one */
+        seq->num_tokens--;
     if (is_stop_token(e, r, token)) {
         finish_sequence(e, seq, FINISH_STOP, -1, "", NULL);
         return;
@@ -285,12 +356,14 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
         SampleRequest sr = sample_request(child);
         int32_t token;
         k_cpu_ops()->sample(&token, e->fork_logits, 1, vocab, &sr);
-        accept_token(e, child, token, lp);
+        accept_token(e, child, token, lp, 0);
     }
+    if (!r->sync_sampling) /* forked: its steps may overlap now */
+        e->num_sync_requests--;
 }
 
 /* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
-static void sample_on_host(Engine *e, const SchedulerOutput *o, RowLogprobs *lps) {
+static void sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
     const float *dev_logits = e->ranks[0].d.logits;
     if (dev_logits != e->h.logits) {
@@ -321,7 +394,7 @@ static void sample_on_host(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
             fork_samples(e, seq, row, vocab, &lps[k]);
         e->sample_reqs[k++] = sample_request(seq);
     }
-    k_cpu_ops()->sample(e->sampled, e->h.logits, k, vocab, e->sample_reqs);
+    k_cpu_ops()->sample(tokens, e->h.logits, k, vocab, e->sample_reqs);
 }
 
 /* Sample every row that wants a token (on the backend when it can), then turn the tokens
@@ -331,23 +404,92 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o, double *t_sampl
     if (eng_device_sample_ok(e, o))
         eng_device_sample(e, o, e->sampled, lps);
     else
-        sample_on_host(e, o, lps);
+        sample_on_host(e, o, e->sampled, lps);
     *t_sampled = pl_now();
     int k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (o->seqs[i].sample) {
-            accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k]);
+            accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k], 0);
             k++;
         }
     }
 }
 
-/* Drop requests whose samples have all finished. */
+/* Launch the sampling of an overlapped step: its tokens land in step_tokens[parity] (an
+ * event marks when, on an asynchronous backend). */
+static void sample_async(Engine *e, const SchedulerOutput *o, int parity) {
+    if (e->ops->host_memory) {
+        RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
+        sample_on_host(e, o, e->step_tokens[parity], lps);
+        return;
+    }
+    eng_device_sample_async(e, o, e->step_tokens[parity]);
+    e->ops->event_record(e->step_event[parity]);
+}
+
+/* The launched step `o` becomes the pending one: each sequence that goes on past its token
+ * gets a placeholder for it, so the next step can be scheduled before the token is known. */
+static void make_pending(Engine *e, const SchedulerOutput *o, int parity) {
+    PendingStep *p = &e->pending;
+    int k = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        Sequence *seq = o->seqs[i].seq;
+        SeqData *d = seq->owner;
+        PendingRow *row = &p->rows[k];
+        *row = (PendingRow){.seq = seq};
+        if (seq->state == SEQ_FINISHED) { /* stopped by the step before: row dropped */
+            row->seq = NULL;
+        } else {
+            d->pending_row = k;
+            /* a token ending it (length) needs no placeholder: nothing follows */
+            if (d->num_generated + 1 < d->req->params.max_tokens &&
+                seq->num_tokens + 1 < e->max_model_len) {
+                seq_append(seq, -1);
+                row->placeholder = 1;
+            }
+        }
+        k++;
+    }
+    p->num_rows = k;
+    p->parity = parity;
+    p->id = e->step_id;
+    p->active = 1;
+}
+
+/* Wait for the pending step's tokens and accept them (stop checks, text, events). */
+static void finish_pending(Engine *e) {
+    PendingStep *p = &e->pending;
+    if (!p->active)
+        return;
+    p->active = 0;
+    if (e->step_event[p->parity])
+        e->ops->event_wait(e->step_event[p->parity]);
+    const int32_t *tokens = e->step_tokens[p->parity];
+    for (int k = 0; k < p->num_rows; k++) {
+        Sequence *seq = p->rows[k].seq;
+        if (!seq)
+            continue;
+        ((SeqData *)seq->owner)->pending_row = -1;
+        if (seq->state != SEQ_FINISHED) /* else aborted meanwhile */
+            accept_token(e, seq, tokens[k], NULL, p->rows[k].placeholder);
+    }
+}
+
+/* Drop requests whose samples have all finished (first forgetting the pending step's rows of
+ * finished sequences, which are freed with their request). */
 static void retire_finished(Engine *e) {
+    for (int k = 0; e->pending.active && k < e->pending.num_rows; k++) {
+        Sequence *seq = e->pending.rows[k].seq;
+        if (seq && seq->state == SEQ_FINISHED)
+            e->pending.rows[k].seq = NULL;
+    }
     int kept = 0, retired = 0;
     for (int i = 0; i < e->active_n; i++) {
         Request *r = e->active[i];
         if (r->num_finished >= r->n) {
+            e->num_sync_requests -= r->sync_sampling || r->n > r->num_started;
             eng_request_free(e, r);
             retired++;
         } else {
@@ -362,6 +504,12 @@ static void retire_finished(Engine *e) {
     }
 }
 
+/* Whether this step may be overlapped: on, and no active request needs the host to see
+ * each token before the next step is launched. */
+static int overlap_now(const Engine *e) {
+    return e->overlap && e->num_sync_requests == 0;
+}
+
 int eng_step(Engine *e, const EngEvent **events) {
     e->events_n = 0;
     e->text_len = 0;
@@ -369,10 +517,16 @@ int eng_step(Engine *e, const EngEvent **events) {
     double t[6];
     t[0] = pl_now();
     take_inbox(e);
+    int overlap = overlap_now(e);
+    if (!overlap) /* a step that must wait for its tokens starts from a finished one */
+        finish_pending(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
-    if (o->num_seqs == 0 && (o->num_swap_out || o->num_swap_in || o->num_copies)) {
-        RankJob copies = {.kind = JOB_STEP, .o = o}; /* block copies only */
-        eng_ranks_run(e, &copies);
+    if (o->num_seqs == 0) {
+        if (o->num_swap_out || o->num_swap_in || o->num_copies) {
+            RankJob copies = {.kind = JOB_STEP, .o = o, .swaps = plan_swaps(e, o)};
+            eng_ranks_run(e, &copies); /* block copies only */
+        }
+        finish_pending(e);
     }
     int decode = o->num_seqs > 0;
     for (int i = 0; i < o->num_seqs; i++)
@@ -387,13 +541,25 @@ int eng_step(Engine *e, const EngEvent **events) {
         RankJob job;
         t[1] = pl_now();
         build_batch(e, o, pick_graph(e, o), &job);
+        job.swaps = plan_swaps(e, o);
         t[2] = pl_now();
-        eng_ranks_run(e, &job);  /* block copies, upload and forward on every rank */
-        if (e->ops->synchronize) /* the forward phase ends when the device is done */
-            e->ops->synchronize();
-        t[3] = pl_now();
-        sched_step_done(e->sched, o);
-        sample_and_emit(e, o, &t[4]);
+        eng_ranks_run(e, &job); /* block copies, upload and forward on every rank */
+        if (overlap) {
+            int parity = (int)(++e->step_id & 1);
+            sample_async(e, o, parity);
+            stamp_blocks(e, o, e->step_id);
+            e->overlapped_steps += e->pending.active;
+            finish_pending(e); /* the previous step's tokens, while this one runs */
+            t[3] = t[4] = pl_now();
+            sched_step_done(e->sched, o);
+            make_pending(e, o, parity);
+        } else {
+            if (e->ops->synchronize) /* the forward phase ends when the device is done */
+                e->ops->synchronize();
+            t[3] = pl_now();
+            sched_step_done(e->sched, o);
+            sample_and_emit(e, o, &t[4]);
+        }
         t[5] = pl_now();
         if (decode) {
             e->decode_steps++;

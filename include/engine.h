@@ -24,6 +24,9 @@ typedef struct {
                                      * bfloat16 or float16, else float32), "float32", "bfloat16"
                                      * or "float16" (the 16-bit ones on cuda only) */
     int enforce_eager;              /* 1 = no CUDA graphs for decode */
+    int async_scheduling;           /* 1 = schedule and launch step N + 1 before reading step
+                                     * N's tokens (one rank; requests with penalties, logprobs
+                                     * or n > 1 still being forked make their steps wait) */
     int tensor_parallel_size;       /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
     int load_dummy;                 /* load-format dummy */
     uint64_t seed;                  /* dummy weights */
@@ -42,7 +45,8 @@ typedef struct {
 } EngineConfig;
 
 /* vLLM's defaults: device auto, block 16, 2048 batched tokens, 256 seqs, chunked prefill
- * and prefix caching on, swap preemption, utilization 0.9, swap space 4 GiB. */
+ * and prefix caching on, swap preemption, utilization 0.9, swap space 4 GiB; and
+ * asynchronous scheduling on. */
 EngineConfig eng_config_default(void);
 
 typedef struct Engine Engine;
@@ -127,6 +131,7 @@ typedef struct {
     int num_requests_waiting; /* queued, or preempted for recompute, none running */
     int num_requests_swapped; /* swapped out, none running */
     int64_t generated_tokens; /* tokens sampled, over all requests */
+    int64_t overlapped_steps; /* launched before the previous step's tokens were read */
     int num_gpu_blocks, num_cpu_blocks;
     int free_gpu_blocks, free_cpu_blocks;
     int64_t kv_slots_allocated; /* token slots in blocks held by running sequences */

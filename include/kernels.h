@@ -114,11 +114,28 @@ typedef struct KernelOps {
 
     /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and
      * the device pool: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool,
-     * one pool on the host and one on the device (src_dst in host memory). */
+     * one pool on the host and one on the device (src_dst in host memory). The copies run
+     * beside the compute ops (CUDA: on a stream of their own, in call order); with
+     * after_compute they start only once every op issued so far has finished (a block that
+     * a running step reads or writes), else at once. Ops issued after the call wait for
+     * them. */
     void *(*alloc_host)(size_t bytes); /* NULL when out of memory */
     void (*free_host)(void *p);
     void (*swap_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                        size_t block_bytes);
+                        size_t block_bytes, int after_compute);
+
+    /* Asynchronous steps (NULL on backends whose ops are synchronous): to_host_async copies
+     * to pinned host memory after the ops issued so far, without waiting; an event recorded
+     * after some ops lets the host wait for just those (event_wait). */
+    void (*to_host_async)(void *dst, const void *src, size_t bytes);
+    void *(*event_create)(void);
+    void (*event_record)(void *event);
+    void (*event_wait)(void *event);
+    void (*event_destroy)(void *event);
+
+    /* tokens[pairs[2i]] = sampled[pairs[2i+1]] for i < n (backend memory): the input ids of a
+     * step that are the tokens its predecessor sampled and the host has not seen yet. */
+    void (*scatter_tokens)(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
 
     /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
     void (*embedding)(void *out, const int32_t *ids, int n, const Tensor *table);

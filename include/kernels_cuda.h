@@ -129,6 +129,10 @@ void k_cuda_qkv_rope_cache(void *q_out, void *qkv, DType act, const int32_t *pos
 void k_cuda_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                         size_t block_bytes, void *stream);
 
+/* tokens[pairs[2i]] = sampled[pairs[2i+1]] for i < n (all on the device). */
+void k_cuda_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n,
+                           void *stream);
+
 /* ---- attention over the paged cache ----
  *
  * Both kernels compute exactly the CPU `attention` op for any AttnBatch (its arrays are

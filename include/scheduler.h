@@ -103,7 +103,8 @@ void sched_fork(Scheduler *s, Sequence *parent, Sequence *child);
 const SchedulerOutput *sched_schedule(Scheduler *s);
 
 /* After the step ran: record that `out`'s tokens are computed (registering full blocks in
- * the prefix cache). The engine appends sampled tokens itself afterwards. */
+ * the prefix cache), skipping sequences finished meanwhile. The engine appends sampled
+ * tokens itself. */
 void sched_step_done(Scheduler *s, const SchedulerOutput *out);
 
 /* Remove a sequence from whichever queue holds it and release its blocks (finish, abort).

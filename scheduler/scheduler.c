@@ -262,6 +262,8 @@ void sched_step_done(Scheduler *s, const SchedulerOutput *out) {
     for (int i = 0; i < out->num_seqs; i++) {
         const ScheduledSeq *ss = &out->seqs[i];
         Sequence *seq = ss->seq;
+        if (seq->state == SEQ_FINISHED) /* stopped (or aborted) while the step ran */
+            continue;
         int prompt_part = seq->num_prompt - ss->start;
         if (prompt_part > ss->num_tokens)
             prompt_part = ss->num_tokens;

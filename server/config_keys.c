@@ -103,6 +103,8 @@ static const CfgKey keys[] = {
     KEY_INT("tensor-parallel-size", engine.tensor_parallel_size, 1, NO_MAX, "N",
             "GPUs that split the model", NULL),
     KEY_BOOL("enforce-eager", engine.enforce_eager, "run decode without CUDA graphs"),
+    KEY_BOOL("async-scheduling", engine.async_scheduling,
+             "schedule the next step while the device runs this one"),
     {.name = "seed",
      .type = CFG_UINT64,
      .offset = OFF(engine.seed),

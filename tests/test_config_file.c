@@ -188,6 +188,7 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "preemption-mode: recompute\n"
                                "tensor-parallel-size: 1\n"
                                "enforce-eager: yes\n"
+                               "async-scheduling: no\n"
                                "seed: 18446744073709551615\n"
                                "max-queue-len: 7\n"
                                "max-request-bytes: 4096\n"
@@ -218,6 +219,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.preemption_mode, PREEMPT_RECOMPUTE);
     assert_int_equal(c->engine.tensor_parallel_size, 1);
     assert_int_equal(c->engine.enforce_eager, 1);
+    assert_int_equal(c->engine.async_scheduling, 0);
     assert_true(c->engine.seed == UINT64_MAX);
     assert_int_equal(c->max_queue_len, 7);
     assert_int_equal(c->max_request_bytes, 4096);

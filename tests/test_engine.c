@@ -104,10 +104,11 @@ static void assert_all_blocks_free(Engine *e) {
     assert_int_equal(s.sched.num_running + s.sched.num_waiting + s.sched.num_swapped, 0);
 }
 
-/* Reference: each job alone on a roomy engine. */
+/* Reference: each job alone on a roomy engine, every step waiting for its tokens. */
 static void run_alone(Job *jobs, int n, const GenerateParams *gp) {
     EngineConfig c = base_config();
     c.enable_prefix_caching = 0;
+    c.async_scheduling = 0;
     Engine *e = make_engine(&c);
     for (int i = 0; i < n; i++)
         run_jobs(e, &jobs[i], 1, gp);
@@ -124,18 +125,31 @@ static void assert_same_outputs(const Job *a, const Job *b, int n) {
     }
 }
 
-static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute, int seeded) {
+/* 64 concurrent requests on a pool too small for them (asynchronous scheduling on, as by
+ * default): outputs equal each one's run alone; `eos`: they may stop early, so that
+ * sequences are scheduled once past their end and the overlapped step's row dropped. */
+static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute, int seeded,
+                         int eos) {
     EngineConfig c = base_config();
     c.num_gpu_blocks_override = 40; /* 64 requests need ~250 blocks at once */
     c.swap_space_gib = swap_blocks * block_gib(16);
     c.max_num_batched_tokens = 64;
-    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = 1};
+    GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = !eos};
     if (seeded) {
         gp.sampling.temperature = 0.8f;
         gp.sampling.top_p = 0.9f;
         gp.sampling.seed = 1234;
     }
     Engine *e = make_engine(&c);
+    int32_t stop_id = 0, *ids;
+    int len;
+    if (eos) { /* the bundled model rarely ends a story this soon: stop at a full stop too */
+        assert_int_equal(tok_encode(eng_tokenizer(e), ".", 1, 0, &ids, &len), PL_OK);
+        stop_id = ids[len - 1];
+        free(ids);
+        gp.stop_token_ids = &stop_id;
+        gp.num_stop_token_ids = 1;
+    }
     static Job batch[NUM_REQUESTS], alone[NUM_REQUESTS];
     make_jobs(e, batch, NUM_REQUESTS);
     memcpy(alone, batch, sizeof batch);
@@ -152,28 +166,42 @@ static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute,
     }
     if (expect_recompute)
         assert_true(s.sched.preempt_recompute > 0);
+    assert_true(s.overlapped_steps > 0);
     assert_all_blocks_free(e);
     eng_destroy(e);
     run_alone(alone, NUM_REQUESTS, &gp);
     assert_same_outputs(batch, alone, NUM_REQUESTS);
+    if (eos) { /* the early stops happened */
+        int stopped = 0;
+        for (int i = 0; i < NUM_REQUESTS; i++)
+            stopped += batch[i].finish == FINISH_STOP;
+        print_message("%d of %d requests stopped at their stop token\n", stopped, NUM_REQUESTS);
+        assert_true(stopped > 0);
+    }
 }
 
 /* Roomy swap pool: preemption by swapping; outputs equal solo runs. */
 static void test_swap_preemption_keeps_outputs(void **state) {
     (void)state;
-    pressure_run(400, 1, 0, 0);
+    pressure_run(400, 1, 0, 0, 0);
 }
 
 /* Tiny swap pool: swapping until it is full, then recompute; outputs still equal. */
 static void test_swap_and_recompute_keep_outputs(void **state) {
     (void)state;
-    pressure_run(6, 1, 1, 0);
+    pressure_run(6, 1, 1, 0, 0);
 }
 
 /* No swap space: recompute only; sampled (seeded) outputs equal too. */
 static void test_recompute_keeps_seeded_outputs(void **state) {
     (void)state;
-    pressure_run(0, 0, 1, 1);
+    pressure_run(0, 0, 1, 1, 0);
+}
+
+/* Sampled requests that stop early (a stop token), under swap pressure, overlapped. */
+static void test_overlapped_steps_stop_and_swap_like_solo_runs(void **state) {
+    (void)state;
+    pressure_run(400, 1, 0, 1, 1);
 }
 
 static void test_abort_frees_blocks(void **state) {
@@ -495,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_swap_preemption_keeps_outputs),
         cmocka_unit_test(test_swap_and_recompute_keep_outputs),
         cmocka_unit_test(test_recompute_keeps_seeded_outputs),
+        cmocka_unit_test(test_overlapped_steps_stop_and_swap_like_solo_runs),
         cmocka_unit_test(test_abort_frees_blocks),
         cmocka_unit_test(test_forked_samples_share_blocks),
         cmocka_unit_test(test_prefix_cache_hit),

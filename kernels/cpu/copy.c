@@ -2,7 +2,7 @@
  * memory; gathering the hidden-state rows whose logits are wanted; reordering the logits of a
  * vocabulary-parallel LM head (gathered slices) into rows; whole-block copies
  * between KV pools (swap out, swap in, copy-on-write): one memcpy per block thanks to the
- * block-major layout. */
+ * block-major layout; a step's input ids taken from its predecessor's sampled tokens. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +34,17 @@ void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_ds
     for (int i = 0; i < n; i++)
         memcpy((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
                (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes, block_bytes);
+}
+
+void cpu_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                     size_t block_bytes, int after_compute) {
+    (void)after_compute; /* every op is synchronous: the compute is always done */
+    cpu_copy_blocks(dst_pool, src_pool, src_dst, n, block_bytes);
+}
+
+void cpu_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n) {
+    for (int i = 0; i < n; i++)
+        tokens[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
 }
 
 void *cpu_alloc(size_t bytes) {

@@ -40,6 +40,9 @@ void cpu_copy(void *dst, const void *src, size_t bytes);
 size_t cpu_free_memory(void);
 void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
                      size_t block_bytes);
+void cpu_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
+                     size_t block_bytes, int after_compute);
+void cpu_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
 void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
 
 /* ---- SIMD dispatch (util.c) ---- */

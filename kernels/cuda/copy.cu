@@ -1,7 +1,8 @@
-/* copy.cu - data movement on the device: gathering the rows whose logits are wanted, and
+/* copy.cu - data movement on the device: gathering the rows whose logits are wanted,
  * whole-KV-block copies (copy-on-write) for many (src, dst) pairs in one launch, 16 bytes per
- * thread when the block size allows. Host<->device swaps are cudaMemcpyAsync calls made by
- * the engine (one contiguous copy per block thanks to the block-major layout). */
+ * thread when the block size allows, and a step's input ids taken from the tokens its
+ * predecessor sampled (asynchronous scheduling). Host<->device swaps are cudaMemcpyAsync calls made
+ * by the engine (one contiguous copy per block thanks to the block-major layout). */
 #include "cuda_internal.cuh"
 
 template <typename T>
@@ -50,5 +51,21 @@ void k_cuda_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src
     else
         copy_blocks_kernel<unsigned char><<<grid, 256, 0, kc_stream(stream)>>>(
             (char *)dst_pool, (const char *)src_pool, src_dst, block_bytes);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void scatter_tokens_kernel(int32_t *tokens, const int32_t *sampled, const int32_t *pairs,
+                                      int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        tokens[pairs[2 * i]] = sampled[pairs[2 * i + 1]];
+}
+
+void k_cuda_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n,
+                           void *stream) {
+    if (n <= 0)
+        return;
+    scatter_tokens_kernel<<<(n + 255) / 256, 256, 0, kc_stream(stream)>>>(tokens, sampled, pairs,
+                                                                          n);
     CUDA_CHECK_LAUNCH();
 }

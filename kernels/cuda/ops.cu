@@ -5,9 +5,10 @@
  * Streams: every op runs on one compute stream (a blocking stream, so the synchronous
  * start-up copies on the legacy default stream order themselves with it); the step's small
  * host-to-device copies are asynchronous on it and the logits copy back synchronizes it.
- * Swaps run on their own stream: it first waits for the compute issued so far (an event),
- * and the compute stream waits for the swaps before the next op (another event), so the host
- * never blocks on a swap. Decode steps can be captured from the compute stream into CUDA
+ * Swaps run on their own stream: when asked to, it first waits for the compute issued so far
+ * (an event; blocks a running step still uses), else the copies overlap that compute; the
+ * compute stream waits for the swaps before its next op (another event), so the host never
+ * blocks on a swap. Decode steps can be captured from the compute stream into CUDA
  * graphs (graph_begin / graph_end) and replayed.
  *
  * State shared by the ops (streams, the cuBLASLt handle and decode-attention workspace of
@@ -127,18 +128,48 @@ static void ops_free_host(void *p) {
 }
 
 static void ops_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                            size_t block_bytes) {
+                            size_t block_bytes, int after_compute) {
     if (n <= 0)
         return;
     DevState *s = dev();
-    CUDA_CHECK(cudaEventRecord(s->compute_done, s->compute_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(s->swap_stream, s->compute_done, 0));
+    if (after_compute) {
+        CUDA_CHECK(cudaEventRecord(s->compute_done, s->compute_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(s->swap_stream, s->compute_done, 0));
+    }
     for (int i = 0; i < n; i++) /* block-major: one contiguous copy per block */
         CUDA_CHECK(cudaMemcpyAsync((char *)dst_pool + (size_t)src_dst[2 * i + 1] * block_bytes,
                                    (const char *)src_pool + (size_t)src_dst[2 * i] * block_bytes,
                                    block_bytes, cudaMemcpyDefault, s->swap_stream));
     CUDA_CHECK(cudaEventRecord(s->swaps_done, s->swap_stream));
     CUDA_CHECK(cudaStreamWaitEvent(s->compute_stream, s->swaps_done, 0));
+}
+
+static void ops_to_host_async(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+}
+
+static void *ops_event_create(void) {
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return (void *)ev;
+}
+
+static void ops_event_record(void *ev) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, stream()));
+}
+
+static void ops_event_wait(void *ev) {
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
+}
+
+static void ops_event_destroy(void *ev) {
+    if (ev)
+        CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
+}
+
+static void ops_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs,
+                               int n) {
+    k_cuda_scatter_tokens(tokens, sampled, pairs, n, stream());
 }
 
 static void ops_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
@@ -389,6 +420,12 @@ template <DType A> static KernelOps make_ops(void) {
     o.alloc_host = ops_alloc_host;
     o.free_host = ops_free_host;
     o.swap_blocks = ops_swap_blocks;
+    o.to_host_async = ops_to_host_async;
+    o.event_create = ops_event_create;
+    o.event_record = ops_event_record;
+    o.event_wait = ops_event_wait;
+    o.event_destroy = ops_event_destroy;
+    o.scatter_tokens = ops_scatter_tokens;
     o.embedding = ops_embedding<A>;
     o.rmsnorm = ops_rmsnorm<A>;
     o.add_rmsnorm = ops_add_rmsnorm<A>;
