@@ -146,12 +146,15 @@ typedef struct {
 } EngineStats;
 
 /* A swap round trip for benchmarks: `blocks` KV blocks copied to the swap pool and back
- * (the same blocks, so their contents are unchanged). Call on the engine thread with no
- * step in flight. Seconds of each direction, measured to completion. */
+ * (the same blocks, so their contents are unchanged). Call on the engine thread between
+ * steps. Seconds of each direction, measured to completion; then, with decode graphs and one
+ * rank, the swap-in again while decode graphs run: seconds of that compute alone and of the
+ * compute and the swap-in together (0 without graphs). */
 typedef struct {
     int blocks;
     double bytes; /* one direction */
     double seconds_out, seconds_in;
+    double seconds_compute, seconds_both;
 } EngSwapTiming;
 Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t);
 
