@@ -15,9 +15,11 @@
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". The last test prints timings (never
- * asserts speed): median of 20 after warm-up, with the ratio to the H200 floors (4.23 TB/s,
- * 763 TFLOP/s). PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the timing test;
- * PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+ * asserts speed) at the Llama-3-8B projection shapes: median of 20 after warm-up, weights from
+ * HBM, with the ratio to the H200 floors (4.23 TB/s, 763 TFLOP/s), for back-to-back calls on a
+ * stream and, at n <= 8, in a CUDA graph (as the decode step runs them), and a decoder layer's
+ * four projections in a graph. PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the
+ * timing test; PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,110 +306,214 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-enum { TIME_BATCH = 10, TIME_REPS = 20 };
+enum { TIME_BATCH = 10, TIME_REPS = 20, CHAIN_LAYERS = 4 };
 
-/* Median over TIME_REPS of the per-call device time (ms) of TIME_BATCH back-to-back calls,
- * cycling through `ncopies` weight copies so that the weights come from HBM, not L2. */
-static float time_calls(KCudaGemm *g, void *out, const void *x, const Tensor *ws, int ncopies,
-                        int n, cudaEvent_t e0, cudaEvent_t e1, double *host_us) {
-    float t[TIME_REPS];
+static float median_of(float *t, int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_float);
+    return 0.5f * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Weights of one shape for timing: enough copies for > 150 MB (three times the 50 MB L2), so
+ * that cycling through them reads HBM, filled by tiling one random 4 MiB block (a random
+ * matrix of the LM head's size would take seconds on the host); x and out for nmax rows. */
+typedef struct {
+    int N, K, ncopies;
+    Tensor *ws;
+    void *dx, *dout;
+} TimeSet;
+
+static TimeSet timeset_make(int N, int K, int nmax) {
+    TimeSet t;
+    t.N = N;
+    t.K = K;
+    size_t wbytes = (size_t)N * K * 2, tile = (size_t)4 << 20;
+    t.ncopies = (int)((150u << 20) / wbytes) + 1;
+    t.ws = xmalloc(sizeof(Tensor) * t.ncopies);
+    float a = 2.0f / sqrtf((float)K);
+    float *r = rand_vec(tile / 2, -a, a, DT_BF16);
+    void *rb = to_dtype(r, tile / 2, DT_BF16);
+    for (int c = 0; c < t.ncopies; c++) {
+        memset(&t.ws[c], 0, sizeof t.ws[c]);
+        t.ws[c].dtype = DT_BF16;
+        t.ws[c].ndim = 2;
+        t.ws[c].shape[0] = N;
+        t.ws[c].shape[1] = K;
+        t.ws[c].data = k_cuda_malloc(wbytes);
+        for (size_t o = 0; o < wbytes; o += tile)
+            k_cuda_memcpy((char *)t.ws[c].data + o, rb, wbytes - o < tile ? wbytes - o : tile);
+    }
+    free(r);
+    free(rb);
+    float *x = rand_vec((size_t)nmax * K, -1, 1, DT_BF16);
+    t.dx = k_cuda_malloc((size_t)nmax * K * 2);
+    t.dout = k_cuda_malloc((size_t)nmax * N * 2);
+    upload_into(t.dx, x, (size_t)nmax * K, DT_BF16);
+    free(x);
+    return t;
+}
+
+static void timeset_free(TimeSet *t) {
+    for (int c = 0; c < t->ncopies; c++)
+        k_cuda_free(t->ws[c].data);
+    free(t->ws);
+    k_cuda_free(t->dx);
+    k_cuda_free(t->dout);
+}
+
+/* Median over TIME_REPS of the per-call device time (ms) of TIME_BATCH back-to-back calls on
+ * the legacy stream, cycling through the weight copies. */
+static float time_calls(KCudaGemm *g, const TimeSet *t, int n, cudaEvent_t e0, cudaEvent_t e1,
+                        double *host_us) {
+    float ms[TIME_REPS];
     int c = 0;
     for (int i = 0; i < 3 * TIME_BATCH; i++) /* warm-up: heuristics, module loads, clocks */
-        k_cuda_matmul(g, out, x, DT_BF16, &ws[c++ % ncopies], NULL, n, NULL);
+        k_cuda_matmul(g, t->dout, t->dx, DT_BF16, &t->ws[c++ % t->ncopies], NULL, n, NULL);
     k_cuda_synchronize();
     double host = 0;
     for (int r = 0; r < TIME_REPS; r++) {
         CUDA_CHECK(cudaEventRecord(e0, NULL));
         double h0 = pl_now();
         for (int i = 0; i < TIME_BATCH; i++)
-            k_cuda_matmul(g, out, x, DT_BF16, &ws[c++ % ncopies], NULL, n, NULL);
+            k_cuda_matmul(g, t->dout, t->dx, DT_BF16, &t->ws[c++ % t->ncopies], NULL, n, NULL);
         host += pl_now() - h0;
         CUDA_CHECK(cudaEventRecord(e1, NULL));
         CUDA_CHECK(cudaEventSynchronize(e1));
-        CUDA_CHECK(cudaEventElapsedTime(&t[r], e0, e1));
-        t[r] /= TIME_BATCH;
+        CUDA_CHECK(cudaEventElapsedTime(&ms[r], e0, e1));
+        ms[r] /= TIME_BATCH;
     }
-    qsort(t, TIME_REPS, sizeof t[0], cmp_float);
     *host_us = host / (TIME_REPS * TIME_BATCH) * 1e6;
-    return 0.5f * (t[TIME_REPS / 2 - 1] + t[TIME_REPS / 2]);
+    return median_of(ms, TIME_REPS);
+}
+
+/* Median over TIME_REPS replays of a CUDA graph (as the decode step runs) of `calls` (set,
+ * copy) matmuls at n rows, divided by `per`: device ms per `per` calls. */
+static float time_graph(KCudaGemm *g, TimeSet *const *sets, int calls, int per, int n, void *stream,
+                        cudaEvent_t e0, cudaEvent_t e1) {
+    for (int i = 0; i < calls; i++) /* eager first: heuristics are cached before the capture */
+        k_cuda_matmul(g, sets[i]->dout, sets[i]->dx, DT_BF16,
+                      &sets[i]->ws[(i / per) % sets[i]->ncopies], NULL, n, stream);
+    k_cuda_stream_synchronize(stream);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; i++)
+        k_cuda_matmul(g, sets[i]->dout, sets[i]->dx, DT_BF16,
+                      &sets[i]->ws[(i / per) % sets[i]->ncopies], NULL, n, stream);
+    CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    float ms[TIME_REPS];
+    for (int r = -3; r < TIME_REPS; r++) {
+        CUDA_CHECK(cudaEventRecord(e0, (cudaStream_t)stream));
+        CUDA_CHECK(cudaGraphLaunch(exec, (cudaStream_t)stream));
+        CUDA_CHECK(cudaEventRecord(e1, (cudaStream_t)stream));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (r >= 0) {
+            CUDA_CHECK(cudaEventElapsedTime(&ms[r], e0, e1));
+            ms[r] /= (float)calls / (float)per;
+        }
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return median_of(ms, TIME_REPS);
+}
+
+/* TIME_BATCH calls of one shape in a graph, cycling the copies: device ms per call. */
+static float time_graph_calls(KCudaGemm *g, TimeSet *t, int n, void *stream, cudaEvent_t e0,
+                              cudaEvent_t e1) {
+    TimeSet *sets[TIME_BATCH];
+    for (int i = 0; i < TIME_BATCH; i++)
+        sets[i] = t;
+    return time_graph(g, sets, TIME_BATCH, 1, n, stream, e0, e1);
+}
+
+/* CHAIN_LAYERS decoder layers' projections (qkv, o, gate_up, down) in one graph: device ms
+ * per layer (the layers share one set of weights, 436 MB, so they come from HBM). */
+static float time_chain(KCudaGemm *g, TimeSet *const layer[4], int n, void *stream, cudaEvent_t e0,
+                        cudaEvent_t e1) {
+    TimeSet *sets[4 * CHAIN_LAYERS];
+    for (int i = 0; i < 4 * CHAIN_LAYERS; i++)
+        sets[i] = layer[i % 4];
+    return time_graph(g, sets, 4 * CHAIN_LAYERS, 4, n, stream, e0, e1);
+}
+
+static double floor_us(int N, int K, int n) {
+    double bytes = 2.0 * ((double)N * K + (double)n * K + (double)n * N);
+    double flops = 2.0 * n * (double)N * K;
+    double fb = bytes / 4.23e12, ff = flops / 763e12;
+    return (fb > ff ? fb : ff) * 1e6;
 }
 
 static void print_row(const char *path, int N, int K, int n, float ms, double host_us) {
     double bytes = 2.0 * ((double)N * K + (double)n * K + (double)n * N);
     double flops = 2.0 * n * (double)N * K;
-    double floor_bw = bytes / 4.23e12, floor_fl = flops / 763e12;
-    double fl = floor_bw > floor_fl ? floor_bw : floor_fl;
-    double s = ms * 1e-3;
-    print_message("timing: %5dx%-4d n %4d %-9s %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  "
-                  "floor %8.1f us (%s)  time/floor %5.2f  host %4.1f us/call\n",
-                  N, K, n, path, s * 1e6, bytes / s / 1e9, flops / s / 1e12, fl * 1e6,
-                  floor_bw > floor_fl ? "4.23 TB/s" : "763 TFLOP/s", s / fl, host_us);
+    double s = ms * 1e-3, fl = floor_us(N, K, n);
+    print_message("timing: %6dx%-5d n %4d %-9s %9.1f us  %7.0f GB/s  %6.1f TFLOP/s  "
+                  "floor %8.1f us  time/floor %5.2f  host %4.1f us/call\n",
+                  N, K, n, path, s * 1e6, bytes / s / 1e9, flops / s / 1e12, fl, s * 1e6 / fl,
+                  host_us);
 }
 
-/* Not a check: bf16 GEMM timings at Llama-3-8B shapes (up / gate 14336x4096, o-proj
- * 4096x4096, down 4096x14336), printed for the
- * record with the ratio to the floor, and at n <= 8 every path side by side. */
+/* The Llama-3-8B projections: qkv, o, gate_up, down, LM head, and up / gate alone. */
+static const int time_shapes[6][2] = {{6144, 4096},  {4096, 4096},   {28672, 4096},
+                                      {4096, 14336}, {128256, 4096}, {14336, 4096}};
+
+/* Not a check: bf16 GEMM timings at the Llama-3-8B shapes, printed for the record with the
+ * ratio to the floor; at n <= 8 every path side by side (legacy stream, back to back), and the
+ * automatic choice also in a CUDA graph; then a decoder layer's four projections in a graph. */
 static void test_matmul_timing(void **state) {
     (void)state;
     REQUIRE_GPU();
     if (quick())
         return;
     rng_seed(28);
-    const int shapes[3][2] = {{14336, 4096}, {4096, 4096}, {4096, 14336}};
     const int ns[] = {1, 2, 4, 8, 64, 256, 2048};
     const int nmax = 2048;
     KCudaGemm *g = k_cuda_gemm_create(0);
+    void *stream = k_cuda_stream_create();
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    for (int si = 0; si < 3; si++) {
-        int N = shapes[si][0], K = shapes[si][1];
-        size_t wbytes = (size_t)N * K * 2;
-        /* enough copies for > 150 MB of weights: three times the 50 MB L2 */
-        int ncopies = (int)((150u << 20) / wbytes) + 1;
-        float a = 2.0f / sqrtf((float)K);
-        Weight w = make_weight(DT_BF16, 2, N, K, -a, a);
-        Tensor *ws = xmalloc(sizeof(Tensor) * ncopies);
-        for (int c = 0; c < ncopies; c++) {
-            ws[c] = w.dev;
-            if (c > 0) {
-                ws[c].data = k_cuda_malloc(wbytes);
-                k_cuda_memcpy(ws[c].data, w.dev.data, wbytes);
-            }
-        }
-        float *x = rand_vec((size_t)nmax * K, -1, 1, DT_BF16);
-        void *dx = k_cuda_malloc((size_t)nmax * K * 2), *dout = k_cuda_malloc((size_t)nmax * N * 2);
-        upload_into(dx, x, (size_t)nmax * K, DT_BF16);
+    TimeSet sets[6];
+    for (int si = 0; si < 6; si++) {
+        TimeSet *t = &sets[si];
+        *t = timeset_make(time_shapes[si][0], time_shapes[si][1], nmax);
         for (int ni = 0; ni < 7; ni++) {
             int n = ns[ni];
             double host;
             k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
-            float ms = time_calls(g, dout, dx, ws, ncopies, n, e0, e1, &host);
-            print_row("auto", N, K, n, ms, host);
+            float ms = time_calls(g, t, n, e0, e1, &host);
+            print_row("auto", t->N, t->K, n, ms, host);
             if (n <= 8) {
+                ms = time_graph_calls(g, t, n, stream, e0, e1);
+                print_row("graph", t->N, t->K, n, ms, 0.0);
                 k_cuda_gemm_force(g, KC_GEMM_CUBLASLT, 0);
-                ms = time_calls(g, dout, dx, ws, ncopies, n, e0, e1, &host);
-                print_row("cublaslt", N, K, n, ms, host);
+                ms = time_calls(g, t, n, e0, e1, &host);
+                print_row("cublaslt", t->N, t->K, n, ms, host);
                 static const int rows[3] = {1, 2, 4};
                 static const char *names[3] = {"gemv-r1", "gemv-r2", "gemv-r4"};
                 for (int r = 0; r < 3; r++) {
                     k_cuda_gemm_force(g, KC_GEMM_GEMV, rows[r]);
-                    ms = time_calls(g, dout, dx, ws, ncopies, n, e0, e1, &host);
-                    print_row(names[r], N, K, n, ms, host);
+                    ms = time_calls(g, t, n, e0, e1, &host);
+                    print_row(names[r], t->N, t->K, n, ms, host);
                 }
             }
         }
-        k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
-        for (int c = 1; c < ncopies; c++)
-            k_cuda_free(ws[c].data);
-        free(ws);
-        free(x);
-        k_cuda_free(dx);
-        k_cuda_free(dout);
-        free_weight(&w);
     }
+    k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
+    TimeSet *layer[4] = {&sets[0], &sets[1], &sets[2], &sets[3]};
+    for (int n = 1; n <= 2; n++) {
+        float ms = time_chain(g, layer, n, stream, e0, e1);
+        print_message("timing: layer projections (qkv, o, gate_up, down) n %d in a graph: %.1f us "
+                      "per layer, floor %.1f us\n",
+                      n, ms * 1e3,
+                      floor_us(6144, 4096, n) + floor_us(4096, 4096, n) + floor_us(28672, 4096, n) +
+                          floor_us(4096, 14336, n));
+    }
+    for (int si = 0; si < 6; si++)
+        timeset_free(&sets[si]);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
+    k_cuda_stream_destroy(stream);
     k_cuda_gemm_destroy(g);
 }
 

@@ -21,8 +21,8 @@
  * weight rows streams them with 16-byte non-allocating loads, several in flight per lane, and
  * dots them with all n rows of x (read through L1, in act: F32, BF16 or F16), fp32 accumulate, a
  * warp reduction, bias in fp32, rounding once. It is used where it measured faster than
- * cuBLASLt (the table below); cuBLASLt itself reached 3.67 TB/s at n = 1 on 14336x4096 here,
- * not the 2.2 TB/s issue 7 quotes, so the margin is 4-14 %, largest on 4096x4096.
+ * cuBLASLt (the table below); cuBLASLt itself reached 3.61 TB/s at n = 1 on 14336x4096 here,
+ * not the 2.2 TB/s issue 7 quotes, so the margin is 9-31 %, largest on 4096x4096.
  *
  * Heuristic results are cached per (row bucket = next power of two >= n, N, K, dtypes, bias,
  * pointer alignments), queried at the bucket's size so the workspace bound holds for every n in
@@ -71,26 +71,38 @@ struct KCudaGemm {
 };
 
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
- * through > 150 MB so they come from HBM; tests/test_matmul_cuda.c test_matmul_timing), per
- * call in us, cuBLASLt / GEMV at its best rows per warp:
+ * through > 150 MB so they come from HBM; tests/test_matmul_cuda.c test_matmul_timing, back-to-
+ * back calls on a stream), per call in us, cuBLASLt / GEMV at its best rows per warp:
  *              n = 1         n = 2         n = 4         n = 8
- *   14336x4096  32.0 / 30.6   31.6 / 30.0   31.4 / 33.6   31.3 / 50.2
- *   4096x4096   13.6 / 11.9   13.6 / 12.2   13.5 / 13.9   13.5 / 18.1
- *   4096x14336  31.8 / 29.9   32.0 / 30.9   32.2 / 38.6   32.4 / 51.9
- * so bf16 activations take the GEMV at n <= 2 only, and f16 ones too (the same bytes per
- * weight; not measured separately). (At n >= 4 it falls behind, presumably on its fp32 FMAs
- * per weight byte and the x re-reads through L1 -- not profiled; a tensor-core small-n kernel
- * would be the next thing to try.) F32 activations on 16-bit weights take it at every n <= 8
- * (their cuBLASLt path is a conversion plus two GEMMs). */
+ *   14336x4096  32.5 / 28.7   32.4 / 30.1   32.8 / 31.9   32.7 / 50.7
+ *   4096x4096   14.0 /  9.6   13.7 /  9.7   13.7 / 12.1   13.6 / 14.4
+ *   4096x14336  32.6 / 29.8   33.0 / 29.3   33.1 / 34.7   33.6 / 44.3
+ * so bf16 activations take the GEMV at n <= 2 only (at n = 4 it wins on two shapes and loses
+ * on the third), and f16 ones too (the same bytes per weight; not measured separately). (At
+ * n = 8 it falls behind, presumably on its fp32 FMAs per weight byte and the x re-reads through
+ * L1 -- not profiled; a tensor-core small-n kernel would be the next thing to try.) F32
+ * activations on 16-bit weights take it at every n <= 8 (their cuBLASLt path is a conversion
+ * plus two GEMMs). */
 enum { GEMV_MAX_N_16 = 2 };
 
-/* Weight rows per warp, as measured: 4 when N leaves about 3584 warps at 4 rows each (N =
- * 14336: n = 1 and 2), else 1 at n = 1 and 2 at n = 2 (N = 4096, K = 4096 or 14336); at larger
- * n (F32 activations only) 2, the best or near it at n = 4 and 8 on all three shapes. */
-static int gemv_rows(int n, int N) {
-    if (n <= 2 && N >= 4 * 3584)
-        return 4;
-    return n == 1 ? 1 : 2;
+/* Weight rows per warp, as measured at n = 1 and 2 on the Llama-3-8B projections (CUDA graph
+ * of back-to-back calls, weights from HBM; per call in us at 1 / 2 / 4 rows per warp):
+ *                 n = 1                n = 2
+ *   6144x4096     14.5 / 16.0 / 14.2   14.5 / 15.3 / 15.9
+ *   4096x4096      9.1 / 10.1 / 11.2    9.1 / 11.7 / 10.7
+ *   4096x14336    29.8 / 29.0 / 34.3   28.4 / 35.6 / 30.7
+ *   14336x4096    28.5 / 27.8 / 29.2   30.5 / 29.3 / 29.3
+ *   28672x4096    56.3 / 52.2 / 52.9   56.9 / 58.9 / 52.8
+ *   128256x4096  237.2 / 228.6 / 229.2 238.6 / 233.2 / 230.2
+ * so at n = 1 one row per warp where N and K are below 14336, else 2; at n = 2 one row where
+ * N is below 14336, else 4; at larger n (F32 activations only) 2, the best or near it at
+ * n = 4 and 8 on 14336x4096, 4096x4096 and 4096x14336. */
+static int gemv_rows(int n, int N, int K) {
+    if (n == 1)
+        return N >= 14336 || K >= 14336 ? 2 : 1;
+    if (n == 2)
+        return N >= 14336 ? 4 : 1;
+    return 2;
 }
 
 /* ---------------- small kernels ---------------- */
@@ -156,10 +168,18 @@ __device__ __forceinline__ void gemv_chunk(float (&acc)[R][NX], const uint4 (&wv
     }
 }
 
+/* Blocks per SM the register allocation must allow: at one row per warp and n = 1, 12 (at
+ * most 40 registers a thread, down from 42: ptxas spills nothing for bf16 and fp32
+ * activations, 4 bytes for f16), so that the 1536 blocks of N = 6144 (the qkv projection) are
+ * resident in one wave on 132 SMs, not 1320 and a tail of 216. Measured on the H200: the
+ * batch-1 decode step of a Llama-3-8B-shaped model 4.307 / 4.332 -> 4.261 / 4.248 ms (two
+ * runs each). (At n = 2 the bound would spill 62 bytes.) */
+template <int NX, int R> constexpr int gemv_min_blocks = R == 1 && NX == 1 ? 12 : 1;
+
 /* out[i, j] for i < NX and the R rows j of this warp. Lanes stride K in 8-element chunks, U
  * chunks per row loaded before any is used (R*U 16-byte loads in flight per lane). */
 template <int NX, int R, typename XT, typename WT>
-__global__ void __launch_bounds__(GEMV_THREADS)
+__global__ void __launch_bounds__(GEMV_THREADS, (gemv_min_blocks<NX, R>))
     gemv_kernel(XT *__restrict__ out, const XT *__restrict__ x, const WT *__restrict__ w,
                 const void *__restrict__ bias, int bias_dt, int N, int K) {
     constexpr int U = R >= 4 ? 2 : 4 / R;
@@ -481,7 +501,7 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         ((uintptr_t)w->data & 15) == 0 && g->force_path != KC_GEMM_CUBLASLT) {
         int use = g->force_path == KC_GEMM_GEMV || f32x16 || n <= GEMV_MAX_N_16;
         if (use) {
-            int rows = g->force_rows ? g->force_rows : gemv_rows(n, N);
+            int rows = g->force_rows ? g->force_rows : gemv_rows(n, N, K);
             const void *bp = b ? b->data : NULL;
             int bdt = b ? (int)b->dtype : 0;
             if (b)
