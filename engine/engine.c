@@ -218,12 +218,14 @@ static Status create_scheduling(Engine *e) {
 
 /* Asynchronous scheduling's buffers, when the configuration and the backend allow it: the
  * backend must be synchronous (CPU) or copy and signal asynchronously and sample on the
- * device (CUDA), and there must be one rank (the other ranks would need the tokens too). */
+ * device (CUDA); with several ranks it must also copy between devices (rank 0's sampled
+ * tokens to the others). */
 static Status start_overlap(Engine *e) {
     const KernelOps *ops = e->ops;
     int backend = ops->scatter_tokens &&
                   (ops->host_memory || (ops->to_host_async && ops->event_create && e->ds.d_rows));
-    e->overlap = e->cfg.async_scheduling && e->tp == 1 && backend;
+    int ranks = e->tp == 1 || (ops->copy_peer && ops->stream_wait && ops->event_create);
+    e->overlap = e->cfg.async_scheduling && ranks && backend;
     if (!e->overlap)
         return PL_OK;
     size_t s = (size_t)e->cfg.max_num_seqs;
@@ -232,6 +234,8 @@ static Status start_overlap(Engine *e) {
             return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampled tokens");
         e->step_event[p] = ops->event_create ? ops->event_create() : NULL;
     }
+    if (e->tp > 1)
+        e->tokens_copied = ops->event_create();
     e->pending.rows = pl_xcalloc(s, sizeof *e->pending.rows);
     e->block_read_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
     e->block_written_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
@@ -247,6 +251,8 @@ static void stop_overlap(Engine *e) {
         if (e->step_event[p])
             e->ops->event_destroy(e->step_event[p]);
     }
+    if (e->tokens_copied)
+        e->ops->event_destroy(e->tokens_copied);
     free(e->pending.rows);
     free(e->block_read_step);
     free(e->block_written_step);

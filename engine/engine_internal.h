@@ -117,11 +117,13 @@ typedef struct Rank {
     struct Engine *engine;
     int index;
     Model *model;
-    void *kv_gpu;   /* the device pool (host memory on the CPU backend) */
-    void *kv_cpu;   /* the swap pool */
-    BatchBuffers d; /* the step buffers in backend memory (= the host ones on the CPU) */
-    void **graphs;  /* [Engine.num_graphs] */
-    Status status;  /* of its last job, with its message (errors are per thread) */
+    void *kv_gpu;              /* the device pool (host memory on the CPU backend) */
+    void *kv_cpu;              /* the swap pool */
+    BatchBuffers d;            /* the step buffers in backend memory (= the host ones on the CPU) */
+    int32_t *d_pending_tokens; /* rank > 0, asynchronous scheduling: the pending step's
+                                * sampled tokens, copied from rank 0 [max_num_seqs] */
+    void **graphs;             /* [Engine.num_graphs] */
+    Status status;             /* of its last job, with its message (errors are per thread) */
     char error[1024];
     pthread_t thread;
 } Rank;
@@ -202,6 +204,8 @@ struct Engine {
     PendingStep pending;      /* the step launched last, tokens unread */
     int32_t *step_tokens[2];  /* [max_num_seqs] sampled tokens (pinned host), by parity */
     void *step_event[2];      /* recorded after their copy (NULL: synchronous backend) */
+    void *tokens_copied;      /* tensor parallelism: recorded on rank 0 after the sampled
+                               * tokens were copied to the other ranks */
     int64_t step_id;          /* steps launched */
     int64_t overlapped_steps; /* EngineStats */
     int64_t *block_read_step; /* [num_gpu_blocks] last step reading / writing each block */
@@ -248,8 +252,8 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o);
 void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps);
 
 /* The same without waiting (no logprobs): the tokens are copied to pinned `tokens` after the
- * sampling; the caller records an event to know when they are there. */
-void eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens);
+ * sampling; the caller records an event to know when they are there. Returns the rows. */
+int eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens);
 
 /* 1 when sampling with these parameters reads the sequence's tokens (penalties). */
 int eng_has_penalty(const SamplingParams *p);

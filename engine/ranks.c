@@ -46,6 +46,15 @@ static Status load(Engine *e, Rank *r) {
     return model_load(&mo, &r->model);
 }
 
+/* Rank > 0 of an engine that may overlap steps: where rank 0 copies the sampled tokens. */
+static Status alloc_pending_tokens(Engine *e, Rank *r) {
+    if (r->index == 0 || !e->ops->copy_peer)
+        return PL_OK;
+    if (!(r->d_pending_tokens = e->ops->alloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t))))
+        return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampled tokens", e->ops->name);
+    return PL_OK;
+}
+
 static Status alloc_buffers(Engine *e, Rank *r) {
     size_t sizes[BATCH_FIELDS];
     void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
@@ -60,7 +69,7 @@ static Status alloc_buffers(Engine *e, Rank *r) {
                                 "max-num-batched-tokens %d)",
                                 e->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
     }
-    return PL_OK;
+    return alloc_pending_tokens(e, r);
 }
 
 /* The warm-up's one-block pool, in a job of its own: a rank out of memory must fail before
@@ -116,10 +125,15 @@ static void step(Engine *e, Rank *r, const RankJob *j) {
         return;
     eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
     if (j->num_scatter) { /* input ids the host has not seen yet */
+        const int32_t *src = j->scatter_src;
+        if (r->index > 0) { /* rank 0 sampled them and copies them here */
+            ops->stream_wait(e->tokens_copied);
+            src = r->d_pending_tokens;
+        }
         if (r->d.scatter != e->h.scatter)
             ops->to_device(r->d.scatter, e->h.scatter,
                            (size_t)j->num_scatter * 2 * sizeof(int32_t));
-        ops->scatter_tokens(r->d.tokens, j->scatter_src, r->d.scatter, j->num_scatter);
+        ops->scatter_tokens(r->d.tokens, src, r->d.scatter, j->num_scatter);
     }
     eng_rank_forward(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode, j->graph);
 }
@@ -134,6 +148,9 @@ static void free_rank(Engine *e, Rank *r) {
         if (*d[i] && *d[i] != *h[i])
             ops->free(*d[i]);
     memset(&r->d, 0, sizeof r->d);
+    if (r->d_pending_tokens)
+        ops->free(r->d_pending_tokens);
+    r->d_pending_tokens = NULL;
     if (r->kv_gpu)
         ops->free(r->kv_gpu);
     if (r->kv_cpu)

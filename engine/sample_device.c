@@ -157,13 +157,14 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     return n;
 }
 
-void eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens) {
+int eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens) {
     RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
     int kmax, want_lp;
     int n = launch_sampling(e, o, lps, &kmax, &want_lp);
     PL_CHECK(!want_lp); /* such requests are not overlapped */
     if (n > 0)
         e->ops->to_host_async(tokens, e->ds.d_tokens, (size_t)n * sizeof(int32_t));
+    return n;
 }
 
 void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {

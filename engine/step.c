@@ -11,7 +11,8 @@
  * sampled token has been scheduled once more by then: that step's row is dropped. Swaps of
  * blocks the running step does not touch start at once, beside it. Requests whose sampling
  * reads the host's token history (penalties), wants logprobs, or still has n > 1 samples to
- * fork make the engine wait for each step, as without overlap. */
+ * fork make the engine wait for each step, as without overlap. With tensor parallelism rank 0
+ * samples and copies the tokens to the other ranks' devices, whose scatter waits for that. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -423,8 +424,14 @@ static void sample_async(Engine *e, const SchedulerOutput *o, int parity) {
         sample_on_host(e, o, e->step_tokens[parity], lps);
         return;
     }
-    eng_device_sample_async(e, o, e->step_tokens[parity]);
+    int n = eng_device_sample_async(e, o, e->step_tokens[parity]);
     e->ops->event_record(e->step_event[parity]);
+    if (e->tp == 1 || n == 0)
+        return;
+    for (int r = 1; r < e->tp; r++) /* the other ranks scatter them too */
+        e->ops->copy_peer(e->ranks[r].d_pending_tokens, r, e->ds.d_tokens,
+                          (size_t)n * sizeof(int32_t));
+    e->ops->event_record(e->tokens_copied);
 }
 
 /* The launched step `o` becomes the pending one: each sequence that goes on past its token

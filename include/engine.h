@@ -25,8 +25,8 @@ typedef struct {
                                      * or "float16" (the 16-bit ones on cuda only) */
     int enforce_eager;              /* 1 = no CUDA graphs for decode */
     int async_scheduling;           /* 1 = schedule and launch step N + 1 before reading step
-                                     * N's tokens (one rank; requests with penalties, logprobs
-                                     * or n > 1 still being forked make their steps wait) */
+                                     * N's tokens (requests with penalties, logprobs or n > 1
+                                     * still being forked make their steps wait) */
     int tensor_parallel_size;       /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
     int load_dummy;                 /* load-format dummy */
     uint64_t seed;                  /* dummy weights */

@@ -137,6 +137,12 @@ typedef struct KernelOps {
      * step that are the tokens its predecessor sampled and the host has not seen yet. */
     void (*scatter_tokens)(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
 
+    /* Tensor parallelism with asynchronous steps (NULL without): copy_peer copies bytes of
+     * this device's memory to device dst_device's after the ops issued so far; stream_wait
+     * makes this device's later ops wait for an event recorded on any device. */
+    void (*copy_peer)(void *dst, int dst_device, const void *src, size_t bytes);
+    void (*stream_wait)(void *event);
+
     /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
     void (*embedding)(void *out, const int32_t *ids, int n, const Tensor *table);
 

@@ -167,6 +167,16 @@ static void ops_event_destroy(void *ev) {
         CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
 }
 
+static void ops_copy_peer(void *dst, int dst_device, const void *src, size_t bytes) {
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, device, bytes, stream()));
+}
+
+static void ops_stream_wait(void *ev) {
+    CUDA_CHECK(cudaStreamWaitEvent(stream(), (cudaEvent_t)ev, 0));
+}
+
 static void ops_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs,
                                int n) {
     k_cuda_scatter_tokens(tokens, sampled, pairs, n, stream());
@@ -426,6 +436,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.event_wait = ops_event_wait;
     o.event_destroy = ops_event_destroy;
     o.scatter_tokens = ops_scatter_tokens;
+    o.copy_peer = ops_copy_peer;
+    o.stream_wait = ops_stream_wait;
     o.embedding = ops_embedding<A>;
     o.rmsnorm = ops_rmsnorm<A>;
     o.add_rmsnorm = ops_add_rmsnorm<A>;
