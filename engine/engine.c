@@ -216,50 +216,6 @@ static Status create_scheduling(Engine *e) {
     return PL_OK;
 }
 
-/* Asynchronous scheduling's buffers, when the configuration and the backend allow it: the
- * backend must be synchronous (CPU) or copy and signal asynchronously and sample on the
- * device (CUDA); with several ranks it must also copy between devices (rank 0's sampled
- * tokens to the others). */
-static Status start_overlap(Engine *e) {
-    const KernelOps *ops = e->ops;
-    int backend = ops->scatter_tokens &&
-                  (ops->host_memory || (ops->to_host_async && ops->event_create && e->ds.d_rows));
-    int ranks = e->tp == 1 || (ops->copy_peer && ops->stream_wait && ops->event_create);
-    e->overlap = e->cfg.async_scheduling && ranks && backend;
-    if (!e->overlap)
-        return PL_OK;
-    size_t s = (size_t)e->cfg.max_num_seqs;
-    for (int p = 0; p < 2; p++) {
-        if (!(e->step_tokens[p] = ops->alloc_host(s * sizeof(int32_t))))
-            return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampled tokens");
-        e->step_event[p] = ops->event_create ? ops->event_create() : NULL;
-    }
-    if (e->tp > 1)
-        e->tokens_copied = ops->event_create();
-    e->pending.rows = pl_xcalloc(s, sizeof *e->pending.rows);
-    e->block_read_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
-    e->block_written_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
-    return PL_OK;
-}
-
-static void stop_overlap(Engine *e) {
-    if (e->pending.active && e->ops->synchronize) /* its copies must land first */
-        e->ops->synchronize();
-    for (int p = 0; p < 2; p++) {
-        if (e->step_tokens[p])
-            e->ops->free_host(e->step_tokens[p]);
-        if (e->step_event[p])
-            e->ops->event_destroy(e->step_event[p]);
-    }
-    if (e->tokens_copied)
-        e->ops->event_destroy(e->tokens_copied);
-    free(e->pending.rows);
-    free(e->block_read_step);
-    free(e->block_written_step);
-    for (int k = 0; k < SWAP_KINDS; k++)
-        free(e->swap_plan.pairs[k]);
-}
-
 static void print_budget(const Engine *e, double free_before_kv) {
     double mib = 1024.0 * 1024.0;
     fprintf(stderr,
@@ -320,7 +276,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
         goto fail;
     job.kind = JOB_POOLS;
     if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = create_scheduling(e)) != PL_OK ||
-        (st = eng_device_sampler_init(e)) != PL_OK || (st = start_overlap(e)) != PL_OK ||
+        (st = eng_device_sampler_init(e)) != PL_OK || (st = eng_overlap_start(e)) != PL_OK ||
         (st = eng_capture_graphs(e)) != PL_OK)
         goto fail;
     if (!cfg->quiet)
@@ -356,7 +312,7 @@ void eng_destroy(Engine *e) {
     free(e->active);
     free(e->inbox);
     free(e->aborts);
-    stop_overlap(e);
+    eng_overlap_stop(e);
     eng_device_sampler_free(e);
     eng_ranks_stop(e);
     sched_destroy(e->sched);

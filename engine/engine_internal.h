@@ -261,6 +261,42 @@ int eng_has_penalty(const SamplingParams *p);
 /* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
 size_t eng_top_reserve(Engine *e, size_t k);
 
+/* ---- step.c, for overlap.c ---- */
+
+/* Record a sampled token on its sequence (replacing its placeholder when `placeholder`):
+ * stop on EOS or a stop token, check lengths, emit. */
+void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
+                      int placeholder);
+
+/* Sample the step's rows with the CPU sampler into tokens (logprobs, forks). */
+void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps);
+
+/* ---- overlap.c: asynchronous scheduling ---- */
+
+/* Its buffers when the configuration and backend allow it (Engine.overlap), and their end. */
+Status eng_overlap_start(Engine *e);
+void eng_overlap_stop(Engine *e);
+
+/* Record which blocks step `id` reads and writes. */
+void eng_stamp_blocks(Engine *e, const SchedulerOutput *o, int64_t id);
+
+/* The step's swaps in issue order, those that may overlap the pending step first; NULL when
+ * it has none. */
+const SwapPlan *eng_plan_swaps(Engine *e, const SchedulerOutput *o);
+
+/* Launch the sampling of an overlapped step into step_tokens[parity] (and, with several
+ * ranks, to the other ranks' devices). */
+void eng_sample_async(Engine *e, const SchedulerOutput *o, int parity);
+
+/* The launched step becomes the pending one (placeholders for sequences that go on). */
+void eng_make_pending(Engine *e, const SchedulerOutput *o, int parity);
+
+/* Wait for the pending step's tokens and accept them; no-op when none is pending. */
+void eng_finish_pending(Engine *e);
+
+/* Drop the pending step's rows of finished sequences (before their requests are freed). */
+void eng_forget_finished_rows(Engine *e);
+
 /* ---- ranks.c ---- */
 
 /* Start the ranks (workers for ranks 1..tp-1); eng_ranks_stop frees every rank's resources. */

@@ -2,17 +2,8 @@
  * plan the batch, perform its block copies, run the model over the packed batch, sample,
  * and turn the new tokens into output events (text in context, finish reasons).
  *
- * Asynchronous scheduling (Engine.overlap): a step is launched (swaps, forward, sampling, the
- * copy of its tokens to pinned memory) and the engine goes on without waiting for it. Each
- * sequence that will go on gets a placeholder token (-1), so the next eng_step can schedule
- * and launch step N + 1 at once, its input ids for those placeholders scattered on the device
- * from step N's sampled tokens; only then does it wait for step N's tokens and turn them into
- * events. The host's work thus runs while the device computes. A sequence that stops on a
- * sampled token has been scheduled once more by then: that step's row is dropped. Swaps of
- * blocks the running step does not touch start at once, beside it. Requests whose sampling
- * reads the host's token history (penalties), wants logprobs, or still has n > 1 samples to
- * fork make the engine wait for each step, as without overlap. With tensor parallelism rank 0
- * samples and copies the tokens to the other ranks' devices, whose scatter waits for that. */
+ * With asynchronous scheduling (overlap.c) a step that may overlap is launched and left
+ * running: its tokens are read by the next eng_step, after it has launched its own step. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,49 +206,6 @@ static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob 
                        e->ops->host_memory ? e->step_tokens[e->pending.parity] : e->ds.d_tokens};
 }
 
-/* Record which blocks step `id` reads and writes (its swaps-to-be-overlapped check them). */
-static void stamp_blocks(Engine *e, const SchedulerOutput *o, int64_t id) {
-    int bs = e->cfg.block_size;
-    for (int i = 0; i < o->num_seqs; i++) {
-        const ScheduledSeq *ss = &o->seqs[i];
-        const BlockTable *t = &ss->seq->table;
-        for (int b = 0; b < t->num_blocks; b++)
-            e->block_read_step[t->blocks[b]] = id;
-        for (int p = ss->start; p < ss->start + ss->num_tokens; p += bs - p % bs)
-            e->block_written_step[t->blocks[p / bs]] = id;
-    }
-}
-
-/* Order the step's swaps so that those not touching the pending step's blocks go first
- * and overlap it: a swap-out waits only if the pending step writes its block, a swap-in only
- * if the pending step reads (or writes) the block it fills. Returns the plan, or NULL. */
-static const SwapPlan *plan_swaps(Engine *e, const SchedulerOutput *o) {
-    if (o->num_swap_out + o->num_swap_in == 0)
-        return NULL;
-    SwapPlan *p = &e->swap_plan;
-    int need = o->num_swap_out > o->num_swap_in ? o->num_swap_out : o->num_swap_in;
-    if (need > p->cap) {
-        p->cap = 2 * need;
-        for (int k = 0; k < SWAP_KINDS; k++)
-            p->pairs[k] = pl_xrealloc(p->pairs[k], (size_t)p->cap * sizeof(BlockCopy));
-    }
-    int64_t busy = e->pending.active ? e->pending.id : -1;
-    memset(p->n, 0, sizeof p->n);
-    for (int i = 0; i < o->num_swap_out; i++) {
-        BlockCopy c = o->swap_out[i];
-        int k = e->block_written_step && e->block_written_step[c.src] == busy ? SWAP_OUT_AFTER
-                                                                              : SWAP_OUT_NOW;
-        p->pairs[k][p->n[k]++] = c;
-    }
-    for (int i = 0; i < o->num_swap_in; i++) {
-        BlockCopy c = o->swap_in[i];
-        int k =
-            e->block_read_step && e->block_read_step[c.dst] == busy ? SWAP_IN_AFTER : SWAP_IN_NOW;
-        p->pairs[k][p->n[k]++] = c;
-    }
-    return p;
-}
-
 static SampleRequest sample_request(const Sequence *seq) {
     const SeqData *d = seq->owner;
     return (SampleRequest){.params = &d->sampling,
@@ -282,8 +230,8 @@ static int is_stop_token(const Engine *e, const Request *r, int32_t t) {
 
 /* Record a sampled token on its sequence: stop on EOS or a stop token, append, check
  * lengths, emit. */
-static void accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
-                         int placeholder) {
+void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
+                      int placeholder) {
     SeqData *d = seq->owner;
     Request *r = d->req;
     if (placeholder) /* the last token stands for this one */
@@ -357,14 +305,14 @@ static void fork_samples(Engine *e, Sequence *parent, const float *row, int voca
         SampleRequest sr = sample_request(child);
         int32_t token;
         k_cpu_ops()->sample(&token, e->fork_logits, 1, vocab, &sr);
-        accept_token(e, child, token, lp, 0);
+        eng_accept_token(e, child, token, lp, 0);
     }
     if (!r->sync_sampling) /* forked: its steps may overlap now */
         e->num_sync_requests--;
 }
 
 /* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
-static void sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
     const float *dev_logits = e->ranks[0].d.logits;
     if (dev_logits != e->h.logits) {
@@ -405,93 +353,20 @@ static void sample_and_emit(Engine *e, const SchedulerOutput *o, double *t_sampl
     if (eng_device_sample_ok(e, o))
         eng_device_sample(e, o, e->sampled, lps);
     else
-        sample_on_host(e, o, e->sampled, lps);
+        eng_sample_on_host(e, o, e->sampled, lps);
     *t_sampled = pl_now();
     int k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (o->seqs[i].sample) {
-            accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k], 0);
+            eng_accept_token(e, o->seqs[i].seq, e->sampled[k], &lps[k], 0);
             k++;
         }
     }
 }
 
-/* Launch the sampling of an overlapped step: its tokens land in step_tokens[parity] (an
- * event marks when, on an asynchronous backend). */
-static void sample_async(Engine *e, const SchedulerOutput *o, int parity) {
-    if (e->ops->host_memory) {
-        RowLogprobs lps[o->num_seqs > 0 ? o->num_seqs : 1];
-        sample_on_host(e, o, e->step_tokens[parity], lps);
-        return;
-    }
-    int n = eng_device_sample_async(e, o, e->step_tokens[parity]);
-    e->ops->event_record(e->step_event[parity]);
-    if (e->tp == 1 || n == 0)
-        return;
-    for (int r = 1; r < e->tp; r++) /* the other ranks scatter them too */
-        e->ops->copy_peer(e->ranks[r].d_pending_tokens, r, e->ds.d_tokens,
-                          (size_t)n * sizeof(int32_t));
-    e->ops->event_record(e->tokens_copied);
-}
-
-/* The launched step `o` becomes the pending one: each sequence that goes on past its token
- * gets a placeholder for it, so the next step can be scheduled before the token is known. */
-static void make_pending(Engine *e, const SchedulerOutput *o, int parity) {
-    PendingStep *p = &e->pending;
-    int k = 0;
-    for (int i = 0; i < o->num_seqs; i++) {
-        if (!o->seqs[i].sample)
-            continue;
-        Sequence *seq = o->seqs[i].seq;
-        SeqData *d = seq->owner;
-        PendingRow *row = &p->rows[k];
-        *row = (PendingRow){.seq = seq};
-        if (seq->state == SEQ_FINISHED) { /* stopped by the step before: row dropped */
-            row->seq = NULL;
-        } else {
-            d->pending_row = k;
-            /* a token ending it (length) needs no placeholder: nothing follows */
-            if (d->num_generated + 1 < d->req->params.max_tokens &&
-                seq->num_tokens + 1 < e->max_model_len) {
-                seq_append(seq, -1);
-                row->placeholder = 1;
-            }
-        }
-        k++;
-    }
-    p->num_rows = k;
-    p->parity = parity;
-    p->id = e->step_id;
-    p->active = 1;
-}
-
-/* Wait for the pending step's tokens and accept them (stop checks, text, events). */
-static void finish_pending(Engine *e) {
-    PendingStep *p = &e->pending;
-    if (!p->active)
-        return;
-    p->active = 0;
-    if (e->step_event[p->parity])
-        e->ops->event_wait(e->step_event[p->parity]);
-    const int32_t *tokens = e->step_tokens[p->parity];
-    for (int k = 0; k < p->num_rows; k++) {
-        Sequence *seq = p->rows[k].seq;
-        if (!seq)
-            continue;
-        ((SeqData *)seq->owner)->pending_row = -1;
-        if (seq->state != SEQ_FINISHED) /* else aborted meanwhile */
-            accept_token(e, seq, tokens[k], NULL, p->rows[k].placeholder);
-    }
-}
-
-/* Drop requests whose samples have all finished (first forgetting the pending step's rows of
- * finished sequences, which are freed with their request). */
+/* Drop requests whose samples have all finished (the pending step forgets their rows). */
 static void retire_finished(Engine *e) {
-    for (int k = 0; e->pending.active && k < e->pending.num_rows; k++) {
-        Sequence *seq = e->pending.rows[k].seq;
-        if (seq && seq->state == SEQ_FINISHED)
-            e->pending.rows[k].seq = NULL;
-    }
+    eng_forget_finished_rows(e);
     int kept = 0, retired = 0;
     for (int i = 0; i < e->active_n; i++) {
         Request *r = e->active[i];
@@ -526,14 +401,14 @@ int eng_step(Engine *e, const EngEvent **events) {
     take_inbox(e);
     int overlap = overlap_now(e);
     if (!overlap) /* a step that must wait for its tokens starts from a finished one */
-        finish_pending(e);
+        eng_finish_pending(e);
     const SchedulerOutput *o = sched_schedule(e->sched);
     if (o->num_seqs == 0) {
         if (o->num_swap_out || o->num_swap_in || o->num_copies) {
-            RankJob copies = {.kind = JOB_STEP, .o = o, .swaps = plan_swaps(e, o)};
+            RankJob copies = {.kind = JOB_STEP, .o = o, .swaps = eng_plan_swaps(e, o)};
             eng_ranks_run(e, &copies); /* block copies only */
         }
-        finish_pending(e);
+        eng_finish_pending(e);
     }
     int decode = o->num_seqs > 0;
     for (int i = 0; i < o->num_seqs; i++)
@@ -548,18 +423,18 @@ int eng_step(Engine *e, const EngEvent **events) {
         RankJob job;
         t[1] = pl_now();
         build_batch(e, o, pick_graph(e, o), &job);
-        job.swaps = plan_swaps(e, o);
+        job.swaps = eng_plan_swaps(e, o);
         t[2] = pl_now();
         eng_ranks_run(e, &job); /* block copies, upload and forward on every rank */
         if (overlap) {
             int parity = (int)(++e->step_id & 1);
-            sample_async(e, o, parity);
-            stamp_blocks(e, o, e->step_id);
+            eng_sample_async(e, o, parity);
+            eng_stamp_blocks(e, o, e->step_id);
             e->overlapped_steps += e->pending.active;
-            finish_pending(e); /* the previous step's tokens, while this one runs */
+            eng_finish_pending(e); /* the previous step's tokens, while this one runs */
             t[3] = t[4] = pl_now();
             sched_step_done(e->sched, o);
-            make_pending(e, o, parity);
+            eng_make_pending(e, o, parity);
         } else {
             if (e->ops->synchronize) /* the forward phase ends when the device is done */
                 e->ops->synchronize();
