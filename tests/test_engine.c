@@ -204,6 +204,87 @@ static void test_overlapped_steps_stop_and_swap_like_solo_runs(void **state) {
     pressure_run(400, 1, 0, 1, 1);
 }
 
+/* Job i with its own parameters, from the step `at` on; returns the number of steps. */
+static int run_staggered(Engine *e, Job *jobs, const GenerateParams *gp, const int *at, int n) {
+    int steps = 0, added = 0;
+    while (added < n || eng_has_work(e)) {
+        for (int i = 0; i < n; i++) {
+            if (at[i] != steps)
+                continue;
+            EngRequest r = {.prompt = jobs[i].prompt,
+                            .num_prompt = jobs[i].num_prompt,
+                            .params = gp[i],
+                            .user = &jobs[i]};
+            assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+            added++;
+        }
+        const EngEvent *ev;
+        int count = eng_step(e, &ev);
+        for (int k = 0; k < count; k++) {
+            Job *j = ev[k].user;
+            if (ev[k].token >= 0) {
+                assert_true(j->num_out < MAX_OUT);
+                j->out[j->num_out++] = ev[k].token;
+            }
+            if (ev[k].finish != FINISH_NONE)
+                j->finish = ev[k].finish;
+        }
+        assert_true(++steps < 100000);
+    }
+    return steps;
+}
+
+/* Requests that make steps wait (logprobs, penalties) arrive and leave among overlapped
+ * ones, under swap pressure: the engine switches between both kinds of step many times and
+ * every output still equals its run alone. */
+static void test_switching_between_overlapped_and_waiting_steps(void **state) {
+    (void)state;
+    enum { N = 48 };
+    EngineConfig c = base_config();
+    c.num_gpu_blocks_override = 40;
+    c.swap_space_gib = 400 * block_gib(16);
+    c.max_num_batched_tokens = 64;
+    Engine *e = make_engine(&c);
+    static Job batch[N], alone[N];
+    GenerateParams gp[N];
+    int at[N];
+    make_jobs(e, batch, N);
+    for (int i = 0; i < N; i++) {
+        gp[i] = (GenerateParams){.sampling = sampling_params_default(),
+                                 .ignore_eos = 1,
+                                 .max_tokens = batch[i].max_tokens};
+        gp[i].sampling.temperature = 0.8f;
+        gp[i].sampling.seed = 99;
+        at[i] = i % 2 ? 0 : 3 * i; /* half at once, half spread over the run */
+        if (i % 6 == 2) {          /* waits for each step while it runs */
+            gp[i].logprobs = 1;
+            gp[i].top_logprobs = 2;
+            gp[i].max_tokens = batch[i].max_tokens = 6;
+        } else if (i % 6 == 4) {
+            gp[i].sampling.presence_penalty = 0.5f;
+            gp[i].max_tokens = batch[i].max_tokens = 8;
+        }
+    }
+    memcpy(alone, batch, sizeof batch);
+    int steps = run_staggered(e, batch, gp, at, N);
+    EngineStats s = eng_stats(e);
+    print_message("%lld of %d steps overlapped, %lld swap-outs\n", (long long)s.overlapped_steps,
+                  steps, (long long)s.blocks.swapped_out);
+    assert_true(s.overlapped_steps > 0 && s.overlapped_steps < steps / 2);
+    assert_true(s.blocks.swapped_out > 0);
+    assert_all_blocks_free(e);
+    eng_destroy(e);
+    EngineConfig cs = base_config();
+    cs.async_scheduling = 0;
+    Engine *solo = make_engine(&cs);
+    for (int i = 0; i < N; i++) {
+        int never[1] = {0};
+        run_staggered(solo, &alone[i], &gp[i], never, 1);
+    }
+    eng_destroy(solo);
+    assert_same_outputs(batch, alone, N);
+}
+
 static void test_abort_frees_blocks(void **state) {
     (void)state;
     EngineConfig c = base_config();
@@ -524,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_swap_and_recompute_keep_outputs),
         cmocka_unit_test(test_recompute_keeps_seeded_outputs),
         cmocka_unit_test(test_overlapped_steps_stop_and_swap_like_solo_runs),
+        cmocka_unit_test(test_switching_between_overlapped_and_waiting_steps),
         cmocka_unit_test(test_abort_frees_blocks),
         cmocka_unit_test(test_forked_samples_share_blocks),
         cmocka_unit_test(test_prefix_cache_hit),
