@@ -387,6 +387,10 @@ static void engine_metrics(Out *o, const EngineStats *s) {
             s->blocks.swapped_out);
     counter(o, "swapped_in_blocks_total", "KV-cache blocks copied from CPU to GPU (swap in).",
             s->blocks.swapped_in);
+    counter(o, "overlapped_steps_total",
+            "Engine steps launched before the previous step's tokens were read (asynchronous "
+            "scheduling).",
+            s->overlapped_steps);
     counter(o, "prompt_tokens_total", "Number of prefill tokens processed.", c->prompt_tokens);
     counter(o, "generation_tokens_total", "Number of generation tokens processed.",
             s->generated_tokens);

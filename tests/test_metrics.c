@@ -412,6 +412,7 @@ static EngineStats sample_stats(void) {
     s.sched.preempt_recompute = 3;
     s.sched.prompt_tokens = 1234;
     s.generated_tokens = 567;
+    s.overlapped_steps = 345;
     s.sched.cached_prompt_tokens = 64;
     s.blocks.prefix_queries = 200;
     s.blocks.prefix_hits = 50;
@@ -444,6 +445,7 @@ static const char *const FAMILIES[][2] = {
     {P_ "num_preemptions_by_kind_total", "counter"},
     {P_ "swapped_out_blocks_total", "counter"},
     {P_ "swapped_in_blocks_total", "counter"},
+    {P_ "overlapped_steps_total", "counter"},
     {P_ "prompt_tokens_total", "counter"},
     {P_ "generation_tokens_total", "counter"},
     {P_ "prefix_cache_queries_total", "counter"},
@@ -529,6 +531,7 @@ static void test_render_values(void **state) {
                 "recompute");
     assert_near(value_of(&P, P_ "swapped_out_blocks_total", NULL, NULL), 11, "out");
     assert_near(value_of(&P, P_ "swapped_in_blocks_total", NULL, NULL), 9, "in");
+    assert_near(value_of(&P, P_ "overlapped_steps_total", NULL, NULL), 345, "overlapped");
     assert_near(value_of(&P, P_ "prompt_tokens_total", NULL, NULL), 1234, "prompt");
     assert_near(value_of(&P, P_ "generation_tokens_total", NULL, NULL), 567, "generation");
     assert_near(value_of(&P, P_ "prefix_cache_queries_total", NULL, NULL), 200, "queries");
