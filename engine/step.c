@@ -228,8 +228,8 @@ static int is_stop_token(const Engine *e, const Request *r, int32_t t) {
     return e->tok && t == tok_eos_id(e->tok);
 }
 
-/* Record a sampled token on its sequence: stop on EOS or a stop token, append, check
- * lengths, emit. */
+/* Record a sampled token on its sequence (in place of its placeholder when `placeholder`):
+ * stop on EOS or a stop token, append, check lengths, emit. */
 void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
                       int placeholder) {
     SeqData *d = seq->owner;
