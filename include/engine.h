@@ -139,7 +139,9 @@ typedef struct {
     /* where the time of pure-decode steps went, summed over them (host clock): scheduling;
      * packing the batch; uploading and running the forward pass (to the device's end);
      * sampling (on the device on CUDA: its kernels and the copy of the tokens back);
-     * turning tokens into events (stop checks, detokenization) */
+     * turning tokens into events (stop checks, detokenization). An overlapped step
+     * (asynchronous scheduling) counts its launch and the wait for the previous step's tokens
+     * (that step's forward pass and sampling) as forward, and no sampling time. */
     int64_t decode_steps;
     double decode_seconds_schedule, decode_seconds_prepare, decode_seconds_forward,
         decode_seconds_sample, decode_seconds_emit;
