@@ -5,7 +5,8 @@
  * values the GPU sees (inputs rounded to the GPU's dtype first); a result passes when
  * |gpu - ref| <= atol + rtol |ref| (f32: 1e-4, bf16: 1e-2), and the first mismatches are
  * printed. Outputs are poisoned (NaN) before each launch, so unwritten elements fail.
- * Attention has its own file (test_attention_cuda.c), as do the GEMMs and sampling.
+ * Attention has its own file (test_attention_cuda.c), as do the GEMMs and sampling. The
+ * scatter of sampled ids into a step's input ids (asynchronous scheduling) is here too.
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_QUICK=1 shrinks
@@ -39,6 +40,7 @@
     X(test_kv_write)                                                                               \
     X(test_qkv_rope_cache)                                                                         \
     X(test_copy_blocks)                                                                            \
+    X(test_scatter_tokens)                                                                         \
     X(test_dummy_fill)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -478,6 +480,54 @@ static void test_copy_blocks(void **state) {
         free(got);
         k_cuda_free(dsrc);
         k_cuda_free(ddst);
+        k_cuda_free(dpairs);
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------- scatter_tokens ---------------- */
+
+/* Input ids taken from the previous step's sampled tokens (asynchronous scheduling): distinct
+ * destinations in a shuffled order, any source rows; untouched ids keep their values. */
+static void test_scatter_tokens(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = k_cpu_ops();
+    rng_seed(10);
+    enum { T = 4096, ROWS = 256 };
+    const int counts[] = {1, 7, 256, 300, 2048};
+    int bad = 0;
+    for (int ci = 0; ci < 5; ci++) {
+        int n = counts[ci];
+        int32_t *tokens = xmalloc(T * sizeof(int32_t)), *sampled = xmalloc(ROWS * sizeof(int32_t));
+        int32_t *pairs = xmalloc((size_t)n * 2 * sizeof(int32_t));
+        for (int i = 0; i < T; i++)
+            tokens[i] = rnd_int(128256);
+        for (int i = 0; i < ROWS; i++)
+            sampled[i] = rnd_int(128256);
+        int *dst = rnd_perm(T);
+        for (int i = 0; i < n; i++) {
+            pairs[2 * i] = dst[i];
+            pairs[2 * i + 1] = rnd_int(ROWS);
+        }
+        int32_t *dtokens = upload(tokens, T * sizeof(int32_t));
+        int32_t *dsampled = upload(sampled, ROWS * sizeof(int32_t));
+        int32_t *dpairs = upload(pairs, (size_t)n * 2 * sizeof(int32_t));
+        cpu->scatter_tokens(tokens, sampled, pairs, n);
+        k_cuda_scatter_tokens(dtokens, dsampled, dpairs, n, NULL);
+        int32_t *got = xmalloc(T * sizeof(int32_t));
+        k_cuda_memcpy(got, dtokens, T * sizeof(int32_t));
+        if (memcmp(got, tokens, T * sizeof(int32_t)) != 0) {
+            print_error("scatter_tokens of %d ids differs\n", n);
+            bad++;
+        }
+        free(tokens);
+        free(sampled);
+        free(pairs);
+        free(dst);
+        free(got);
+        k_cuda_free(dtokens);
+        k_cuda_free(dsampled);
         k_cuda_free(dpairs);
     }
     assert_int_equal(bad, 0);
