@@ -69,20 +69,22 @@ static void make_jobs(Engine *e, Job *jobs, int n) {
     }
 }
 
-/* Run every job concurrently to the end; returns the number of steps. */
-static int run_jobs(Engine *e, Job *jobs, int n, const GenerateParams *base) {
-    for (int i = 0; i < n; i++) {
-        EngRequest r = {
-            .prompt = jobs[i].prompt, .num_prompt = jobs[i].num_prompt, .user = &jobs[i]};
-        r.params = *base;
-        r.params.max_tokens = jobs[i].max_tokens;
-        assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
-    }
-    int steps = 0;
-    while (eng_has_work(e)) {
+/* Job i with its own parameters, from the step `at` on; returns the number of steps. */
+static int run_staggered(Engine *e, Job *jobs, const GenerateParams *gp, const int *at, int n) {
+    int steps = 0, added = 0;
+    while (added < n || eng_has_work(e)) {
+        for (int i = 0; i < n; i++) {
+            if (at[i] != steps)
+                continue;
+            EngRequest r = {.prompt = jobs[i].prompt,
+                            .num_prompt = jobs[i].num_prompt,
+                            .params = gp[i],
+                            .user = &jobs[i]};
+            assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+            added++;
+        }
         const EngEvent *ev;
         int count = eng_step(e, &ev);
-        steps++;
         for (int k = 0; k < count; k++) {
             Job *j = ev[k].user;
             if (ev[k].token >= 0) {
@@ -92,9 +94,21 @@ static int run_jobs(Engine *e, Job *jobs, int n, const GenerateParams *base) {
             if (ev[k].finish != FINISH_NONE)
                 j->finish = ev[k].finish;
         }
-        assert_true(steps < 100000);
+        assert_true(++steps < 100000);
     }
     return steps;
+}
+
+/* Run every job concurrently to the end; returns the number of steps. */
+static int run_jobs(Engine *e, Job *jobs, int n, const GenerateParams *base) {
+    GenerateParams gp[n];
+    int at[n];
+    for (int i = 0; i < n; i++) {
+        gp[i] = *base;
+        gp[i].max_tokens = jobs[i].max_tokens;
+        at[i] = 0;
+    }
+    return run_staggered(e, jobs, gp, at, n);
 }
 
 static void assert_all_blocks_free(Engine *e) {
@@ -204,36 +218,6 @@ static void test_overlapped_steps_stop_and_swap_like_solo_runs(void **state) {
     pressure_run(400, 1, 0, 1, 1);
 }
 
-/* Job i with its own parameters, from the step `at` on; returns the number of steps. */
-static int run_staggered(Engine *e, Job *jobs, const GenerateParams *gp, const int *at, int n) {
-    int steps = 0, added = 0;
-    while (added < n || eng_has_work(e)) {
-        for (int i = 0; i < n; i++) {
-            if (at[i] != steps)
-                continue;
-            EngRequest r = {.prompt = jobs[i].prompt,
-                            .num_prompt = jobs[i].num_prompt,
-                            .params = gp[i],
-                            .user = &jobs[i]};
-            assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
-            added++;
-        }
-        const EngEvent *ev;
-        int count = eng_step(e, &ev);
-        for (int k = 0; k < count; k++) {
-            Job *j = ev[k].user;
-            if (ev[k].token >= 0) {
-                assert_true(j->num_out < MAX_OUT);
-                j->out[j->num_out++] = ev[k].token;
-            }
-            if (ev[k].finish != FINISH_NONE)
-                j->finish = ev[k].finish;
-        }
-        assert_true(++steps < 100000);
-    }
-    return steps;
-}
-
 /* Requests that make steps wait (logprobs, penalties) arrive and leave among overlapped
  * ones, under swap pressure: the engine switches between both kinds of step many times and
  * every output still equals its run alone. */
@@ -278,8 +262,8 @@ static void test_switching_between_overlapped_and_waiting_steps(void **state) {
     cs.async_scheduling = 0;
     Engine *solo = make_engine(&cs);
     for (int i = 0; i < N; i++) {
-        int never[1] = {0};
-        run_staggered(solo, &alone[i], &gp[i], never, 1);
+        int at_once[1] = {0};
+        run_staggered(solo, &alone[i], &gp[i], at_once, 1);
     }
     eng_destroy(solo);
     assert_same_outputs(batch, alone, N);
