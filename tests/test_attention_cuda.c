@@ -338,6 +338,17 @@ static void test_attention_long(void **state) {
 
 /* ---------------- timings ---------------- */
 
+/* The median of t[n] (sorts t). */
+static float median(float *t, int n) {
+    for (int i = 1; i < n; i++) /* insertion sort: n is small */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
 /* Median of `iters` CUDA-event timings of run(i) (after 3 warm-ups), in ms. */
 typedef void (*TimedFn)(void *ctx, int i);
 static double time_median(TimedFn run, void *ctx, int iters) {
@@ -354,15 +365,9 @@ static double time_median(TimedFn run, void *ctx, int iters) {
         CUDA_CHECK(cudaEventSynchronize(e1));
         CUDA_CHECK(cudaEventElapsedTime(&t[i], e0, e1));
     }
-    for (int i = 1; i < iters; i++) /* insertion sort */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
-    return t[iters / 2];
+    return median(t, iters);
 }
 
 typedef struct {
@@ -411,19 +416,13 @@ static double time_graph(TimedAttn *a) {
         CUDA_CHECK(cudaEventSynchronize(e1));
         CUDA_CHECK(cudaEventElapsedTime(&t[i], e0, e1));
     }
-    for (int i = 1; i < 5; i++) /* insertion sort */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
     k_cuda_stream_destroy(a->stream);
     a->stream = NULL;
-    return t[2] / a->nsets;
+    return median(t, 5) / a->nsets;
 }
 
 /* Not a check: timings at Llama-3-8B head shapes (32 query heads, 8 KV heads, head_dim 128,
