@@ -24,7 +24,8 @@
  * medians (and per launch in a CUDA graph of back-to-back launches), with the ratio to the H200
  * floors (4.23 TB/s for decode's K/V bytes, 763 TFLOP/s bf16 for prefill's causal FLOPs).
  * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
- * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+ * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only;
+ * PAGELLM_ATTN_TIMING=BATCHxCTX times that decode case alone (to profile it). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -471,8 +472,15 @@ static void test_attention_timing(void **state) {
     const int dec[][3] = {{1, 128},    {1, 1024},    {1, 4096},     {1, 8192},  {1, 32768},
                           {8, 1024},   {64, 1024},   {256, 128},    {256, 512}, {256, 1024},
                           {256, 2048}, {1, 1024, 1}, {256, 1024, 1}};
+    /* PAGELLM_ATTN_TIMING=BATCHxCTX: that decode case alone (for a profiler), no prefill */
+    const char *only = getenv("PAGELLM_ATTN_TIMING");
+    int only_batch = 0, only_ctx = 0;
+    if (only && sscanf(only, "%dx%d", &only_batch, &only_ctx) != 2)
+        fail_msg("PAGELLM_ATTN_TIMING=%s: expected BATCHxCTX, e.g. 256x1024", only);
     for (int ci = 0; ci < (int)(sizeof dec / sizeof dec[0]); ci++) {
         const int batch = dec[ci][0], ctx = dec[ci][1], mb = ctx / bs;
+        if (only && (batch != only_batch || ctx != only_ctx || dec[ci][2]))
+            continue;
         a.dt = dec[ci][2] ? DT_F16 : DT_BF16;
         a.l.dtype = a.dt;
         const int per_set = batch * mb;
@@ -527,7 +535,7 @@ static void test_attention_timing(void **state) {
     a.dt = DT_BF16;
     a.l.dtype = DT_BF16;
     const int pre[][3] = {{1, 2048, 0}, {1, 512, 0}, {4, 512, 0}, {1, 512, 1536}};
-    for (int ci = 0; ci < 4; ci++) {
+    for (int ci = 0; ci < (only ? 0 : 4); ci++) {
         const int ns = pre[ci][0], len = pre[ci][1], prefix = pre[ci][2];
         const int mb = (prefix + len + bs - 1) / bs, rows = ns * len;
         int32_t *tab = xmalloc(sizeof(int32_t) * ns * mb);

@@ -279,15 +279,16 @@ static void test_rope(void **state) {
         for (int di = 0; di < 6; di++)
             for (int gi = 0; gi < 3; gi++) {
                 DType act = acts[ai];
-                int D = dims[di], nkv = 2, nh = nkv * gqa[gi], n = 11;
+                /* head_dim 128: enough (token, head) pairs for several heads per block */
+                int D = dims[di], nkv = 2, nh = nkv * gqa[gi], n = D == 128 ? 203 : 11;
                 RopePair rp = make_rope(D, gi == 1);
-                int32_t pos[11];
+                int32_t pos[203];
                 for (int t = 0; t < n; t++)
                     pos[t] = t < 3 ? t : rnd_int(32768);
                 size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D;
                 float *q = rand_vec(nq, -2, 2, act), *k = rand_vec(nk, -2, 2, act);
                 void *dq = upload_as(q, nq, act), *dk = upload_as(k, nk, act);
-                int32_t *dpos = upload(pos, sizeof pos);
+                int32_t *dpos = upload(pos, sizeof(int32_t) * n);
                 cpu->rope(q, k, pos, n, nh, nkv, &rp.host);
                 k_cuda_rope(dq, dk, act, dpos, n, nh, nkv, &rp.dev, NULL);
                 float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));

@@ -329,28 +329,18 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
 
 /* Combine the partitions of (row, head): out = sum_p w_p acc_p / sum_p w_p l_p,
  * w_p = exp(m_p - max_p m_p). Rows whose context fit one partition were written already.
- * Warp i sums partitions i, i + RED_WARPS, ... (four dims per lane, loads unrolled so that
- * many partitions are in flight), then the warps' sums are added. */
-enum { RED_THREADS = 256, RED_WARPS = RED_THREADS / 32 };
+ * Block (row, y) takes heads y, y + gridDim.y, ... (several per block when the rows are many,
+ * so that rows needing no combine cost few blocks). Warp i sums partitions i, i + RED_WARPS,
+ * ... (four dims per lane, loads unrolled so that many partitions are in flight), then the
+ * warps' sums are added. RED_MANY_ROWS: rows from which a block takes RED_HEADS heads. */
+enum { RED_THREADS = 256, RED_WARPS = RED_THREADS / 32, RED_MANY_ROWS = 64, RED_HEADS = 8 };
 
+/* One head's combine: `base` indexes its first partition in the workspace. */
 template <typename TQ>
-__global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
-    TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
-    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
-    extern __shared__ float4 red_smem[];
-    __shared__ float scratch[32];
-    const int qs0 = query_start[0], row = qs0 + blockIdx.x, h = blockIdx.y;
+__device__ __forceinline__ void combine_head(TQ *out, const float *ws_acc, const float *ws_ml,
+                                             int row, int h, size_t base, int nh, int D, int nparts,
+                                             float4 *part_sum, float *w, float *scratch) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (row >= query_start[num_seqs])
-        return;
-    const int nparts = (positions[row] + part_len) / part_len;
-    if (nparts <= 1)
-        return;
-    float4 *part_sum = red_smem;                        /* [RED_WARPS][D / 4] */
-    float *w = (float *)(red_smem + RED_WARPS * D / 4); /* [nparts] */
-    const size_t base = ((size_t)(row - qs0) * nh + h) * max_parts;
     float mx = -INFINITY;
     for (int p = tid; p < nparts; p += RED_THREADS)
         mx = fmaxf(mx, ws_ml[2 * (base + p)]);
@@ -392,6 +382,29 @@ __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
         for (int i = 0; i < RED_WARPS; i++)
             v += ((const float *)part_sum)[i * D + d];
         out[((size_t)row * nh + h) * D + d] = from_f32<TQ>(v * inv);
+    }
+}
+
+template <typename TQ>
+__global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
+    TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
+    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    extern __shared__ float4 red_smem[];
+    __shared__ float scratch[32];
+    const int qs0 = query_start[0], row = qs0 + blockIdx.x;
+    if (row >= query_start[num_seqs])
+        return;
+    const int nparts = (positions[row] + part_len) / part_len;
+    if (nparts <= 1)
+        return;
+    float4 *part_sum = red_smem;                        /* [RED_WARPS][D / 4] */
+    float *w = (float *)(red_smem + RED_WARPS * D / 4); /* [nparts] */
+    for (int h = blockIdx.y; h < nh; h += gridDim.y) {
+        __syncthreads(); /* the previous head's reads of w, scratch and part_sum are done */
+        combine_head(out, ws_acc, ws_ml, row, h, ((size_t)(row - qs0) * nh + h) * max_parts, nh, D,
+                     nparts, part_sum, w, scratch);
     }
 }
 
@@ -531,7 +544,8 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
                 launch_decode_hb<TQ, TC, 32, 4>(a, HB);
         }
         if (parts > 1) {
-            dim3 rgrid((unsigned)b->num_tokens, (unsigned)nh);
+            const int per_block = b->num_tokens >= RED_MANY_ROWS ? RED_HEADS : 1;
+            dim3 rgrid((unsigned)b->num_tokens, (unsigned)((nh + per_block - 1) / per_block));
             /* w[] padded to 16 bytes: ptxas may merge the loop's tail loads of w into one
              * wide (speculative) load, which compute-sanitizer flags past an unpadded end */
             size_t rsmem =

@@ -9,21 +9,30 @@
  * projection's rows (q rotated into its own buffer, as attention reads it). */
 #include "cuda_internal.cuh"
 
-enum { ROPE_MAX_THREADS = 128, ROPE_MAX_HALF = 512 };
+/* ROPE_MANY_BLOCKS: (token, head) pairs from which a block takes several heads, up to
+ * ROPE_BLOCK_THREADS threads */
+enum {
+    ROPE_MAX_THREADS = 128,
+    ROPE_MAX_HALF = 512,
+    ROPE_MANY_BLOCKS = 2048,
+    ROPE_BLOCK_THREADS = 512
+};
 
-/* Block (t, y) handles token t's head y of the nh q heads, then the nkv k heads, then the nkv
- * v heads (grid.y = nh + 2 nkv), one thread per rotated pair, so a decode-sized step spreads
- * over as many SMs as it has heads. q rows (stride q_stride) are rotated into q_out
- * (contiguous [n, nh, D]; may equal q); k rows (stride k_stride) are rotated in place; v rows
- * (stride v_stride) are only read. A block whose part is absent (no q, no cache) returns. */
+/* Thread row threadIdx.y of block (t, b) handles token t's head y = b * blockDim.y +
+ * threadIdx.y of the nh q heads, then the nkv k heads, then the nkv v heads, one thread per
+ * rotated pair: one head per block when the tokens are few, so a decode-sized step spreads
+ * over as many SMs as it has heads; several when they are many (fewer, larger blocks). q rows
+ * (stride q_stride) are rotated into q_out (contiguous [n, nh, D]; may equal q); k rows (stride
+ * k_stride) are rotated in place; v rows (stride v_stride) are only read. A block whose part is
+ * absent (no q, no cache) returns. */
 template <typename T, typename TC>
-__global__ __launch_bounds__(ROPE_MAX_THREADS) void rope_kv_kernel(
+__global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(
     const T *q, T *q_out, size_t q_stride, T *k, size_t k_stride, const T *v, size_t v_stride,
     const int32_t *positions, const float *inv_freq, int nh, int nkv, int D, TC *cache,
     const int64_t *slot_mapping, int bs, size_t block_elems, size_t layer_off, size_t half) {
     kc_pdl_wait();
     kc_pdl_trigger();
-    const int t = blockIdx.x, y = blockIdx.y, hd = D / 2;
+    const int t = blockIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y, hd = D / 2;
     const bool rotate = inv_freq != NULL;
     TC *kdst = NULL;
     if (cache) {
@@ -32,6 +41,8 @@ __global__ __launch_bounds__(ROPE_MAX_THREADS) void rope_kv_kernel(
             kdst = cache + (size_t)(slot / bs) * block_elems + layer_off +
                    (size_t)(slot % bs) * nkv * D;
     }
+    if (y >= nh + 2 * nkv)
+        return;
     if (y < nh) { /* a q head */
         if (!q || !rotate)
             return;
@@ -111,13 +122,15 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     if (n <= 0)
         return;
     const float *inv = rope ? rope->inv_freq : NULL;
-    dim3 grid((unsigned)n, (unsigned)(nh + 2 * nkv));
     int threads = ((D / 2 + 31) / 32) * 32;
     threads = threads > ROPE_MAX_THREADS ? ROPE_MAX_THREADS : threads;
+    const int heads = nh + 2 * nkv;
+    const int per_block = (size_t)n * heads >= ROPE_MANY_BLOCKS ? ROPE_BLOCK_THREADS / threads : 1;
+    dim3 grid((unsigned)n, (unsigned)((heads + per_block - 1) / per_block));
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_ACT(cdt, what, TC,
-                        kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads), 0,
+                        kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads, per_block), 0,
                                       kc_stream(stream), (const T *)r->q, (T *)r->q_out,
                                       r->q_stride, (T *)r->k, r->k_stride, (const T *)r->v,
                                       r->v_stride, positions, inv, nh, nkv, D, (TC *)kv_cache,
