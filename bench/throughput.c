@@ -57,6 +57,10 @@ void bench_print_decode_phases(const EngineStats *before, const EngineStats *aft
            "%.3f ms, sample %.3f ms, emit %.3f ms; host share (schedule + prepare + emit) "
            "%.1f %%\n",
            n, ms[0], ms[1], ms[2], ms[3], ms[4], total > 0 ? host / total * 100 : 0);
+    double other = (double)(after->other_steps - before->other_steps);
+    printf("Decode steps: %.1f sequences each; steps with prompt tokens: %.0f, %.0f tokens each\n",
+           (double)(after->decode_rows - before->decode_rows) / n, other,
+           other > 0 ? (double)(after->other_tokens - before->other_tokens) / other : 0.0);
 }
 
 int bench_write_offline_json(json_t *j, const char *path) {

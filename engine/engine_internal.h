@@ -225,7 +225,9 @@ struct Engine {
 
     /* time of pure-decode steps by phase (EngineStats) */
     int64_t decode_steps;
-    double decode_seconds[5]; /* schedule, prepare, forward, sample, emit */
+    double decode_seconds[5];          /* schedule, prepare, forward, sample, emit */
+    int64_t decode_rows;               /* sequences over the pure-decode steps */
+    int64_t other_steps, other_tokens; /* steps with prompt tokens, and their tokens */
 
     /* decode graphs (graphs.c): each rank's graphs[g] replays a decode step of graph_size[g]
      * rows */

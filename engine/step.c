@@ -445,8 +445,12 @@ int eng_step(Engine *e, const EngEvent **events) {
         t[5] = pl_now();
         if (decode) {
             e->decode_steps++;
+            e->decode_rows += o->num_seqs;
             for (int i = 0; i < 5; i++)
                 e->decode_seconds[i] += t[i + 1] - t[i];
+        } else {
+            e->other_steps++;
+            e->other_tokens += o->num_batched_tokens;
         }
     }
     for (int i = 0; i < e->events_n; i++) { /* offsets become pointers: the arenas are final */

@@ -32,8 +32,9 @@ typedef struct {
     uint64_t seed;                  /* dummy weights */
     int block_size;                 /* tokens per KV block: 8, 16, 32, 64, 128 */
     int max_model_len;              /* 0 = the model's max_position_embeddings */
-    int max_num_batched_tokens;     /* tokens per step (prefill chunk budget) */
-    int max_num_seqs;               /* sequences per step */
+    int max_num_batched_tokens;     /* tokens per step (prefill chunk budget); 0 = 8192 on a
+                                     * GPU with 70 GiB or more free, else 2048 */
+    int max_num_seqs;               /* sequences per step; 0 = 1024 there, else 256 */
     int enable_chunked_prefill;     /* split long prompts across steps */
     int enable_prefix_caching;      /* reuse computed prompt blocks across requests */
     PreemptionMode preemption_mode; /* swap (recompute when the swap pool is full) */
@@ -60,6 +61,7 @@ void eng_destroy(Engine *e);
 const Tokenizer *eng_tokenizer(const Engine *e);
 const ModelConfig *eng_model_config(const Engine *e);
 int eng_max_model_len(const Engine *e);
+int eng_max_num_seqs(const Engine *e);        /* the value in use (after the automatic choice) */
 const char *eng_device_name(const Engine *e); /* backend actually used: "cpu", "cuda" */
 
 typedef enum { FINISH_NONE = 0, FINISH_LENGTH, FINISH_STOP, FINISH_ABORT } FinishReason;
@@ -145,6 +147,8 @@ typedef struct {
     int64_t decode_steps;
     double decode_seconds_schedule, decode_seconds_prepare, decode_seconds_forward,
         decode_seconds_sample, decode_seconds_emit;
+    int64_t decode_rows;               /* sequences, summed over the pure-decode steps */
+    int64_t other_steps, other_tokens; /* steps with prompt tokens in them, and their tokens */
 } EngineStats;
 
 /* A swap round trip for benchmarks: `blocks` KV blocks copied to the swap pool and back

@@ -670,7 +670,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
     *ctx = NULL;
     const ModelConfig *mc = eng_model_config(s->engine);
     ApiLimits lim = {.max_model_len = eng_max_model_len(s->engine),
-                     .max_n = s->cfg->engine.max_num_seqs < 128 ? s->cfg->engine.max_num_seqs : 128,
+                     .max_n = eng_max_num_seqs(s->engine) < 128 ? eng_max_num_seqs(s->engine) : 128,
                      .vocab_size = mc->vocab_size,
                      .max_logprobs = 20};
     ApiRequest q;

@@ -429,7 +429,8 @@ Status cfg_validate(const Config *c) {
             return fail(NULL, k->name, &w);
     }
     const EngineConfig *e = &c->engine;
-    if (!e->enable_chunked_prefill && e->max_model_len > e->max_num_batched_tokens)
+    if (!e->enable_chunked_prefill && e->max_num_batched_tokens &&
+        e->max_model_len > e->max_num_batched_tokens)
         return pl_error_set(PL_ERR_INVALID,
                             "max-model-len (%d) is larger than max-num-batched-tokens (%d) "
                             "while enable-chunked-prefill is off: a prompt that long could "

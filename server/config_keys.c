@@ -88,9 +88,10 @@ static const CfgKey keys[] = {
             "number of KV blocks; 0 = size from memory", NULL),
     /* scheduling */
     KEY_INT("max-num-seqs", engine.max_num_seqs, 1, NO_MAX, "N", "sequences per step at most",
-            NULL),
+            "1024 on a GPU with 70 GiB free, else 256"),
     KEY_INT("max-num-batched-tokens", engine.max_num_batched_tokens, 1, NO_MAX, "N",
-            "tokens per step at most (prefill chunk budget)", NULL),
+            "tokens per step at most (prefill chunk budget)",
+            "8192 on a GPU with 70 GiB free, else 2048"),
     KEY_INT("max-model-len", engine.max_model_len, 1, NO_MAX, "N",
             "longest prompt + completion, tokens", "the model's maximum"),
     KEY_BOOL("enable-chunked-prefill", engine.enable_chunked_prefill,

@@ -484,9 +484,12 @@ static void test_cfg_set(void **state) {
 static void test_validate(void **state) {
     Config c;
     cfg_init(&c);
-    /* chunked prefill off: a max-model-len prompt must fit one step */
+    /* chunked prefill off: a max-model-len prompt must fit one step (an automatic
+     * max-num-batched-tokens is raised to it by the engine) */
     assert_int_equal(cfg_set(&c, "enable-chunked-prefill", "false", NULL), PL_OK);
     assert_int_equal(cfg_set(&c, "max-model-len", "4096", NULL), PL_OK);
+    assert_int_equal(cfg_validate(&c), PL_OK);
+    assert_int_equal(cfg_set(&c, "max-num-batched-tokens", "2048", NULL), PL_OK);
     expect_error(cfg_validate(&c), PL_ERR_INVALID, "max-model-len", "max-num-batched-tokens",
                  "enable-chunked-prefill", NULL);
     assert_int_equal(cfg_set(&c, "max-num-batched-tokens", "4096", NULL), PL_OK);
