@@ -25,6 +25,7 @@ EngineConfig eng_config_default(void) {
                           .enable_chunked_prefill = 1,
                           .enable_prefix_caching = 1,
                           .preemption_mode = PREEMPT_SWAP,
+                          .schedule_conservativeness = 1.0,
                           .gpu_memory_utilization = 0.9,
                           .swap_space_gib = 4,
                           .async_scheduling = 1};
@@ -105,6 +106,9 @@ static Status check_config(const EngineConfig *c) {
     if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1))
         return pl_error_set(PL_ERR_INVALID, "gpu-memory-utilization %g is not in (0, 1]",
                             c->gpu_memory_utilization);
+    if (!(c->schedule_conservativeness >= 0))
+        return pl_error_set(PL_ERR_INVALID, "schedule-conservativeness %g must not be negative",
+                            c->schedule_conservativeness);
     if (!(c->swap_space_gib >= 0) || !(c->kv_cache_memory_gib >= 0))
         return pl_error_set(PL_ERR_INVALID, "swap-space and kv-cache-memory must not be negative");
     return PL_OK;
@@ -210,7 +214,8 @@ static Status create_scheduling(Engine *e) {
                           .max_num_batched_tokens = c->max_num_batched_tokens,
                           .max_model_len = e->max_model_len,
                           .enable_chunked_prefill = c->enable_chunked_prefill,
-                          .preemption_mode = c->preemption_mode};
+                          .preemption_mode = c->preemption_mode,
+                          .conservativeness = c->schedule_conservativeness};
     if (!(e->sched = sched_create(&sc, e->bm)))
         return PL_ERR_INVALID;
     return PL_OK;

@@ -18,31 +18,32 @@
 #include "tokenizer.h"
 
 typedef struct {
-    const char *model_dir;          /* Hugging Face folder */
-    const char *device;             /* "auto", "cpu" or "cuda" */
-    const char *dtype;              /* activations and KV cache: "auto" (on cuda the checkpoint's
-                                     * bfloat16 or float16, else float32), "float32", "bfloat16"
-                                     * or "float16" (the 16-bit ones on cuda only) */
-    int enforce_eager;              /* 1 = no CUDA graphs for decode */
-    int async_scheduling;           /* 1 = schedule and launch step N + 1 before reading step
-                                     * N's tokens (requests with penalties, logprobs or n > 1
-                                     * still being forked make their steps wait) */
-    int tensor_parallel_size;       /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
-    int load_dummy;                 /* load-format dummy */
-    uint64_t seed;                  /* dummy weights */
-    int block_size;                 /* tokens per KV block: 8, 16, 32, 64, 128 */
-    int max_model_len;              /* 0 = the model's max_position_embeddings */
-    int max_num_batched_tokens;     /* tokens per step (prefill chunk budget); 0 = 8192 on a
-                                     * GPU with 70 GiB or more free, else 2048 */
-    int max_num_seqs;               /* sequences per step; 0 = 1024 there, else 256 */
-    int enable_chunked_prefill;     /* split long prompts across steps */
-    int enable_prefix_caching;      /* reuse computed prompt blocks across requests */
-    PreemptionMode preemption_mode; /* swap (recompute when the swap pool is full) */
-    int num_gpu_blocks_override;    /* 0 = size from memory */
-    double gpu_memory_utilization;  /* fraction of device memory (of RAM on CPU) for KV */
-    double kv_cache_memory_gib;     /* CPU backend: KV pool size; 0 = from utilization */
-    double swap_space_gib;          /* CPU swap pool for preempted sequences */
-    int quiet;                      /* no memory-budget line on stderr */
+    const char *model_dir;            /* Hugging Face folder */
+    const char *device;               /* "auto", "cpu" or "cuda" */
+    const char *dtype;                /* activations and KV cache: "auto" (on cuda the checkpoint's
+                                       * bfloat16 or float16, else float32), "float32", "bfloat16"
+                                       * or "float16" (the 16-bit ones on cuda only) */
+    int enforce_eager;                /* 1 = no CUDA graphs for decode */
+    int async_scheduling;             /* 1 = schedule and launch step N + 1 before reading step
+                                       * N's tokens (requests with penalties, logprobs or n > 1
+                                       * still being forked make their steps wait) */
+    int tensor_parallel_size;         /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
+    int load_dummy;                   /* load-format dummy */
+    uint64_t seed;                    /* dummy weights */
+    int block_size;                   /* tokens per KV block: 8, 16, 32, 64, 128 */
+    int max_model_len;                /* 0 = the model's max_position_embeddings */
+    int max_num_batched_tokens;       /* tokens per step (prefill chunk budget); 0 = 8192 on a
+                                       * GPU with 70 GiB or more free, else 2048 */
+    int max_num_seqs;                 /* sequences per step; 0 = 1024 there, else 256 */
+    int enable_chunked_prefill;       /* split long prompts across steps */
+    int enable_prefix_caching;        /* reuse computed prompt blocks across requests */
+    PreemptionMode preemption_mode;   /* swap (recompute when the swap pool is full) */
+    double schedule_conservativeness; /* admission reserves expected growth x this (0: none) */
+    int num_gpu_blocks_override;      /* 0 = size from memory */
+    double gpu_memory_utilization;    /* fraction of device memory (of RAM on CPU) for KV */
+    double kv_cache_memory_gib;       /* CPU backend: KV pool size; 0 = from utilization */
+    double swap_space_gib;            /* CPU swap pool for preempted sequences */
+    int quiet;                        /* no memory-budget line on stderr */
 } EngineConfig;
 
 /* vLLM's defaults: device auto, block 16, 2048 batched tokens, 256 seqs, chunked prefill

@@ -9,7 +9,14 @@
  *      else freed for recompute) until it can, or it is preempted itself;
  *   2. then swapped sequences come back (unless this step preempted);
  *   3. then, only when nothing is left swapped, waiting sequences are admitted, their prompt
- *      prefilled in chunks that fit the remaining token budget (chunked prefill).
+ *      prefilled in chunks that fit the remaining token budget (chunked prefill), as long as
+ *      the free blocks also cover what the running sequences and the new one are expected to
+ *      still generate: each sequence its budget (max_new) times the share of their budget
+ *      that recently finished sequences used (1 until some finish; a moving average), times
+ *      `conservativeness` (at most the whole budget; 0 reserves nothing). Work that would be
+ *      preempted and recomputed is thus not admitted in the first place (an offline batch
+ *      whose sequences all run to max_new never preempts), while requests that stop early
+ *      soon let more in. With nothing running, the oldest is admitted anyway.
  * One engine thread owns the scheduler, its sequences and the block manager: no locks. */
 #ifndef PAGELLM_SCHEDULER_H
 #define PAGELLM_SCHEDULER_H
@@ -31,6 +38,7 @@ typedef struct Sequence {
     int num_tokens;
     int capacity;
     int num_prompt;   /* leading tokens that are the prompt */
+    int max_new;      /* tokens it may generate at most; 0 = unknown (nothing reserved) */
     int num_computed; /* leading tokens whose KV is in the cache */
     BlockTable table;
     SeqState state;
@@ -38,7 +46,8 @@ typedef struct Sequence {
     void *owner; /* the engine's data for this sequence */
 } Sequence;
 
-/* Make a sequence holding a copy of the prompt; room for max_new more tokens. */
+/* Make a sequence holding a copy of the prompt; room for max_new more tokens (its budget;
+ * 0 = unknown). */
 Sequence *seq_create(int64_t id, const int32_t *prompt, int n, int max_new);
 /* Append a generated token (capacity grows if needed). */
 void seq_append(Sequence *s, int32_t token);
@@ -51,6 +60,7 @@ typedef struct {
     int max_model_len;          /* prompt + output */
     int enable_chunked_prefill; /* else a prompt must fit one step's budget whole */
     PreemptionMode preemption_mode;
+    double conservativeness; /* scales the growth reserved at admission; 0 = none */
 } SchedulerConfig;
 
 /* One sequence's share of a step: tokens [start, start + num_tokens) are computed; when

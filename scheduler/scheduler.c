@@ -18,7 +18,11 @@ struct Scheduler {
     SchedulerOutput out;
     int seqs_cap, copies_cap; /* capacities of out.seqs and of each copy array */
     SchedulerCounters counters;
+    double budget_used; /* moving average over finished sequences of generated / max_new */
 };
+
+/* Weight of one finished sequence in budget_used. */
+#define BUDGET_USED_WEIGHT (1.0 / 32)
 
 static void list_insert_sorted(SeqList *l, Sequence *s) {
     if (l->n == l->cap) {
@@ -46,14 +50,16 @@ static int list_find(const SeqList *l, const Sequence *s) {
 }
 
 Scheduler *sched_create(const SchedulerConfig *cfg, BlockManager *bm) {
-    if (cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 || cfg->max_model_len <= 0) {
+    if (cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 || cfg->max_model_len <= 0 ||
+        !(cfg->conservativeness >= 0)) {
         pl_error_set(PL_ERR_INVALID, "max-num-seqs, max-num-batched-tokens and max-model-len "
-                                     "must be positive");
+                                     "must be positive, schedule-conservativeness not negative");
         return NULL;
     }
     Scheduler *s = pl_xcalloc(1, sizeof *s);
     s->cfg = *cfg;
     s->bm = bm;
+    s->budget_used = 1.0;
     return s;
 }
 
@@ -223,12 +229,32 @@ static void schedule_swapped(Scheduler *s, int *budget) {
     }
 }
 
-/* Step 3: admit waiting sequences, FCFS, prefilling what fits. */
+/* Blocks `seq` is expected to add to its table before it finishes: up to its prompt plus the
+ * recently used share of its budget (max-model-len at most), from `have` blocks. */
+static int expected_growth(const Scheduler *s, const Sequence *seq, int have) {
+    double share = s->budget_used * s->cfg.conservativeness;
+    int len = seq->num_prompt + (int)((share < 1 ? share : 1) * seq->max_new + 0.999);
+    if (len > s->cfg.max_model_len)
+        len = s->cfg.max_model_len;
+    int grow = blocks_for(s, len) - have;
+    return grow > 0 ? grow : 0;
+}
+
+/* Step 3: admit waiting sequences, FCFS, prefilling what fits, while the free blocks cover
+ * their prompts and the expected growth of every running sequence and of them. */
 static void schedule_waiting(Scheduler *s, int *budget) {
+    int reserved = 0;
+    for (int i = 0; i < s->running.n; i++)
+        reserved += expected_growth(s, s->running.v[i], s->running.v[i]->table.num_blocks);
     while (s->waiting.n > 0 && *budget > 0 && s->running.n < s->cfg.max_num_seqs) {
         Sequence *seq = s->waiting.v[0];
         if (blk_can_allocate(s->bm, seq->tokens, seq->num_tokens) != BLK_ALLOC_OK)
             break;
+        const int prompt = blocks_for(s, seq->num_tokens); /* worst case: no cache hit */
+        const int grow = expected_growth(s, seq, prompt);
+        if (s->running.n > 0 && blk_num_free_gpu(s->bm) - prompt < reserved + grow)
+            break;
+        reserved += grow;
         /* Without chunking the whole uncached prompt must fit; the cache hit is only known
          * after allocation, so check the worst case first. */
         if (!s->cfg.enable_chunked_prefill && seq->num_tokens > *budget)
@@ -284,6 +310,11 @@ void sched_remove(Scheduler *s, Sequence *seq) {
             list_remove_at(lists[l], i);
             break;
         }
+    }
+    if (seq->state != SEQ_WAITING && seq->max_new > 0) { /* it ran: how much budget it used */
+        double used = (double)(seq->num_tokens - seq->num_prompt) / seq->max_new;
+        used = used < 0 ? 0 : used > 1 ? 1 : used;
+        s->budget_used += (used - s->budget_used) * BUDGET_USED_WEIGHT;
     }
     blk_free(s->bm, &seq->table);
     seq->state = SEQ_FINISHED;

@@ -12,6 +12,7 @@ Sequence *seq_create(int64_t id, const int32_t *prompt, int n, int max_new) {
     memcpy(s->tokens, prompt, (size_t)n * sizeof(int32_t));
     s->num_tokens = n;
     s->num_prompt = n;
+    s->max_new = max_new > 0 ? max_new : 0;
     s->state = SEQ_WAITING;
     return s;
 }

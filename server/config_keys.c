@@ -100,6 +100,9 @@ static const CfgKey keys[] = {
              "reuse KV blocks of identical prompt prefixes"),
     KEY_ENUM("preemption-mode", engine.preemption_mode, preemption_modes, 0, "MODE",
              "swap (else recompute) or recompute, when blocks run out", NULL),
+    KEY_DOUBLE("schedule-conservativeness", engine.schedule_conservativeness, 0, 0, HUGE_VAL, "F",
+               "admit a request only if free KV blocks cover what running ones are expected to "
+               "still generate, times F; 0 = admit whenever its prompt fits"),
     /* execution */
     KEY_INT("tensor-parallel-size", engine.tensor_parallel_size, 1, NO_MAX, "N",
             "GPUs that split the model", NULL),

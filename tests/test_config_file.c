@@ -186,6 +186,7 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "enable-chunked-prefill: off\n"
                                "enable-prefix-caching: no\n"
                                "preemption-mode: recompute\n"
+                               "schedule-conservativeness: 0.25\n"
                                "tensor-parallel-size: 1\n"
                                "enforce-eager: yes\n"
                                "async-scheduling: no\n"
@@ -217,6 +218,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.enable_chunked_prefill, 0);
     assert_int_equal(c->engine.enable_prefix_caching, 0);
     assert_int_equal(c->engine.preemption_mode, PREEMPT_RECOMPUTE);
+    assert_true(c->engine.schedule_conservativeness == 0.25);
     assert_int_equal(c->engine.tensor_parallel_size, 1);
     assert_int_equal(c->engine.enforce_eager, 1);
     assert_int_equal(c->engine.async_scheduling, 0);

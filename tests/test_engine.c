@@ -141,11 +141,15 @@ static void assert_same_outputs(const Job *a, const Job *b, int n) {
 
 /* 64 concurrent requests on a pool too small for them (asynchronous scheduling on, as by
  * default): outputs equal each one's run alone; `eos`: they may stop early, so that
- * sequences are scheduled once past their end and the overlapped step's row dropped. */
+ * sequences are scheduled once past their end and the overlapped step's row dropped. Admission
+ * reserves nothing (schedule conservativeness 0), so blocks run out as sequences grow, unless
+ * `reserve`: then (with default conservativeness) nothing may be preempted. */
 static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute, int seeded,
-                         int eos) {
+                         int eos, int reserve) {
     EngineConfig c = base_config();
     c.num_gpu_blocks_override = 40; /* 64 requests need ~250 blocks at once */
+    if (!reserve)
+        c.schedule_conservativeness = 0;
     c.swap_space_gib = swap_blocks * block_gib(16);
     c.max_num_batched_tokens = 64;
     GenerateParams gp = {.sampling = sampling_params_default(), .ignore_eos = !eos};
@@ -180,6 +184,8 @@ static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute,
     }
     if (expect_recompute)
         assert_true(s.sched.preempt_recompute > 0);
+    if (reserve)
+        assert_int_equal(s.sched.preempt_swap + s.sched.preempt_recompute, 0);
     assert_true(s.overlapped_steps > 0);
     assert_all_blocks_free(e);
     eng_destroy(e);
@@ -194,28 +200,35 @@ static void pressure_run(int swap_blocks, int expect_swap, int expect_recompute,
     }
 }
 
+/* The same 64 requests with admission reserving their growth (the default): none is ever
+ * preempted, outputs equal solo runs. */
+static void test_reserving_admission_never_preempts(void **state) {
+    (void)state;
+    pressure_run(0, 0, 0, 0, 0, 1);
+}
+
 /* Roomy swap pool: preemption by swapping; outputs equal solo runs. */
 static void test_swap_preemption_keeps_outputs(void **state) {
     (void)state;
-    pressure_run(400, 1, 0, 0, 0);
+    pressure_run(400, 1, 0, 0, 0, 0);
 }
 
 /* Tiny swap pool: swapping until it is full, then recompute; outputs still equal. */
 static void test_swap_and_recompute_keep_outputs(void **state) {
     (void)state;
-    pressure_run(6, 1, 1, 0, 0);
+    pressure_run(6, 1, 1, 0, 0, 0);
 }
 
 /* No swap space: recompute only; sampled (seeded) outputs equal too. */
 static void test_recompute_keeps_seeded_outputs(void **state) {
     (void)state;
-    pressure_run(0, 0, 1, 1, 0);
+    pressure_run(0, 0, 1, 1, 0, 0);
 }
 
 /* Sampled requests that stop early (a stop token), under swap pressure, overlapped. */
 static void test_overlapped_steps_stop_and_swap_like_solo_runs(void **state) {
     (void)state;
-    pressure_run(400, 1, 0, 1, 1);
+    pressure_run(400, 1, 0, 1, 1, 0);
 }
 
 /* Requests that make steps wait (logprobs, penalties) arrive and leave among overlapped
@@ -228,6 +241,7 @@ static void test_switching_between_overlapped_and_waiting_steps(void **state) {
     c.num_gpu_blocks_override = 40;
     c.swap_space_gib = 400 * block_gib(16);
     c.max_num_batched_tokens = 64;
+    c.schedule_conservativeness = 0; /* admit freely: blocks run out */
     Engine *e = make_engine(&c);
     static Job batch[N], alone[N];
     GenerateParams gp[N];
@@ -585,6 +599,7 @@ static void test_out_of_backend_memory_is_an_error(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reserving_admission_never_preempts),
         cmocka_unit_test(test_swap_preemption_keeps_outputs),
         cmocka_unit_test(test_swap_and_recompute_keep_outputs),
         cmocka_unit_test(test_recompute_keeps_seeded_outputs),

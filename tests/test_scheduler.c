@@ -1,7 +1,9 @@
 /* test_scheduler.c - scheduling policy on a real block manager with tiny pools: token
  * budget and chunked prefill, FCFS admission, preemption of the newest sequence (swap, or
  * recompute when the swap pool is full or the mode says so), swapped sequences coming back
- * before new ones, and rejection of requests that could never run. */
+ * before new ones, rejection of requests that could never run, and admission that reserves
+ * the expected growth of running sequences (schedule conservativeness; the other tests turn it
+ * off to create block pressure). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,12 +19,12 @@
 typedef struct {
     BlockManager *bm;
     Scheduler *s;
-    Sequence *seqs[16];
+    Sequence *seqs[64];
     int n;
 } Fixture;
 
-static Fixture *make(int gpu_blocks, int cpu_blocks, int budget, int max_seqs, int chunked,
-                     PreemptionMode mode) {
+static Fixture *make_reserving(int gpu_blocks, int cpu_blocks, int budget, int max_seqs,
+                               int chunked, PreemptionMode mode, double conservativeness) {
     Fixture *f = calloc(1, sizeof *f);
     BlockManagerConfig bc = {.num_gpu_blocks = gpu_blocks,
                              .num_cpu_blocks = cpu_blocks,
@@ -35,10 +37,17 @@ static Fixture *make(int gpu_blocks, int cpu_blocks, int budget, int max_seqs, i
                           .max_num_batched_tokens = budget,
                           .max_model_len = 64,
                           .enable_chunked_prefill = chunked,
-                          .preemption_mode = mode};
+                          .preemption_mode = mode,
+                          .conservativeness = conservativeness};
     f->s = sched_create(&sc, f->bm);
     assert_non_null(f->s);
     return f;
+}
+
+/* Admission without reservation: blocks run out while sequences grow. */
+static Fixture *make(int gpu_blocks, int cpu_blocks, int budget, int max_seqs, int chunked,
+                     PreemptionMode mode) {
+    return make_reserving(gpu_blocks, cpu_blocks, budget, max_seqs, chunked, mode, 0);
 }
 
 static void destroy(Fixture *f) {
@@ -54,15 +63,19 @@ static void destroy(Fixture *f) {
     free(f);
 }
 
-/* Add a sequence with a prompt of `len` distinct tokens; returns it. */
-static Sequence *add(Fixture *f, int len) {
+/* Add a sequence with a prompt of `len` distinct tokens and a budget of max_new; returns it. */
+static Sequence *add_budget(Fixture *f, int len, int max_new) {
     int32_t prompt[64];
     for (int i = 0; i < len; i++)
         prompt[i] = 100 * f->n + i;
-    Sequence *q = seq_create(f->n, prompt, len, 8);
+    Sequence *q = seq_create(f->n, prompt, len, max_new);
     f->seqs[f->n++] = q;
     assert_int_equal(sched_add(f->s, q), PL_OK);
     return q;
+}
+
+static Sequence *add(Fixture *f, int len) {
+    return add_budget(f, len, 8);
 }
 
 /* Plan a step, mark it computed, and append a token to every sequence that samples. */
@@ -215,6 +228,73 @@ static void test_rejects_impossible_prompts(void **state) {
     destroy(f);
 }
 
+/* Steps until every sequence is done, each finishing after `stop_after` generated tokens (its
+ * budget when larger); returns the most sequences that ran at once. */
+static int run_all(Fixture *f, int stop_after) {
+    int most = 0;
+    for (int guard = 0; sched_has_work(f->s) && guard < 10000; guard++) {
+        step(f);
+        int running = sched_counters(f->s).num_running;
+        most = running > most ? running : most;
+        for (int i = 0; i < f->n; i++) {
+            Sequence *q = f->seqs[i];
+            int gen = q->num_tokens - q->num_prompt;
+            if (q->state == SEQ_RUNNING && (gen >= q->max_new || gen >= stop_after))
+                sched_remove(f->s, q);
+        }
+    }
+    assert_false(sched_has_work(f->s));
+    return most;
+}
+
+/* 16 blocks of 4 tokens; 6 sequences of 4 prompt tokens that each generate 12 (4 blocks at
+ * the end): reserving their growth, 4 run at once and nothing is ever preempted; admitting
+ * whenever a prompt fits, all 6 start and the newest are preempted as they grow. */
+static void test_admission_reserves_growth(void **state) {
+    (void)state;
+    Fixture *f = make_reserving(16, 0, 64, 8, 1, PREEMPT_SWAP, 1.0);
+    for (int i = 0; i < 6; i++)
+        add_budget(f, 4, 12);
+    assert_int_equal(run_all(f, 1 << 30), 4);
+    SchedulerCounters c = sched_counters(f->s);
+    assert_int_equal(c.preempt_swap + c.preempt_recompute, 0);
+    assert_int_equal(c.generation_tokens, 6 * 12 - 6); /* the first token comes with the prompt */
+    destroy(f);
+
+    f = make(16, 0, 64, 8, 1, PREEMPT_SWAP);
+    for (int i = 0; i < 6; i++)
+        add_budget(f, 4, 12);
+    assert_int_equal(run_all(f, 1 << 30), 6);
+    c = sched_counters(f->s);
+    assert_true(c.preempt_recompute > 0);
+    destroy(f);
+}
+
+/* Sequences with a budget of 28 that stop after 4 tokens: at first each reserves its whole
+ * budget (2 run at once in 16 blocks); as they finish early the reservation shrinks and more
+ * run together, still without preemption. A larger conservativeness keeps it at 2. */
+static void test_admission_learns_early_stops(void **state) {
+    (void)state;
+    Fixture *f = make_reserving(16, 0, 64, 8, 1, PREEMPT_SWAP, 1.0);
+    for (int i = 0; i < 4; i++)
+        add_budget(f, 4, 28);
+    assert_int_equal(run_all(f, 4), 2);
+    for (int i = 0; i < 56; i++)
+        add_budget(f, 4, 28);
+    int most = run_all(f, 4);
+    print_message("most running after early stops: %d\n", most);
+    assert_true(most > 2);
+    SchedulerCounters c = sched_counters(f->s);
+    assert_int_equal(c.preempt_swap + c.preempt_recompute, 0);
+    destroy(f);
+
+    f = make_reserving(16, 0, 64, 8, 1, PREEMPT_SWAP, 1e9);
+    for (int i = 0; i < 60; i++)
+        add_budget(f, 4, 28);
+    assert_int_equal(run_all(f, 4), 2);
+    destroy(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_and_chunked_prefill),
@@ -225,6 +305,8 @@ int main(void) {
         cmocka_unit_test(test_recompute_mode),
         cmocka_unit_test(test_self_preemption),
         cmocka_unit_test(test_rejects_impossible_prompts),
+        cmocka_unit_test(test_admission_reserves_growth),
+        cmocka_unit_test(test_admission_learns_early_stops),
     };
     return cmocka_run_group_tests_name("scheduler", tests, NULL, NULL);
 }
