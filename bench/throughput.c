@@ -61,6 +61,13 @@ void bench_print_decode_phases(const EngineStats *before, const EngineStats *aft
     printf("Decode steps: %.1f sequences each; steps with prompt tokens: %.0f, %.0f tokens each\n",
            (double)(after->decode_rows - before->decode_rows) / n, other,
            other > 0 ? (double)(after->other_tokens - before->other_tokens) / other : 0.0);
+    const SchedulerCounters *a = &after->sched, *b = &before->sched;
+    printf("Prompt tokens computed: %lld (%lld more from the prefix cache); preemptions: %lld by "
+           "swap, %lld by recompute\n",
+           (long long)(a->prompt_tokens - b->prompt_tokens),
+           (long long)(a->cached_prompt_tokens - b->cached_prompt_tokens),
+           (long long)(a->preempt_swap - b->preempt_swap),
+           (long long)(a->preempt_recompute - b->preempt_recompute));
 }
 
 int bench_write_offline_json(json_t *j, const char *path) {
