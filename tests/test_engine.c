@@ -468,6 +468,24 @@ static void test_unsupported_settings_are_errors(void **state) {
     eng_destroy(e);
 }
 
+/* max-num-seqs left at 0 is chosen by the device: 256 on the CPU (1024 only on a GPU with 70
+ * GiB free); a value given is kept. */
+static void test_automatic_batch_limits(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    assert_int_equal(c.max_num_seqs, 0);
+    Engine *e = make_engine(&c);
+    if (!strcmp(eng_device_name(e), "cpu"))
+        assert_int_equal(eng_max_num_seqs(e), 256);
+    else
+        assert_true(eng_max_num_seqs(e) == 256 || eng_max_num_seqs(e) == 1024);
+    eng_destroy(e);
+    c.max_num_seqs = 3;
+    e = make_engine(&c);
+    assert_int_equal(eng_max_num_seqs(e), 3);
+    eng_destroy(e);
+}
+
 static void test_impossible_requests_are_rejected(void **state) {
     (void)state;
     EngineConfig c = base_config();
@@ -609,6 +627,7 @@ int main(void) {
         cmocka_unit_test(test_forked_samples_share_blocks),
         cmocka_unit_test(test_prefix_cache_hit),
         cmocka_unit_test(test_kv_waste_under_one_block_per_sequence),
+        cmocka_unit_test(test_automatic_batch_limits),
         cmocka_unit_test(test_impossible_requests_are_rejected),
         cmocka_unit_test(test_unsupported_settings_are_errors),
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
