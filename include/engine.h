@@ -46,9 +46,10 @@ typedef struct {
     int quiet;                        /* no memory-budget line on stderr */
 } EngineConfig;
 
-/* vLLM's defaults: device auto, block 16, 2048 batched tokens, 256 seqs, chunked prefill
- * and prefix caching on, swap preemption, utilization 0.9, swap space 4 GiB; and
- * asynchronous scheduling on. */
+/* vLLM's defaults: device auto, block 16, batched tokens and sequences chosen by the device
+ * (0: 8192 and 1024 on a GPU with 70 GiB free, else 2048 and 256), chunked prefill and
+ * prefix caching on, swap preemption, utilization 0.9, swap space 4 GiB; and asynchronous
+ * scheduling on, schedule conservativeness 1. */
 EngineConfig eng_config_default(void);
 
 typedef struct Engine Engine;
