@@ -241,15 +241,19 @@ static int expected_growth(const Scheduler *s, const Sequence *seq, int have) {
 }
 
 /* Step 3: admit waiting sequences, FCFS, prefilling what fits, while the free blocks cover
- * their prompts and the expected growth of every running sequence and of them. */
+ * their prompts and the expected growth of every running sequence and of them (summed over
+ * the running ones only when a candidate gets that far: a pure decode step skips it). */
 static void schedule_waiting(Scheduler *s, int *budget) {
-    int reserved = 0;
-    for (int i = 0; i < s->running.n; i++)
-        reserved += expected_growth(s, s->running.v[i], s->running.v[i]->table.num_blocks);
+    int reserved = -1;
     while (s->waiting.n > 0 && *budget > 0 && s->running.n < s->cfg.max_num_seqs) {
         Sequence *seq = s->waiting.v[0];
         if (blk_can_allocate(s->bm, seq->tokens, seq->num_tokens) != BLK_ALLOC_OK)
             break;
+        if (reserved < 0) {
+            reserved = 0;
+            for (int i = 0; i < s->running.n; i++)
+                reserved += expected_growth(s, s->running.v[i], s->running.v[i]->table.num_blocks);
+        }
         const int prompt = blocks_for(s, seq->num_tokens); /* worst case: no cache hit */
         const int grow = expected_growth(s, seq, prompt);
         if (s->running.n > 0 && blk_num_free_gpu(s->bm) - prompt < reserved + grow)
