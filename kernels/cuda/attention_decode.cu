@@ -5,14 +5,16 @@
  * HB query heads of one KV head (all G of them unless G is odd or large), so every K and V row
  * is read from the cache once for the whole group. A row of D elements is LPR lanes' 16-byte
  * chunks (8 elements each, CPL chunks per lane when D > 256), 32 / LPR rows per warp, U rows
- * per lane per step. Each warp streams its steps' K rows, then their V rows, through its own
- * cp.async ring in shared memory, S - 1 steps ahead (no registers held by loads in flight,
- * and the first V rows load during the softmax); each lane copies exactly the chunks it reads,
- * so no barrier guards the ring. Scores: each lane dots its chunk with the HB queries (held in
- * registers), and the HB x U partial sums of a lane group are summed by a reduce-scatter (N - 1
- * shuffles for N values instead of N log2 LPR), each lane storing the scores it ends up with
- * to shared memory. After the partition's softmax, the V pass accumulates P.V per lane (no
- * shuffles per position); lane groups and warps are summed once at the end.
+ * per lane per step (when the block size is a multiple of a step's rows, a step lies in one
+ * cache block: one block-table lookup per step, a row stride after it). Each warp streams its
+ * steps' K rows, then their V rows, through its own cp.async ring in shared memory, S - 1 steps
+ * ahead (no registers held by loads in flight, and the first V rows load during the softmax); each
+ * lane copies exactly the chunks it reads, so no barrier guards the ring. Scores: each lane dots
+ * its chunk with the HB queries (held in registers), and the HB x U partial sums of a lane group
+ * are summed by a reduce-scatter (N - 1 shuffles for N values instead of N log2 LPR), each lane
+ * storing the scores it ends up with to shared memory. After the partition's softmax, the V pass
+ * accumulates P.V per lane (no shuffles per position); lane groups and warps are summed once at the
+ * end.
  *
  * Partitions are 512 positions when the rows alone fill the GPU, else 256, shortened (to 32)
  * while the grid would be small and the workspace allows. A partition writes its
@@ -158,15 +160,27 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     const int first = start + warp * STEP;
     const int nit = first < end ? (end - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
     const TC *base = cache + kg.layer_off + (size_t)g * D;
+    /* steps start at multiples of STEP: with STEP dividing the block size and the partition
+     * length, each step's rows lie in one cache block */
+    const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
     auto issue = [&](int j) {
         if (j < 2 * nit) {
             const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
             const uint32_t dst = smem_addr(ring + (j % S) * SLOT + lane);
+            /* the step's rows in one cache block: one lookup, then a row stride */
+            const TC *blk = cache;
+            if (one_block) {
+                const int bi = kv_block_of(kg, p0);
+                blk = base + (size_t)tab[bi - b0] * kg.block_elems +
+                      (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
+            }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int p = p0 + u * RPW + r;
                 const TC *src = cache;
-                if (p < end) {
+                if (one_block) {
+                    src = blk + (size_t)(u * RPW) * kg.row;
+                } else if (p < end) {
                     const int bi = kv_block_of(kg, p);
                     src = base + (size_t)tab[bi - b0] * kg.block_elems +
                           (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
