@@ -17,50 +17,9 @@
  * ldmatrix.trans. The row sums are reduced across each quad once at the end. */
 #include <math.h>
 
-#include <type_traits>
-
 #include "attention.cuh"
 
 enum { TC_THREADS = 128, TC_M = 64 };
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-/* c[16x8] += a[16x16] b[16x8], 16-bit inputs (T: bf16 or f16), fp32 accumulators. */
-template <typename T>
-__device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    if constexpr (std::is_same<T, bf16>::value)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two fp32 values rounded to T and packed into one 32-bit register (lo in the low half). */
-template <typename T> __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-    uint32_t r;
-    if constexpr (std::is_same<T, bf16>::value) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        r = *(uint32_t *)&h;
-    } else {
-        __half2 h = __floats2half2_rn(lo, hi);
-        r = *(uint32_t *)&h;
-    }
-    return r;
-}
 
 template <typename T, int D>
 __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
