@@ -53,6 +53,8 @@ static Engine *make_engine_of(const char *dir, const char *dtype, int tp, int gp
     c.tensor_parallel_size = tp;
     c.num_gpu_blocks_override = gpu_blocks;
     c.swap_space_gib = swap_gib;
+    if (gpu_blocks)
+        c.schedule_conservativeness = 0; /* admit freely: blocks run out, sequences swap */
     Engine *e = NULL;
     if (eng_create(&c, &e) != PL_OK)
         fail_msg("eng_create (tp %d): %s", tp, pl_error());
@@ -220,8 +222,9 @@ static float small_value(int rank, size_t i) { /* sums of these are exact in bf1
     return 0.25f * (float)((rank + 1) * (int)(i % 7 + 1));
 }
 
-/* Sums of several sizes (one-shot, its scalar tail, NCCL beyond the staging), repeated so
- * that both staging halves are used many times; then replays of a captured all-reduce. */
+/* Sums of several sizes (one-shot pushed and pulled, the scalar tail, NCCL beyond the
+ * staging), repeated so that both staging halves are used many times; then replays of a
+ * captured all-reduce. */
 static void sums(CollJob *j, DType act, size_t es) {
     const KernelOps *ops = j->ops;
     const size_t sizes[] = {8, 4096 * 3 + 5, (size_t)5 << 20, 1, 300000};

@@ -1,21 +1,26 @@
 /* allreduce.cu - one-shot all-reduce for small messages between the GPUs of one process.
  *
  * The tensor-parallel ranks are threads of one process, so each GPU can map the others'
- * memory (peer access over NVLink). Every rank owns a staging buffer (two halves) and a flag
- * array that its peers write. One kernel per all-reduce, on every rank at once:
- *   1. each block copies its part of the input into this call's half of its own staging;
+ * memory (peer access over NVLink). Every rank owns a staging buffer (two halves), an inbox
+ * (two halves of one slot per rank) and a flag array that its peers write. One kernel per
+ * all-reduce, on every rank at once:
+ *   1. each block copies its part of the input into this call's half of its own staging or,
+ *      for messages of up to AR_PUSH_BYTES, writes it straight into its slot of every rank's
+ *      inbox (push: the data crosses NVLink once, before the handshake, and is read locally);
  *   2. block b tells block b of every peer that its part is there (a release store of the
  *      call's epoch into the peer's flags) and waits for the same from each peer (acquire
  *      loads of its own flags);
- *   3. each block reads its part from every rank's staging (ranks in order, so every rank
- *      computes bit-identical sums) and writes the result, or, fused, adds it to the
- *      residual and writes the RMSNorm of the rows it owns.
+ *   3. each block reads its part from every rank's staging (or its own inbox's slots; ranks
+ *      in order, so every rank computes bit-identical sums) and writes the result, or, fused,
+ *      adds it to the residual and writes the RMSNorm of the rows it owns.
  * Epochs are per block, in device memory, advanced by the kernel itself: no host work per
  * call, so the kernels can be captured in CUDA graphs and replayed. The grid is fixed and
  * every block takes part in every call's handshake, so all blocks agree on the epoch. Two
- * halves make one handshake per call enough: a rank rewrites a half two calls later, and its
- * handshake in between proves every peer has started the call after (and, in stream order,
- * finished the one that read that half).
+ * halves make one handshake per call enough: a rank rewrites a half (its staging's or a peer's
+ * inbox's) two calls later, and its handshake in between proves every peer has started the
+ * call after (and, in stream order, finished the one that read that half). The kernels are
+ * launched as programmatic dependents (cuda_internal.cuh): they wait for the kernel before
+ * them, then let the next one (a GEMV, which starts streaming its weights) become resident.
  *
  * The kernels spin on the peers: every rank must make the same sequence of calls (the model's
  * forward does), and all AR_BLOCKS blocks must be resident at once (a handful per GPU). NCCL
@@ -28,7 +33,8 @@
 #include "tensor_parallel.cuh"
 
 enum { AR_BLOCKS = 128, AR_THREADS = 512, AR_MAX_RANKS = 8 };
-static const size_t AR_HALF_BYTES = (size_t)8 << 20; /* largest one-shot message */
+static const size_t AR_HALF_BYTES = (size_t)8 << 20;   /* largest one-shot message */
+static const size_t AR_PUSH_BYTES = (size_t)256 << 10; /* largest pushed message */
 /* A peer that has not arrived after this long never will (the ranks' calls diverged): the
  * kernel traps, which fails loudly instead of hanging. */
 static const uint64_t AR_WAIT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
@@ -36,6 +42,7 @@ static const uint64_t AR_WAIT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
 /* One rank's view of the group: a kernel argument, fixed for the life of the group. */
 typedef struct {
     char *staging[AR_MAX_RANKS];   /* every rank's staging: two halves of AR_HALF_BYTES */
+    char *inbox[AR_MAX_RANKS];     /* every rank's inbox [2][AR_MAX_RANKS][AR_PUSH_BYTES] */
     uint32_t *flags[AR_MAX_RANKS]; /* every rank's flags [AR_BLOCKS][AR_MAX_RANKS]: from whom */
     uint32_t *epochs;              /* this rank's [AR_BLOCKS]: the last call's epoch per block */
     int rank, size;
@@ -72,6 +79,25 @@ __device__ __forceinline__ char *staging_half(const ArView &v, int r, uint32_t e
     return v.staging[r] + (epoch & 1) * AR_HALF_BYTES;
 }
 
+/* Where rank r's part of this call lies: its staging (pull: read over NVLink) or slot r of
+ * this rank's inbox (push: written there by rank r before the handshake). */
+__device__ __forceinline__ const char *part_of(const ArView &v, int r, uint32_t epoch, bool push) {
+    return push ? v.inbox[v.rank] + ((epoch & 1) * AR_MAX_RANKS + r) * AR_PUSH_BYTES
+                : staging_half(v, r, epoch);
+}
+
+/* Step 1 for element i (of type E) of this rank's part: into its staging, or into its slot
+ * of every rank's inbox. */
+template <typename E>
+__device__ __forceinline__ void stage(const ArView &v, uint32_t epoch, bool push, size_t i, E x) {
+    if (!push) {
+        ((E *)staging_half(v, v.rank, epoch))[i] = x;
+        return;
+    }
+    for (int r = 0; r < v.size; r++)
+        ((E *)(v.inbox[r] + ((epoch & 1) * AR_MAX_RANKS + v.rank) * AR_PUSH_BYTES))[i] = x;
+}
+
 /* Step 2: after it every peer's block has staged its part of this call. */
 __device__ __forceinline__ void handshake(const ArView &v, uint32_t epoch) {
     __syncthreads(); /* the block's staging writes come before the release below */
@@ -106,12 +132,13 @@ template <typename T> __device__ __forceinline__ void accumulate(float *acc, uin
 
 /* The sum over the ranks (in rank order) of element vector i of this call's staging. */
 template <typename T>
-__device__ __forceinline__ void sum_ranks(float *acc, const ArView &v, uint32_t epoch, size_t i) {
+__device__ __forceinline__ void sum_ranks(float *acc, const ArView &v, uint32_t epoch, bool push,
+                                          size_t i) {
 #pragma unroll
     for (int k = 0; k < Vec<T>::N; k++)
         acc[k] = 0.0f;
     for (int r = 0; r < v.size; r++) /* L2 of the owner, not a stale L1 line */
-        accumulate<T>(acc, __ldcg((const uint4 *)staging_half(v, r, epoch) + i));
+        accumulate<T>(acc, __ldcg((const uint4 *)part_of(v, r, epoch, push) + i));
 }
 
 template <typename T> __device__ __forceinline__ uint4 pack(const float *a) {
@@ -127,25 +154,27 @@ template <typename T> __device__ __forceinline__ uint4 pack(const float *a) {
 template <typename T>
 __global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, ArView v) {
     constexpr int N = Vec<T>::N;
+    kc_pdl_wait();
+    kc_pdl_trigger();
     const uint32_t epoch = call_epoch(v);
+    const bool push = count * sizeof(T) <= AR_PUSH_BYTES;
     const size_t nvec = count / N, stride = (size_t)gridDim.x * blockDim.x;
     const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    uint4 *mine = (uint4 *)staging_half(v, v.rank, epoch);
     for (size_t i = first; i < nvec; i += stride)
-        mine[i] = ((const uint4 *)buf)[i];
+        stage(v, epoch, push, i, ((const uint4 *)buf)[i]);
     const size_t tail = nvec * N + threadIdx.x;
     if (blockIdx.x == 0 && tail < count)
-        ((T *)mine)[tail] = buf[tail];
+        stage(v, epoch, push, tail, buf[tail]);
     handshake(v, epoch);
     for (size_t i = first; i < nvec; i += stride) {
         float acc[N];
-        sum_ranks<T>(acc, v, epoch, i);
+        sum_ranks<T>(acc, v, epoch, push, i);
         ((uint4 *)buf)[i] = pack<T>(acc);
     }
     if (blockIdx.x == 0 && tail < count) {
         float acc = 0.0f;
         for (int r = 0; r < v.size; r++)
-            acc += to_f32(__ldcg((const T *)staging_half(v, r, epoch) + tail));
+            acc += to_f32(__ldcg((const T *)part_of(v, r, epoch, push) + tail));
         buf[tail] = from_f32<T>(acc);
     }
 }
@@ -158,19 +187,23 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
                                                                  int dim, float eps, ArView v) {
     constexpr int N = Vec<T>::N;
     __shared__ float scratch[32];
+    kc_pdl_wait();
+    kc_pdl_trigger();
     const uint32_t epoch = call_epoch(v);
+    const bool push = (size_t)n * dim * sizeof(T) <= AR_PUSH_BYTES;
     const int row_vecs = dim / N;
-    uint4 *mine = (uint4 *)staging_half(v, v.rank, epoch);
     for (int row = blockIdx.x; row < n; row += gridDim.x)
-        for (int c = threadIdx.x; c < row_vecs; c += blockDim.x)
-            mine[(size_t)row * row_vecs + c] = ((const uint4 *)delta)[(size_t)row * row_vecs + c];
+        for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
+            const size_t i = (size_t)row * row_vecs + c;
+            stage(v, epoch, push, i, ((const uint4 *)delta)[i]);
+        }
     handshake(v, epoch);
     for (int row = blockIdx.x; row < n; row += gridDim.x) {
         uint4 *res = (uint4 *)residual + (size_t)row * row_vecs;
         float ss = 0.0f;
         for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
             float acc[N];
-            sum_ranks<T>(acc, v, epoch, (size_t)row * row_vecs + c);
+            sum_ranks<T>(acc, v, epoch, push, (size_t)row * row_vecs + c);
             accumulate<T>(acc, res[c]);
             uint4 r = pack<T>(acc);
             res[c] = r;
@@ -224,6 +257,7 @@ int k_cuda_ar_init(int n) {
         }
         size_t flag_bytes = (size_t)AR_BLOCKS * AR_MAX_RANKS * sizeof(uint32_t);
         shared.staging[i] = (char *)k_cuda_malloc(2 * AR_HALF_BYTES);
+        shared.inbox[i] = (char *)k_cuda_malloc(2 * AR_MAX_RANKS * AR_PUSH_BYTES);
         shared.flags[i] = (uint32_t *)k_cuda_malloc(flag_bytes);
         views[i].epochs = (uint32_t *)k_cuda_malloc(AR_BLOCKS * sizeof(uint32_t));
         k_cuda_memset(shared.flags[i], 0, flag_bytes);
@@ -251,6 +285,7 @@ void k_cuda_ar_destroy(int n) {
         CUDA_CHECK(cudaSetDevice(i));
         CUDA_CHECK(cudaDeviceSynchronize());
         k_cuda_free(views[i].staging[i]);
+        k_cuda_free(views[i].inbox[i]);
         k_cuda_free(views[i].flags[i]);
         k_cuda_free(views[i].epochs);
         memset(&views[i], 0, sizeof views[i]);
@@ -275,8 +310,8 @@ void k_cuda_ar_sum(void *buf, DType act, size_t count, cudaStream_t stream) {
     const ArView *v = current_view();
     KC_REQUIRE(v, "k_cuda_ar_sum: no one-shot all-reduce group on this device");
     KC_DISPATCH_ACT(act, "k_cuda_ar_sum", T,
-                    sum_kernel<T><<<AR_BLOCKS, AR_THREADS, 0, stream>>>((T *)buf, count, *v));
-    CUDA_CHECK_LAUNCH();
+                    kc_launch_pdl(sum_kernel<T>, dim3(AR_BLOCKS), dim3(AR_THREADS), 0, stream,
+                                  (T *)buf, count, *v));
 }
 
 void k_cuda_ar_add_rmsnorm(void *residual, const void *delta, void *out, DType act, const Tensor *w,
@@ -287,9 +322,8 @@ void k_cuda_ar_add_rmsnorm(void *residual, const void *delta, void *out, DType a
                "k_cuda_ar_add_rmsnorm: weight shape does not match dim %d", dim);
     KC_DISPATCH_ACT(act, "k_cuda_ar_add_rmsnorm", T,
                     KC_DISPATCH_WEIGHT(w->dtype, "k_cuda_ar_add_rmsnorm", TW,
-                                       add_rmsnorm_kernel<T, TW>
-                                       <<<AR_BLOCKS, AR_THREADS, 0, stream>>>(
-                                           (T *)residual, (const T *)delta, (T *)out,
-                                           (const TW *)w->data, n, dim, eps, *v)));
-    CUDA_CHECK_LAUNCH();
+                                       kc_launch_pdl(add_rmsnorm_kernel<T, TW>, dim3(AR_BLOCKS),
+                                                     dim3(AR_THREADS), 0, stream, (T *)residual,
+                                                     (const T *)delta, (T *)out,
+                                                     (const TW *)w->data, n, dim, eps, *v)));
 }
