@@ -1,26 +1,33 @@
 /* allreduce.cu - one-shot all-reduce for small messages between the GPUs of one process.
  *
  * The tensor-parallel ranks are threads of one process, so each GPU can map the others'
- * memory (peer access over NVLink). Every rank owns a staging buffer (two halves), an inbox
- * (two halves of one slot per rank) and a flag array that its peers write. One kernel per
- * all-reduce, on every rank at once:
- *   1. each block copies its part of the input into this call's half of its own staging or,
- *      for messages of up to AR_PUSH_BYTES, writes it straight into its slot of every rank's
- *      inbox (push: the data crosses NVLink once, before the handshake, and is read locally);
+ * memory (peer access over NVLink). One kernel per all-reduce, on every rank at once, in
+ * one of two ways.
+ *
+ * Messages of up to AR_PUSH_BYTES (every decode step's at batch <= 32 of hidden 4096) are
+ * pushed: each block writes its part straight into its slot of every peer's inbox, as 16-byte
+ * stores whose two 8-byte halves each carry 4 bytes of data and the call's epoch (NCCL's
+ * "LL" protocol); the peer's block spins on its own inbox until both halves of every store
+ * it needs show the epoch, then sums (ranks in order, so every rank computes bit-identical
+ * sums) and writes the result or, fused, adds it to the residual and writes the RMSNorm of
+ * the rows it owns. The data crosses NVLink once and is its own flag: no fence, no handshake.
+ *
+ * Larger messages are pulled:
+ *   1. each block copies its part of the input into this call's half of its own staging;
  *   2. block b tells block b of every peer that its part is there (a release store of the
  *      call's epoch into the peer's flags) and waits for the same from each peer (acquire
  *      loads of its own flags);
- *   3. each block reads its part from every rank's staging (or its own inbox's slots; ranks
- *      in order, so every rank computes bit-identical sums) and writes the result, or, fused,
- *      adds it to the residual and writes the RMSNorm of the rows it owns.
+ *   3. each block reads its part from every rank's staging and sums it as above.
+ *
  * Epochs are per block, in device memory, advanced by the kernel itself: no host work per
  * call, so the kernels can be captured in CUDA graphs and replayed. The grid is fixed and
- * every block takes part in every call's handshake, so all blocks agree on the epoch. Two
- * halves make one handshake per call enough: a rank rewrites a half (its staging's or a peer's
- * inbox's) two calls later, and its handshake in between proves every peer has started the
- * call after (and, in stream order, finished the one that read that half). The kernels are
- * launched as programmatic dependents (cuda_internal.cuh): they wait for the kernel before
- * them, then let the next one (a GEMV, which starts streaming its weights) become resident.
+ * every block advances its epoch on every call, so all blocks agree on it. Inboxes and
+ * staging have two halves, used by alternate calls: a rank writes a half again two calls
+ * later, after a call in between in which it has received data from every peer (pull: the
+ * handshake; push: the rows of at least one block), so every peer has started that call
+ * and, in stream order, finished the one that read the half. The kernels are launched as
+ * programmatic dependents (cuda_internal.cuh): they wait for the kernel before them, then let
+ * the next one (a GEMV, which starts streaming its weights) become resident.
  *
  * The kernels spin on the peers: every rank must make the same sequence of calls (the model's
  * forward does), and all AR_BLOCKS blocks must be resident at once (a handful per GPU). NCCL
@@ -35,6 +42,7 @@
 enum { AR_BLOCKS = 128, AR_THREADS = 512, AR_MAX_RANKS = 8 };
 static const size_t AR_HALF_BYTES = (size_t)8 << 20;   /* largest one-shot message */
 static const size_t AR_PUSH_BYTES = (size_t)256 << 10; /* largest pushed message */
+static const size_t AR_SLOT_BYTES = 2 * AR_PUSH_BYTES; /* one rank's LL-encoded message */
 /* A peer that has not arrived after this long never will (the ranks' calls diverged): the
  * kernel traps, which fails loudly instead of hanging. */
 static const uint64_t AR_WAIT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
@@ -42,7 +50,7 @@ static const uint64_t AR_WAIT_LIMIT_NS = 20ull * 1000 * 1000 * 1000;
 /* One rank's view of the group: a kernel argument, fixed for the life of the group. */
 typedef struct {
     char *staging[AR_MAX_RANKS];   /* every rank's staging: two halves of AR_HALF_BYTES */
-    char *inbox[AR_MAX_RANKS];     /* every rank's inbox [2][AR_MAX_RANKS][AR_PUSH_BYTES] */
+    char *inbox[AR_MAX_RANKS];     /* every rank's inbox [2][AR_MAX_RANKS][AR_SLOT_BYTES] */
     uint32_t *flags[AR_MAX_RANKS]; /* every rank's flags [AR_BLOCKS][AR_MAX_RANKS]: from whom */
     uint32_t *epochs;              /* this rank's [AR_BLOCKS]: the last call's epoch per block */
     int rank, size;
@@ -69,9 +77,11 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t *p) {
     return v;
 }
 
-/* This call's epoch for the block (the handshake stores it once every thread has read it). */
+/* This call's epoch for the block (stored once every thread has read it). Never 0, which
+ * an unwritten (or consumed) inbox store holds; odd and even alternate across the wrap. */
 __device__ __forceinline__ uint32_t call_epoch(const ArView &v) {
-    return v.epochs[blockIdx.x] + 1;
+    const uint32_t e = v.epochs[blockIdx.x] + 1;
+    return e ? e : 2;
 }
 
 /* This call's half of rank r's staging. */
@@ -79,23 +89,73 @@ __device__ __forceinline__ char *staging_half(const ArView &v, int r, uint32_t e
     return v.staging[r] + (epoch & 1) * AR_HALF_BYTES;
 }
 
-/* Where rank r's part of this call lies: its staging (pull: read over NVLink) or slot r of
- * this rank's inbox (push: written there by rank r before the handshake). */
-__device__ __forceinline__ const char *part_of(const ArView &v, int r, uint32_t epoch, bool push) {
-    return push ? v.inbox[v.rank] + ((epoch & 1) * AR_MAX_RANKS + r) * AR_PUSH_BYTES
-                : staging_half(v, r, epoch);
+/* Slot `from` of rank `to`'s inbox, this call's half, as 16-byte LL stores. */
+__device__ __forceinline__ uint4 *inbox_slot(const ArView &v, int to, int from, uint32_t epoch) {
+    return (uint4 *)(v.inbox[to] + ((epoch & 1) * AR_MAX_RANKS + from) * AR_SLOT_BYTES);
 }
 
-/* Step 1 for element i (of type E) of this rank's part: into its staging, or into its slot
- * of every rank's inbox. */
-template <typename E>
-__device__ __forceinline__ void stage(const ArView &v, uint32_t epoch, bool push, size_t i, E x) {
-    if (!push) {
-        ((E *)staging_half(v, v.rank, epoch))[i] = x;
-        return;
+/* Push 16 bytes of this rank's part (vector i) to every peer: two LL stores each. */
+__device__ __forceinline__ void push_vec(const ArView &v, uint32_t epoch, size_t i, uint4 x) {
+    for (int r = 0; r < v.size; r++) {
+        if (r == v.rank)
+            continue;
+        uint4 *p = inbox_slot(v, r, v.rank, epoch) + 2 * i;
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x.x),
+                     "r"(epoch), "r"(x.y), "r"(epoch)
+                     : "memory");
+        asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 1), "r"(x.z),
+                     "r"(epoch), "r"(x.w), "r"(epoch)
+                     : "memory");
     }
-    for (int r = 0; r < v.size; r++)
-        ((E *)(v.inbox[r] + ((epoch & 1) * AR_MAX_RANKS + v.rank) * AR_PUSH_BYTES))[i] = x;
+}
+
+/* The 8 data bytes of the LL store at p once both its halves show the epoch. */
+__device__ __forceinline__ uint2 ll_wait(const uint4 *p, uint32_t epoch, const ArView &v, int r) {
+    const uint64_t start = global_ns();
+    for (;;) {
+        uint4 u;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                     : "l"(p)
+                     : "memory");
+        if (u.y == epoch && u.w == epoch)
+            return make_uint2(u.x, u.z);
+        if (global_ns() - start > AR_WAIT_LIMIT_NS) {
+            printf("one-shot all-reduce: rank %d (block %d) waited 20 s for rank %d's data at "
+                   "epoch %u\n",
+                   v.rank, blockIdx.x, r, epoch);
+            __trap();
+        }
+    }
+}
+
+/* Vector i of rank r's part: pushed into this rank's inbox, or in r's staging (pull). */
+__device__ __forceinline__ uint4 part_vec(const ArView &v, int r, uint32_t epoch, bool push,
+                                          size_t i) {
+    if (!push) /* L2 of the owner, not a stale L1 line */
+        return __ldcg((const uint4 *)staging_half(v, r, epoch) + i);
+    uint4 *p = inbox_slot(v, v.rank, r, epoch) + 2 * i;
+    const uint2 a = ll_wait(p, epoch, v, r), b = ll_wait(p + 1, epoch, v, r);
+    /* consumed: cleared, so that no store of an old call can match an epoch again (they
+     * wrap after 2^32 calls) */
+    p[0] = p[1] = make_uint4(0, 0, 0, 0);
+    return make_uint4(a.x, a.y, b.x, b.y);
+}
+
+/* Step 1 for vector i of this rank's part x. */
+__device__ __forceinline__ void stage(const ArView &v, uint32_t epoch, bool push, size_t i,
+                                      uint4 x) {
+    if (push)
+        push_vec(v, epoch, i, x);
+    else
+        ((uint4 *)staging_half(v, v.rank, epoch))[i] = x;
+}
+
+/* A pushed call's end of the block: every thread has read the epoch, so it may advance. */
+__device__ __forceinline__ void advance_epoch(const ArView &v, uint32_t epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0)
+        v.epochs[blockIdx.x] = epoch;
 }
 
 /* Step 2: after it every peer's block has staged its part of this call. */
@@ -133,12 +193,12 @@ template <typename T> __device__ __forceinline__ void accumulate(float *acc, uin
 /* The sum over the ranks (in rank order) of element vector i of this call's staging. */
 template <typename T>
 __device__ __forceinline__ void sum_ranks(float *acc, const ArView &v, uint32_t epoch, bool push,
-                                          size_t i) {
+                                          size_t i, uint4 own) {
 #pragma unroll
     for (int k = 0; k < Vec<T>::N; k++)
         acc[k] = 0.0f;
-    for (int r = 0; r < v.size; r++) /* L2 of the owner, not a stale L1 line */
-        accumulate<T>(acc, __ldcg((const uint4 *)part_of(v, r, epoch, push) + i));
+    for (int r = 0; r < v.size; r++)
+        accumulate<T>(acc, r == v.rank ? own : part_vec(v, r, epoch, push, i));
 }
 
 template <typename T> __device__ __forceinline__ uint4 pack(const float *a) {
@@ -150,7 +210,8 @@ template <typename T> __device__ __forceinline__ uint4 pack(const float *a) {
     return u;
 }
 
-/* Vectors [0, nvec) grid-strided; the scalar tail (count % VEC elements) goes to block 0. */
+/* Vectors [0, nvec) grid-strided; the partial last one (count % VEC elements, zero-padded)
+ * goes to block 0's thread 0. */
 template <typename T>
 __global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, ArView v) {
     constexpr int N = Vec<T>::N;
@@ -158,25 +219,33 @@ __global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, A
     kc_pdl_trigger();
     const uint32_t epoch = call_epoch(v);
     const bool push = count * sizeof(T) <= AR_PUSH_BYTES;
-    const size_t nvec = count / N, stride = (size_t)gridDim.x * blockDim.x;
+    const size_t nvec = count / N, rem = count % N, stride = (size_t)gridDim.x * blockDim.x;
     const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint4 *buf4 = (uint4 *)buf;
+    const bool tail = rem && blockIdx.x == 0 && threadIdx.x == 0;
+    uint4 tv = make_uint4(0, 0, 0, 0);
+    if (tail)
+        for (size_t k = 0; k < rem; k++)
+            ((T *)&tv)[k] = buf[nvec * N + k];
     for (size_t i = first; i < nvec; i += stride)
-        stage(v, epoch, push, i, ((const uint4 *)buf)[i]);
-    const size_t tail = nvec * N + threadIdx.x;
-    if (blockIdx.x == 0 && tail < count)
-        stage(v, epoch, push, tail, buf[tail]);
-    handshake(v, epoch);
+        stage(v, epoch, push, i, buf4[i]);
+    if (tail)
+        stage(v, epoch, push, nvec, tv);
+    if (!push)
+        handshake(v, epoch);
+    float acc[N];
     for (size_t i = first; i < nvec; i += stride) {
-        float acc[N];
-        sum_ranks<T>(acc, v, epoch, push, i);
-        ((uint4 *)buf)[i] = pack<T>(acc);
+        sum_ranks<T>(acc, v, epoch, push, i, buf4[i]);
+        buf4[i] = pack<T>(acc);
     }
-    if (blockIdx.x == 0 && tail < count) {
-        float acc = 0.0f;
-        for (int r = 0; r < v.size; r++)
-            acc += to_f32(__ldcg((const T *)part_of(v, r, epoch, push) + tail));
-        buf[tail] = from_f32<T>(acc);
+    if (tail) {
+        sum_ranks<T>(acc, v, epoch, push, nvec, tv);
+        const uint4 r = pack<T>(acc);
+        for (size_t k = 0; k < rem; k++)
+            buf[nvec * N + k] = ((const T *)&r)[k];
     }
+    if (push)
+        advance_epoch(v, epoch);
 }
 
 /* Rows grid-strided over the blocks (the block that stages a row reduces it); dim % VEC == 0.
@@ -197,13 +266,15 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
             const size_t i = (size_t)row * row_vecs + c;
             stage(v, epoch, push, i, ((const uint4 *)delta)[i]);
         }
-    handshake(v, epoch);
+    if (!push)
+        handshake(v, epoch);
     for (int row = blockIdx.x; row < n; row += gridDim.x) {
         uint4 *res = (uint4 *)residual + (size_t)row * row_vecs;
         float ss = 0.0f;
         for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
             float acc[N];
-            sum_ranks<T>(acc, v, epoch, push, (size_t)row * row_vecs + c);
+            const size_t i = (size_t)row * row_vecs + c;
+            sum_ranks<T>(acc, v, epoch, push, i, ((const uint4 *)delta)[i]);
             accumulate<T>(acc, res[c]);
             uint4 r = pack<T>(acc);
             res[c] = r;
@@ -225,6 +296,8 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
             o[c] = pack<T>(y);
         }
     }
+    if (push)
+        advance_epoch(v, epoch);
 }
 
 /* ---- host side ------------------------------------------------------------------------ */
@@ -257,7 +330,8 @@ int k_cuda_ar_init(int n) {
         }
         size_t flag_bytes = (size_t)AR_BLOCKS * AR_MAX_RANKS * sizeof(uint32_t);
         shared.staging[i] = (char *)k_cuda_malloc(2 * AR_HALF_BYTES);
-        shared.inbox[i] = (char *)k_cuda_malloc(2 * AR_MAX_RANKS * AR_PUSH_BYTES);
+        shared.inbox[i] = (char *)k_cuda_malloc(2 * AR_MAX_RANKS * AR_SLOT_BYTES);
+        k_cuda_memset(shared.inbox[i], 0, 2 * AR_MAX_RANKS * AR_SLOT_BYTES);
         shared.flags[i] = (uint32_t *)k_cuda_malloc(flag_bytes);
         views[i].epochs = (uint32_t *)k_cuda_malloc(AR_BLOCKS * sizeof(uint32_t));
         k_cuda_memset(shared.flags[i], 0, flag_bytes);
