@@ -150,11 +150,12 @@ void k_cuda_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_
  * Math is fp32 (scores, softmax, accumulation); where the tensor cores are used, the inputs
  * are the bf16 values themselves and P is rounded to bf16 before P.V (within bf16 tolerance).
  *
- * decode (attention_decode.cu): memory-bound, CUDA cores, every dtype pair. One block per
- * (KV head x head group, row, partition of 256 or 512 positions) handling all query heads of
- * that KV head together (each K/V row loaded once for the group, 16-byte loads straight into
- * registers), partitions combined by a second kernel when the bound allows more than one.
- * Best for one query row per sequence.
+ * decode (attention_decode.cu): memory-bound, every dtype pair; tensor cores (mma.sync) for a
+ * bf16 or f16 cache with queries of the same type at head_dim 128, CUDA cores otherwise. One
+ * block per (KV head x head group, row, partition of up to 512 positions) handling all query
+ * heads of that KV head together (each K/V row loaded once for the group, cp.async rings per
+ * warp), partitions combined by a second kernel when the bound allows more than one. Best
+ * for one query row per sequence.
  * prefill (attention_prefill.cu, attention_prefill_tc.cu): one block per (tile of query rows
  * of one sequence x heads of one KV head), K/V tiles in shared memory reused by every row and
  * head of the tile, online softmax (flash-attention style). bf16 q on a bf16 cache with
