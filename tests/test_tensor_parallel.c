@@ -3,8 +3,9 @@
  * so the sharding at load (heads, MLP columns, vocabulary slices of the embedding and LM head)
  * and the forward's collectives are checked on any machine. Every position's logits with 2
  * and 4 ranks equal one rank's, for stories260K (vocabulary 512) and for it cut to 509 tokens
- * (the last slice ends in padding); the vocabulary slices' arithmetic; and dummy weights'
- * vocabulary slices equal the rows of the whole model's. */
+ * (the last slice ends in padding); with 8 ranks (one query head each, the 4 KV heads
+ * replicated over pairs of ranks) for it cut to 168 MLP columns; the vocabulary slices'
+ * arithmetic; and dummy weights' vocabulary slices equal the rows of the whole model's. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -23,7 +24,7 @@
 #include "tp_test_util.h"
 #include "weights.h"
 
-enum { MAX_RANKS = 4, NUM_TOKENS = 24 };
+enum { MAX_RANKS = 8, NUM_TOKENS = 24 };
 
 /* ---- collectives between rank threads (fp32, the CPU backend's activations) ---------- */
 
@@ -180,12 +181,17 @@ static void test_logits_match_one_rank(void **state) {
     check_ranks_match_one(STORIES_DIR, 512, 4);
 }
 
-static char cut_dir[] = "/tmp/pagellm-tp-XXXXXX";
+static char cut_dir[] = "/tmp/pagellm-tp-XXXXXX", mlp_dir[] = "/tmp/pagellm-tp8-XXXXXX";
 
 static void test_uneven_vocabulary_matches_one_rank(void **state) {
     (void)state;
     check_ranks_match_one(cut_dir, 509, 2);
     check_ranks_match_one(cut_dir, 509, 4);
+}
+
+static void test_eight_ranks_replicate_kv_heads(void **state) {
+    (void)state;
+    check_ranks_match_one(mlp_dir, 512, 8);
 }
 
 /* ---- shard arithmetic and dummy weights ------------------------------------------------ */
@@ -243,13 +249,16 @@ static void test_dummy_vocab_slices_are_whole_rows(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    return mkdtemp(cut_dir) && write_cut_vocab_model(cut_dir, 509) == 0 ? 0 : -1;
+    return mkdtemp(cut_dir) && write_cut_model(cut_dir, 509, 172) == 0 && mkdtemp(mlp_dir) &&
+                   write_cut_model(mlp_dir, 512, 168) == 0
+               ? 0
+               : -1;
 }
 
 static int teardown(void **state) {
     (void)state;
     char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", cut_dir);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", cut_dir, mlp_dir);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -259,6 +268,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_vocab_slices_are_whole_rows),
         cmocka_unit_test(test_logits_match_one_rank),
         cmocka_unit_test(test_uneven_vocabulary_matches_one_rank),
+        cmocka_unit_test(test_eight_ranks_replicate_kv_heads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -108,7 +108,7 @@ static void test_uneven_vocabulary_matches_one_gpu(void **state) {
         skip();
     char dir[] = "/tmp/pagellm-tp-cuda-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    assert_int_equal(write_cut_vocab_model(dir, 509), 0);
+    assert_int_equal(write_cut_model(dir, 509, 172), 0);
     check_logits_match(dir, "float32", 509, 1e-5);
     check_logits_match(dir, "bfloat16", 509, 5e-2);
     char cmd[128];
