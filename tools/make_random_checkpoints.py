@@ -12,6 +12,9 @@ safetensors) for tools/compare_logits.py to run through both transformers and pa
                      q/k/v biases, tied embeddings, rope_theta 1e6, eos [2, 3]
   OUTDIR/llama-bf16  the llama model's weights in bfloat16, saved in several shards
                      (model.safetensors.index.json)
+  OUTDIR/llama-wide  (with --wide) a llama model as above with 64 heads of 128, 8 KV heads (hidden
+                     8192, intermediate 2048, 2 layers, 1.8 GB in float32): 8 query heads and
+                     one KV head per rank at tensor-parallel-size 8, 16 and 2 at size 4
 
 After transformers' own init the weights are redrawn so every path is exercised and the
 logits are O(1) (so greedy argmax is meaningful): norm weights ~ U(0.5, 1.5) rather than 1,
@@ -21,7 +24,7 @@ biases ~ N(0, 0.1^2) rather than 0, projections ~ N(0, 1/fan_in), embeddings ~ N
 Needs torch, transformers (4.4x or 5.x), safetensors; no network and no tokenizer (the
 comparison works on token ids). Usage:
 
-    python3 tools/make_random_checkpoints.py OUTDIR [--seed 0] [--layers 3]
+    python3 tools/make_random_checkpoints.py OUTDIR [--seed 0] [--layers 3] [--wide]
 """
 import argparse
 import copy
@@ -69,15 +72,15 @@ def randomize(model, tied, seed):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
-def build_llama(layers, seed):
+def build_llama(layers, seed, heads=4, kv_heads=1, intermediate=1024):
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=1024,
-        hidden_size=512,
-        intermediate_size=1024,
+        hidden_size=heads * 128,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=1,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         head_dim=128,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
@@ -160,6 +163,8 @@ def main():
     ap.add_argument("outdir", help="folder to write llama/, qwen2/ and llama-bf16/ into")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=3, help="decoder layers of each model")
+    ap.add_argument("--wide", action="store_true",
+                    help="also write llama-wide/ (for tensor-parallel sizes 4 and 8)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
 
@@ -170,6 +175,9 @@ def main():
         (qwen2, "qwen2", torch.float32, None),
         (llama, "llama-bf16", torch.bfloat16, "4MB"),
     ]
+    if args.wide:
+        wide = build_llama(2, args.seed, heads=64, kv_heads=8, intermediate=2048)
+        outputs.append((wide, "llama-wide", torch.float32, "2GB"))
     for model, name, dtype, shard in outputs:
         path = os.path.join(args.outdir, name)
         # A copy, so that saving in bf16 leaves the fp32 model intact for the next one.
