@@ -7,8 +7,9 @@
  * swaps counted and every block free afterwards; the collectives themselves (one-shot and
  * NCCL all-reduce, exact on small integers; the fused all-reduce + add + RMSNorm against
  * the host; replays of a captured all-reduce) give the same results on both ranks; asking for
- * more GPUs than are visible is a one-line error. Skips, saying so, without two GPUs (CI) or
- * without NCCL. */
+ * more GPUs than are visible is a one-line error. With four GPUs also TP=4, with eight TP=8
+ * (KV heads replicated), against one GPU. Skips, saying so, without two GPUs (CI) or
+ * without NCCL (and the wider cases without four or eight). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,15 +33,19 @@
 #define MODEL_DIR "models/stories260K"
 #define MAX_OUT   96
 
-static int two_gpus(void) {
+static int gpus_at_least(int n) {
 #if defined(PAGELLM_HAVE_CUDA) && defined(PAGELLM_HAVE_NCCL)
-    if (k_cuda_device_count() >= 2)
+    if (k_cuda_device_count() >= n)
         return 1;
-    print_message("fewer than 2 GPUs: tensor-parallel tests skipped\n");
+    print_message("fewer than %d GPUs: tensor-parallel test skipped\n", n);
 #else
     print_message("no CUDA backend with NCCL in this build: tensor-parallel tests skipped\n");
 #endif
     return 0;
+}
+
+static int two_gpus(void) {
+    return gpus_at_least(2);
 }
 
 static Engine *make_engine_of(const char *dir, const char *dtype, int tp, int gpu_blocks,
@@ -65,14 +70,15 @@ static Engine *make_engine(int tp, int gpu_blocks, double swap_gib) {
     return make_engine_of(MODEL_DIR, "float32", tp, gpu_blocks, swap_gib);
 }
 
-/* Every position's logits of one prompt with tensor-parallel-size 2 vs 1. */
-static void check_logits_match(const char *dir, const char *dtype, int vocab, double tol) {
+/* Every position's logits of one prompt with tensor-parallel-size tp vs 1. */
+static void check_tp_logits_match(const char *dir, const char *dtype, int vocab, int tp,
+                                  double tol) {
     int32_t ids[40];
     for (int i = 0; i < 40; i++)
         ids[i] = 1 + (i * 37) % (vocab - 1);
     ids[39] = vocab - 1; /* the last slice's last id */
     float *one = malloc(sizeof(float) * 40 * vocab), *two = malloc(sizeof(float) * 40 * vocab);
-    Engine *e1 = make_engine_of(dir, dtype, 1, 0, 1), *e2 = make_engine_of(dir, dtype, 2, 0, 1);
+    Engine *e1 = make_engine_of(dir, dtype, 1, 0, 1), *e2 = make_engine_of(dir, dtype, tp, 0, 1);
     assert_int_equal(eng_prompt_logits(e1, ids, 40, one), PL_OK);
     assert_int_equal(eng_prompt_logits(e2, ids, 40, two), PL_OK);
     double worst = 0;
@@ -84,9 +90,9 @@ static void check_logits_match(const char *dir, const char *dtype, int vocab, do
         }
         worst = fmax(worst, err / scale);
     }
-    print_message("%s %s, vocab %d: tp=2 vs tp=1 logits: worst row max|diff| / max|logit| = "
+    print_message("%s %s, vocab %d: tp=%d vs tp=1 logits: worst row max|diff| / max|logit| = "
                   "%.3g\n",
-                  dir, dtype, vocab, worst);
+                  dir, dtype, vocab, tp, worst);
     assert_true(worst < tol);
     eng_destroy(e1);
     eng_destroy(e2);
@@ -98,8 +104,8 @@ static void test_logits_match_one_gpu(void **state) {
     (void)state;
     if (!two_gpus())
         skip();
-    check_logits_match(MODEL_DIR, "float32", 512, 1e-5);
-    check_logits_match(MODEL_DIR, "bfloat16", 512, 5e-2);
+    check_tp_logits_match(MODEL_DIR, "float32", 512, 2, 1e-5);
+    check_tp_logits_match(MODEL_DIR, "bfloat16", 512, 2, 5e-2);
 }
 
 static void test_uneven_vocabulary_matches_one_gpu(void **state) {
@@ -109,8 +115,28 @@ static void test_uneven_vocabulary_matches_one_gpu(void **state) {
     char dir[] = "/tmp/pagellm-tp-cuda-XXXXXX";
     assert_non_null(mkdtemp(dir));
     assert_int_equal(write_cut_model(dir, 509, 172), 0);
-    check_logits_match(dir, "float32", 509, 1e-5);
-    check_logits_match(dir, "bfloat16", 509, 5e-2);
+    check_tp_logits_match(dir, "float32", 509, 2, 1e-5);
+    check_tp_logits_match(dir, "bfloat16", 509, 2, 5e-2);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Four GPUs: stories260K at TP=4 (2 query heads and one KV head per rank). Eight: cut to 168
+ * MLP columns, TP=8 (one query head per rank, each KV head replicated on two ranks). */
+static void test_wider_tp_matches_one_gpu(void **state) {
+    (void)state;
+    if (!gpus_at_least(4))
+        skip();
+    check_tp_logits_match(MODEL_DIR, "float32", 512, 4, 1e-5);
+    check_tp_logits_match(MODEL_DIR, "bfloat16", 512, 4, 5e-2);
+    if (!gpus_at_least(8))
+        return;
+    char dir[] = "/tmp/pagellm-tp8-cuda-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(write_cut_model(dir, 512, 168), 0);
+    check_tp_logits_match(dir, "float32", 512, 8, 1e-5);
+    check_tp_logits_match(dir, "bfloat16", 512, 8, 5e-2);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -399,6 +425,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logits_match_one_gpu),
         cmocka_unit_test(test_uneven_vocabulary_matches_one_gpu),
+        cmocka_unit_test(test_wider_tp_matches_one_gpu),
 #if defined(PAGELLM_HAVE_CUDA) && defined(PAGELLM_HAVE_NCCL)
         cmocka_unit_test(test_collectives),
 #endif
