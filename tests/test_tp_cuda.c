@@ -108,18 +108,24 @@ static void test_logits_match_one_gpu(void **state) {
     check_tp_logits_match(MODEL_DIR, "bfloat16", 512, 2, 5e-2);
 }
 
+/* The same, fp32 and bf16, on stories260K cut to `vocab` tokens and `intermediate` MLP
+ * columns (tp_test_util.h), written to a temporary folder. */
+static void check_cut_model_matches(int vocab, int intermediate, int tp) {
+    char dir[] = "/tmp/pagellm-tp-cuda-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(write_cut_model(dir, vocab, intermediate), 0);
+    check_tp_logits_match(dir, "float32", vocab, tp, 1e-5);
+    check_tp_logits_match(dir, "bfloat16", vocab, tp, 5e-2);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_uneven_vocabulary_matches_one_gpu(void **state) {
     (void)state;
     if (!two_gpus())
         skip();
-    char dir[] = "/tmp/pagellm-tp-cuda-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    assert_int_equal(write_cut_model(dir, 509, 172), 0);
-    check_tp_logits_match(dir, "float32", 509, 2, 1e-5);
-    check_tp_logits_match(dir, "bfloat16", 509, 2, 5e-2);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    check_cut_model_matches(509, 172, 2);
 }
 
 /* Four GPUs: stories260K at TP=4 (2 query heads and one KV head per rank). Eight: cut to 168
@@ -130,16 +136,8 @@ static void test_wider_tp_matches_one_gpu(void **state) {
         skip();
     check_tp_logits_match(MODEL_DIR, "float32", 512, 4, 1e-5);
     check_tp_logits_match(MODEL_DIR, "bfloat16", 512, 4, 5e-2);
-    if (!gpus_at_least(8))
-        return;
-    char dir[] = "/tmp/pagellm-tp8-cuda-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    assert_int_equal(write_cut_model(dir, 512, 168), 0);
-    check_tp_logits_match(dir, "float32", 512, 8, 1e-5);
-    check_tp_logits_match(dir, "bfloat16", 512, 8, 5e-2);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    if (gpus_at_least(8))
+        check_cut_model_matches(512, 168, 8);
 }
 
 typedef struct {
