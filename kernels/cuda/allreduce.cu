@@ -77,6 +77,15 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t *p) {
     return v;
 }
 
+/* In a wait for rank r that began at `start`: trap, saying so, past AR_WAIT_LIMIT_NS. */
+__device__ __forceinline__ void check_wait(uint64_t start, const ArView &v, int r, uint32_t epoch) {
+    if (global_ns() - start > AR_WAIT_LIMIT_NS) {
+        printf("one-shot all-reduce: rank %d (block %d) waited 20 s for rank %d at epoch %u\n",
+               v.rank, blockIdx.x, r, epoch);
+        __trap();
+    }
+}
+
 /* This call's epoch for the block (stored once every thread has read it). Never 0, which
  * an unwritten (or consumed) inbox store holds; odd and even alternate across the wrap. */
 __device__ __forceinline__ uint32_t call_epoch(const ArView &v) {
@@ -120,12 +129,7 @@ __device__ __forceinline__ uint2 ll_wait(const uint4 *p, uint32_t epoch, const A
                      : "memory");
         if (u.y == epoch && u.w == epoch)
             return make_uint2(u.x, u.z);
-        if (global_ns() - start > AR_WAIT_LIMIT_NS) {
-            printf("one-shot all-reduce: rank %d (block %d) waited 20 s for rank %d's data at "
-                   "epoch %u\n",
-                   v.rank, blockIdx.x, r, epoch);
-            __trap();
-        }
+        check_wait(start, v, r, epoch);
     }
 }
 
@@ -166,14 +170,8 @@ __device__ __forceinline__ void handshake(const ArView &v, uint32_t epoch) {
         store_release(v.flags[peer] + blockIdx.x * AR_MAX_RANKS + v.rank, epoch);
         const uint32_t *mine = v.flags[v.rank] + blockIdx.x * AR_MAX_RANKS + peer;
         const uint64_t start = global_ns();
-        while ((int32_t)(load_acquire(mine) - epoch) < 0) { /* a peer may be one call ahead */
-            if (global_ns() - start > AR_WAIT_LIMIT_NS) {
-                printf("one-shot all-reduce: rank %d (block %d) waited 20 s for rank %d at "
-                       "epoch %u\n",
-                       v.rank, blockIdx.x, peer, epoch);
-                __trap();
-            }
-        }
+        while ((int32_t)(load_acquire(mine) - epoch) < 0) /* a peer may be one call ahead */
+            check_wait(start, v, peer, epoch);
     }
     if (threadIdx.x == 0)
         v.epochs[blockIdx.x] = epoch;
@@ -190,7 +188,8 @@ template <typename T> __device__ __forceinline__ void accumulate(float *acc, uin
         acc[i] += to_f32(e[i]);
 }
 
-/* The sum over the ranks (in rank order) of element vector i of this call's staging. */
+/* The sum over the ranks (in rank order) of element vector i of this call's parts; `own` is
+ * this rank's. */
 template <typename T>
 __device__ __forceinline__ void sum_ranks(float *acc, const ArView &v, uint32_t epoch, bool push,
                                           size_t i, uint4 own) {
