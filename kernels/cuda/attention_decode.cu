@@ -25,25 +25,30 @@
  * warp instead of ~300 FMA and shuffle instructions. Measured on the H200 (batch 256, context
  * 1024, bf16, 8 KV heads): 296.6 -> 293.1 us per layer; batch 64: 100.2 -> 93.5 us.
  *
- * Partitions are 512 positions when the rows alone fill the GPU, else 256, shortened (to 32)
- * while the grid would be small and the workspace allows. A partition writes its
- * un-normalised output with its max and sum to the workspace and decode_reduce_kernel
- * combines them (split-K); when a row's context fits one partition the block writes the
- * output directly. */
+ * Partitions are 1024 positions, halved (down to 32) while the grid would be small and the
+ * workspace allows: a long partition spreads the ring's fill and drain and the block's phases
+ * over more positions. Measured on the H200 (bf16, tensor-core path, us per layer, partition
+ * 256 / 512 / 1024): batch 256 x 1024 303.0 / 294.9 / 265.7, batch 64 x 1024 95.0 / 100.9 /
+ * 73.7 (512 blocks of 1024 positions beat 2048 of 256). A partition writes its
+ * un-normalised output with its max and sum to the workspace and a second kernel combines them
+ * (split-K; a block per head for many partitions, a warp for a few); when a row's context
+ * fits one partition the block writes the output directly. */
 #include <math.h>
 #include <stdio.h>
 
 #include "attention.cuh"
 
 /* DEC_PART: the partition length the workspace is sized for (longer and shorter ones are
- * chosen per launch); DEC_TARGET_BLOCKS: grid size below which partitions are shortened. */
+ * chosen per launch, from DEC_MAX_PART down); DEC_TARGET_BLOCKS: grid size below which
+ * partitions are shortened. */
 enum {
     DEC_THREADS = 128,
     DEC_WARPS = DEC_THREADS / 32,
     DEC_PART = 256,
+    DEC_MAX_PART = 1024,
     DEC_MIN_PART = 32,
     DEC_WS_FLOOR = 256,
-    DEC_TARGET_BLOCKS = 1024
+    DEC_TARGET_BLOCKS = 512
 };
 
 /* 8 cache elements from a stage of the ring (16-byte units, unit `i` of a lane at
@@ -432,13 +437,30 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     }
 }
 
-/* Combine the partitions of (row, head): out = sum_p w_p acc_p / sum_p w_p l_p,
- * w_p = exp(m_p - max_p m_p). Rows whose context fit one partition were written already.
- * Block (row, y) takes heads y, y + gridDim.y, ... (several per block when the rows are many,
- * so that rows needing no combine cost few blocks). Warp i sums partitions i, i + RED_WARPS,
- * ... (four dims per lane, loads unrolled so that many partitions are in flight), then the
- * warps' sums are added. RED_MANY_ROWS: rows from which a block takes RED_HEADS heads. */
-enum { RED_THREADS = 256, RED_WARPS = RED_THREADS / 32, RED_MANY_ROWS = 64, RED_HEADS = 8 };
+/* Combining the partitions of (row, head): out = sum_p w_p acc_p / sum_p w_p l_p,
+ * w_p = exp(m_p - max_p m_p); rows whose context fit one partition were written by the decode
+ * kernel. Two kernels, each where it measured faster on the H200:
+ *
+ * Many partitions (short ones: batch 1): decode_reduce_kernel, block (row, y) takes heads y,
+ * y + gridDim.y, ... (several per block when the rows are many, so that rows needing no
+ * combine cost few blocks). Warp i sums partitions i, i + RED_WARPS, ... (four dims per lane,
+ * loads unrolled so that many partitions are in flight), then the warps' sums are added.
+ * RED_MANY_ROWS: rows from which a block takes RED_HEADS heads. (Batch 1, context 1024, 32
+ * partitions: 7.7 us per layer with the decode kernel, in a graph; 9.5 with a four-warp
+ * form of the kernel below per head.)
+ *
+ * At most RED_FEW_PARTS (long partitions of many rows): decode_reduce_warp_kernel, one warp
+ * per (row, head), no shared memory and no barrier. (Batch 256, two partitions: 36.7 us per
+ * layer in ncu for the block kernel, whose barriers between max, weights and sums wait on
+ * latency, not bytes; the decode step 17.733 -> 17.297 ms.) */
+enum {
+    RED_THREADS = 256,
+    RED_WARPS = RED_THREADS / 32,
+    RED_MANY_ROWS = 64,
+    RED_HEADS = 8,
+    RED_FEW_PARTS = 8,
+    RED_WARP_THREADS = 128
+};
 
 /* One head's combine: `base` indexes its first partition in the workspace. */
 template <typename TQ>
@@ -510,6 +532,65 @@ __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
         __syncthreads(); /* the previous head's reads of w, scratch and part_sum are done */
         combine_head(out, ws_acc, ws_ml, row, h, ((size_t)(row - qs0) * nh + h) * max_parts, nh, D,
                      nparts, part_sum, w, scratch);
+    }
+}
+
+/* Lane j reads partition j's max and sum (32 partitions at a time); the loop over partitions,
+ * four dims per lane, takes w_p from lane p by a shuffle, its loads unrolled so that all of a
+ * row's few partitions are in flight. */
+template <typename TQ>
+__global__ __launch_bounds__(RED_WARP_THREADS) void decode_reduce_warp_kernel(
+    TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
+    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int h = blockIdx.x * (RED_WARP_THREADS / 32) + (threadIdx.x >> 5);
+    const int qs0 = query_start[0], row = qs0 + blockIdx.y;
+    if (h >= nh || row >= query_start[num_seqs])
+        return;
+    const int nparts = (positions[row] + part_len) / part_len;
+    if (nparts <= 1)
+        return;
+    const size_t base = ((size_t)(row - qs0) * nh + h) * max_parts;
+    const float2 *ml = (const float2 *)ws_ml + base; /* (max, sum) per partition */
+    float mx = -INFINITY;
+    for (int p = lane; p < nparts; p += 32)
+        mx = fmaxf(mx, ml[p].x);
+    mx = warp_max(mx);
+    float den = 0.0f;
+    for (int p = lane; p < nparts; p += 32) {
+        const float2 v = ml[p];
+        den += __expf(v.x - mx) * v.y;
+    }
+    const float inv = 1.0f / warp_sum(den);
+    const float4 *acc = (const float4 *)(ws_acc + base * D);
+    const int D4 = D / 4;
+    for (int d0 = 0; d0 < D4; d0 += 32) { /* every lane in the loop: it shuffles */
+        const int d4 = d0 + lane;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int p0 = 0; p0 < nparts; p0 += 32) {
+            const float wl = p0 + lane < nparts ? __expf(ml[p0 + lane].x - mx) : 0.0f;
+            const int m = min(32, nparts - p0);
+#pragma unroll 8
+            for (int j = 0; j < m; j++) {
+                const float wp = __shfl_sync(0xffffffffu, wl, j);
+                if (d4 < D4) {
+                    const float4 x = acc[(size_t)(p0 + j) * D4 + d4];
+                    v.x = fmaf(wp, x.x, v.x);
+                    v.y = fmaf(wp, x.y, v.y);
+                    v.z = fmaf(wp, x.z, v.z);
+                    v.w = fmaf(wp, x.w, v.w);
+                }
+            }
+        }
+        if (d4 < D4) {
+            TQ *o = out + ((size_t)row * nh + h) * D + 4 * d4;
+            o[0] = from_f32<TQ>(v.x * inv);
+            o[1] = from_f32<TQ>(v.y * inv);
+            o[2] = from_f32<TQ>(v.z * inv);
+            o[3] = from_f32<TQ>(v.w * inv);
+        }
     }
 }
 
@@ -598,12 +679,12 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     for (int c = 2; c <= 8 / CPL; c *= 2)
         if (G % c == 0)
             HB = c;
-    /* Partition length: 512 positions once the rows alone fill the GPU (fewer partial results
-     * to combine), else 256, halved (down to 32) while the grid is small and the partial
-     * results still fit the workspace. ctx is the bound, not the rows' actual contexts. */
+    /* Partition length: DEC_MAX_PART, halved (down to DEC_MIN_PART) while the grid is small
+     * and the partial results still fit the workspace. ctx is the bound, not the rows' actual
+     * contexts. */
     const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
     const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
-    int part_len = base >= 2048 ? 2 * DEC_PART : DEC_PART;
+    int part_len = DEC_MAX_PART;
     auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
     auto bytes_of = [&](int len) {
         return parts_of(len) <= 1 ? 0 : (size_t)b->num_tokens * parts_of(len) * nh * (D + 2) * 4;
@@ -659,7 +740,7 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
             default:
                 launch_decode_hb<TQ, TC, 32, 4>(a, HB);
         }
-        if (parts > 1) {
+        if (parts > RED_FEW_PARTS) {
             const int per_block = b->num_tokens >= RED_MANY_ROWS ? RED_HEADS : 1;
             dim3 rgrid((unsigned)b->num_tokens, (unsigned)((nh + per_block - 1) / per_block));
             /* w[] padded to 16 bytes: ptxas may merge the loop's tail loads of w into one
@@ -671,6 +752,12 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
             kc_launch_pdl(rkern, rgrid, dim3(RED_THREADS), rsmem, a.stream, (TQ *)out, a.ws_acc,
                           a.ws_ml, b->positions, b->query_start, b->num_seqs, nh, D, part_len,
                           max_parts);
+        } else if (parts > 1) {
+            dim3 rgrid((unsigned)((nh * 32 + RED_WARP_THREADS - 1) / RED_WARP_THREADS),
+                       (unsigned)b->num_tokens);
+            kc_launch_pdl(decode_reduce_warp_kernel<TQ>, rgrid, dim3(RED_WARP_THREADS), 0, a.stream,
+                          (TQ *)out, a.ws_acc, a.ws_ml, b->positions, b->query_start, b->num_seqs,
+                          nh, D, part_len, max_parts);
         }
     });
 }
