@@ -472,16 +472,22 @@ static void test_attention_timing(void **state) {
     const int dec[][3] = {{1, 128},    {1, 1024},    {1, 4096},     {1, 8192},  {1, 32768},
                           {8, 1024},   {64, 1024},   {256, 128},    {256, 512}, {256, 1024},
                           {256, 2048}, {1, 1024, 1}, {256, 1024, 1}};
-    /* PAGELLM_ATTN_TIMING=BATCHxCTX: that decode case alone (for a profiler), no prefill */
+    /* PAGELLM_ATTN_TIMING=BATCHxCTX: that bf16 decode case alone, listed above or not (for a
+     * profiler or a sweep), no prefill */
     const char *only = getenv("PAGELLM_ATTN_TIMING");
-    int only_batch = 0, only_ctx = 0;
-    if (only && sscanf(only, "%dx%d", &only_batch, &only_ctx) != 2)
-        fail_msg("PAGELLM_ATTN_TIMING=%s: expected BATCHxCTX, e.g. 256x1024", only);
-    for (int ci = 0; ci < (int)(sizeof dec / sizeof dec[0]); ci++) {
-        const int batch = dec[ci][0], ctx = dec[ci][1], mb = ctx / bs;
-        if (only && (batch != only_batch || ctx != only_ctx || dec[ci][2]))
-            continue;
-        a.dt = dec[ci][2] ? DT_F16 : DT_BF16;
+    int only_case[1][3] = {{0, 0, 0}};
+    if (only &&
+        (sscanf(only, "%dx%d", &only_case[0][0], &only_case[0][1]) != 2 || only_case[0][0] < 1 ||
+         only_case[0][0] > max_rows || only_case[0][1] < bs || only_case[0][1] % bs ||
+         (size_t)only_case[0][0] * (only_case[0][1] / bs) > (size_t)nblocks))
+        fail_msg("PAGELLM_ATTN_TIMING=%s: expected BATCHxCTX (e.g. 256x1024), batch 1-%d, "
+                 "context a multiple of %d, at most %d cache blocks in all",
+                 only, max_rows, bs, nblocks);
+    const int(*cases)[3] = only ? only_case : dec;
+    const int ncases = only ? 1 : (int)(sizeof dec / sizeof dec[0]);
+    for (int ci = 0; ci < ncases; ci++) {
+        const int batch = cases[ci][0], ctx = cases[ci][1], mb = ctx / bs;
+        a.dt = cases[ci][2] ? DT_F16 : DT_BF16;
         a.l.dtype = a.dt;
         const int per_set = batch * mb;
         const double set_bytes = (double)per_set * block_bytes;
