@@ -14,18 +14,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pagellm-h200}
-mkdir -p "$out/l3"
+mkdir -p "$out"
 bin=build/pagellm
 [ -x "$bin" ] || { echo "bench/h200.sh: $bin not built (./configure.py && ninja)" >&2; exit 1; }
-cat >"$out/l3/config.json" <<'J'
-{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
- "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
- "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
- "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
- "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 128000,
- "eos_token_id": 128001}
-J
+. bench/llama_config.sh
+write_llama_config "$out/l3" 4096 32 32 14336
 cp tests/data/tokenizers/gpt2/tokenizer.json "$out/l3/"
 model=(--model "$out/l3" --load-format dummy --block-size 16)
 # bench latency repeats the same prompts: without this the measured prefills would be

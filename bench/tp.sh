@@ -22,20 +22,9 @@ sizes=${TP:-"1 2 4 8"}
 models=${MODELS:-"8b 70b"}
 batches=${BATCHES:-"1 256"}
 
-write_config() { # DIR HIDDEN LAYERS HEADS INTERMEDIATE
-    mkdir -p "$1"
-    cat >"$1/config.json" <<J
-{"architectures": ["LlamaForCausalLM"], "hidden_size": $2, "intermediate_size": $5,
- "num_hidden_layers": $3, "num_attention_heads": $4, "num_key_value_heads": 8, "head_dim": 128,
- "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
- "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
- "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
- "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 128000,
- "eos_token_id": 128001}
-J
-}
-write_config "$out/8b" 4096 32 32 14336
-write_config "$out/70b" 8192 80 64 28672
+. bench/llama_config.sh
+write_llama_config "$out/8b" 4096 32 32 14336
+write_llama_config "$out/70b" 8192 80 64 28672
 
 echo "pagellm $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $gpus GPUs, $(date -u +%F)"
 echo "| model | TP | batch | decode step | floor per GPU | measured / floor | output tok/s |"

@@ -35,6 +35,11 @@ static int replace_config_int(char *text, size_t cap, const char *key, int old, 
     return 0;
 }
 
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 /* dir (existing) gets config.json and model.safetensors; 0 on success. */
 static int write_cut_model(const char *dir, int vocab, int intermediate) {
     StCheckpoint *ck = NULL;
@@ -49,17 +54,15 @@ static int write_cut_model(const char *dir, int vocab, int intermediate) {
     for (int i = 0; i < n; i++) {
         const StTensor *t = st_tensor(ck, i);
         const char *name = t->name;
-        const size_t nl = strlen(name);
         kept[i][0] = t->ndim ? t->shape[0] : 1;
         kept[i][1] = t->ndim > 1 ? t->shape[1] : 1;
+        const size_t elem = t->nbytes / (size_t)(kept[i][0] * kept[i][1]); /* before the cut */
         if (!strcmp(name, "model.embed_tokens.weight") || !strcmp(name, "lm_head.weight"))
             kept[i][0] = vocab;
-        else if ((nl > 20 && !strcmp(name + nl - 20, "mlp.gate_proj.weight")) ||
-                 (nl > 18 && !strcmp(name + nl - 18, "mlp.up_proj.weight")))
+        else if (ends_with(name, "mlp.gate_proj.weight") || ends_with(name, "mlp.up_proj.weight"))
             kept[i][0] = intermediate;
-        else if (nl > 20 && !strcmp(name + nl - 20, "mlp.down_proj.weight"))
+        else if (ends_with(name, "mlp.down_proj.weight"))
             kept[i][1] = intermediate;
-        const size_t elem = t->nbytes / (size_t)(kept[i][0] * kept[i][1]);
         bytes[i] = t->ndim <= 2 ? (size_t)(kept[i][0] * kept[i][1]) * elem : t->nbytes;
         len +=
             (size_t)snprintf(header + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld",
