@@ -252,7 +252,8 @@ __global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, A
 template <typename T, typename TW>
 __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, const T *delta,
                                                                  T *out, const TW *w, int n,
-                                                                 int dim, float eps, ArView v) {
+                                                                 int dim, float eps, bool w_vec,
+                                                                 ArView v) {
     constexpr int N = Vec<T>::N;
     __shared__ float scratch[32];
     kc_pdl_wait();
@@ -267,9 +268,17 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
         }
     if (!push)
         handshake(v, epoch);
+    /* 16-bit activations and weights (16-byte aligned: w_vec): a thread's first weight vector
+     * is loaded before the block's sum (the row's latency chain is one load shorter; norm.cu
+     * does the same) */
+    constexpr bool w16 = N == 8 && sizeof(TW) == 2;
+    const bool early_w = w16 && w_vec;
     for (int row = blockIdx.x; row < n; row += gridDim.x) {
         uint4 *res = (uint4 *)residual + (size_t)row * row_vecs;
         float ss = 0.0f;
+        uint4 w0 = make_uint4(0, 0, 0, 0);
+        if (early_w && threadIdx.x < row_vecs)
+            w0 = ((const uint4 *)w)[threadIdx.x];
         for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
             float acc[N];
             const size_t i = (size_t)row * row_vecs + c;
@@ -288,10 +297,22 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
         for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) { /* this thread's own stores */
             uint4 r = res[c];
             const T *e = (const T *)&r;
-            float y[N];
+            float y[N], wf[N];
+            bool have_w = false;
+            if constexpr (w16) {
+                if (early_w && c == (int)threadIdx.x)
+                    unpack8(wf, w0, w);
+                else if (early_w)
+                    unpack8(wf, ((const uint4 *)w)[c], w);
+                have_w = early_w;
+            }
+            if (!have_w)
+#pragma unroll
+                for (int k = 0; k < N; k++)
+                    wf[k] = to_f32(w[c * N + k]);
 #pragma unroll
             for (int k = 0; k < N; k++)
-                y[k] = to_f32(w[c * N + k]) * (to_f32(e[k]) * inv);
+                y[k] = wf[k] * (to_f32(e[k]) * inv);
             o[c] = pack<T>(y);
         }
     }
@@ -393,10 +414,11 @@ void k_cuda_ar_add_rmsnorm(void *residual, const void *delta, void *out, DType a
     KC_REQUIRE(v, "k_cuda_ar_add_rmsnorm: no one-shot all-reduce group on this device");
     KC_REQUIRE(w->ndim == 1 && w->shape[0] == dim,
                "k_cuda_ar_add_rmsnorm: weight shape does not match dim %d", dim);
-    KC_DISPATCH_ACT(act, "k_cuda_ar_add_rmsnorm", T,
-                    KC_DISPATCH_WEIGHT(w->dtype, "k_cuda_ar_add_rmsnorm", TW,
-                                       kc_launch_pdl(add_rmsnorm_kernel<T, TW>, dim3(AR_BLOCKS),
-                                                     dim3(AR_THREADS), 0, stream, (T *)residual,
-                                                     (const T *)delta, (T *)out,
-                                                     (const TW *)w->data, n, dim, eps, *v)));
+    KC_DISPATCH_ACT(
+        act, "k_cuda_ar_add_rmsnorm", T,
+        KC_DISPATCH_WEIGHT(w->dtype, "k_cuda_ar_add_rmsnorm", TW,
+                           kc_launch_pdl(add_rmsnorm_kernel<T, TW>, dim3(AR_BLOCKS),
+                                         dim3(AR_THREADS), 0, stream, (T *)residual,
+                                         (const T *)delta, (T *)out, (const TW *)w->data, n, dim,
+                                         eps, kc_aligned16(w->data), *v)));
 }

@@ -235,6 +235,11 @@ static inline void kc_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...));
 }
 
+/* p on a 16-byte boundary (NULL counts as aligned: an absent operand) */
+static inline bool kc_aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
 /* Blocks for a grid-stride loop over `total` elements with `threads` per block. */
 static inline unsigned kc_blocks(size_t total, int threads) {
     size_t b = (total + (size_t)threads - 1) / (size_t)threads;

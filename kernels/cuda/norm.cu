@@ -47,13 +47,19 @@ __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, cons
     __shared__ float scratch[32];
     const size_t base = (size_t)blockIdx.x * dim;
     const int nvec = dim / 8;
+    /* 16-bit weights are loaded with the row, before the block's sum, and unpacked after it
+     * (4 registers per 8 weights; fp32 ones, 8 registers, would spill: loaded after the sum) */
+    constexpr bool early_w = sizeof(TW) == 2;
     float v[NORM_VEC][8];
+    uint4 wr[NORM_VEC];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_VEC; j++) {
         int c = threadIdx.x + j * blockDim.x;
         if (c >= nvec)
             break;
+        if constexpr (early_w)
+            wr[j] = *(const uint4 *)(w + (size_t)c * 8);
         load8(v[j], x + base + (size_t)c * 8);
         if (delta) {
             float d[8];
@@ -75,16 +81,15 @@ __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, cons
         if (c >= nvec)
             break;
         float wv[8];
-        load8(wv, w + (size_t)c * 8);
+        if constexpr (early_w)
+            unpack8(wv, wr[j], w);
+        else
+            load8(wv, w + (size_t)c * 8);
 #pragma unroll
         for (int e = 0; e < 8; e++)
             v[j][e] = wv[e] * (v[j][e] * inv);
         store8(out + base + (size_t)c * 8, v[j]);
     }
-}
-
-static bool aligned16(const void *p) {
-    return ((uintptr_t)p & 15) == 0;
 }
 
 static void launch_norm(void *out, const void *x, const void *delta, void *res_out, DType act,
@@ -95,8 +100,8 @@ static void launch_norm(void *out, const void *x, const void *delta, void *res_o
     if (n <= 0)
         return;
     /* 16-byte alignment of every row (fp32 vectors are two 16-byte loads) */
-    bool vec = dim % 8 == 0 && dim <= 8 * NORM_VEC * NORM_MAX_THREADS && aligned16(out) &&
-               aligned16(x) && (!delta || aligned16(delta)) && aligned16(w->data) &&
+    bool vec = dim % 8 == 0 && dim <= 8 * NORM_VEC * NORM_MAX_THREADS && kc_aligned16(out) &&
+               kc_aligned16(x) && (!delta || kc_aligned16(delta)) && kc_aligned16(w->data) &&
                ((size_t)dim * pl_dtype_size(act)) % 16 == 0;
     int threads = (dim / 8 + NORM_VEC - 1) / NORM_VEC;
     threads = ((threads + 31) / 32) * 32;

@@ -15,8 +15,45 @@ enum {
     ROPE_MAX_THREADS = 128,
     ROPE_MAX_HALF = 512,
     ROPE_MANY_BLOCKS = 2048,
-    ROPE_BLOCK_THREADS = 512
+    ROPE_BLOCK_THREADS = 512,
+    ROPE_VEC_THREADS = 128
 };
+
+/* Where one launch finds q, k and v: row strides in elements (see the kernel). */
+typedef struct {
+    const void *q;
+    void *q_out;
+    size_t q_stride;
+    void *k;
+    size_t k_stride;
+    const void *v;
+    size_t v_stride;
+} RopeRows;
+
+/* One launch: the rows, the rotation (inv_freq NULL: none) and the cache (NULL: none; slot
+ * s of a token lands at (s / bs) * block_elems + layer_off + (s % bs) * nkv * D, v `half`
+ * elements after k). */
+typedef struct {
+    RopeRows r;
+    const int32_t *positions;
+    const float *inv_freq;
+    int nh, nkv, D;
+    void *cache;
+    const int64_t *slot_mapping;
+    int bs;
+    size_t block_elems, layer_off, half;
+} RopeKv;
+
+/* Token t's k row in the cache, or NULL (no cache, or a padding slot). */
+template <typename TC> __device__ __forceinline__ TC *cache_row(const RopeKv &a, int t) {
+    if (!a.cache)
+        return NULL;
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0)
+        return NULL;
+    return (TC *)a.cache + (size_t)(slot / a.bs) * a.block_elems + a.layer_off +
+           (size_t)(slot % a.bs) * a.nkv * a.D;
+}
 
 /* Thread row threadIdx.y of block (t, b) handles token t's head y = b * blockDim.y +
  * threadIdx.y of the nh q heads, then the nkv k heads, then the nkv v heads, one thread per
@@ -26,29 +63,24 @@ enum {
  * k_stride) are rotated in place; v rows (stride v_stride) are only read. A block whose part is
  * absent (no q, no cache) returns. */
 template <typename T, typename TC>
-__global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(
-    const T *q, T *q_out, size_t q_stride, T *k, size_t k_stride, const T *v, size_t v_stride,
-    const int32_t *positions, const float *inv_freq, int nh, int nkv, int D, TC *cache,
-    const int64_t *slot_mapping, int bs, size_t block_elems, size_t layer_off, size_t half) {
+__global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
     kc_pdl_wait();
     kc_pdl_trigger();
-    const int t = blockIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y, hd = D / 2;
+    const int t = blockIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y, D = a.D, hd = D / 2;
+    const int nh = a.nh, nkv = a.nkv;
+    const float *inv_freq = a.inv_freq;
     const bool rotate = inv_freq != NULL;
-    TC *kdst = NULL;
-    if (cache) {
-        int64_t slot = slot_mapping[t];
-        if (slot >= 0)
-            kdst = cache + (size_t)(slot / bs) * block_elems + layer_off +
-                   (size_t)(slot % bs) * nkv * D;
-    }
+    const T *q = (const T *)a.r.q, *v = (const T *)a.r.v;
+    T *k = (T *)a.r.k;
+    TC *kdst = cache_row<TC>(a, t);
     if (y >= nh + 2 * nkv)
         return;
     if (y < nh) { /* a q head */
         if (!q || !rotate)
             return;
-        const T *x = q + (size_t)t * q_stride + (size_t)y * D;
-        T *o = q_out + ((size_t)t * nh + y) * D;
-        float pos = (float)positions[t];
+        const T *x = q + (size_t)t * a.r.q_stride + (size_t)y * D;
+        T *o = (T *)a.r.q_out + ((size_t)t * nh + y) * D;
+        float pos = (float)a.positions[t];
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             float sn, cs, x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
             sincosf(pos * inv_freq[i], &sn, &cs);
@@ -59,12 +91,12 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(
         int h = y - nh;
         if (!k || !(rotate || kdst))
             return;
-        T *x = k + (size_t)t * k_stride + (size_t)h * D;
+        T *x = k + (size_t)t * a.r.k_stride + (size_t)h * D;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             T y1 = x[i], y2 = x[i + hd];
             if (rotate) {
                 float sn, cs, x1 = to_f32(y1), x2 = to_f32(y2);
-                sincosf((float)positions[t] * inv_freq[i], &sn, &cs);
+                sincosf((float)a.positions[t] * inv_freq[i], &sn, &cs);
                 y1 = from_f32<T>(x1 * cs - x2 * sn);
                 y2 = from_f32<T>(x2 * cs + x1 * sn);
                 x[i] = y1;
@@ -79,22 +111,75 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(
         int h = y - nh - nkv;
         if (!v || !kdst)
             return;
-        const T *x = v + (size_t)t * v_stride + (size_t)h * D;
+        const T *x = v + (size_t)t * a.r.v_stride + (size_t)h * D;
         for (int e = threadIdx.x; e < D; e += blockDim.x)
-            kdst[half + (size_t)h * D + e] = from_f32<TC>(to_f32(x[e]));
+            kdst[a.half + (size_t)h * D + e] = from_f32<TC>(to_f32(x[e]));
     }
 }
 
-/* Where one launch finds q, k and v: row strides in elements (see the kernel). */
-typedef struct {
-    const void *q;
-    void *q_out;
-    size_t q_stride;
-    void *k;
-    size_t k_stride;
-    const void *v;
-    size_t v_stride;
-} RopeRows;
+/* The vector form (half % 8 == 0, 16-byte aligned rows, strides and cache offsets): unit u of
+ * token t (blockIdx.x), u = blockIdx.y * ROPE_VEC_THREADS + threadIdx.x, takes 8 rotated pairs
+ * (elements [i, i + 8) and [i + half, i + half + 8)) of a q head, then of a k head, or 8
+ * elements of a v head, with 16-byte loads and stores; the same arithmetic as the kernel
+ * above. A decode-sized batch is one wave of small blocks (the kernel above, one thread per
+ * pair in blocks of 512, took 10.2 us at 256 rows of 32 + 2 x 8 heads in ncu on the H200:
+ * three waves of a load, sincos, store chain, for 6.8 MB). */
+template <typename T, typename TC>
+__global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    const int t = blockIdx.x, D = a.D, hd = D / 2, hv = hd / 8, nh = a.nh, nkv = a.nkv;
+    const int nrot = (nh + nkv) * hv, u = blockIdx.y * ROPE_VEC_THREADS + threadIdx.x;
+    if (u >= nrot + nkv * (D / 8))
+        return;
+    const float *inv_freq = a.inv_freq;
+    const bool rotate = inv_freq != NULL;
+    const T *q = (const T *)a.r.q, *v = (const T *)a.r.v;
+    T *k = (T *)a.r.k;
+    TC *kdst = cache_row<TC>(a, t);
+    float lo[8], hi[8]; /* elements [i, i + 8) and [i + hd, i + hd + 8) */
+    if (u >= nrot) {    /* 8 elements of the v heads: only cached */
+        const size_t e = (size_t)(u - nrot) * 8;
+        if (!v || !kdst)
+            return;
+        load8(lo, v + (size_t)t * a.r.v_stride + e);
+        store8(kdst + a.half + e, lo);
+        return;
+    }
+    const bool is_q = u < nh * hv;
+    const int h = u / hv - (is_q ? 0 : nh), i = (u % hv) * 8;
+    if (is_q ? !q || !rotate : !k || !(rotate || kdst))
+        return;
+    const T *x = is_q ? q + (size_t)t * a.r.q_stride + (size_t)h * D
+                      : k + (size_t)t * a.r.k_stride + (size_t)h * D;
+    load8(lo, x + i);
+    load8(hi, x + i + hd);
+    if (rotate) {
+        const float pos = (float)a.positions[t];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float sn, cs, x1 = lo[j], x2 = hi[j];
+            sincosf(pos * inv_freq[i + j], &sn, &cs);
+            lo[j] = to_f32(from_f32<T>(x1 * cs - x2 * sn)); /* the cache takes the rounded k */
+            hi[j] = to_f32(from_f32<T>(x2 * cs + x1 * sn));
+        }
+    }
+    if (is_q) {
+        T *o = (T *)a.r.q_out + ((size_t)t * nh + h) * D;
+        store8(o + i, lo);
+        store8(o + i + hd, hi);
+        return;
+    }
+    if (rotate) {
+        T *xk = k + (size_t)t * a.r.k_stride + (size_t)h * D;
+        store8(xk + i, lo);
+        store8(xk + i + hd, hi);
+    }
+    if (kdst) {
+        store8(kdst + (size_t)h * D + i, lo);
+        store8(kdst + (size_t)h * D + i + hd, hi);
+    }
+}
 
 /* One entry for the three launchers: rope (l == NULL), kv_write (rope == NULL), both. */
 static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *positions,
@@ -121,7 +206,25 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     }
     if (n <= 0)
         return;
-    const float *inv = rope ? rope->inv_freq : NULL;
+    const RopeKv a = {*r,       positions,    rope ? rope->inv_freq : NULL,
+                      nh,       nkv,          D,
+                      kv_cache, slot_mapping, bs,
+                      block,    layer_off,    half};
+    const size_t es = pl_dtype_size(act), ces = pl_dtype_size(cdt);
+    const bool vec = D % 16 == 0 && kc_aligned16(r->q) && kc_aligned16(r->q_out) &&
+                     kc_aligned16(r->k) && kc_aligned16(r->v) && kc_aligned16(kv_cache) &&
+                     (r->q_stride * es) % 16 == 0 && (r->k_stride * es) % 16 == 0 &&
+                     (r->v_stride * es) % 16 == 0 && (size_t)D * nkv * ces % 16 == 0;
+    if (vec) {
+        const int units = (nh + nkv) * (D / 16) + nkv * (D / 8);
+        dim3 grid((unsigned)n, (unsigned)((units + ROPE_VEC_THREADS - 1) / ROPE_VEC_THREADS));
+        KC_DISPATCH_ACT(
+            act, what, T,
+            KC_DISPATCH_ACT(cdt, what, TC,
+                            kc_launch_pdl(rope_kv_vec_kernel<T, TC>, grid, dim3(ROPE_VEC_THREADS),
+                                          0, kc_stream(stream), a)));
+        return;
+    }
     int threads = ((D / 2 + 31) / 32) * 32;
     threads = threads > ROPE_MAX_THREADS ? ROPE_MAX_THREADS : threads;
     const int heads = nh + 2 * nkv;
@@ -131,10 +234,7 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
         act, what, T,
         KC_DISPATCH_ACT(cdt, what, TC,
                         kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads, per_block), 0,
-                                      kc_stream(stream), (const T *)r->q, (T *)r->q_out,
-                                      r->q_stride, (T *)r->k, r->k_stride, (const T *)r->v,
-                                      r->v_stride, positions, inv, nh, nkv, D, (TC *)kv_cache,
-                                      slot_mapping, bs, block, layer_off, half)));
+                                      kc_stream(stream), a)));
 }
 
 void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, int nh, int nkv,
