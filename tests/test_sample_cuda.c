@@ -661,7 +661,7 @@ static float time_sample(const Batch *b, DevBatch *d, int flags, int lp_k, cudaE
 }
 
 /* Not a check: n = 256 rows of vocab 128256 (128 MB of logits; one read is 31 us at
- * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise; then the first five cases (the
+ * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise; then the first six cases (the
  * decode step's critical path) at n = 1 and 8. */
 static void test_sample_timing(void **state) {
     (void)state;
@@ -677,8 +677,8 @@ static void test_sample_timing(void **state) {
         const char *name;
         int kind, flags, lp_k;
         SamplingParams p;
-    } cases[11];
-    for (int c = 0; c < 11; c++) {
+    } cases[12];
+    for (int c = 0; c < 12; c++) {
         cases[c].kind = ROW_PEAKED;
         cases[c].flags = KC_SAMPLE_NO_PENALTIES;
         cases[c].lp_k = -1;
@@ -698,26 +698,29 @@ static void test_sample_timing(void **state) {
     cases[4].p.top_k = 50;
     cases[4].p.top_p = 0.95f;
     cases[4].p.min_p = 0.05f;
-    cases[5].name = "top-p 0.9 on flat U(-2, 2) rows (nucleus ~100k)";
+    cases[5].name = "temperature 1 on flat U(-2, 2) rows (as the dummy 8B's)";
     cases[5].kind = ROW_FLAT;
     cases[5].p.temperature = 1.0f;
-    cases[5].p.top_p = 0.9f;
-    cases[6].name = "top-p 0.9 + penalties (rep 1.1, freq 0.2, ~50 history tokens)";
-    cases[6].flags = 0;
+    cases[6].name = "top-p 0.9 on flat U(-2, 2) rows (nucleus ~100k)";
+    cases[6].kind = ROW_FLAT;
     cases[6].p.temperature = 1.0f;
     cases[6].p.top_p = 0.9f;
-    cases[6].p.repetition_penalty = 1.1f;
-    cases[6].p.frequency_penalty = 0.2f;
-    cases[7].name = "logprobs k 20";
-    cases[7].lp_k = 20;
-    cases[8].name = "logprobs k 0 (lse only)";
-    cases[8].lp_k = 0;
-    cases[9].name = "temperature 1 on wide U(-60, 60) rows (60% skip the exp)";
-    cases[9].kind = ROW_WIDE;
-    cases[9].p.temperature = 1.0f;
-    cases[10].name = "logprobs k 5";
-    cases[10].lp_k = 5;
-    const int ns[3] = {256, 1, 8}, ncases[3] = {11, 5, 5};
+    cases[7].name = "top-p 0.9 + penalties (rep 1.1, freq 0.2, ~50 history tokens)";
+    cases[7].flags = 0;
+    cases[7].p.temperature = 1.0f;
+    cases[7].p.top_p = 0.9f;
+    cases[7].p.repetition_penalty = 1.1f;
+    cases[7].p.frequency_penalty = 0.2f;
+    cases[8].name = "logprobs k 20";
+    cases[8].lp_k = 20;
+    cases[9].name = "logprobs k 0 (lse only)";
+    cases[9].lp_k = 0;
+    cases[10].name = "temperature 1 on wide U(-60, 60) rows (60% skip the exp)";
+    cases[10].kind = ROW_WIDE;
+    cases[10].p.temperature = 1.0f;
+    cases[11].name = "logprobs k 5";
+    cases[11].lp_k = 5;
+    const int ns[3] = {256, 1, 8}, ncases[3] = {12, 6, 6};
     for (int ni = 0; ni < 3; ni++)
         for (int c = 0; c < ncases[ni]; c++) {
             int n = ns[ni];
