@@ -362,14 +362,13 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
         __syncthreads();
         for (int k = 2; k <= P; k <<= 1) /* bitonic sort, ascending */
             for (int j = k >> 1; j > 0; j >>= 1) {
-                for (int i = threadIdx.x; i < P; i += SAMPLE_THREADS) {
-                    int o = i ^ j;
-                    if (o > i) {
-                        u64 a = c.keys[i], z = c.keys[o];
-                        if ((a > z) == ((i & k) == 0)) {
-                            c.keys[i] = z;
-                            c.keys[o] = a;
-                        }
+                /* compare-exchange t: the pair (i, i + j), i = t with a 0 inserted at bit j */
+                for (int t = threadIdx.x; t < P / 2; t += SAMPLE_THREADS) {
+                    int i = ((t & ~(j - 1)) << 1) | (t & (j - 1)), o = i | j;
+                    u64 a = c.keys[i], z = c.keys[o];
+                    if ((a > z) == ((i & k) == 0)) {
+                        c.keys[i] = z;
+                        c.keys[o] = a;
                     }
                 }
                 __syncthreads();
