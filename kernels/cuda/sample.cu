@@ -191,11 +191,11 @@ __device__ __forceinline__ float value_of(const SampleCtx &c, float x) {
 }
 
 /* The CPU's weight expf(v - max) = e^-d for 0 <= d < SAMPLE_TAIL, evaluated in double and
- * rounded once, so it is glibc's correctly rounded expf but where e^-d lies within about
- * 2^-36 (relative) of a rounding midpoint: e^-d = 2^-k e^-r with k = rint(d / ln 2) (Cody and
- * Waite's two-part ln 2, exact for these k) and |r| <= ln 2 / 2, e^-r by its Taylor series to
- * r^10 (truncation < 7e-12 relative). Fewer instructions than CUDA's exp(), which guards the
- * whole double range (H200, 256 rows at temperature 1: 247.6 -> 236.8 us from this alone). */
+ * rounded once: the correctly rounded expf (which glibc's nearly is) except where e^-d lies
+ * within about 2^-36 (relative) of a rounding midpoint: e^-d = 2^-k e^-r with k = rint(d / ln 2)
+ * (Cody and Waite's two-part ln 2, exact for these k) and |r| <= ln 2 / 2, e^-r by its Taylor
+ * series to r^10 (truncation < 7e-12 relative). Fewer instructions than CUDA's exp(), which guards
+ * the whole double range (H200, 256 rows at temperature 1: 247.6 -> 236.8 us from this alone). */
 __device__ __forceinline__ float weight_of(float d) {
     const double LN2_HI = 6.93147180369123816490e-01, LN2_LO = 1.90821492927058770002e-10;
     double x = (double)d, k = rint(x * 1.4426950408889634);
