@@ -247,6 +247,20 @@ __global__ __launch_bounds__(AR_THREADS) void sum_kernel(T *buf, size_t count, A
         advance_epoch(v, epoch);
 }
 
+/* Weights c * N .. c * N + N - 1 in fp32. With `early` (16-bit weights, 16-byte aligned) they
+ * come as a vector: w0 when c is the thread's first vector (loaded before the block's sum). */
+template <int N, typename TW>
+__device__ __forceinline__ void norm_weights(float *wf, const TW *w, int c, bool early, uint4 w0) {
+    if constexpr (N == 8 && sizeof(TW) == 2)
+        if (early) {
+            unpack8(wf, c == (int)threadIdx.x ? w0 : ((const uint4 *)w)[c], w);
+            return;
+        }
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        wf[k] = to_f32(w[c * N + k]);
+}
+
 /* Rows grid-strided over the blocks (the block that stages a row reduces it); dim % VEC == 0.
  * The new residual is rounded to T and that stored value is normalised, as norm.cu does. */
 template <typename T, typename TW>
@@ -269,16 +283,15 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
     if (!push)
         handshake(v, epoch);
     /* 16-bit activations and weights (16-byte aligned: w_vec): a thread's first weight vector
-     * is loaded before the block's sum (the row's latency chain is one load shorter; norm.cu
-     * does the same) */
-    constexpr bool w16 = N == 8 && sizeof(TW) == 2;
-    const bool early_w = w16 && w_vec;
+     * is loaded once, before any row's sum (the row's latency chain is one load shorter;
+     * norm.cu does the same) */
+    const bool early_w = N == 8 && sizeof(TW) == 2 && w_vec;
+    uint4 w0 = make_uint4(0, 0, 0, 0);
+    if (early_w && (int)threadIdx.x < row_vecs)
+        w0 = ((const uint4 *)w)[threadIdx.x];
     for (int row = blockIdx.x; row < n; row += gridDim.x) {
         uint4 *res = (uint4 *)residual + (size_t)row * row_vecs;
         float ss = 0.0f;
-        uint4 w0 = make_uint4(0, 0, 0, 0);
-        if (early_w && threadIdx.x < row_vecs)
-            w0 = ((const uint4 *)w)[threadIdx.x];
         for (int c = threadIdx.x; c < row_vecs; c += blockDim.x) {
             float acc[N];
             const size_t i = (size_t)row * row_vecs + c;
@@ -298,18 +311,7 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
             uint4 r = res[c];
             const T *e = (const T *)&r;
             float y[N], wf[N];
-            bool have_w = false;
-            if constexpr (w16) {
-                if (early_w && c == (int)threadIdx.x)
-                    unpack8(wf, w0, w);
-                else if (early_w)
-                    unpack8(wf, ((const uint4 *)w)[c], w);
-                have_w = early_w;
-            }
-            if (!have_w)
-#pragma unroll
-                for (int k = 0; k < N; k++)
-                    wf[k] = to_f32(w[c * N + k]);
+            norm_weights<N>(wf, w, c, early_w, w0);
 #pragma unroll
             for (int k = 0; k < N; k++)
                 y[k] = wf[k] * (to_f32(e[k]) * inv);
