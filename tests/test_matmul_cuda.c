@@ -46,6 +46,7 @@
     X(test_matmul_14336_small_n)                                                                   \
     X(test_matmul_bias)                                                                            \
     X(test_matmul_chunked_scratch)                                                                 \
+    X(test_matmul_tuned_buckets)                                                                   \
     X(test_matmul_graph)                                                                           \
     X(test_matmul_timing)
 
@@ -238,20 +239,37 @@ static void test_matmul_chunked_scratch(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* Row buckets: 400 rows first (the bucket of 385-400 times the heuristic's offers on that
+ * call), then 385 and 392 on the algorithm it kept; 1100 then 2000 rows share the untimed
+ * power-of-two bucket of 2048. Every combo, so the F32 paths' second GEMM (beta 1) reuses the
+ * first one's algorithm. */
+static void test_matmul_tuned_buckets(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(29);
+    KCudaGemm *g = k_cuda_gemm_create((size_t)2000 * 256);
+    const int ns[] = {400, 385, 392, 1100, 2000};
+    int bad = shape_sweep(g, 512, 256, ns, 5, 0, 0, "buckets");
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
 /* A stream capture of a cuBLASLt call (n = 64, with the fused bias) and a GEMV call (n = 2),
- * after one eager warm-up call of each shape, replayed twice on fresh inputs. */
+ * after one eager warm-up call of each shape, and of a cuBLASLt call whose row bucket is first
+ * seen under the capture (n = 40: no timing there, the heuristic's first offer), replayed twice
+ * on fresh inputs. */
 static void test_matmul_graph(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(27);
     const KernelOps *cpu = k_cpu_ops();
-    int N = 1024, K = 512, n1 = 64, n2 = 2;
+    int N = 1024, K = 512, n1 = 64, n2 = 2, n3 = 40;
     KCudaGemm *g = k_cuda_gemm_create(0);
     float a = 2.0f / sqrtf((float)K);
     Weight w = make_weight(DT_BF16, 2, N, K, -a, a);
     Weight b = make_weight(DT_BF16, 1, N, 0, -1, 1);
     void *dx = k_cuda_malloc((size_t)n1 * K * 2), *d1 = k_cuda_malloc((size_t)n1 * N * 2);
-    void *d2 = k_cuda_malloc((size_t)n2 * N * 2);
+    void *d2 = k_cuda_malloc((size_t)n2 * N * 2), *d3 = k_cuda_malloc((size_t)n3 * N * 2);
     void *stream = k_cuda_stream_create();
     k_cuda_matmul(g, d1, dx, DT_BF16, &w.dev, &b.dev, n1, stream); /* warm-up */
     k_cuda_matmul(g, d2, dx, DT_BF16, &w.dev, NULL, n2, stream);
@@ -261,6 +279,7 @@ static void test_matmul_graph(void **state) {
     CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
     k_cuda_matmul(g, d1, dx, DT_BF16, &w.dev, &b.dev, n1, stream);
     k_cuda_matmul(g, d2, dx, DT_BF16, &w.dev, NULL, n2, stream);
+    k_cuda_matmul(g, d3, dx, DT_BF16, &w.dev, NULL, n3, stream);
     CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     int bad = 0;
@@ -270,6 +289,7 @@ static void test_matmul_graph(void **state) {
         upload_into(dx, x, (size_t)n1 * K, DT_BF16);
         k_cuda_memset(d1, 0xFF, (size_t)n1 * N * 2);
         k_cuda_memset(d2, 0xFF, (size_t)n2 * N * 2);
+        k_cuda_memset(d3, 0xFF, (size_t)n3 * N * 2);
         k_cuda_synchronize(); /* the copies ran on the legacy stream; the graph's is non-blocking */
         CUDA_CHECK(cudaGraphLaunch(exec, (cudaStream_t)stream));
         k_cuda_stream_synchronize(stream);
@@ -283,6 +303,12 @@ static void test_matmul_graph(void **state) {
             ref[i] = round_to(ref[i], DT_BF16);
         download_as(got, d2, (size_t)n2 * N, DT_BF16);
         bad += check_close("graph gemv n 2", got, ref, (size_t)n2 * N, 2e-2);
+        cpu->matmul(ref, x, &w.host, NULL, n3);
+        for (int i = 0; i < n3 * N; i++)
+            ref[i] = round_to(ref[i], DT_BF16);
+        download_as(got, d3, (size_t)n3 * N, DT_BF16);
+        bad += check_close("graph cublaslt n 40, first seen in the capture", got, ref,
+                           (size_t)n3 * N, 2e-2);
         free(x);
     }
     CUDA_CHECK(cudaGraphExecDestroy(exec));
@@ -291,6 +317,7 @@ static void test_matmul_graph(void **state) {
     k_cuda_free(dx);
     k_cuda_free(d1);
     k_cuda_free(d2);
+    k_cuda_free(d3);
     free(ref);
     free(got);
     free_weight(&w);
