@@ -191,10 +191,12 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
  * goes through cuBLASLt.
  *
  * A KCudaGemm holds the cuBLASLt handle, a 32 MiB workspace, the F32-activation scratch and a
- * cache of heuristic results per (row bucket, N, K, dtypes, bias, alignment). It is created
- * once per device (at start-up: it allocates) and used by one thread at a time; calls on it
- * never allocate once a shape's bucket has been seen, so run each shape once before capturing
- * a CUDA graph (as the warm-up does), after which calls are capturable. */
+ * cache of algorithms per (row bucket, N, K, dtypes, bias, alignment). It is created once per
+ * device (at start-up: it allocates) and used by one thread at a time. The first eager call of
+ * a bucket of at most 1024 rows times cuBLASLt's candidates on its operands, so it waits for
+ * the stream once; calls never allocate once a shape's bucket has been seen, so run each shape
+ * once before capturing a CUDA graph (as the warm-up does), after which calls are capturable
+ * (a bucket first seen under capture takes the heuristic's first candidate, untimed). */
 typedef struct KCudaGemm KCudaGemm;
 
 /* max_rows_times_k bounds n * K of F32-activation calls on 16-bit weights that take cuBLASLt
