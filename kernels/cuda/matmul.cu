@@ -61,12 +61,17 @@ enum {
     GEMV_THREADS = 128, /* 4 warps, each owning R weight rows */
 };
 
+/* What a cached algorithm is for: ints only (compared and hashed as a whole). */
 typedef struct {
-    int valid;
     int mb, N, K;                  /* row bucket, output features, input features */
     int at, bt, ct;                /* cudaDataType of w, x, out */
     int bias;                      /* 1: CUBLASLT_EPILOGUE_BIAS */
     int al_a, al_b, al_c, al_bias; /* pointer / leading-dimension alignment in bytes (<= 256) */
+} AlgoKey;
+
+typedef struct {
+    int valid;
+    AlgoKey key;
     cublasLtMatmulAlgo_t algo;
 } AlgoEntry;
 
@@ -331,7 +336,7 @@ typedef struct {
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
 } LtProblem;
 
-static void lt_problem(LtProblem *p, const AlgoEntry *k, const void *bias, int rows) {
+static void lt_problem(LtProblem *p, const AlgoKey *k, const void *bias, int rows) {
     CUBLAS_CHECK(cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     CUBLAS_CHECK(
@@ -351,7 +356,7 @@ static void lt_problem(LtProblem *p, const AlgoEntry *k, const void *bias, int r
 }
 
 /* cuBLASLt's heuristic offers for `rows` rows, best first, at most `max`; how many. */
-static int lt_offers(KCudaGemm *g, const AlgoEntry *k, const void *bias, int rows,
+static int lt_offers(KCudaGemm *g, const AlgoKey *k, const void *bias, int rows,
                      cublasLtMatmulHeuristicResult_t *res, int max) {
     LtProblem p;
     lt_problem(&p, k, bias, rows);
@@ -379,7 +384,7 @@ static int lt_offers(KCudaGemm *g, const AlgoEntry *k, const void *bias, int row
 }
 
 /* d = beta d + w x^T with `algo`, the problem set up for `rows` rows. */
-static cublasStatus_t lt_run(KCudaGemm *g, const AlgoEntry *k, const cublasLtMatmulAlgo_t *algo,
+static cublasStatus_t lt_run(KCudaGemm *g, const AlgoKey *k, const cublasLtMatmulAlgo_t *algo,
                              void *d, const void *x, const void *w, const void *bias, int rows,
                              float beta, cudaStream_t s) {
     LtProblem p;
@@ -398,9 +403,9 @@ static int capturing(cudaStream_t s) {
 /* The fastest of the offers on this call's operands (the output is overwritten, beta 0): each
  * runs once untimed, then GEMM_TUNE_REPS times between two events; an offer that fails to
  * launch is skipped. Index into offers[]. */
-static int lt_fastest(KCudaGemm *g, const AlgoEntry *k,
-                      const cublasLtMatmulHeuristicResult_t *offers, int n, void *d, const void *x,
-                      const void *w, const void *bias, int rows, cudaStream_t s) {
+static int lt_fastest(KCudaGemm *g, const AlgoKey *k, const cublasLtMatmulHeuristicResult_t *offers,
+                      int n, void *d, const void *x, const void *w, const void *bias, int rows,
+                      cudaStream_t s) {
     cudaEvent_t ev[2 * GEMM_TUNE_CANDIDATES];
     int ran[GEMM_TUNE_CANDIDATES];
     for (int i = 0; i < 2 * n; i++)
@@ -438,23 +443,17 @@ static int bucket_of(int n) {
     return b;
 }
 
-static int same_key(const AlgoEntry *a, const AlgoEntry *b) {
-    return a->mb == b->mb && a->N == b->N && a->K == b->K && a->at == b->at && a->bt == b->bt &&
-           a->ct == b->ct && a->bias == b->bias && a->al_a == b->al_a && a->al_b == b->al_b &&
-           a->al_c == b->al_c && a->al_bias == b->al_bias;
-}
-
-/* The slot holding `key`, or the empty slot where it belongs (FNV-1a over the key's fields,
+/* The slot holding `key`, or the empty slot where it belongs (FNV-1a over the key's ints,
  * linear probing). */
-static AlgoEntry *cache_slot(KCudaGemm *g, const AlgoEntry *key) {
-    const int f[11] = {key->mb,   key->N,    key->K,    key->at,   key->bt,     key->ct,
-                       key->bias, key->al_a, key->al_b, key->al_c, key->al_bias};
+static AlgoEntry *cache_slot(KCudaGemm *g, const AlgoKey *key) {
+    int f[sizeof(AlgoKey) / sizeof(int)];
+    memcpy(f, key, sizeof f);
     uint32_t h = 2166136261u;
-    for (int i = 0; i < 11; i++)
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         h = (h ^ (uint32_t)f[i]) * 16777619u;
     for (int i = 0;; i++) {
         AlgoEntry *e = &g->cache[(h + (uint32_t)i) & (GEMM_CACHE_SLOTS - 1)];
-        if (!e->valid || same_key(e, key))
+        if (!e->valid || memcmp(&e->key, key, sizeof *key) == 0)
             return e;
     }
 }
@@ -463,8 +462,7 @@ static AlgoEntry *cache_slot(KCudaGemm *g, const AlgoEntry *key) {
 static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, const void *w,
                     DType wt, const void *bias, int rows, int N, int K, float beta,
                     cudaStream_t s) {
-    AlgoEntry key;
-    memset(&key, 0, sizeof key);
+    AlgoKey key;
     key.mb = bucket_of(rows);
     key.N = N;
     key.K = K;
@@ -497,20 +495,20 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
             g->cached = 0;
             e = cache_slot(g, &key);
         }
-        key.algo = offers[pick].algo;
-        key.valid = 1;
-        *e = key;
+        e->valid = 1;
+        e->key = key;
+        e->algo = offers[pick].algo;
         g->cached++;
     }
 
-    cublasStatus_t st = lt_run(g, e, &e->algo, d, x, w, bias, rows, beta, s);
+    cublasStatus_t st = lt_run(g, &key, &e->algo, d, x, w, bias, rows, beta, s);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
         /* the bucket's algorithm does not take this row count: ask for this exact size */
         cublasLtMatmulHeuristicResult_t exact;
-        if (!lt_offers(g, e, bias, rows, &exact, 1))
+        if (!lt_offers(g, &key, bias, rows, &exact, 1))
             pl_fatal(__FILE__, __LINE__, "k_cuda_matmul: cuBLASLt has no algorithm for %d rows",
                      rows);
-        st = lt_run(g, e, &exact.algo, d, x, w, bias, rows, beta, s);
+        st = lt_run(g, &key, &exact.algo, d, x, w, bias, rows, beta, s);
     }
     CUBLAS_CHECK(st);
 }
