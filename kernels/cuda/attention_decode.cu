@@ -25,27 +25,34 @@
  * warp instead of ~300 FMA and shuffle instructions. Measured on the H200 (batch 256, context
  * 1024, bf16, 8 KV heads): 296.6 -> 293.1 us per layer; batch 64: 100.2 -> 93.5 us.
  *
- * Partitions are 1024 positions, halved (down to 32) while the grid would be small and the
- * workspace allows: a long partition spreads the ring's fill and drain and the block's phases
- * over more positions. Measured on the H200 (bf16, tensor-core path, us per layer, partition
- * 256 / 512 / 1024): batch 256 x 1024 303.0 / 294.9 / 265.7, batch 64 x 1024 95.0 / 100.9 /
- * 73.7 (512 blocks of 1024 positions beat 2048 of 256). A partition writes its
- * un-normalised output with its max and sum to the workspace and a second kernel combines them
- * (split-K; a block per head for many partitions, a warp for a few); when a row's context
- * fits one partition the block writes the output directly. */
+ * Partitions are 2048 positions on tensor cores (1024 otherwise), halved (down to 32) while the
+ * grid would be small and the workspace allows: a long partition spreads the ring's fill and
+ * drain and the block's phases over more positions. Measured on the H200 (bf16, tensor-core
+ * path, us per layer, partition 256 / 512 / 1024): batch 256 x 1024 303.0 / 294.9 / 265.7, batch
+ * 64 x 1024 95.0 / 100.9 / 73.7 (512 blocks of 1024 positions beat 2048 of 256). A block takes
+ * its partition in chunks of up to 1024 positions (scores, softmax, P.V), carrying the running
+ * max and sum and rescaling its P.V sums between chunks, so that a row of 1025-2048 positions
+ * (decode batches whose contexts just passed 1024) needs no second partition (H200, bf16, us
+ * per layer, one partition of 1024 -> chunks: batch 256 x 1024-1120 282.1 -> 275.7, batch 256
+ * x 2048 513.2 -> 496.3; the batch-256 step at context 1024-1120 17.26 -> 17.08 ms). A partition
+ * writes its un-normalised output with its max and sum to the workspace and a second kernel
+ * combines them (split-K; a block per head for many partitions, a warp for a few); when a row's
+ * context fits one partition the block writes the output directly. */
 #include <math.h>
 #include <stdio.h>
 
 #include "attention.cuh"
 
 /* DEC_PART: the partition length the workspace is sized for (longer and shorter ones are
- * chosen per launch, from DEC_MAX_PART down); DEC_TARGET_BLOCKS: grid size below which
- * partitions are shortened. */
+ * chosen per launch, from DEC_MAX_PART down); DEC_CHUNK: the positions a block scores, softmaxes
+ * and sums at a time (its shared memory holds a chunk's scores); DEC_TARGET_BLOCKS: grid size
+ * below which partitions are shortened. */
 enum {
     DEC_THREADS = 128,
     DEC_WARPS = DEC_THREADS / 32,
     DEC_PART = 256,
-    DEC_MAX_PART = 1024,
+    DEC_MAX_PART = 2048,
+    DEC_CHUNK = 1024,
     DEC_MIN_PART = 32,
     DEC_WS_FLOOR = 256,
     DEC_TARGET_BLOCKS = 512
@@ -104,6 +111,12 @@ template <typename TC, int CPL, int HB> __host__ __device__ inline int dec_regio
     return ring > red ? ring : red;
 }
 
+/* Positions a block scores at a time: its partition, split into chunks of DEC_CHUNK on tensor
+ * cores (the other variants are launched with partitions of at most DEC_CHUNK). */
+template <bool MMA> __host__ __device__ inline int dec_chunk(int part_len) {
+    return MMA && part_len > DEC_CHUNK ? (int)DEC_CHUNK : part_len;
+}
+
 /* The tensor-core variant (MMA: 16-bit queries and cache of one type, head_dim D_MMA): a ring
  * stage is a step's 8 rows of 16 chunks, chunk c of row p at unit 16 p + (c ^ p), so that the
  * 8 row addresses of an ldmatrix phase fall in 8 different bank groups. */
@@ -125,11 +138,12 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     extern __shared__ uint4 smem16[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, D = kg.D, D8 = D >> 3;
     /* the rings, then (once drained) the warps' partial P.V sums; scores, max / sum, blocks */
-    uint4 *ring = smem16 + warp * S * SLOT;                         /* [DEC_WARPS][S][SLOT] */
-    float *red = (float *)smem16;                                   /* [DEC_WARPS][HB][D] */
-    float *logits = (float *)(smem16 + dec_region<TC, CPL, HB>(D)); /* [HB][part_len] */
-    float *ml = logits + HB * part_len;                             /* [2][HB] max, sum */
-    int *tab = (int *)(ml + 2 * HB); /* the partition's physical blocks */
+    uint4 *ring = smem16 + warp * S * SLOT; /* [DEC_WARPS][S][SLOT] */
+    float *red = (float *)smem16;           /* [DEC_WARPS][HB][D] */
+    const int CH = dec_chunk<MMA>(part_len);
+    float *logits = (float *)(smem16 + dec_region<TC, CPL, HB>(D)); /* [HB][CH] */
+    float *ml = logits + HB * CH;    /* [3][HB] running max, running sum, rescale factor */
+    int *tab = (int *)(ml + 3 * HB); /* the partition's physical blocks */
     const int groups = G / HB;
     const int g = blockIdx.x / groups;
     const int h0 = g * G + (blockIdx.x - g * groups) * HB;
@@ -191,194 +205,223 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     }
     __syncthreads(); /* tab */
 
-    /* The warp's steps: positions p0 + u * RPW + r, p0 = first + i * DEC_WARPS * STEP for
-     * i < nit; load j < nit is step j's K rows, load nit + j its V rows. Each lane copies the
-     * chunks it reads itself, so its own cp.async groups are all the ordering it needs. */
-    const int first = start + warp * STEP;
-    const int nit = first < end ? (end - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
     const TC *base = cache + kg.layer_off + (size_t)g * D;
     /* steps start at multiples of STEP: with STEP dividing the block size and the partition
      * length, each step's rows lie in one cache block */
     const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
-    auto issue = [&](int j) {
-        if (j < 2 * nit) {
-            const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
-            const uint32_t dst = smem_addr(ring + (j % S) * SLOT);
-            /* the step's rows in one cache block: one lookup, then a row stride */
-            const TC *blk = cache;
-            if (one_block) {
-                const int bi = kv_block_of(kg, p0);
-                blk = base + (size_t)tab[bi - b0] * kg.block_elems +
-                      (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int p = p0 + u * RPW + r;
-                const TC *src = cache;
-                if (one_block) {
-                    src = blk + (size_t)(u * RPW) * kg.row;
-                } else if (p < end) {
-                    const int bi = kv_block_of(kg, p);
-                    src = base + (size_t)tab[bi - b0] * kg.block_elems +
-                          (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
-                }
-#pragma unroll
-                for (int k = 0; k < CPL; k++) {
-                    const int c = sub + k * LPR;
-                    const bool ok = p < end && c < D8; /* else zeros */
-#pragma unroll
-                    for (int x = 0; x < UNITS; x++)
-                        cp_async16(dst + 16 * (MMA ? ring_unit_mma(u * RPW + r, sub)
-                                                   : ((u * CPL + k) * UNITS + x) * 32 + lane),
-                                   ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
-                }
-            }
-        }
-        cp_async_commit(); /* empty past the end: keeps the group count uniform */
-    };
-#pragma unroll
-    for (int j = 0; j < S - 1; j++)
-        issue(j);
-
     /* ldmatrix (MMA): lane feeds the address of row lane % 8 of matrix lane / 8 */
     const int lpos = lane & 7, lmat = lane >> 3;
-
-    /* scores */
-    for (int it = 0; it < nit; it++) {
-        if constexpr (MMA)
-            __syncwarp(); /* every lane has read the slot that is refilled next */
-        issue(it + S - 1);
-        cp_async_wait<S - 1>();
-        const uint4 *slot = ring + (it % S) * SLOT;
-        const int p0 = first + it * DEC_WARPS * STEP;
-        if constexpr (MMA) {
-            __syncwarp(); /* the other lanes' copies into this slot are visible */
-            const uint32_t sa = smem_addr(slot);
-            float c[2][4] = {}; /* S = Q K^T: heads x the step's 8 positions, two chains */
-#pragma unroll
-            for (int j = 0; j < D_MMA / 32; j++) {
-                uint32_t b[4];
-                ldsm_x4(b, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
-                const uint32_t a0[4] = {qa[2 * j][0], 0u, qa[2 * j][1], 0u};
-                const uint32_t a1[4] = {qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u};
-                mma16<TC>(c[0], a0, b[0], b[1]);
-                mma16<TC>(c[1], a1, b[2], b[3]);
-            }
-            /* head g8 at positions p0 + 2 t4 + {0, 1}; past the end the rows were zero-filled,
-             * so those scores are 0 and, left out of the softmax, weigh 0 in P.V */
-            if (g8 < HB)
-                *(float2 *)&logits[g8 * part_len + p0 - start + 2 * t4] =
-                    make_float2((c[0][0] + c[1][0]) * scale, (c[0][1] + c[1][1]) * scale);
-        } else {
-            float sc[N];
-#pragma unroll
-            for (int i = 0; i < N; i++)
-                sc[i] = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int k = 0; k < CPL; k++) {
-                    float kf[8];
-                    cvt8(kf, slot, u * CPL + k, lane, (const TC *)NULL);
-#pragma unroll
-                    for (int h = 0; h < HB; h++)
-#pragma unroll
-                        for (int i = 0; i < 8; i++)
-                            sc[h * U + u] = fmaf(qr[h][k][i], kf[i], sc[h * U + u]);
-                }
-            reduce_scatter<N, LPR / 2>(sc, lane);
-            if constexpr (N >= LPR) {
-#pragma unroll
-                for (int i = 0; i < N / LPR; i++) {
-                    const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
-                    const int p = p0 + u * RPW + r;
-                    if (p < end)
-                        logits[h * part_len + p - start] = sc[i];
-                }
-            } else if (sub % (LPR / N) == 0) {
-                const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
-                const int p = p0 + u * RPW + r;
-                if (p < end)
-                    logits[h * part_len + p - start] = sc[0];
-            }
-        }
-    }
-    __syncthreads(); /* the first V rows are in flight meanwhile */
-
-    /* softmax over the partition, one warp per head */
-    const int n = end - start;
-    for (int h = warp; h < HB; h += DEC_WARPS) {
-        float *lg = logits + h * part_len;
-        float mx = -INFINITY;
-        for (int j = lane; j < n; j += 32)
-            mx = fmaxf(mx, lg[j]);
-        mx = warp_max(mx);
-        float sum = 0.0f;
-        for (int j = lane; j < n; j += 32) {
-            float e = __expf(lg[j] - mx);
-            lg[j] = e;
-            sum += e;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) {
-            ml[h] = mx;
-            ml[HB + h] = sum;
-        }
-    }
-    __syncthreads();
-
-    /* P.V */
+    /* P.V sums: MMA: O^T, 16 dims x heads per fragment; else zeroed at the first chunk, so that
+     * they are not live during its scores (non-MMA partitions are one chunk) */
+    float o[MMA ? D_MMA / 16 : 1][4] = {};
     float acc[MMA ? 1 : HB][CPL][8];
+
+    /* The partition in chunks of CH positions (one unless the partition is longer than
+     * DEC_CHUNK): scores, softmax and P.V per chunk, the running max and sum carried over and
+     * the P.V sums rescaled by exp(old max - new max) before each chunk adds its own. */
+    for (int cs = start; cs < end; cs += CH) {
+        const int ce = min(end, cs + CH);
+        /* The warp's steps: positions p0 + u * RPW + r, p0 = first + i * DEC_WARPS * STEP for
+         * i < nit; load j < nit is step j's K rows, load nit + j its V rows. Each lane copies the
+         * chunks it reads itself, so its own cp.async groups are all the ordering it needs. */
+        const int first = cs + warp * STEP;
+        const int nit = first < ce ? (ce - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
+        auto issue = [&](int j) {
+            if (j < 2 * nit) {
+                const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
+                const uint32_t dst = smem_addr(ring + (j % S) * SLOT);
+                /* the step's rows in one cache block: one lookup, then a row stride */
+                const TC *blk = cache;
+                if (one_block) {
+                    const int bi = kv_block_of(kg, p0);
+                    blk = base + (size_t)tab[bi - b0] * kg.block_elems +
+                          (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
+                }
 #pragma unroll
-    for (int h = 0; h < (MMA ? 1 : HB); h++)
+                for (int u = 0; u < U; u++) {
+                    const int p = p0 + u * RPW + r;
+                    const TC *src = cache;
+                    if (one_block) {
+                        src = blk + (size_t)(u * RPW) * kg.row;
+                    } else if (p < ce) {
+                        const int bi = kv_block_of(kg, p);
+                        src = base + (size_t)tab[bi - b0] * kg.block_elems +
+                              (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
+                    }
 #pragma unroll
-        for (int k = 0; k < CPL; k++)
+                    for (int k = 0; k < CPL; k++) {
+                        const int c = sub + k * LPR;
+                        const bool ok = p < ce && c < D8; /* else zeros */
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                acc[h][k][i] = 0.0f;
-    float o[MMA ? D_MMA / 16 : 1][4] = {}; /* MMA: O^T, 16 dims x heads per fragment */
-    for (int it = 0; it < nit; it++) {
-        if constexpr (MMA)
-            __syncwarp();
-        issue(nit + it + S - 1);
-        cp_async_wait<S - 1>();
-        const uint4 *slot = ring + ((nit + it) % S) * SLOT;
-        const int p0 = first + it * DEC_WARPS * STEP;
-        if constexpr (MMA) {
-            __syncwarp();
-            const uint32_t sa = smem_addr(slot);
-            uint32_t pb = 0u; /* B fragment: P of head g8 at positions p0 + 2 t4 + {0, 1} */
-            if (g8 < HB) {
-                const float2 w = *(const float2 *)&logits[g8 * part_len + p0 - start + 2 * t4];
-                pb = pack16<TC>(w.x, w.y);
+                        for (int x = 0; x < UNITS; x++)
+                            cp_async16(dst + 16 * (MMA ? ring_unit_mma(u * RPW + r, sub)
+                                                       : ((u * CPL + k) * UNITS + x) * 32 + lane),
+                                       ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                    }
+                }
             }
+            cp_async_commit(); /* empty past the end: keeps the group count uniform */
+        };
 #pragma unroll
-            for (int j = 0; j < D_MMA / 32; j++) {
-                uint32_t a[4]; /* V^T: dims 32 j .. 32 j + 31 x the step's 8 positions */
-                ldsm_x4_trans(a, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
-                mma8<TC>(o[2 * j], a[0], a[1], pb);
-                mma8<TC>(o[2 * j + 1], a[2], a[3], pb);
-            }
-        } else {
+        for (int j = 0; j < S - 1; j++)
+            issue(j);
+
+        /* scores */
+        for (int it = 0; it < nit; it++) {
+            if constexpr (MMA)
+                __syncwarp(); /* every lane has read the slot that is refilled next */
+            issue(it + S - 1);
+            cp_async_wait<S - 1>();
+            const uint4 *slot = ring + (it % S) * SLOT;
+            const int p0 = first + it * DEC_WARPS * STEP;
+            if constexpr (MMA) {
+                __syncwarp(); /* the other lanes' copies into this slot are visible */
+                const uint32_t sa = smem_addr(slot);
+                float c[2][4] = {}; /* S = Q K^T: heads x the step's 8 positions, two chains */
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int p = p0 + u * RPW + r;
-                float w[HB];
+                for (int j = 0; j < D_MMA / 32; j++) {
+                    uint32_t b[4];
+                    ldsm_x4(b, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
+                    const uint32_t a0[4] = {qa[2 * j][0], 0u, qa[2 * j][1], 0u};
+                    const uint32_t a1[4] = {qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u};
+                    mma16<TC>(c[0], a0, b[0], b[1]);
+                    mma16<TC>(c[1], a1, b[2], b[3]);
+                }
+                /* head g8 at positions p0 + 2 t4 + {0, 1}; past the end the rows were zero-filled,
+                 * so those scores are 0 and, left out of the softmax, weigh 0 in P.V */
+                if (g8 < HB)
+                    *(float2 *)&logits[g8 * CH + p0 - cs + 2 * t4] =
+                        make_float2((c[0][0] + c[1][0]) * scale, (c[0][1] + c[1][1]) * scale);
+            } else {
+                float sc[N];
 #pragma unroll
-                for (int h = 0; h < HB; h++)
-                    w[h] = p < end ? logits[h * part_len + p - start] : 0.0f;
+                for (int i = 0; i < N; i++)
+                    sc[i] = 0.0f;
 #pragma unroll
-                for (int k = 0; k < CPL; k++) {
-                    float vf[8];
-                    cvt8(vf, slot, u * CPL + k, lane, (const TC *)NULL);
+                for (int u = 0; u < U; u++)
 #pragma unroll
-                    for (int h = 0; h < HB; h++)
+                    for (int k = 0; k < CPL; k++) {
+                        float kf[8];
+                        cvt8(kf, slot, u * CPL + k, lane, (const TC *)NULL);
 #pragma unroll
-                        for (int i = 0; i < 8; i++)
-                            acc[h][k][i] = fmaf(w[h], vf[i], acc[h][k][i]);
+                        for (int h = 0; h < HB; h++)
+#pragma unroll
+                            for (int i = 0; i < 8; i++)
+                                sc[h * U + u] = fmaf(qr[h][k][i], kf[i], sc[h * U + u]);
+                    }
+                reduce_scatter<N, LPR / 2>(sc, lane);
+                if constexpr (N >= LPR) {
+#pragma unroll
+                    for (int i = 0; i < N / LPR; i++) {
+                        const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
+                        const int p = p0 + u * RPW + r;
+                        if (p < ce)
+                            logits[h * CH + p - cs] = sc[i];
+                    }
+                } else if (sub % (LPR / N) == 0) {
+                    const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
+                    const int p = p0 + u * RPW + r;
+                    if (p < ce)
+                        logits[h * CH + p - cs] = sc[0];
                 }
             }
         }
+        __syncthreads(); /* the first V rows are in flight meanwhile */
+
+        /* softmax over the chunk, one warp per head, against the running max */
+        const int n = ce - cs;
+        for (int h = warp; h < HB; h += DEC_WARPS) {
+            float *lg = logits + h * CH;
+            const float old = cs == start ? -INFINITY : ml[h];
+            float mx = old;
+            for (int j = lane; j < n; j += 32)
+                mx = fmaxf(mx, lg[j]);
+            mx = warp_max(mx);
+            float sum = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                float e = __expf(lg[j] - mx);
+                lg[j] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float f = cs == start ? 0.0f : __expf(old - mx);
+                ml[h] = mx;
+                ml[HB + h] = (cs == start ? 0.0f : ml[HB + h] * f) + sum;
+                ml[2 * HB + h] = f;
+            }
+        }
+        __syncthreads();
+
+        /* P.V: the earlier chunks' sums rescaled to this chunk's max first */
+        if constexpr (MMA) {
+            if (cs != start)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float f = 2 * t4 + e < HB ? ml[2 * HB + 2 * t4 + e] : 0.0f;
+#pragma unroll
+                    for (int m = 0; m < D_MMA / 16; m++) {
+                        o[m][e] *= f;
+                        o[m][2 + e] *= f;
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int h = 0; h < HB; h++) {
+                const float f = cs == start ? 0.0f : ml[2 * HB + h];
+#pragma unroll
+                for (int k = 0; k < CPL; k++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        acc[h][k][i] = cs == start ? 0.0f : acc[h][k][i] * f;
+            }
+        }
+        for (int it = 0; it < nit; it++) {
+            if constexpr (MMA)
+                __syncwarp();
+            issue(nit + it + S - 1);
+            cp_async_wait<S - 1>();
+            const uint4 *slot = ring + ((nit + it) % S) * SLOT;
+            const int p0 = first + it * DEC_WARPS * STEP;
+            if constexpr (MMA) {
+                __syncwarp();
+                const uint32_t sa = smem_addr(slot);
+                uint32_t pb = 0u; /* B fragment: P of head g8 at positions p0 + 2 t4 + {0, 1} */
+                if (g8 < HB) {
+                    const float2 w = *(const float2 *)&logits[g8 * CH + p0 - cs + 2 * t4];
+                    pb = pack16<TC>(w.x, w.y);
+                }
+#pragma unroll
+                for (int j = 0; j < D_MMA / 32; j++) {
+                    uint32_t a[4]; /* V^T: dims 32 j .. 32 j + 31 x the step's 8 positions */
+                    ldsm_x4_trans(a, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
+                    mma8<TC>(o[2 * j], a[0], a[1], pb);
+                    mma8<TC>(o[2 * j + 1], a[2], a[3], pb);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int p = p0 + u * RPW + r;
+                    float w[HB];
+#pragma unroll
+                    for (int h = 0; h < HB; h++)
+                        w[h] = p < ce ? logits[h * CH + p - cs] : 0.0f;
+#pragma unroll
+                    for (int k = 0; k < CPL; k++) {
+                        float vf[8];
+                        cvt8(vf, slot, u * CPL + k, lane, (const TC *)NULL);
+#pragma unroll
+                        for (int h = 0; h < HB; h++)
+#pragma unroll
+                            for (int i = 0; i < 8; i++)
+                                acc[h][k][i] = fmaf(w[h], vf[i], acc[h][k][i]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with this chunk's logits */
+        if constexpr (!MMA)
+            break; /* one chunk (CH is the partition): tells the compiler so */
     }
     /* sum the warp's row groups, then the warps (red overlays the rings: all drained first) */
     if constexpr (!MMA) {
@@ -627,7 +670,7 @@ template <typename TQ, typename TC, int LPR, int CPL, int HB, bool MMA>
 static void launch_kernel(const DecodeLaunch &a) {
     auto kern = decode_kernel<TQ, TC, LPR, CPL, HB, MMA>;
     size_t smem = (size_t)dec_region<TC, CPL, HB>(a.kg.D) * 16 +
-                  ((size_t)HB * a.part_len + 2 * HB) * sizeof(float) +
+                  ((size_t)HB * dec_chunk<MMA>(a.part_len) + 3 * HB) * sizeof(float) +
                   ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
     kc_set_smem(kern, smem);
     kc_launch_pdl(kern, a.grid, dim3(DEC_THREADS), smem, a.stream, (TQ *)a.out, (const TQ *)a.q,
@@ -679,12 +722,14 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     for (int c = 2; c <= 8 / CPL; c *= 2)
         if (G % c == 0)
             HB = c;
-    /* Partition length: DEC_MAX_PART, halved (down to DEC_MIN_PART) while the grid is small
-     * and the partial results still fit the workspace. ctx is the bound, not the rows' actual
-     * contexts. */
+    /* Partition length: DEC_MAX_PART (tensor cores) or DEC_CHUNK, halved (down to DEC_MIN_PART)
+     * while the grid is small and the partial results still fit the workspace. ctx is the bound,
+     * not the rows' actual contexts. */
     const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
     const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
-    int part_len = DEC_MAX_PART;
+    /* partitions longer than a chunk only on tensor cores (the other variants are one pass) */
+    const bool mma = act == l->dtype && (act == DT_BF16 || act == DT_F16) && D == D_MMA;
+    int part_len = mma ? DEC_MAX_PART : DEC_CHUNK;
     auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
     auto bytes_of = [&](int len) {
         return parts_of(len) <= 1 ? 0 : (size_t)b->num_tokens * parts_of(len) * nh * (D + 2) * 4;
