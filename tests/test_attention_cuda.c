@@ -25,7 +25,8 @@
  * floors (4.23 TB/s for decode's K/V bytes, 763 TFLOP/s bf16 for prefill's causal FLOPs).
  * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
  * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only;
- * PAGELLM_ATTN_TIMING=BATCHxCTX times that decode case alone (to profile it). */
+ * PAGELLM_ATTN_TIMING=BATCHxCTX (or BATCHxFROMxTOxBOUND: contexts spread over FROM-TO, block
+ * tables of BOUND positions) times that decode case alone (to profile it). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -308,7 +309,8 @@ static void test_attention_shapes(void **state) {
 
 /* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
  * chunk continuing a 4000-token prefix, a chunk continuing a 32k prefix) for f32 and bf16,
- * block sizes 16 and 32, and 256 decode rows of 32 query heads (decode's long partitions). */
+ * block sizes 16 and 32, 256 decode rows of 32 query heads (decode's long partitions, in one
+ * or two chunks) and 64 rows beyond one partition. */
 static void test_attention_long(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -334,6 +336,13 @@ static void test_attention_long(void **state) {
     bad += attention_case(128, 8, 4, 16, DT_F32, DT_F32, wide, 256, 0, MODE_DECODE);
     bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, wide, 256, 0, MODE_DECODE);
     bad += attention_case(256, 4, 2, 16, DT_BF16, DT_BF16, wide, 256, 0, MODE_DECODE);
+    /* 64 rows of 2000-4000 positions: tensor-core partitions of 2048, each scored in two
+     * chunks, then combined */
+    SeqSpec deep[64];
+    for (int s = 0; s < 64; s++)
+        deep[s] = (SeqSpec){2000 + rnd_int(2000), 1};
+    bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, deep, 64, 0, MODE_DECODE);
+    bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, deep, 64, 0, MODE_DECODE);
     assert_int_equal(bad, 0);
 }
 
@@ -468,46 +477,68 @@ static void test_attention_timing(void **state) {
     a.out = k_cuda_malloc((size_t)max_rows * nh * D * 2);
     free(q);
 
-    /* {batch, context, 1: f16 q and cache (the cache's bf16 bits read as f16, finite)} */
-    const int dec[][3] = {{1, 128},    {1, 1024},    {1, 4096},     {1, 8192},  {1, 32768},
-                          {8, 1024},   {64, 1024},   {256, 128},    {256, 512}, {256, 1024},
-                          {256, 2048}, {1, 1024, 1}, {256, 1024, 1}};
-    /* PAGELLM_ATTN_TIMING=BATCHxCTX: that bf16 decode case alone, listed above or not (for a
-     * profiler or a sweep), no prefill */
+    /* {batch, contexts from, to (spread evenly over the rows), the block tables' bound (in a
+     * decode graph the engine's max-model-len, which sets the partitions), 1: f16 q and cache
+     * (the cache's bf16 bits read as f16, finite)} */
+    const int dec[][5] = {
+        {1, 128, 128, 128},      {1, 1024, 1024, 1024},    {1, 4096, 4096, 4096},
+        {1, 8192, 8192, 8192},   {1, 32768, 32768, 32768}, {8, 1024, 1024, 1024},
+        {64, 1024, 1024, 1024},  {256, 128, 128, 128},     {256, 512, 512, 512},
+        {256, 1024, 1024, 1024}, {256, 2048, 2048, 2048},  {256, 1024, 1120, 2048},
+        {384, 1000, 2000, 4096}, {1, 1024, 1024, 1024, 1}, {256, 1024, 1024, 1024, 1}};
+    /* PAGELLM_ATTN_TIMING=BATCHxCTX or BATCHxFROMxTOxBOUND: that bf16 decode case alone, listed
+     * above or not (for a profiler or a sweep), no prefill */
     const char *only = getenv("PAGELLM_ATTN_TIMING");
-    int only_case[1][3] = {{0, 0, 0}};
-    if (only &&
-        (sscanf(only, "%dx%d", &only_case[0][0], &only_case[0][1]) != 2 || only_case[0][0] < 1 ||
-         only_case[0][0] > max_rows || only_case[0][1] < bs || only_case[0][1] % bs ||
-         (size_t)only_case[0][0] * (only_case[0][1] / bs) > (size_t)nblocks))
-        fail_msg("PAGELLM_ATTN_TIMING=%s: expected BATCHxCTX (e.g. 256x1024), batch 1-%d, "
-                 "context a multiple of %d, at most %d cache blocks in all",
-                 only, max_rows, bs, nblocks);
-    const int(*cases)[3] = only ? only_case : dec;
+    int only_case[1][5] = {{0, 0, 0, 0, 0}};
+    if (only) {
+        int *oc = only_case[0];
+        int got = sscanf(only, "%dx%dx%dx%d", &oc[0], &oc[1], &oc[2], &oc[3]);
+        if (got == 2)
+            oc[2] = oc[3] = oc[1];
+        if ((got != 2 && got != 4) || oc[0] < 1 || oc[0] > max_rows || oc[1] < 1 || oc[2] < oc[1] ||
+            oc[3] < oc[2] || oc[3] % bs ||
+            (size_t)oc[0] * ((oc[2] + bs - 1) / bs) > (size_t)nblocks)
+            fail_msg("PAGELLM_ATTN_TIMING=%s: expected BATCHxCTX or BATCHxFROMxTOxBOUND (e.g. "
+                     "256x1024 or 256x1024x1120x2048), batch 1-%d, FROM <= TO <= BOUND, BOUND a "
+                     "multiple of %d, at most %d cache blocks in all",
+                     only, max_rows, bs, nblocks);
+    }
+    const int(*cases)[5] = only ? only_case : dec;
     const int ncases = only ? 1 : (int)(sizeof dec / sizeof dec[0]);
     for (int ci = 0; ci < ncases; ci++) {
-        const int batch = cases[ci][0], ctx = cases[ci][1], mb = ctx / bs;
-        a.dt = cases[ci][2] ? DT_F16 : DT_BF16;
+        const int batch = cases[ci][0], lo = cases[ci][1], hi = cases[ci][2];
+        const int mb = cases[ci][3] / bs;
+        a.dt = cases[ci][4] ? DT_F16 : DT_BF16;
         a.l.dtype = a.dt;
+        int32_t *qs = xmalloc(sizeof(int32_t) * (batch + 1)),
+                *pos = xmalloc(sizeof(int32_t) * batch);
+        int used = 0; /* cache blocks the rows read, in one set */
+        double positions = 0;
+        for (int s = 0; s <= batch; s++)
+            qs[s] = s;
+        for (int s = 0; s < batch; s++) {
+            pos[s] = lo - 1 + (int)((long)(hi - lo) * s / (batch > 1 ? batch - 1 : 1));
+            used += pos[s] / bs + 1;
+            positions += pos[s] + 1;
+        }
         const int per_set = batch * mb;
-        const double set_bytes = (double)per_set * block_bytes;
+        const double set_bytes = (double)used * block_bytes;
         a.nsets = 1 + (int)(240e6 / set_bytes); /* 240 MB in rotation: 4x the L2 */
-        if (a.nsets > nblocks / per_set)
-            a.nsets = nblocks / per_set;
+        if (a.nsets > nblocks / used)
+            a.nsets = nblocks / used;
         if (a.nsets > 64)
             a.nsets = 64;
         if (a.nsets < 1)
             a.nsets = 1;
         a.prefill = 0;
+        /* each row's blocks from the permutation, the rest of its table (past its context,
+         * never read) block 0 */
         int32_t *tab = xmalloc(sizeof(int32_t) * per_set * a.nsets);
-        for (int i = 0; i < per_set * a.nsets; i++)
-            tab[i] = perm[i];
-        int32_t *qs = xmalloc(sizeof(int32_t) * (batch + 1)),
-                *pos = xmalloc(sizeof(int32_t) * batch);
-        for (int s = 0; s <= batch; s++)
-            qs[s] = s;
-        for (int s = 0; s < batch; s++)
-            pos[s] = ctx - 1;
+        for (int k = 0, next = 0; k < a.nsets; k++)
+            for (int s = 0; s < batch; s++)
+                for (int i = 0; i < mb; i++)
+                    tab[(size_t)k * per_set + (size_t)s * mb + i] =
+                        i <= pos[s] / bs ? perm[next++] : 0;
         int32_t *dtab = upload(tab, sizeof(int32_t) * per_set * a.nsets);
         int32_t *dqs = upload(qs, sizeof(int32_t) * (batch + 1));
         int32_t *dpos = upload(pos, sizeof(int32_t) * batch);
@@ -523,11 +554,16 @@ static void test_attention_timing(void **state) {
         double ms = time_median(run_attn, &a, 20);
         k_cuda_synchronize(); /* the graph's stream does not wait for the legacy one */
         double graph_ms = time_graph(&a);
-        double floor_ms = (double)batch * ctx * nkv * D * 2 * 2 / bw * 1e3;
-        print_message("timing: decode %s batch %3d ctx %5d: %8.1f us (graph %7.1f us), floor "
+        double floor_ms = positions * nkv * D * 2 * 2 / bw * 1e3;
+        char ctx[48];
+        if (lo == hi && hi == mb * bs)
+            snprintf(ctx, sizeof ctx, "ctx %5d", lo);
+        else
+            snprintf(ctx, sizeof ctx, "ctx %d-%d (bound %d)", lo, hi, mb * bs);
+        print_message("timing: decode %s batch %3d %s: %8.1f us (graph %7.1f us), floor "
                       "%7.1f us (%.2fx), %.2f TB/s; x32 layers %.2f ms\n",
                       dn(a.dt), batch, ctx, ms * 1e3, graph_ms * 1e3, floor_ms * 1e3, ms / floor_ms,
-                      (double)batch * ctx * nkv * D * 4 / (ms * 1e-3) / 1e12, ms * 32);
+                      positions * nkv * D * 4 / (ms * 1e-3) / 1e12, ms * 32);
         k_cuda_free(a.ws);
         k_cuda_free(dtab);
         k_cuda_free(dqs);
