@@ -152,10 +152,12 @@ void k_cuda_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_
  *
  * decode (attention_decode.cu): memory-bound, every dtype pair; tensor cores (mma.sync) for a
  * bf16 or f16 cache with queries of the same type at head_dim 128, CUDA cores otherwise. One
- * block per (KV head x head group, row, partition of up to 1024 positions) handling all query
- * heads of that KV head together (each K/V row loaded once for the group, cp.async rings per
- * warp), partitions combined by a second kernel when the bound allows more than one (a block
- * per head for many partitions, a warp for a few). Best for one query row per sequence.
+ * block per (KV head x head group, row, partition of up to 2048 positions on tensor cores,
+ * 1024 otherwise) handling all query heads of that KV head together (each K/V row loaded once
+ * for the group, cp.async rings per warp; a tensor-core partition scored in chunks of 1024 with
+ * a running max and sum), partitions combined by a second kernel when the bound allows more
+ * than one (a block per head for many partitions, a warp for a few). Best for one query row
+ * per sequence.
  * prefill (attention_prefill.cu, attention_prefill_tc.cu): one block per (tile of query rows
  * of one sequence x heads of one KV head), K/V tiles in shared memory reused by every row and
  * head of the tile, online softmax (flash-attention style). bf16 q on a bf16 cache with
