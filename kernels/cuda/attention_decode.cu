@@ -211,8 +211,8 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
     /* ldmatrix (MMA): lane feeds the address of row lane % 8 of matrix lane / 8 */
     const int lpos = lane & 7, lmat = lane >> 3;
-    /* P.V sums: MMA: O^T, 16 dims x heads per fragment; else zeroed at the first chunk, so that
-     * they are not live during its scores (non-MMA partitions are one chunk) */
+    /* P.V sums: MMA: O^T, 16 dims x heads per fragment; else zeroed before P.V, so that they are
+     * not live during the scores (non-MMA partitions are one chunk) */
     float o[MMA ? D_MMA / 16 : 1][4] = {};
     float acc[MMA ? 1 : HB][CPL][8];
 
@@ -366,15 +366,14 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
                     }
                 }
         } else {
+            /* the partition is this one chunk: its sums start here */
 #pragma unroll
-            for (int h = 0; h < HB; h++) {
-                const float f = cs == start ? 0.0f : ml[2 * HB + h];
+            for (int h = 0; h < HB; h++)
 #pragma unroll
                 for (int k = 0; k < CPL; k++)
 #pragma unroll
                     for (int i = 0; i < 8; i++)
-                        acc[h][k][i] = cs == start ? 0.0f : acc[h][k][i] * f;
-            }
+                        acc[h][k][i] = 0.0f;
         }
         for (int it = 0; it < nit; it++) {
             if constexpr (MMA)
