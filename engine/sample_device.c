@@ -106,7 +106,7 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     const KernelOps *ops = e->ops;
     DeviceSampler *ds = &e->ds;
     int vocab = model_config(e->model)->vocab_size;
-    int n = 0, greedy = 1, penalties = 0, kmax = 0, want_lp = 0;
+    int n = 0, argmax_only = 1, penalties = 0, kmax = 0, want_lp = 0;
     size_t hist = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (!o->seqs[i].sample)
@@ -131,7 +131,7 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
             memcpy(ds->h_history + hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
             hist += (size_t)seq->num_tokens;
         }
-        greedy &= !(p->temperature >= 1e-5f);
+        argmax_only &= !(p->temperature >= 1e-5f) || sampling_temperature_only(p, vocab);
         const GenerateParams *gp = &d->req->params;
         lps[n] = (RowLogprobs){.wanted = gp->logprobs};
         if (gp->logprobs) {
@@ -150,7 +150,7 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     if (want_lp)
         ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->ranks[0].d.logits, n, vocab,
                       kmax);
-    int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (greedy ? SAMPLE_ALL_GREEDY : 0);
+    int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (argmax_only ? SAMPLE_ARGMAX_ONLY : 0);
     ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->ranks[0].d.logits, n,
                      vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
                      ds->workspace_bytes);

@@ -91,7 +91,8 @@ typedef struct {
 /* sample_rows flags: promises about every row that let the backend skip work. */
 enum {
     SAMPLE_NO_PENALTIES = 1, /* no row has a penalty: the history is not read */
-    SAMPLE_ALL_GREEDY = 2,   /* every row is greedy: an argmax */
+    SAMPLE_ARGMAX_ONLY = 2,  /* every row is greedy or temperature-only (no top-k, top-p or
+                              * min-p): an argmax, of the logits or of the exponential race */
 };
 
 /* Most top logprobs per row the backend's logprobs op returns. */
@@ -263,7 +264,14 @@ const KernelOps *k_cpu_ops(void);
 void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
                      float low_freq_factor, float high_freq_factor, int original_max_pos);
 
-/* Uniform float in [0, 1) that depends only on (seed, index): the per-request random stream. */
+/* The per-request random stream: 64 bits that depend only on (seed, index), and the uniform
+ * float in [0, 1) of their top 24. */
+uint64_t k_random_bits(uint64_t seed, uint64_t index);
 float k_random_uniform(uint64_t seed, uint64_t index);
+
+/* An Exp(1) variate for `token` from one step's k_random_bits: the exponential race samples
+ * softmax(x / T) as argmax over tokens of x_i / T - log(E_i) (sample ops' temperature-only
+ * rows). The CUDA sampler computes it bit for bit except the logarithm (an ulp or two). */
+float k_random_exponential(uint64_t bits, uint32_t token);
 
 #endif

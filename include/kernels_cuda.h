@@ -227,20 +227,24 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
  * output tokens, frequency and presence penalties over output tokens, temperature (< 1e-5:
  * argmax, lowest id on ties), top-k, top-p, min-p, and one draw u = k_random_uniform(seed,
  * num_output) (bit-exact on the device) walked down the ranking (logit descending, id
- * ascending). Same inputs, same token as the CPU op, except at a near-tie: where the draw or
- * the top-p cut falls within rounding (about 1e-9 of the mass) of a boundary between two
- * tokens, or a weight within an ulp of min_p, since sums are fixed-point here and double
- * there and exp may differ by an ulp. Seeded results never depend on the batch.
+ * ascending); rows with temperature alone take the CPU op's exponential race instead
+ * (k_random_exponential, bit-exact here but for the logarithms). Same inputs, same token as
+ * the CPU op, except at a near-tie: where the draw or the top-p cut falls within rounding
+ * (about 1e-9 of the mass) of a boundary between two tokens, a weight within an ulp of min_p,
+ * since sums are fixed-point here and double there and exp may differ by an ulp, or where
+ * the race's two best scores lie within ~1e-4 (fast logarithms here). Seeded results never
+ * depend on the batch.
  *
  * The logits are modified in place only by the penalties (the history tokens' entries, NaN
  * read as -inf there); NaN elsewhere reads as -inf and nothing else is written (the CPU op
  * also leaves the scaled, filtered row behind). Rows sampled twice (forks of an n > 1 request)
  * need a copy each. A row is read by a cluster of up to 8 blocks (fewer as rows grow, one at
- * 256 rows), once for greedy and 3 to 5 times for sampling (argmax, weight histogram, one
- * gather per top-k / top-p / draw) plus small sorts in shared memory. On the H200 (vocab
- * 128256): 1 row 9.5 us greedy, 40 us at temperature 1; 256 rows 40 us greedy
- * (KC_SAMPLE_ALL_GREEDY), 0.25 ms at temperature 1 (tests/test_sample_cuda.c prints the
- * cases). */
+ * 256 rows), once for greedy and temperature-only rows (the argmax, or the race's argmax) and 3
+ * to 5 times for the others (argmax, weight histogram, one gather per top-k / top-p / draw) plus
+ * small sorts in shared memory. On the H200 (vocab 128256): 1 row 9.7 us greedy, 17.2 us at
+ * temperature 1 (the race), 45 us with top-p; 256 rows 39 us greedy, 103 us at temperature 1,
+ * 285 us with top-p (KC_SAMPLE_ARGMAX_ONLY where it applies; tests/test_sample_cuda.c prints
+ * the cases). */
 /* One row's parameters (kernels.h). */
 typedef DeviceSampleRow KCudaSampleRow;
 
@@ -248,7 +252,8 @@ typedef DeviceSampleRow KCudaSampleRow;
  * tokens, nothing worse). */
 enum {
     KC_SAMPLE_NO_PENALTIES = SAMPLE_NO_PENALTIES, /* no penalty pass, history unread */
-    KC_SAMPLE_ALL_GREEDY = SAMPLE_ALL_GREEDY,     /* a pure argmax kernel */
+    KC_SAMPLE_ARGMAX_ONLY = SAMPLE_ARGMAX_ONLY,   /* greedy or temperature-only rows: an
+                                                   * argmax kernel without shared memory */
 };
 
 /* Workspace bytes for up to max_rows rows of `vocab` with at most max_history packed history

@@ -57,10 +57,24 @@ static uint64_t mix64(uint64_t z) {
 
 /* Counter-based: the value for (seed, index) needs no state, so a request's draws do not
  * depend on what else ran in its batch or whether it was preempted and resumed. */
-float k_random_uniform(uint64_t seed, uint64_t index) {
+uint64_t k_random_bits(uint64_t seed, uint64_t index) {
     uint64_t z = mix64(seed + 0x9e3779b97f4a7c15ull);
-    z = mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
+    return mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
+}
+
+float k_random_uniform(uint64_t seed, uint64_t index) {
+    return (float)(k_random_bits(seed, index) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* E = -log(1 - v) for v uniform in [0, 1) with 53 bits, rounded to a float (so small v keep
+ * their relative precision): a series below 2^-5, where 1 - v would lose v's low bits (error
+ * < v^4 / 4, relative 2^-17), else the logarithm. */
+float k_random_exponential(uint64_t bits, uint32_t token) {
+    uint64_t h = mix64(bits ^ ((uint64_t)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull));
+    float v = (float)(h >> 11) * 0x1p-53f;
+    if (v < 0x1p-5f)
+        return v + v * v * 0.5f + v * v * v * (1.0f / 3.0f);
+    return -logf(1.0f - v);
 }
 
 SamplingParams sampling_params_default(void) {
@@ -75,4 +89,9 @@ SamplingParams sampling_params_default(void) {
         .seed = 0,
     };
     return p;
+}
+
+int sampling_temperature_only(const SamplingParams *p, int vocab) {
+    return p->temperature >= 1e-5f && (p->top_k <= 0 || p->top_k >= vocab) && !(p->top_p < 1.0f) &&
+           !(p->min_p > 0.0f);
 }

@@ -5,6 +5,10 @@
  * (3) logits /= temperature, (4) top-k, (5) top-p over the top-k set renormalised,
  * (6) min-p relative to the top probability, (7) one draw u = k_random_uniform(seed,
  * num_output) walked down the kept tokens in descending probability (ties: lower id first).
+ * A row with temperature alone (no top-k, top-p or min-p) skips (4)-(7): the exponential race
+ * argmax_i logit_i / T - log(E_i), with E_i = k_random_exponential(k_random_bits(seed,
+ * num_output), i), picks token i with probability softmax(logits / T)_i in one pass, as vLLM's
+ * sampler does for such rows (it is what the CUDA sampler can do in one read of the row).
  *
  * Every filter keeps a prefix of the tokens ranked by (logit desc, id asc), and the draw is
  * the inverse CDF along that ranking, so nothing is fully sorted: top-k selects k tokens
@@ -192,6 +196,22 @@ static int32_t argmax(const float *lg, int V) {
     return 0;
 }
 
+/* The exponential race over a scaled row with a finite maximum (lowest id on ties; a token at
+ * -inf never wins). */
+static int32_t race(const float *lg, int V, uint64_t seed, int num_output) {
+    uint64_t bits = k_random_bits(seed, (uint64_t)num_output);
+    float best = -INFINITY;
+    int32_t at = -1;
+    for (int i = 0; i < V; i++) {
+        float score = lg[i] - logf(k_random_exponential(bits, (uint32_t)i));
+        if (score > best) {
+            best = score;
+            at = i;
+        }
+    }
+    return at >= 0 ? at : argmax(lg, V);
+}
+
 static int32_t sample_row(float *lg, int V, const SampleRequest *rq, Cand *cand) {
     const SamplingParams *p = rq->params;
     PL_CHECK(p != NULL);
@@ -208,6 +228,8 @@ static int32_t sample_row(float *lg, int V, const SampleRequest *rq, Cand *cand)
     float lmax = row_max(lg, V);
     if (!(lmax > -INFINITY) || lmax == INFINITY)
         return argmax(lg, V); /* no finite distribution to draw from */
+    if (sampling_temperature_only(p, V))
+        return race(lg, V, p->seed, rq->num_output);
 
     /* candidates: the top-k tokens, or every token of nonzero weight */
     int m = 0;

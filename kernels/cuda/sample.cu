@@ -7,6 +7,12 @@
  * penalties once per distinct history token in place (saving the raw logits beside the
  * history for the token logits), and clears the counts through the history.
  *
+ * Temperature-only rows (no top-k, top-p or min-p) take the exponential race of the CPU op
+ * (kernels/cpu/sample.c): in pass 1 each block also keeps the argmax of x / T - log(E_i) over
+ * its slice, E_i = k_random_exponential bit for bit except __logf for logf, and the row stops
+ * there like a greedy one. A batch of greedy and temperature-only rows (KC_SAMPLE_ARGMAX_ONLY)
+ * runs a kernel without the shared-memory histograms, so more blocks fit on an SM.
+ *
  * Sampling: one thread block cluster per row, each block a slice of the vocabulary; the
  * cluster has up to SAMPLE_CLUSTER_MAX blocks, halved while the rows would put more than
  * SAMPLE_FILL blocks on each SM (8 for a few rows, 1 at 256 rows on the H200). The blocks
@@ -61,17 +67,32 @@ __device__ __forceinline__ bool row_rep(const KCudaSampleRow &p) {
 __device__ __forceinline__ bool row_freq(const KCudaSampleRow &p) {
     return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
+/* A sampling row with temperature alone (the CPU op's temperature_only). */
+__device__ __forceinline__ bool row_race(const KCudaSampleRow &p, int V) {
+    return (p.top_k <= 0 || p.top_k >= V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
+}
 
-/* k_random_uniform (kernels/kernels.c), bit for bit. */
+/* k_random_bits, k_random_uniform and k_random_exponential (kernels/kernels.c), bit for bit
+ * but for the logarithm (__logf; the series without contraction into fused multiply-adds). */
 __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-__device__ __forceinline__ float random_uniform(u64 seed, u64 index) {
+__device__ __forceinline__ u64 random_bits(u64 seed, u64 index) {
     u64 z = mix64(seed + 0x9e3779b97f4a7c15ull);
-    z = mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
-    return (float)(z >> 40) * (1.0f / 16777216.0f);
+    return mix64(z ^ (index * 0xd1b54a32d192ed03ull + 0x8cb92ba72f3d8dd7ull));
+}
+__device__ __forceinline__ float random_uniform(u64 seed, u64 index) {
+    return (float)(random_bits(seed, index) >> 40) * (1.0f / 16777216.0f);
+}
+__device__ __forceinline__ float random_exponential(u64 bits, unsigned token) {
+    u64 h = mix64(bits ^ ((u64)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull));
+    float v = __fmul_rn(__ull2float_rn(h >> 11), 0x1p-53f);
+    if (v < 0x1p-5f)
+        return __fadd_rn(__fadd_rn(v, __fmul_rn(__fmul_rn(v, v), 0.5f)),
+                         __fmul_rn(__fmul_rn(__fmul_rn(v, v), v), 1.0f / 3.0f));
+    return -__logf(__fsub_rn(1.0f, v));
 }
 
 /* ---- penalties ---- */
@@ -158,6 +179,7 @@ struct Plan {
  * the leader's selections. */
 struct ClusterShared {
     ArgMax part[SAMPLE_CLUSTER_MAX];   /* each block's argmax of its slice */
+    ArgMax race[SAMPLE_CLUSTER_MAX];   /* and of its race scores (temperature-only rows) */
     u64 minp_mass[SAMPLE_CLUSTER_MAX]; /* each block's weight of tokens with w >= min_p */
     unsigned taken;                    /* tokens gathered into the leader's keys */
     unsigned cached;                   /* leader: tokens of the sorted prefix kept in its keys */
@@ -616,8 +638,28 @@ __device__ void finish_row(int32_t *tokens, float *token_logits, int r, int toke
         token_logits[r] = raw;
 }
 
-/* Row blockIdx.x / (cluster size), its slice `rank` of the vocabulary per block. */
-template <bool GREEDY_ONLY>
+/* The cluster's argmax of the blocks' parts (every block gets it). */
+__device__ ArgMax cluster_argmax(const ArgMax *parts, unsigned nblocks, ArgMax *scratch) {
+    if (threadIdx.x < 32) {
+        ArgMax m = {-INFINITY, INT_MAX};
+        if (threadIdx.x < nblocks)
+            m = parts[threadIdx.x];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            argmax_take(m, __shfl_xor_sync(0xffffffffu, m.v, o),
+                        __shfl_xor_sync(0xffffffffu, m.i, o));
+        if (threadIdx.x == 0)
+            scratch[0] = m;
+    }
+    __syncthreads();
+    ArgMax m = scratch[0];
+    __syncthreads(); /* scratch is reused */
+    return m;
+}
+
+/* Row blockIdx.x / (cluster size), its slice `rank` of the vocabulary per block. ARGMAX_ONLY:
+ * every row is greedy or temperature-only (no shared-memory histograms). */
+template <bool ARGMAX_ONLY>
 __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
     int32_t *tokens, float *token_logits, const float *logits, int V, const KCudaSampleRow *rows,
     const int32_t *history, const float *hist_raw, int penalties, float qscale) {
@@ -632,12 +674,12 @@ __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
     const int lo = min(V, (int)rank * chunk), hi = min(V, lo + chunk);
     const KCudaSampleRow p = rows[r];
     const float *row = logits + (size_t)r * V;
-    bool greedy = GREEDY_ONLY || row_greedy(p);
+    const bool greedy = row_greedy(p), race = !greedy && row_race(p, V);
     float temp = greedy ? 1.0f : p.temperature;
     ClusterShared *lead = cluster.map_shared_rank(&sh, 0);
     u64 *hmass = smem + SAMPLE_CAP;
     unsigned *hcnt = (unsigned *)(smem + SAMPLE_CAP + SAMPLE_NB);
-    if (!GREEDY_ONLY && !greedy) {
+    if (!ARGMAX_ONLY && !greedy && !race) {
         for (int i = threadIdx.x; i < SAMPLE_NB; i += SAMPLE_THREADS) {
             hcnt[i] = 0;
             hmass[i] = 0;
@@ -646,32 +688,38 @@ __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
             sh.taken = 0;
     }
 
-    /* pass 1: the argmax of the values (logit / temperature for sampling rows), per slice,
-     * then merged from the leader's copies by every block */
-    ArgMax am = {-INFINITY, INT_MAX};
-    if (greedy)
+    /* pass 1: the argmax of the values (logit / temperature for sampling rows), and for
+     * temperature-only rows of the race scores, per slice, then merged from the leader's
+     * copies by every block */
+    ArgMax am = {-INFINITY, INT_MAX}, rc = {-INFINITY, INT_MAX};
+    if (greedy) {
         slice_for_each(row, lo, hi, [&](int i, float x) { argmax_take(am, sample_canon(x), i); });
-    else
+    } else if (race) {
+        const u64 bits = random_bits(p.seed, (u64)p.num_output);
+        slice_for_each(row, lo, hi, [&](int i, float x) {
+            float v = scaled(x, temp);
+            argmax_take(am, v, i);
+            argmax_take(rc, v - __logf(random_exponential(bits, (unsigned)i)), i);
+        });
+    } else {
         slice_for_each(row, lo, hi, [&](int i, float x) { argmax_take(am, scaled(x, temp), i); });
-    am = block_argmax(am, am_scratch);
-    if (threadIdx.x == 0)
-        lead->part[rank] = am;
-    cluster.sync();
-    if (threadIdx.x < 32) {
-        ArgMax m = {-INFINITY, INT_MAX};
-        if (threadIdx.x < nblocks)
-            m = lead->part[threadIdx.x];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            argmax_take(m, __shfl_xor_sync(0xffffffffu, m.v, o),
-                        __shfl_xor_sync(0xffffffffu, m.i, o));
-        if (threadIdx.x == 0)
-            am_scratch[0] = m;
     }
-    __syncthreads();
-    am = am_scratch[0];
+    am = block_argmax(am, am_scratch);
+    if (race)
+        rc = block_argmax(rc, am_scratch);
+    if (threadIdx.x == 0) {
+        lead->part[rank] = am;
+        lead->race[rank] = rc;
+    }
+    cluster.sync();
+    am = cluster_argmax(lead->part, nblocks, am_scratch);
+    if (race)
+        rc = cluster_argmax(lead->race, nblocks, am_scratch);
     int token = am.i;
-    if (!GREEDY_ONLY && !greedy && am.v > -INFINITY && am.v < INFINITY) {
+    const bool finite = am.v > -INFINITY && am.v < INFINITY;
+    if (race && finite && rc.i != INT_MAX)
+        token = rc.i;
+    if (!ARGMAX_ONLY && !greedy && !race && finite) {
         SampleCtx c = {row,
                        V,
                        lo,
@@ -744,12 +792,12 @@ void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, i
     int per_row = SAMPLE_CLUSTER_MAX;
     while (per_row > 1 && (long long)n * per_row > (long long)SAMPLE_FILL * kc_sm_count())
         per_row >>= 1;
-    bool all_greedy = flags & KC_SAMPLE_ALL_GREEDY;
+    bool argmax_only = flags & KC_SAMPLE_ARGMAX_ONLY;
     size_t smem =
-        all_greedy ? 0 : (SAMPLE_CAP + SAMPLE_NB) * sizeof(u64) + SAMPLE_NB * sizeof(unsigned);
+        argmax_only ? 0 : (SAMPLE_CAP + SAMPLE_NB) * sizeof(u64) + SAMPLE_NB * sizeof(unsigned);
     void (*kernel)(int32_t *, float *, const float *, int, const KCudaSampleRow *, const int32_t *,
                    const float *, int, float) =
-        all_greedy ? sample_kernel<true> : sample_kernel<false>;
+        argmax_only ? sample_kernel<true> : sample_kernel<false>;
     kc_set_smem(kernel, smem);
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
