@@ -14,10 +14,12 @@
  * may differ by an ulp), so equality is guaranteed only away from near-ties: a mismatch is
  * excused when an oracle (the CPU semantics again, by a full sort in double) finds the top-p
  * cut or the draw within 1e-8 of the mass of a token boundary, or a token within 1e-6 of the
- * min-p threshold. Random logits make that rare (each row's chance is about 1e-8 times its
- * number of candidate boundaries near the target); excused mismatches are counted and
- * printed. Special rows force every path of the selection: all-equal logits (ties broken by
- * id), a bin of 20000 distinct logits too large for shared memory, NaN / inf rows.
+ * min-p threshold, or for a temperature-only row (the exponential race) its two best race
+ * scores within 1e-4 (the GPU's fast logarithms). Random logits make that rare (each row's
+ * chance is about 1e-8 times its number of candidate boundaries near the target, or ~1e-4 for
+ * a race); excused mismatches are counted and printed. Special rows force every path of the
+ * selection: all-equal logits (ties broken by id), a bin of 20000 distinct logits too large for
+ * shared memory, NaN / inf rows.
  *
  * Logprobs: lse within 1e-5 relative, top ids equal, top logprobs within 1e-5.
  *
@@ -261,6 +263,23 @@ static int near_tie(const Batch *b, int i, int32_t *oracle_token) {
     int near = 0;
     if (!(lmax > -INFINITY) || lmax == INFINITY)
         goto done;
+    if (sampling_temperature_only(p, V)) {
+        /* the race: near when the best two scores lie within the logarithms' differences */
+        uint64_t bits = k_random_bits(p->seed, (uint64_t)b->no[i]);
+        float best = -INFINITY, second = -INFINITY;
+        for (int j = 0; j < V; j++) {
+            float score = v[j] - logf(k_random_exponential(bits, (uint32_t)j));
+            if (score > best) {
+                second = best;
+                best = score;
+                *oracle_token = j;
+            } else if (score > second) {
+                second = score;
+            }
+        }
+        near = best - second < 1e-4f + 1e-6f * fabsf(best);
+        goto done;
+    }
     qsort(r, V, sizeof(Ranked), rank_cmp);
     double *w = xmalloc(sizeof(double) * V);
     int m = 0;
@@ -439,12 +458,12 @@ static void run_batch(const Batch *b, Tally *t, const char *what) {
     int32_t *want = cpu_tokens(b);
     DevBatch d = upload_batch(b);
     check_gpu(b, &d, want, 0, t, what);
-    int greedy = 1, pen = 0;
+    int argmax_only = 1, pen = 0;
     for (int i = 0; i < b->n; i++) {
-        greedy &= is_greedy(&b->params[i]);
+        argmax_only &= is_greedy(&b->params[i]) || sampling_temperature_only(&b->params[i], b->V);
         pen |= has_penalty(&b->params[i]);
     }
-    int flags = (greedy ? KC_SAMPLE_ALL_GREEDY : 0) | (pen ? 0 : KC_SAMPLE_NO_PENALTIES);
+    int flags = (argmax_only ? KC_SAMPLE_ARGMAX_ONLY : 0) | (pen ? 0 : KC_SAMPLE_NO_PENALTIES);
     if (flags)
         check_gpu(b, &d, want, flags, t, what);
     free_dev(&d);
@@ -474,12 +493,15 @@ static void test_sample_sweep(void **state) {
         run_batch(&b, &t, "V 128256");
         free_batch(&b);
     }
-    /* all greedy, with and without penalties: the argmax kernel */
-    SamplingParams g = sampling_params_default();
-    for (int a = 0; a < 2; a++) {
-        g.repetition_penalty = a ? 1.3f : 1.0f;
+    /* all greedy, then all temperature-only (the race), with and without penalties: the
+     * argmax kernel */
+    const char *names[4] = {"greedy", "greedy+penalty", "race T 0.7", "race T 0.7+penalty"};
+    for (int a = 0; a < 4; a++) {
+        SamplingParams g = sampling_params_default();
+        g.temperature = a >= 2 ? 0.7f : 0.0f;
+        g.repetition_penalty = a % 2 ? 1.3f : 1.0f;
         Batch b = make_batch(quick() ? 8 : 256, quick() ? 1000 : 128256, -1, &g);
-        run_batch(&b, &t, a ? "greedy+penalty" : "greedy");
+        run_batch(&b, &t, names[a]);
         free_batch(&b);
     }
     print_message("sample sweep: %d rows compared, %d mismatches, %d excused near-ties\n", t.rows,
@@ -684,11 +706,12 @@ static void test_sample_timing(void **state) {
         cases[c].lp_k = -1;
         cases[c].p = sampling_params_default();
     }
-    cases[0].name = "greedy, flags ALL_GREEDY | NO_PENALTIES";
-    cases[0].flags |= KC_SAMPLE_ALL_GREEDY;
+    cases[0].name = "greedy, flags ARGMAX_ONLY | NO_PENALTIES";
+    cases[0].flags |= KC_SAMPLE_ARGMAX_ONLY;
     cases[1].name = "greedy, general path (flags 0)";
     cases[1].flags = 0;
-    cases[2].name = "temperature 1";
+    cases[2].name = "temperature 1 (race), flags ARGMAX_ONLY | NO_PENALTIES";
+    cases[2].flags |= KC_SAMPLE_ARGMAX_ONLY;
     cases[2].p.temperature = 1.0f;
     cases[3].name = "top-p 0.9, temperature 0.8";
     cases[3].p.temperature = 0.8f;
@@ -698,7 +721,7 @@ static void test_sample_timing(void **state) {
     cases[4].p.top_k = 50;
     cases[4].p.top_p = 0.95f;
     cases[4].p.min_p = 0.05f;
-    cases[5].name = "temperature 1 on flat U(-2, 2) rows (as the dummy 8B's)";
+    cases[5].name = "temperature 1 on flat U(-2, 2) rows (as the dummy 8B's), general kernel";
     cases[5].kind = ROW_FLAT;
     cases[5].p.temperature = 1.0f;
     cases[6].name = "top-p 0.9 on flat U(-2, 2) rows (nucleus ~100k)";
@@ -715,7 +738,7 @@ static void test_sample_timing(void **state) {
     cases[8].lp_k = 20;
     cases[9].name = "logprobs k 0 (lse only)";
     cases[9].lp_k = 0;
-    cases[10].name = "temperature 1 on wide U(-60, 60) rows (60% skip the exp)";
+    cases[10].name = "temperature 1 on wide U(-60, 60) rows";
     cases[10].kind = ROW_WIDE;
     cases[10].p.temperature = 1.0f;
     cases[11].name = "logprobs k 5";
