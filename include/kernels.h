@@ -269,9 +269,12 @@ void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_fa
 uint64_t k_random_bits(uint64_t seed, uint64_t index);
 float k_random_uniform(uint64_t seed, uint64_t index);
 
-/* An Exp(1) variate for `token` from one step's k_random_bits: the exponential race samples
- * softmax(x / T) as argmax over tokens of x_i / T - log(E_i) (sample ops' temperature-only
- * rows). The CUDA sampler computes it bit for bit except the logarithm (an ulp or two). */
+/* An Exp(1) variate for `token` from one step's k_random_bits, finite (at most 36.8): the
+ * exponential race samples softmax(x / T) as argmax over tokens of x_i / T - log(E_i) (sample
+ * ops' temperature-only rows). The CUDA sampler computes it bit for bit except the logarithm
+ * (its fast one differs by up to ~2e-5 relative). */
 float k_random_exponential(uint64_t bits, uint32_t token);
+/* Its value for the 53 uniform bits m (< 2^53) it draws: -log(1 - m 2^-53) as a float. */
+float k_random_exponential_of(uint64_t m);
 
 #endif

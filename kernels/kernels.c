@@ -66,15 +66,21 @@ float k_random_uniform(uint64_t seed, uint64_t index) {
     return (float)(k_random_bits(seed, index) >> 40) * (1.0f / 16777216.0f);
 }
 
-/* E = -log(1 - v) for v uniform in [0, 1) with 53 bits, rounded to a float (so small v keep
- * their relative precision): a series below 2^-5, where 1 - v would lose v's low bits (error
- * < v^4 / 4, relative 2^-17), else the logarithm. */
+/* E = -log(1 - v) for v = m 2^-53: below 2^-5 the series v + v^2 / 2 + v^3 / 3 (v rounded to a
+ * float keeps its relative precision; the terms left out add under 2^-16 of v), else the
+ * logarithm of 1 - v = (2^53 - m) 2^-53 formed from the integer (never 0, and exact near 1,
+ * where a float v would round up to 1 and E to +inf). */
+float k_random_exponential_of(uint64_t m) {
+    if (m < (1ull << 48)) {
+        float v = (float)m * 0x1p-53f;
+        return v + v * v * 0.5f + v * v * v * (1.0f / 3.0f);
+    }
+    return -logf((float)((1ull << 53) - m) * 0x1p-53f);
+}
+
 float k_random_exponential(uint64_t bits, uint32_t token) {
     uint64_t h = mix64(bits ^ ((uint64_t)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull));
-    float v = (float)(h >> 11) * 0x1p-53f;
-    if (v < 0x1p-5f)
-        return v + v * v * 0.5f + v * v * v * (1.0f / 3.0f);
-    return -logf(1.0f - v);
+    return k_random_exponential_of(h >> 11);
 }
 
 SamplingParams sampling_params_default(void) {

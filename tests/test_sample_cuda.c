@@ -14,9 +14,9 @@
  * may differ by an ulp), so equality is guaranteed only away from near-ties: a mismatch is
  * excused when an oracle (the CPU semantics again, by a full sort in double) finds the top-p
  * cut or the draw within 1e-8 of the mass of a token boundary, or a token within 1e-6 of the
- * min-p threshold, or for a temperature-only row (the exponential race) its two best race
- * scores within 1e-4 (the GPU's fast logarithms). Random logits make that rare (each row's
- * chance is about 1e-8 times its number of candidate boundaries near the target, or ~1e-4 for
+ * min-p threshold, or for a temperature-only row (the exponential race) the GPU's token
+ * scoring within 1e-4 of the best (the GPU's fast logarithms). Random logits make that rare (each
+ * row's chance is about 1e-8 times its number of candidate boundaries near the target, or ~1e-4 for
  * a race); excused mismatches are counted and printed. Special rows force every path of the
  * selection: all-equal logits (ties broken by id), a bin of 20000 distinct logits too large for
  * shared memory, NaN / inf rows.
@@ -236,9 +236,10 @@ static int close_to(double cum, double target, double scale) {
 }
 
 /* Row i by the CPU semantics with a full sort: 1 when a cut or the draw is a near-tie (see
- * the file comment); *oracle_token gets its token. Greedy rows and rows without a finite
+ * the file comment), for a race when the GPU's token `gpu` scored within the logarithms'
+ * differences of the best; *oracle_token gets its token. Greedy rows and rows without a finite
  * distribution have no near-ties. */
-static int near_tie(const Batch *b, int i, int32_t *oracle_token) {
+static int near_tie(const Batch *b, int i, int32_t gpu, int32_t *oracle_token) {
     const SamplingParams *p = &b->params[i];
     int V = b->V;
     *oracle_token = -1;
@@ -264,20 +265,20 @@ static int near_tie(const Batch *b, int i, int32_t *oracle_token) {
     if (!(lmax > -INFINITY) || lmax == INFINITY)
         goto done;
     if (sampling_temperature_only(p, V)) {
-        /* the race: near when the best two scores lie within the logarithms' differences */
+        /* the race: near when the GPU's token scored within the logarithms' differences of
+         * the best */
         uint64_t bits = k_random_bits(p->seed, (uint64_t)b->no[i]);
-        float best = -INFINITY, second = -INFINITY;
+        float best = -INFINITY, at_gpu = -INFINITY;
         for (int j = 0; j < V; j++) {
             float score = v[j] - logf(k_random_exponential(bits, (uint32_t)j));
             if (score > best) {
-                second = best;
                 best = score;
                 *oracle_token = j;
-            } else if (score > second) {
-                second = score;
             }
+            if (j == gpu)
+                at_gpu = score;
         }
-        near = best - second < 1e-4f + 1e-6f * fabsf(best);
+        near = best - at_gpu < 1e-4f + 1e-6f * fabsf(best);
         goto done;
     }
     qsort(r, V, sizeof(Ranked), rank_cmp);
@@ -435,7 +436,7 @@ static void check_gpu(const Batch *b, DevBatch *d, const int32_t *want, int flag
             continue;
         }
         int32_t oracle;
-        int near = near_tie(b, i, &oracle);
+        int near = near_tie(b, i, got[i], &oracle);
         if (near)
             t->near++;
         else

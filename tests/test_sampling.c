@@ -84,6 +84,60 @@ static void test_random_uniform(void **state) {
     assert_true(k_random_uniform(7, 3) != k_random_uniform(7, 4));
 }
 
+/* k_random_exponential against Exp(1): P(E < t) = 1 - e^-t at thresholds from the series
+ * branch (v < 2^-5, E < ~0.0317) to the far tail, each within 6 binomial standard deviations
+ * over 2M variates (fixed seeds: no flakiness), the mean within 6 / sqrt(N), every value
+ * finite and in [0, 36.8]. */
+static void test_random_exponential(void **state) {
+    (void)state;
+    enum { STEPS = 2000, TOKENS = 1000 };
+    const double t[] = {1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0};
+    enum { NT = sizeof t / sizeof t[0] };
+    long below[NT] = {0};
+    double sum = 0;
+    for (uint64_t s = 0; s < STEPS; s++) {
+        uint64_t bits = k_random_bits(77, s);
+        for (uint32_t j = 0; j < TOKENS; j++) {
+            float e = k_random_exponential(bits, j);
+            assert_true(e >= 0.0f && e <= 36.8f);
+            sum += e;
+            for (int k = 0; k < NT; k++)
+                below[k] += e < t[k];
+        }
+    }
+    const double n = (double)STEPS * TOKENS;
+    print_message("exponential: mean %.5f over %.0f\n", sum / n, n);
+    assert_true(fabs(sum / n - 1.0) < 6.0 / sqrt(n));
+    for (int k = 0; k < NT; k++) {
+        double p = 1.0 - exp(-t[k]), sd = sqrt(n * p * (1.0 - p));
+        if (fabs((double)below[k] - n * p) >= 6.0 * sd)
+            fail_msg("P(E < %g): %ld of %.0f, expected %.1f (sd %.1f)", t[k], below[k], n, n * p,
+                     sd);
+    }
+    /* the value of the 53 bits against -log1p(-v) in double, over the series branch, its
+     * edge (2^48) and the logarithm's up to the last m below 2^53 */
+    const uint64_t edge[] = {1,
+                             2,
+                             1ull << 20,
+                             (1ull << 48) - 1,
+                             1ull << 48,
+                             1ull << 52,
+                             (1ull << 53) - (1ull << 28),
+                             (1ull << 53) - 1};
+    for (int k = 0; k < 8 + 4000; k++) {
+        uint64_t m = k < 8 ? edge[k] : k_random_bits(3, (uint64_t)k) >> (11 + k % 40);
+        double want = -log1p(-(double)m * 0x1p-53), got = k_random_exponential_of(m);
+        if (!(fabs(got - want) <= 2e-5 * want))
+            fail_msg("k_random_exponential_of(%llu): %.9g, -log1p(-v) %.9g", (unsigned long long)m,
+                     got, want);
+    }
+    assert_true(k_random_exponential_of(0) == 0.0f);
+    /* the token indexes the variates: neighbours differ */
+    uint64_t bits = k_random_bits(5, 0);
+    assert_true(k_random_exponential(bits, 1) != k_random_exponential(bits, 2));
+    assert_true(k_random_exponential(bits, 1) == k_random_exponential(bits, 1));
+}
+
 static void test_greedy(void **state) {
     (void)state;
     SamplingParams p = sampling_params_default();
@@ -121,35 +175,46 @@ static double chi2(const int *hist, const double *prob, int V, int draws) {
     return x;
 }
 
+/* Temperature alone samples by the exponential race; a min-p of 1e-30 cuts nothing but
+ * sends the row through the filters and the inverse-CDF draw. Both must give softmax(x / T). */
+static const char *const path_names[2] = {"race", "draw"};
+static SamplingParams at_temperature(float temperature, int path, int V) {
+    SamplingParams p = sampling_params_default();
+    p.temperature = temperature;
+    p.min_p = path ? 1e-30f : 0.0f;
+    assert_int_equal(sampling_temperature_only(&p, V), !path);
+    return p;
+}
+
 static void test_temperature_frequencies(void **state) {
     (void)state;
     const double prob[4] = {0.1, 0.2, 0.3, 0.4};
     float logits[4];
     for (int i = 0; i < 4; i++)
         logits[i] = (float)log(prob[i]) + 1.5f; /* an offset changes nothing */
-    int hist[4], draws = 40000;
-    SamplingParams p = sampling_params_default();
-    p.temperature = 1.0f;
-    histogram(logits, 4, p, draws, hist);
-    /* 3 degrees of freedom: P(chi2 > 16.27) = 0.001 */
-    double x = chi2(hist, prob, 4, draws);
-    print_message("T=1 counts %d %d %d %d chi2 %.2f\n", hist[0], hist[1], hist[2], hist[3], x);
-    assert_true(x < 16.27);
-
     /* T = 0.5 squares the probabilities */
     double sq[4], z = 0;
     for (int i = 0; i < 4; i++)
         z += sq[i] = prob[i] * prob[i];
     for (int i = 0; i < 4; i++)
         sq[i] /= z;
-    p.temperature = 0.5f;
-    histogram(logits, 4, p, draws, hist);
-    x = chi2(hist, sq, 4, draws);
-    print_message("T=0.5 counts %d %d %d %d chi2 %.2f\n", hist[0], hist[1], hist[2], hist[3], x);
-    assert_true(x < 16.27);
+    int hist[4], draws = 40000;
+    for (int path = 0; path < 2; path++) {
+        histogram(logits, 4, at_temperature(1.0f, path, 4), draws, hist);
+        /* 3 degrees of freedom: P(chi2 > 16.27) = 0.001 */
+        double x = chi2(hist, prob, 4, draws);
+        print_message("%s T=1 counts %d %d %d %d chi2 %.2f\n", path_names[path], hist[0], hist[1],
+                      hist[2], hist[3], x);
+        assert_true(x < 16.27);
+        histogram(logits, 4, at_temperature(0.5f, path, 4), draws, hist);
+        x = chi2(hist, sq, 4, draws);
+        print_message("%s T=0.5 counts %d %d %d %d chi2 %.2f\n", path_names[path], hist[0], hist[1],
+                      hist[2], hist[3], x);
+        assert_true(x < 16.27);
+    }
 }
 
-/* The same through the quickselect path (more than a handful of tokens): p_i ~ (i + 1). */
+/* The same with more than a handful of tokens (the draw's quickselect path): p_i ~ (i + 1). */
 static void test_temperature_frequencies_many(void **state) {
     (void)state;
     enum { V = 40 };
@@ -163,12 +228,12 @@ static void test_temperature_frequencies_many(void **state) {
     for (int i = 0; i < V; i++)
         permuted[(i * 7) % V] = prob[i];
     int hist[V], draws = 40000;
-    SamplingParams p = sampling_params_default();
-    p.temperature = 1.0f;
-    histogram(logits, V, p, draws, hist);
-    double x = chi2(hist, permuted, V, draws);
-    print_message("40 tokens: chi2 %.2f (39 dof)\n", x);
-    assert_true(x < 72.05); /* P = 0.001 */
+    for (int path = 0; path < 2; path++) {
+        histogram(logits, V, at_temperature(1.0f, path, V), draws, hist);
+        double x = chi2(hist, permuted, V, draws);
+        print_message("%s, 40 tokens: chi2 %.2f (39 dof)\n", path_names[path], x);
+        assert_true(x < 72.05); /* P = 0.001 */
+    }
 }
 
 static void test_seed_determinism(void **state) {
@@ -506,6 +571,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_random_uniform),
+        cmocka_unit_test(test_random_exponential),
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_temperature_frequencies),
         cmocka_unit_test(test_temperature_frequencies_many),

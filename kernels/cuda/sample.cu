@@ -1,6 +1,7 @@
 /* sample.cu - next-token selection on the GPU with the CPU sampler's semantics
  * (kernels/cpu/sample.c): penalties, temperature, top-k, top-p, min-p and one seeded draw
- * walked down the ranking (logit descending, id ascending), or the argmax for greedy rows.
+ * walked down the ranking (logit descending, id ascending), the exponential race for rows with
+ * temperature alone, or the argmax for greedy rows.
  *
  * Penalties: one kernel, a few blocks looping over the rows, each with its own occurrence
  * counts over the vocabulary in the workspace: it counts the output tokens, applies the
@@ -22,7 +23,7 @@
  * block per row took 193-330 us for one row at temperature 1 on the H200: a single SM reads
  * the whole row several times.) A top-k or top-p cut within the first SAMPLE_CAP / 2 tokens
  * gathers and sorts that prefix once, and the later selections scan it. Pass 1 is the
- * argmax (greedy rows stop there). Pass 2 bins the
+ * argmax (greedy and race rows stop there). Pass 2 bins the
  * tokens by d = max - logit (linear bins of 1/32, monotone in the ranking) with the count and
  * the weight exp(-d) of each bin; weights are fixed-point integers (w * 2^S, S chosen so that
  * a whole row cannot overflow 64 bits), so sums are exact, order-free and reproducible. Tokens
@@ -87,12 +88,13 @@ __device__ __forceinline__ float random_uniform(u64 seed, u64 index) {
     return (float)(random_bits(seed, index) >> 40) * (1.0f / 16777216.0f);
 }
 __device__ __forceinline__ float random_exponential(u64 bits, unsigned token) {
-    u64 h = mix64(bits ^ ((u64)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull));
-    float v = __fmul_rn(__ull2float_rn(h >> 11), 0x1p-53f);
-    if (v < 0x1p-5f)
+    u64 m = mix64(bits ^ ((u64)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull)) >> 11;
+    if (m < (1ull << 48)) {
+        float v = __fmul_rn(__ull2float_rn(m), 0x1p-53f);
         return __fadd_rn(__fadd_rn(v, __fmul_rn(__fmul_rn(v, v), 0.5f)),
                          __fmul_rn(__fmul_rn(__fmul_rn(v, v), v), 1.0f / 3.0f));
-    return -__logf(__fsub_rn(1.0f, v));
+    }
+    return -__logf(__fmul_rn(__ull2float_rn((1ull << 53) - m), 0x1p-53f));
 }
 
 /* ---- penalties ---- */
@@ -717,7 +719,7 @@ __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
         rc = cluster_argmax(lead->race, nblocks, am_scratch);
     int token = am.i;
     const bool finite = am.v > -INFINITY && am.v < INFINITY;
-    if (race && finite && rc.i != INT_MAX)
+    if (race && finite && rc.v > -INFINITY) /* as the CPU op: a race no token won is an argmax */
         token = rc.i;
     if (!ARGMAX_ONLY && !greedy && !race && finite) {
         SampleCtx c = {row,
