@@ -131,7 +131,7 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
             memcpy(ds->h_history + hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
             hist += (size_t)seq->num_tokens;
         }
-        argmax_only &= !(p->temperature >= 1e-5f) || sampling_temperature_only(p, vocab);
+        argmax_only &= sampling_greedy(p) || sampling_temperature_only(p, vocab);
         const GenerateParams *gp = &d->req->params;
         lps[n] = (RowLogprobs){.wanted = gp->logprobs};
         if (gp->logprobs) {

@@ -24,6 +24,9 @@ typedef struct {
 /* Greedy defaults: temperature 0, every filter and penalty off, seed 0. */
 SamplingParams sampling_params_default(void);
 
+/* 1 when the row is greedy: a temperature below 1e-5 (or NaN) takes the argmax. */
+int sampling_greedy(const SamplingParams *p);
+
 /* 1 when a row of `vocab` logits samples by temperature alone: not greedy, and no top-k (or
  * one of vocab or more), top-p or min-p cut (the samplers' one-pass exponential race). */
 int sampling_temperature_only(const SamplingParams *p, int vocab);

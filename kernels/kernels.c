@@ -97,7 +97,11 @@ SamplingParams sampling_params_default(void) {
     return p;
 }
 
+int sampling_greedy(const SamplingParams *p) {
+    return !(p->temperature >= 1e-5f);
+}
+
 int sampling_temperature_only(const SamplingParams *p, int vocab) {
-    return p->temperature >= 1e-5f && (p->top_k <= 0 || p->top_k >= vocab) && !(p->top_p < 1.0f) &&
+    return !sampling_greedy(p) && (p->top_k <= 0 || p->top_k >= vocab) && !(p->top_p < 1.0f) &&
            !(p->min_p > 0.0f);
 }

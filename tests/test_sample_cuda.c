@@ -208,10 +208,6 @@ static SampleRequest request_of(const Batch *b, int i, const SamplingParams *p) 
                            .num_output = b->no[i]};
 }
 
-static int is_greedy(const SamplingParams *p) {
-    return !(p->temperature >= 1e-5f);
-}
-
 static int has_penalty(const SamplingParams *p) {
     return (p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f) ||
            p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
@@ -243,7 +239,7 @@ static int near_tie(const Batch *b, int i, int32_t gpu, int32_t *oracle_token) {
     const SamplingParams *p = &b->params[i];
     int V = b->V;
     *oracle_token = -1;
-    if (is_greedy(p))
+    if (sampling_greedy(p))
         return 0;
     /* the penalised, scaled row: the CPU op with every filter off leaves it behind */
     SamplingParams plain = *p;
@@ -461,7 +457,8 @@ static void run_batch(const Batch *b, Tally *t, const char *what) {
     check_gpu(b, &d, want, 0, t, what);
     int argmax_only = 1, pen = 0;
     for (int i = 0; i < b->n; i++) {
-        argmax_only &= is_greedy(&b->params[i]) || sampling_temperature_only(&b->params[i], b->V);
+        argmax_only &=
+            sampling_greedy(&b->params[i]) || sampling_temperature_only(&b->params[i], b->V);
         pen |= has_penalty(&b->params[i]);
     }
     int flags = (argmax_only ? KC_SAMPLE_ARGMAX_ONLY : 0) | (pen ? 0 : KC_SAMPLE_NO_PENALTIES);

@@ -219,7 +219,7 @@ static int32_t sample_row(float *lg, int V, const SampleRequest *rq, Cand *cand)
         if (isnan(lg[i]))
             lg[i] = -INFINITY;
     apply_penalties(lg, V, rq);
-    if (!(p->temperature >= 1e-5f))
+    if (sampling_greedy(p))
         return argmax(lg, V);
 
     float temp = p->temperature;

@@ -68,7 +68,7 @@ __device__ __forceinline__ bool row_rep(const KCudaSampleRow &p) {
 __device__ __forceinline__ bool row_freq(const KCudaSampleRow &p) {
     return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
-/* A sampling row with temperature alone (the CPU op's temperature_only). */
+/* A sampling row with temperature alone (sampling_temperature_only). */
 __device__ __forceinline__ bool row_race(const KCudaSampleRow &p, int V) {
     return (p.top_k <= 0 || p.top_k >= V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
 }
