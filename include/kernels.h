@@ -182,6 +182,16 @@ typedef struct KernelOps {
      * rows [n, 2 dim] (gate half first) to out[n, dim]. */
     void (*silu_mul)(void *out, const void *gate_up, int n, int dim);
 
+    /* Optional fusions (NULL: the model makes the two calls). matmul_qkv_rope_cache =
+     * matmul(qkv, x, w, bias, n) then qkv_rope_cache(q_out, qkv, ...); matmul_silu_mul =
+     * matmul(gate_up, x, w, NULL, n) then silu_mul(out, gate_up, n, w->shape[0] / 2). Same
+     * results; qkv and gate_up are scratch, unspecified afterwards. */
+    void (*matmul_qkv_rope_cache)(void *q_out, void *qkv, const void *x, const Tensor *w,
+                                  const Tensor *bias, const int32_t *positions,
+                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                                  void *kv_cache, const KvLayout *l, int layer);
+    void (*matmul_silu_mul)(void *out, void *gate_up, const void *x, const Tensor *w, int n);
+
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
     void (*gather_rows)(void *out, const void *in, const int32_t *rows, int n, int dim);
 

@@ -214,6 +214,19 @@ size_t k_cuda_gemm_device_bytes(const KCudaGemm *g);
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, void *stream);
 
+/* A projection and the op after it, fused where k_cuda_matmul would take its GEMV (n <= 2,
+ * 16-bit weights; for qkv also a cache in the act dtype), else the two calls; the same results
+ * either way. k_cuda_matmul_qkv_rope_cache = k_cuda_matmul(qkv, x, w, bias) then
+ * k_cuda_qkv_rope_cache(q_out, qkv, ...); k_cuda_matmul_silu_mul = k_cuda_matmul(gate_up, x,
+ * w) then k_cuda_silu_mul(out, gate_up, n, N / 2). qkv and gate_up are scratch of the
+ * projection's size whose contents afterwards are unspecified. (kernels/cuda/gemv_fused.cu) */
+void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
+                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
+                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                                  void *kv_cache, const KvLayout *l, int layer, void *stream);
+void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
+                            const Tensor *w, int n, void *stream);
+
 /* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
  * only where the GEMV can run, else cuBLASLt), and the GEMV's weight rows per warp (1, 2 or
  * 4; 0 = the tuned choice). KC_GEMM_AUTO, 0 restores the default. */

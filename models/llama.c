@@ -289,6 +289,35 @@ static void add_norm(Model *m, const Tensor *w, int n) {
         m->ops->add_rmsnorm(m->residual, m->proj, m->normed, w, n, c->hidden_size, c->rms_norm_eps);
 }
 
+/* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
+ * fused op where the backend has it). */
+static void qkv_rope_cache(Model *m, const LayerWeights *lw, const AttnBatch *batch, void *kv_cache,
+                           const KvLayout *kv_layout, int l) {
+    const KernelOps *ops = m->ops;
+    const int n = batch->num_tokens, nh = m->local.num_heads;
+    if (ops->matmul_qkv_rope_cache) {
+        ops->matmul_qkv_rope_cache(m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
+                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
+                                   kv_layout, l);
+        return;
+    }
+    ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
+    ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
+                        kv_cache, kv_layout, l);
+}
+
+/* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
+ * backend has it). */
+static void gate_up_silu(Model *m, const LayerWeights *lw, int n) {
+    const KernelOps *ops = m->ops;
+    if (ops->matmul_silu_mul) {
+        ops->matmul_silu_mul(m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
+        return;
+    }
+    ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+    ops->silu_mul(m->act, m->gate_up, n, m->local.intermediate_size);
+}
+
 /* Vocabulary-parallel LM head: this rank's logits slice for the picked rows, written in place
  * into its part of the gathered buffer, gathered from every rank and reordered to
  * logits[num_logits, vocab] (fp32). */
@@ -320,14 +349,11 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     ops->rmsnorm(m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden, c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
-        ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, c->num_heads,
-                            &m->rope, kv_cache, kv_layout, l);
+        qkv_rope_cache(m, lw, batch, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         ops->matmul(m->proj, m->attn, &lw->wo, NULL, n); /* row-parallel: partial sums */
         add_norm(m, &lw->mlp_norm, n);
-        ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
-        ops->silu_mul(m->act, m->gate_up, n, c->intermediate_size);
+        gate_up_silu(m, lw, n);
         ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
         /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted */
         if (l + 1 < c->num_layers)

@@ -6,10 +6,6 @@
 
 enum { SILU_THREADS = 128 };
 
-__device__ __forceinline__ float silu_times(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
-}
-
 /* Any shape: one element per thread, grid-stride. */
 template <typename T>
 __global__ void silu_mul_kernel(T *out, const T *gate_up, size_t total, int dim) {

@@ -52,6 +52,12 @@ template <> __device__ __forceinline__ f16 from_f32<f16>(float x) {
     return __float2half_rn(x);
 }
 
+/* silu(g) * u, silu(g) = g / (1 + e^-g) (torch's formula, accurate expf): the SwiGLU MLP's
+ * activation (activation.cu, and the fused gate-up projection of gemv_fused.cu). */
+__device__ __forceinline__ float silu_times(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 /* 8 consecutive elements (16-byte aligned for 16-bit types and for float) as fp32. */
 __device__ __forceinline__ void load8(float out[8], const float *p) {
     float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);

@@ -17,10 +17,11 @@
  *                done in chunks. (|x| above 65504 overflows f16: use bf16 weights for such
  *                activations.)
  *
- * Small batches (n <= 8, 16-bit weights, K % 8 == 0, 16-byte aligned x and w): one warp per R
- * weight rows streams them with 16-byte non-allocating loads, several in flight per lane, and
- * dots them with all n rows of x (read through L1, in act: F32, BF16 or F16), fp32 accumulate, a
- * warp reduction, bias in fp32, rounding once. It is used where it measured faster than
+ * Small batches (n <= 8, 16-bit weights, K % 8 == 0, 16-byte aligned x and w): the GEMV of
+ * gemv.cuh, one warp per R weight rows streaming them with 16-byte non-allocating loads,
+ * several in flight per lane, dotting them with all n rows of x (read through L1, in act: F32,
+ * BF16 or F16), fp32 accumulate, a warp reduction, bias in fp32, rounding once (gemv_fused.cu
+ * puts the op after a projection into the same kernel). It is used where it measured faster than
  * cuBLASLt (the table below); cuBLASLt itself reached 3.61 TB/s at n = 1 on 14336x4096 here,
  * not the 2.2 TB/s issue 7 quotes, so the margin is 9-31 %, largest on 4096x4096.
  *
@@ -41,7 +42,7 @@
 #include <cublasLt.h>
 #include <string.h>
 
-#include "cuda_internal.cuh"
+#include "gemv.cuh"
 
 #define CUBLAS_CHECK(expr)                                                                         \
     do {                                                                                           \
@@ -57,8 +58,6 @@ enum {
     GEMM_TUNE_MAX_ROWS = 1024,
     GEMM_TUNE_CANDIDATES = 8,
     GEMM_TUNE_REPS = 3,
-    GEMV_MAX_N = 8,
-    GEMV_THREADS = 128, /* 4 warps, each owning R weight rows */
 };
 
 /* What a cached algorithm is for: ints only (compared and hashed as a whole). */
@@ -114,6 +113,15 @@ enum { GEMV_MAX_N_16 = 2 };
  * so at n = 1 one row per warp where N and K are below 14336, else 2; at n = 2 one row where
  * N is below 14336, else 4; at larger n (F32 activations only) 2, the best or near it at
  * n = 4 and 8 on 14336x4096, 4096x4096 and 4096x14336. */
+/* At n = 1 and one row per warp, rows of K >= GEMV_DEEP_K stream GEMV_DEEP_U chunks in flight
+ * per lane instead of 4. In a CUDA graph of back-to-back calls on the H200 (session 11), us at 4
+ * / 8: 4096x4096 9.4 / 8.6, 4096x7168 16.5 / 13.6, 3072x4096 7.9 / 6.9, 6144x4096 12.4 / 12.6,
+ * but 4096x2048 4.7 / 5.0 (hence the K bound). Batch-1 decode steps with the fused
+ * projections (gemv_fused.cu), ms, 4 / 8: Llama-3-8B shape 4.064 / 4.069, one TP=2 rank's
+ * shapes alone 2.259 / 2.224 (its o and down projections, 4096x2048 and 4096x7168, take this
+ * path; the 8B's o projection only). */
+enum { GEMV_DEEP_K = 4096, GEMV_DEEP_U = 8 };
+
 static int gemv_rows(int n, int N, int K) {
     if (n == 1)
         return N >= 14336 || K >= 14336 ? 2 : 1;
@@ -123,17 +131,6 @@ static int gemv_rows(int n, int N, int K) {
 }
 
 /* ---------------- small kernels ---------------- */
-
-__device__ __forceinline__ float load_any(const void *p, int dt, int j) {
-    switch (dt) {
-        case DT_F32:
-            return ((const float *)p)[j];
-        case DT_F16:
-            return __half2float(((const f16 *)p)[j]);
-        default:
-            return __bfloat162float(((const bf16 *)p)[j]);
-    }
-}
 
 /* out[i, j] += bias[j] over [n, N] (used when the epilogue cannot take the bias). */
 template <typename OT, typename BT>
@@ -154,155 +151,27 @@ template <typename WT> __global__ void split_kernel(WT *hi, WT *lo, const float 
     }
 }
 
-/* ---------------- GEMV for n <= 8 ---------------- */
-
-/* 16 bytes of a weight row, bypassing L1 (streamed once; L1 is kept for x). */
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
-    return r;
-}
-
-/* One 8-element chunk at column k of every weight row against every x row. */
-template <int NX, int R, typename XT, typename WT>
-__device__ __forceinline__ void gemv_chunk(float (&acc)[R][NX], const uint4 (&wv)[R],
-                                           const XT *__restrict__ x, int K, int k) {
-    float wf[R][8];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        unpack8(wf[r], wv[r], (const WT *)0);
-#pragma unroll
-    for (int i = 0; i < NX; i++) {
-        float xf[8];
-        load8(xf, x + (size_t)i * K + k);
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                acc[r][i] = fmaf(wf[r][e], xf[e], acc[r][i]);
-    }
-}
-
-/* Blocks per SM the register allocation must allow: at one row per warp and n = 1, 12 (at
- * most 40 registers a thread, down from 42: ptxas spills nothing for bf16 and fp32
- * activations, 4 bytes for f16), so that the 1536 blocks of N = 6144 (the qkv projection) are
- * resident in one wave on 132 SMs, not 1320 and a tail of 216. Measured on the H200: the
- * batch-1 decode step of a Llama-3-8B-shaped model 4.307 / 4.332 -> 4.261 / 4.248 ms (two
- * runs each). (At n = 2 the bound would spill 62 bytes.) */
-template <int NX, int R> constexpr int gemv_min_blocks = R == 1 && NX == 1 ? 12 : 1;
-
-/* out[i, j] for i < NX and the R rows j of this warp. Lanes stride K in 8-element chunks, U
- * chunks per row loaded before any is used (R*U 16-byte loads in flight per lane). */
-template <int NX, int R, typename XT, typename WT>
-__global__ void __launch_bounds__(GEMV_THREADS, (gemv_min_blocks<NX, R>))
-    gemv_kernel(XT *__restrict__ out, const XT *__restrict__ x, const WT *__restrict__ w,
-                const void *__restrict__ bias, int bias_dt, int N, int K) {
-    constexpr int U = R >= 4 ? 2 : 4 / R;
-    const int lane = threadIdx.x & 31;
-    const int j0 = (blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
-    if (j0 >= N)
-        return;
-    const int K8 = K >> 3;
-    const WT *wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        wr[r] = w + (size_t)min(j0 + r, N - 1) * K;
-    float acc[R][NX];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < NX; i++)
-            acc[r][i] = 0.0f;
-    int c = lane;
-    bool waited = false; /* the first weights are requested before the wait for x */
-    for (; c + (U - 1) * 32 < K8; c += U * 32) {
-        uint4 wv[U][R];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                wv[u][r] = ld_stream(wr[r] + (size_t)(c + u * 32) * 8);
-        if (!waited) {
-            kc_pdl_wait();
-            kc_pdl_trigger();
-            waited = true;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            gemv_chunk<NX, R, XT, WT>(acc, wv[u], x, K, (c + u * 32) * 8);
-    }
-    if (!waited) {
-        kc_pdl_wait();
-        kc_pdl_trigger();
-    }
-    for (; c < K8; c += 32) {
-        uint4 wv[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            wv[r] = ld_stream(wr[r] + (size_t)c * 8);
-        gemv_chunk<NX, R, XT, WT>(acc, wv, x, K, c * 8);
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < NX; i++)
-            acc[r][i] = warp_sum(acc[r][i]);
-            /* every lane holds every sum now: lane r*NX+i writes (r, i) */
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int i = 0; i < NX; i++)
-            if (lane == r * NX + i && j0 + r < N) {
-                float v = acc[r][i];
-                if (bias)
-                    v += load_any(bias, bias_dt, j0 + r);
-                out[(size_t)i * N + j0 + r] = from_f32<XT>(v);
-            }
-}
-
-template <int R, typename XT, typename WT>
-static void gemv_launch_r(int n, XT *out, const XT *x, const WT *w, const void *bias, int bias_dt,
-                          int N, int K, cudaStream_t s) {
-    int warps = (N + R - 1) / R;
-    unsigned blocks = (unsigned)((warps + GEMV_THREADS / 32 - 1) / (GEMV_THREADS / 32));
-#define GEMV_CASE(NX)                                                                              \
-    case NX:                                                                                       \
-        kc_launch_pdl(gemv_kernel<NX, R, XT, WT>, dim3(blocks), dim3(GEMV_THREADS), 0, s, out, x,  \
-                      w, bias, bias_dt, N, K);                                                     \
-        break;
-    switch (n) {
-        GEMV_CASE(1)
-        GEMV_CASE(2)
-        GEMV_CASE(3)
-        GEMV_CASE(4)
-        GEMV_CASE(5)
-        GEMV_CASE(6)
-        GEMV_CASE(7)
-        GEMV_CASE(8)
-        default:
-            pl_fatal(__FILE__, __LINE__, "gemv: n %d out of range", n);
-    }
-#undef GEMV_CASE
-    CUDA_CHECK_LAUNCH();
-}
+/* ---------------- GEMV for n <= 8 (gemv.cuh) ---------------- */
 
 template <typename XT, typename WT>
 static void gemv_launch(int n, int rows, void *out, const void *x, const void *w, const void *bias,
                         int bias_dt, int N, int K, cudaStream_t s) {
-    XT *o = (XT *)out;
+    const GemvStore<XT> epi = {(XT *)out, bias, bias_dt, N};
     const XT *xx = (const XT *)x;
     const WT *ww = (const WT *)w;
+    const int tasks = (N + rows - 1) / rows;
     switch (rows) {
         case 1:
-            gemv_launch_r<1>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            if (n == 1 && K >= GEMV_DEEP_K)
+                gemv_run<1, GEMV_DEEP_U, 1>(n, tasks, epi, xx, ww, K, s);
+            else
+                gemv_run<1, gemv_default_u<1>, GEMV_MAX_N>(n, tasks, epi, xx, ww, K, s);
             break;
         case 2:
-            gemv_launch_r<2>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            gemv_run<2, gemv_default_u<2>, GEMV_MAX_N>(n, tasks, epi, xx, ww, K, s);
             break;
         case 4:
-            gemv_launch_r<4>(n, o, xx, ww, bias, bias_dt, N, K, s);
+            gemv_run<4, gemv_default_u<4>, GEMV_MAX_N>(n, tasks, epi, xx, ww, K, s);
             break;
         default:
             pl_fatal(__FILE__, __LINE__, "gemv: %d rows per warp (1, 2 or 4)", rows);
@@ -525,6 +394,14 @@ static void bias_add(void *out, DType act, const Tensor *bias, int n, int N, cud
 
 /* ---------------- public ---------------- */
 
+int kc_gemv_takes(const KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
+    const int w16 = w->dtype == DT_BF16 || w->dtype == DT_F16;
+    if (!w16 || n > GEMV_MAX_N || w->shape[1] % 8 != 0 || !kc_aligned16(x) ||
+        !kc_aligned16(w->data) || g->force_path == KC_GEMM_CUBLASLT)
+        return 0;
+    return g->force_path == KC_GEMM_GEMV || act == DT_F32 || n <= GEMV_MAX_N_16;
+}
+
 KCudaGemm *k_cuda_gemm_create(size_t max_rows_times_k) {
     KCudaGemm *g = (KCudaGemm *)pl_xcalloc(1, sizeof *g);
     CUBLAS_CHECK(cublasLtCreate(&g->lt));
@@ -580,26 +457,22 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     cudaStream_t s = kc_stream(stream);
 
     /* small batches: the GEMV */
-    if (w16 && n <= GEMV_MAX_N && K % 8 == 0 && ((uintptr_t)x & 15) == 0 &&
-        ((uintptr_t)w->data & 15) == 0 && g->force_path != KC_GEMM_CUBLASLT) {
-        int use = g->force_path == KC_GEMM_GEMV || f32x16 || n <= GEMV_MAX_N_16;
-        if (use) {
-            int rows = g->force_rows ? g->force_rows : gemv_rows(n, N, K);
-            const void *bp = b ? b->data : NULL;
-            int bdt = b ? (int)b->dtype : 0;
-            if (b)
-                KC_REQUIRE(b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16,
-                           "k_cuda_matmul: bias dtype %s", pl_dtype_name(b->dtype));
-            if (same16 && wt == DT_BF16)
-                gemv_launch<bf16, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-            else if (same16)
-                gemv_launch<f16, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-            else if (wt == DT_BF16)
-                gemv_launch<float, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-            else
-                gemv_launch<float, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-            return;
-        }
+    if (kc_gemv_takes(g, act, w, x, n)) {
+        int rows = g->force_rows ? g->force_rows : gemv_rows(n, N, K);
+        const void *bp = b ? b->data : NULL;
+        int bdt = b ? (int)b->dtype : 0;
+        if (b)
+            KC_REQUIRE(b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16,
+                       "k_cuda_matmul: bias dtype %s", pl_dtype_name(b->dtype));
+        if (same16 && wt == DT_BF16)
+            gemv_launch<bf16, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+        else if (same16)
+            gemv_launch<f16, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+        else if (wt == DT_BF16)
+            gemv_launch<float, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+        else
+            gemv_launch<float, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+        return;
     }
 
     /* the bias goes in the epilogue when it has the output's type and a sane alignment */

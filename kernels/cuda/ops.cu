@@ -237,6 +237,20 @@ static void ops_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
 }
 
 template <DType A>
+static void ops_matmul_qkv_rope_cache(void *q_out, void *qkv, const void *x, const Tensor *w,
+                                      const Tensor *bias, const int32_t *positions,
+                                      const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                                      void *kv_cache, const KvLayout *l, int layer) {
+    k_cuda_matmul_qkv_rope_cache(state<A>()->gemm, q_out, qkv, x, A, w, bias, positions,
+                                 slot_mapping, n, nh, rope, kv_cache, l, layer, stream());
+}
+
+template <DType A>
+static void ops_matmul_silu_mul(void *out, void *gate_up, const void *x, const Tensor *w, int n) {
+    k_cuda_matmul_silu_mul(state<A>()->gemm, out, gate_up, x, A, w, n, stream());
+}
+
+template <DType A>
 static void attention_decode(void *out, const void *q, const void *kv_cache, const KvLayout *l,
                              int layer, const AttnBatch *b, int nh, float scale) {
     ActState *s = state<A>();
@@ -447,6 +461,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.qkv_rope_cache = ops_qkv_rope_cache<A>;
     o.attention = ops_attention<A>;
     o.silu_mul = ops_silu_mul<A>;
+    o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
+    o.matmul_silu_mul = ops_matmul_silu_mul<A>;
     o.gather_rows = ops_gather_rows<A>;
     o.to_f32 = ops_to_f32<A>;
     o.embedding_slice = ops_embedding_slice<A>;

@@ -7,7 +7,7 @@
  * * 2 * half + (V ? half : 0) + (slot % bs) * Hkv * D with slot -1 (padding) skipped. The same
  * kernel serves rope alone (no cache), kv_write alone (no rotation) and both on the fused QKV
  * projection's rows (q rotated into its own buffer, as attention reads it). */
-#include "cuda_internal.cuh"
+#include "rope.cuh"
 
 /* ROPE_MANY_BLOCKS: (token, head) pairs from which a block takes several heads, up to
  * ROPE_BLOCK_THREADS threads */
@@ -18,42 +18,6 @@ enum {
     ROPE_BLOCK_THREADS = 512,
     ROPE_VEC_THREADS = 128
 };
-
-/* Where one launch finds q, k and v: row strides in elements (see the kernel). */
-typedef struct {
-    const void *q;
-    void *q_out;
-    size_t q_stride;
-    void *k;
-    size_t k_stride;
-    const void *v;
-    size_t v_stride;
-} RopeRows;
-
-/* One launch: the rows, the rotation (inv_freq NULL: none) and the cache (NULL: none; slot
- * s of a token lands at (s / bs) * block_elems + layer_off + (s % bs) * nkv * D, v `half`
- * elements after k). */
-typedef struct {
-    RopeRows r;
-    const int32_t *positions;
-    const float *inv_freq;
-    int nh, nkv, D;
-    void *cache;
-    const int64_t *slot_mapping;
-    int bs;
-    size_t block_elems, layer_off, half;
-} RopeKv;
-
-/* Token t's k row in the cache, or NULL (no cache, or a padding slot). */
-template <typename TC> __device__ __forceinline__ TC *cache_row(const RopeKv &a, int t) {
-    if (!a.cache)
-        return NULL;
-    const int64_t slot = a.slot_mapping[t];
-    if (slot < 0)
-        return NULL;
-    return (TC *)a.cache + (size_t)(slot / a.bs) * a.block_elems + a.layer_off +
-           (size_t)(slot % a.bs) * a.nkv * a.D;
-}
 
 /* Thread row threadIdx.y of block (t, b) handles token t's head y = b * blockDim.y +
  * threadIdx.y of the nh q heads, then the nkv k heads, then the nkv v heads, one thread per
@@ -82,10 +46,10 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
         T *o = (T *)a.r.q_out + ((size_t)t * nh + y) * D;
         float pos = (float)a.positions[t];
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            float sn, cs, x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
-            sincosf(pos * inv_freq[i], &sn, &cs);
-            o[i] = from_f32<T>(x1 * cs - x2 * sn);
-            o[i + hd] = from_f32<T>(x2 * cs + x1 * sn);
+            float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+            rope_rotate<T>(x1, x2, pos, inv_freq[i]);
+            o[i] = from_f32<T>(x1);
+            o[i + hd] = from_f32<T>(x2);
         }
     } else if (y < nh + nkv) { /* a k head: rotated in place, then cached */
         int h = y - nh;
@@ -93,18 +57,15 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
             return;
         T *x = k + (size_t)t * a.r.k_stride + (size_t)h * D;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            T y1 = x[i], y2 = x[i + hd];
+            float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
             if (rotate) {
-                float sn, cs, x1 = to_f32(y1), x2 = to_f32(y2);
-                sincosf((float)a.positions[t] * inv_freq[i], &sn, &cs);
-                y1 = from_f32<T>(x1 * cs - x2 * sn);
-                y2 = from_f32<T>(x2 * cs + x1 * sn);
-                x[i] = y1;
-                x[i + hd] = y2;
+                rope_rotate<T>(x1, x2, (float)a.positions[t], inv_freq[i]);
+                x[i] = from_f32<T>(x1);
+                x[i + hd] = from_f32<T>(x2);
             }
             if (kdst) {
-                kdst[h * D + i] = from_f32<TC>(to_f32(y1));
-                kdst[h * D + i + hd] = from_f32<TC>(to_f32(y2));
+                kdst[h * D + i] = from_f32<TC>(x1);
+                kdst[h * D + i + hd] = from_f32<TC>(x2);
             }
         }
     } else { /* a v head: only cached */
@@ -157,12 +118,8 @@ __global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a)
     if (rotate) {
         const float pos = (float)a.positions[t];
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float sn, cs, x1 = lo[j], x2 = hi[j];
-            sincosf(pos * inv_freq[i + j], &sn, &cs);
-            lo[j] = to_f32(from_f32<T>(x1 * cs - x2 * sn)); /* the cache takes the rounded k */
-            hi[j] = to_f32(from_f32<T>(x2 * cs + x1 * sn));
-        }
+        for (int j = 0; j < 8; j++) /* rounded to T: the cache takes the rounded k */
+            rope_rotate<T>(lo[j], hi[j], pos, inv_freq[i + j]);
     }
     if (is_q) {
         T *o = (T *)a.r.q_out + ((size_t)t * nh + h) * D;
@@ -189,8 +146,7 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     int D = rope ? rope->head_dim : l->head_dim;
     KC_REQUIRE(D > 0 && D % 2 == 0 && D / 2 <= ROPE_MAX_HALF, "%s: head_dim %d unsupported", what,
                D);
-    size_t half = 0, block = 0, layer_off = 0;
-    int bs = 1;
+    RopeKv a = {*r, positions, rope ? rope->inv_freq : NULL, nh, nkv, D, kv_cache, slot_mapping, 1};
     DType cdt = DT_F32;
     if (l) {
         KC_REQUIRE(l->head_dim == D && l->num_kv_heads == nkv,
@@ -198,18 +154,11 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
                    l->num_kv_heads, l->head_dim, nkv, D);
         KC_REQUIRE(layer >= 0 && layer < l->num_layers, "%s: layer %d of %d", what, layer,
                    l->num_layers);
-        half = (size_t)l->block_size * l->num_kv_heads * l->head_dim;
-        block = (size_t)l->num_layers * 2 * half;
-        layer_off = (size_t)layer * 2 * half;
-        bs = l->block_size;
+        rope_cache_geometry(&a, l, layer);
         cdt = l->dtype;
     }
     if (n <= 0)
         return;
-    const RopeKv a = {*r,       positions,    rope ? rope->inv_freq : NULL,
-                      nh,       nkv,          D,
-                      kv_cache, slot_mapping, bs,
-                      block,    layer_off,    half};
     const size_t es = pl_dtype_size(act), ces = pl_dtype_size(cdt);
     const bool vec = D % 16 == 0 && kc_aligned16(r->q) && kc_aligned16(r->q_out) &&
                      kc_aligned16(r->k) && kc_aligned16(r->v) && kc_aligned16(kv_cache) &&

@@ -1,0 +1,174 @@
+/* gemv_fused.cu - a decode-sized projection and the element-wise op after it in one kernel:
+ * the qkv projection with RoPE and the KV-cache store, the gate-up projection with SiLU times
+ * up. Each warp's two weight rows are the two operands of the op (a rotated pair (i, i + D/2)
+ * of a q or k head; gate row j and up row j), so the epilogue of gemv.cuh's kernel finishes
+ * the job with no second launch and without writing the projection out.
+ *
+ * Results are bit-identical to k_cuda_matmul followed by k_cuda_qkv_rope_cache /
+ * k_cuda_silu_mul: the dot products are the GEMV's (gemv.cuh), rounded to the activation dtype
+ * as the projection's output would be, then the same rope_rotate / silu_times. Where
+ * k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned operands, a forced
+ * path) or the cache's dtype differs from the activations', the two ops run as before. */
+#include "gemv.cuh"
+#include "rope.cuh"
+
+/* Rows of x a fused launch takes (the GEMV's range for 16-bit activations), and chunks in
+ * flight per lane and row. A task's two rows are D/2 (qkv) or N/2 (gate-up) rows apart, and at
+ * 2 chunks per row, as the plain GEMV takes two adjacent rows, they streamed slower. Measured
+ * on the H200, batch-1 decode step (bench latency, 128 in, 256 out, two runs each) of the
+ * Llama-3-8B shape / of one TP=2 rank's shapes alone (16 heads, 4 KV heads, intermediate 7168,
+ * vocabulary 64128), ms: two calls 4.072 / 2.351; fused at 2 chunks 4.104 / 2.319; qkv at 4,
+ * gate-up at 2 4.100 / 2.292; both at 4 4.064 / 2.259; qkv at 8, gate-up at 4 4.088 / 2.268;
+ * gate-up alone fused, at 2, 4.134 / 2.331. */
+enum { GEMV_FUSED_MAX_N = 2, GEMV_FUSED_U = 4 };
+
+/* Task t < pairs reads rows (h D + i, h D + i + D/2) of q or k head h (i = t % (D/2); k heads
+ * follow the q heads), rotates them and writes q_out or the cache; task pairs + v reads rows
+ * 2v and 2v + 1 of the v part and caches them. Lane i handles row i of x. */
+template <typename XT> struct GemvQkvRope {
+    RopeKv a;
+    const void *bias;
+    int bias_dt, pairs;
+    template <int R> __device__ int row(int t, int r) const {
+        const int hd = a.D / 2;
+        return t < pairs ? (t / hd) * a.D + t % hd + r * hd
+                         : (a.nh + a.nkv) * a.D + 2 * (t - pairs) + r;
+    }
+    template <int NX, int R>
+    __device__ void store(const float (&acc)[R][NX], int t, int lane) const {
+        static_assert(R == 2, "a pair of rows per task");
+        const int hd = a.D / 2;
+#pragma unroll
+        for (int i = 0; i < NX; i++) {
+            if (lane != i)
+                continue;
+            float x1 = acc[0][i], x2 = acc[1][i];
+            if (bias) {
+                x1 += load_any(bias, bias_dt, row<R>(t, 0));
+                x2 += load_any(bias, bias_dt, row<R>(t, 1));
+            }
+            x1 = to_f32(from_f32<XT>(x1)); /* what the projection would have stored */
+            x2 = to_f32(from_f32<XT>(x2));
+            XT *kdst = cache_row<XT>(a, i);
+            if (t >= pairs) {
+                if (kdst) {
+                    XT *v = kdst + a.half + 2 * (size_t)(t - pairs);
+                    v[0] = from_f32<XT>(x1);
+                    v[1] = from_f32<XT>(x2);
+                }
+                continue;
+            }
+            const int h = t / hd, d = t % hd;
+            if (a.inv_freq)
+                rope_rotate<XT>(x1, x2, (float)a.positions[i], a.inv_freq[d]);
+            XT *dst = h < a.nh ? (XT *)a.r.q_out + ((size_t)i * a.nh + h) * a.D
+                      : kdst   ? kdst + (size_t)(h - a.nh) * a.D
+                               : NULL;
+            if (dst) {
+                dst[d] = from_f32<XT>(x1);
+                dst[d + hd] = from_f32<XT>(x2);
+            }
+        }
+    }
+};
+
+/* Task j reads gate row j and up row dim + j; lane i writes out[i, j] = silu(g) * u. */
+template <typename XT> struct GemvSiluMul {
+    XT *out;
+    int dim;
+    template <int R> __device__ int row(int t, int r) const {
+        return t + r * dim;
+    }
+    template <int NX, int R>
+    __device__ void store(const float (&acc)[R][NX], int t, int lane) const {
+        static_assert(R == 2, "a gate row and an up row per task");
+#pragma unroll
+        for (int i = 0; i < NX; i++)
+            if (lane == i) {
+                const float g = to_f32(from_f32<XT>(acc[0][i])),
+                            u = to_f32(from_f32<XT>(acc[1][i]));
+                out[(size_t)i * dim + t] = from_f32<XT>(silu_times(g, u));
+            }
+    }
+};
+
+/* Whether the fused kernel takes this call: k_cuda_matmul's GEMV would, for a dtype pair of
+ * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). */
+static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
+    return n >= 1 && n <= GEMV_FUSED_MAX_N && (act == w->dtype || act == DT_F32) &&
+           kc_gemv_takes(g, act, w, x, n);
+}
+
+/* Launch with the template arguments of (act, weight dtype), a pair fused_takes accepted. */
+template <template <typename> class Epi, typename Fill>
+static void launch_fused(DType act, DType wt, int n, int tasks, const void *x, const void *w, int K,
+                         cudaStream_t s, Fill fill) {
+#define FUSED_RUN(XT, WT)                                                                          \
+    do {                                                                                           \
+        Epi<XT> epi;                                                                               \
+        fill(&epi);                                                                                \
+        gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (const XT *)x, (const WT *)w,   \
+                                                    K, s);                                         \
+    } while (0)
+    if (act == DT_BF16)
+        FUSED_RUN(bf16, bf16);
+    else if (act == DT_F16)
+        FUSED_RUN(f16, f16);
+    else if (wt == DT_BF16)
+        FUSED_RUN(float, bf16);
+    else
+        FUSED_RUN(float, f16);
+#undef FUSED_RUN
+}
+
+void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
+                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
+                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                                  void *kv_cache, const KvLayout *l, int layer, void *stream) {
+    const Tensor *b = bias && bias->data ? bias : NULL;
+    const int D = l->head_dim, nkv = l->num_kv_heads;
+    const bool fits = w->ndim == 2 && w->shape[0] == (int64_t)(nh + 2 * nkv) * D && D % 2 == 0 &&
+                      rope && rope->head_dim == D && l->dtype == act && layer >= 0 &&
+                      layer < l->num_layers &&
+                      (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] &&
+                              (b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16)));
+    if (!fits || !fused_takes(g, act, w, x, n)) {
+        k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
+        k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, kv_cache, l,
+                              layer, stream);
+        return;
+    }
+    RopeKv a = {};
+    a.r.q_out = q_out;
+    a.positions = positions;
+    a.inv_freq = rope->inv_freq;
+    a.nh = nh;
+    a.nkv = nkv;
+    a.D = D;
+    a.cache = kv_cache;
+    a.slot_mapping = slot_mapping;
+    rope_cache_geometry(&a, l, layer);
+    const int pairs = (nh + nkv) * (D / 2);
+    launch_fused<GemvQkvRope>(act, w->dtype, n, pairs + nkv * (D / 2), x, w->data, (int)w->shape[1],
+                              kc_stream(stream), [&](auto *epi) {
+                                  epi->a = a;
+                                  epi->bias = b ? b->data : NULL;
+                                  epi->bias_dt = b ? (int)b->dtype : 0;
+                                  epi->pairs = pairs;
+                              });
+}
+
+void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
+                            const Tensor *w, int n, void *stream) {
+    const int dim = w->ndim == 2 ? (int)(w->shape[0] / 2) : 0;
+    if (dim <= 0 || w->shape[0] % 2 != 0 || !fused_takes(g, act, w, x, n)) {
+        k_cuda_matmul(g, gate_up, x, act, w, NULL, n, stream);
+        k_cuda_silu_mul(out, gate_up, act, n, dim, stream);
+        return;
+    }
+    launch_fused<GemvSiluMul>(act, w->dtype, n, dim, x, w->data, (int)w->shape[1],
+                              kc_stream(stream), [&](auto *epi) {
+                                  epi->out = (decltype(epi->out))out;
+                                  epi->dim = dim;
+                              });
+}

@@ -1,0 +1,65 @@
+/* rope.cuh - (internal to kernels/cuda/) what rope.cu's kernels and the fused projection of
+ * gemv_fused.cu share: where a launch finds its rows and the cache, the cache row of a token,
+ * and the rotation of one pair, so that both give the same bits. */
+#ifndef PAGELLM_KERNELS_CUDA_ROPE_CUH
+#define PAGELLM_KERNELS_CUDA_ROPE_CUH
+
+#include "cuda_internal.cuh"
+
+/* Where one launch finds q, k and v: row strides in elements (see the kernel). */
+typedef struct {
+    const void *q;
+    void *q_out;
+    size_t q_stride;
+    void *k;
+    size_t k_stride;
+    const void *v;
+    size_t v_stride;
+} RopeRows;
+
+/* One launch: the rows, the rotation (inv_freq NULL: none) and the cache (NULL: none; slot
+ * s of a token lands at (s / bs) * block_elems + layer_off + (s % bs) * nkv * D, v `half`
+ * elements after k). */
+typedef struct {
+    RopeRows r;
+    const int32_t *positions;
+    const float *inv_freq;
+    int nh, nkv, D;
+    void *cache;
+    const int64_t *slot_mapping;
+    int bs;
+    size_t block_elems, layer_off, half;
+} RopeKv;
+
+/* Token t's k row in the cache, or NULL (no cache, or a padding slot). */
+template <typename TC> __device__ __forceinline__ TC *cache_row(const RopeKv &a, int t) {
+    if (!a.cache)
+        return NULL;
+    const int64_t slot = a.slot_mapping[t];
+    if (slot < 0)
+        return NULL;
+    return (TC *)a.cache + (size_t)(slot / a.bs) * a.block_elems + a.layer_off +
+           (size_t)(slot % a.bs) * a.nkv * a.D;
+}
+
+/* a's cache geometry for `layer` of layout l: block size, elements per block, the layer's
+ * offset in a block and the V half's offset from the K half. */
+static inline void rope_cache_geometry(RopeKv *a, const KvLayout *l, int layer) {
+    a->half = (size_t)l->block_size * l->num_kv_heads * l->head_dim;
+    a->block_elems = (size_t)l->num_layers * 2 * a->half;
+    a->layer_off = (size_t)layer * 2 * a->half;
+    a->bs = l->block_size;
+}
+
+/* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by pos * inv_freq_i (accurate sincosf), each
+ * result rounded to the activation dtype T and returned as fp32. */
+template <typename T>
+__device__ __forceinline__ void rope_rotate(float &x1, float &x2, float pos, float inv_freq) {
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    const float y1 = fmaf(x1, cs, -(x2 * sn)), y2 = fmaf(x2, cs, x1 * sn); /* no contraction */
+    x1 = to_f32(from_f32<T>(y1));
+    x2 = to_f32(from_f32<T>(y2));
+}
+
+#endif

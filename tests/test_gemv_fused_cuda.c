@@ -1,0 +1,265 @@
+/* test_gemv_fused_cuda.c - the fused decode projections (kernels/cuda/gemv_fused.cu) against
+ * the two calls they replace, bit for bit:
+ *   k_cuda_matmul_qkv_rope_cache  vs  k_cuda_matmul then k_cuda_qkv_rope_cache
+ *   k_cuda_matmul_silu_mul        vs  k_cuda_matmul then k_cuda_silu_mul
+ * on random data from fixed seeds, for every GEMV dtype pair (BF16/BF16, F16/F16, F32/BF16,
+ * F32/F16) and F32/F32, n = 1, 2 (fused) and 3, 5 (the two calls), head dims 8, 64, 128 and
+ * 6 (odd pairs), grouped and plain attention, with and without a bias (f32 and the act dtype),
+ * padding slots (-1), and K = 36 (K % 8 != 0: no GEMV, so no fusion). The whole cache is
+ * compared, untouched slots included, and q_out / out exactly.
+ *
+ * Which path ran is observed, not assumed: the fused kernel never writes the projection's
+ * scratch (qkv / gate_up), the two calls do. So each case poisons the scratch and checks that
+ * it stays poisoned exactly when the fused kernel should have taken the call (n <= 2, 16-bit
+ * weights, K % 8 == 0, the GEMV path not forced off) and is overwritten otherwise; forcing
+ * cuBLASLt (k_cuda_gemm_force) must turn the fusion off.
+ *
+ * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
+ * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_FILTER=pattern
+ * runs the matching tests only. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels.h"
+#ifdef PAGELLM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
+#include "cuda_test_util.h"
+
+#define FUSED_TESTS(X)                                                                             \
+    X(test_fused_qkv_rope_cache)                                                                   \
+    X(test_fused_silu_mul)                                                                         \
+    X(test_fused_off_when_cublaslt_forced)
+
+#ifndef PAGELLM_HAVE_CUDA
+
+FUSED_TESTS(SKIP_TEST)
+
+#else
+
+typedef struct {
+    DType act, wdt;
+} Combo;
+static const Combo combos[] = {
+    {DT_BF16, DT_BF16}, {DT_F16, DT_F16}, {DT_F32, DT_BF16}, {DT_F32, DT_F16}, {DT_F32, DT_F32}};
+enum { NCOMBOS = 5, POISON = 0x7D };
+
+/* Device bytes to a fresh host buffer. */
+static unsigned char *fetch(const void *d, size_t bytes) {
+    unsigned char *h = xmalloc(bytes);
+    k_cuda_memcpy(h, d, bytes);
+    return h;
+}
+
+/* Whether bytes of d are all POISON. */
+static int still_poisoned(const void *d, size_t bytes) {
+    unsigned char *h = fetch(d, bytes);
+    size_t i = 0;
+    while (i < bytes && h[i] == POISON)
+        i++;
+    free(h);
+    return i == bytes;
+}
+
+/* Count the bytes where two device buffers differ; print the first element index. */
+static int differ(const char *what, const void *a, const void *b, size_t bytes, size_t es) {
+    unsigned char *ha = fetch(a, bytes), *hb = fetch(b, bytes);
+    int bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+        if (ha[i] != hb[i] && bad++ == 0)
+            print_error("%s: differs first at element %zu\n", what, i / es);
+    free(ha);
+    free(hb);
+    return bad;
+}
+
+/* Rotary frequencies for head dim D on the device (Llama 3 scaling). */
+typedef struct {
+    Rope rope;
+    float *d_inv;
+} DevRope;
+
+static DevRope rope_dev(int D) {
+    float *inv = xmalloc(sizeof(float) * (size_t)(D / 2));
+    k_rope_inv_freq(inv, D, 500000.0f, 8.0f, 1.0f, 4.0f, 8192);
+    DevRope r = {.rope = {.head_dim = D}, .d_inv = upload(inv, sizeof(float) * (size_t)(D / 2))};
+    r.rope.inv_freq = r.d_inv;
+    free(inv);
+    return r;
+}
+
+/* Whether the fused kernel should take a call with these operands (the contract above). */
+static int expect_fused(DType act, DType wdt, int K, int n, int forced_off) {
+    int w16 = wdt == DT_BF16 || wdt == DT_F16;
+    return w16 && (act == wdt || act == DT_F32) && K % 8 == 0 && n >= 1 && n <= 2 && !forced_off;
+}
+
+/* One qkv case: the fused op and the two calls from the same cache; 0 when equal and the
+ * path is the expected one. */
+static int qkv_case(KCudaGemm *g, Combo c, int D, int nh, int nkv, int K, int n, DType bias_dt,
+                    int forced_off) {
+    const int bs = 16, nblocks = 5, layer = 1, N = (nh + 2 * nkv) * D;
+    KvLayout l = {
+        .num_layers = 2, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = c.act};
+    const size_t es = pl_dtype_size(c.act), cache_n = k_kv_block_elems(&l) * nblocks;
+    Weight w = make_weight(c.wdt, 2, N, K, -0.5f, 0.5f);
+    Weight b = bias_dt != DT_OTHER ? make_weight(bias_dt, 1, N, 0, -1, 1) : (Weight){0};
+    float *x = rand_vec((size_t)n * K, -1, 1, c.act), *cache = rand_vec(cache_n, -1, 1, c.act);
+    int32_t pos[8];
+    int64_t slots[8];
+    int *perm = rnd_perm(nblocks * bs);
+    for (int t = 0; t < n; t++) {
+        pos[t] = t == 0 ? 0 : rnd_int(8192);
+        slots[t] = t % 2 == 1 ? -1 : perm[t]; /* every second token is padding */
+    }
+    DevRope rope = rope_dev(D);
+    void *dx = upload_as(x, (size_t)n * K, c.act);
+    void *cache_a = upload_as(cache, cache_n, c.act), *cache_b = upload_as(cache, cache_n, c.act);
+    int32_t *dpos = upload(pos, sizeof pos);
+    int64_t *dslots = upload(slots, sizeof slots);
+    size_t qn = (size_t)n * nh * D, qkvn = (size_t)n * N;
+    void *q_a = k_cuda_malloc(qn * es), *q_b = k_cuda_malloc(qn * es);
+    void *qkv_a = k_cuda_malloc(qkvn * es), *qkv_b = k_cuda_malloc(qkvn * es);
+    k_cuda_memset(q_a, POISON, qn * es);
+    k_cuda_memset(q_b, POISON, qn * es);
+    k_cuda_memset(qkv_b, POISON, qkvn * es);
+    const Tensor *bias = bias_dt != DT_OTHER ? &b.dev : NULL;
+    k_cuda_matmul(g, qkv_a, dx, c.act, &w.dev, bias, n, NULL);
+    k_cuda_qkv_rope_cache(q_a, qkv_a, c.act, dpos, dslots, n, nh, &rope.rope, cache_a, &l, layer,
+                          NULL);
+    k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx, c.act, &w.dev, bias, dpos, dslots, n, nh,
+                                 &rope.rope, cache_b, &l, layer, NULL);
+    k_cuda_synchronize();
+    char what[160];
+    snprintf(what, sizeof what, "qkv act %s w %s bias %s D %d nh %d nkv %d K %d n %d%s", dn(c.act),
+             dn(c.wdt), bias_dt != DT_OTHER ? dn(bias_dt) : "-", D, nh, nkv, K, n,
+             forced_off ? " (cuBLASLt forced)" : "");
+    int bad = differ(what, q_a, q_b, qn * es, es);
+    bad += differ(what, cache_a, cache_b, cache_n * es, es);
+    int fused = expect_fused(c.act, c.wdt, K, n, forced_off);
+    if (still_poisoned(qkv_b, qkvn * es) != fused) {
+        print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");
+        bad++;
+    }
+    free_weight(&w);
+    if (bias)
+        free_weight(&b);
+    free(x);
+    free(cache);
+    free(perm);
+    k_cuda_free(rope.d_inv);
+    void *dev[] = {dx, cache_a, cache_b, dpos, dslots, q_a, q_b, qkv_a, qkv_b};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        k_cuda_free(dev[i]);
+    return bad;
+}
+
+static void test_fused_qkv_rope_cache(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(41);
+    KCudaGemm *g = k_cuda_gemm_create(1 << 20);
+    /* head dim, q heads, kv heads */
+    const int heads[][3] = {{128, 8, 2}, {64, 4, 4}, {8, 2, 1}, {6, 3, 1}};
+    const int ks[] = {64, 512, 36}, ns[] = {1, 2, 3, 5};
+    int bad = 0, cases = 0;
+    for (int ci = 0; ci < NCOMBOS; ci++)
+        for (int hi = 0; hi < 4; hi++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int ni = 0; ni < 4; ni++) {
+                    Combo c = combos[ci];
+                    /* no bias, an f32 bias, one in the act dtype */
+                    DType bdt = ni == 1 ? DT_F32 : ni == 2 ? c.act : DT_OTHER;
+                    bad += qkv_case(g, c, heads[hi][0], heads[hi][1], heads[hi][2], ks[ki], ns[ni],
+                                    bdt, 0);
+                    cases++;
+                }
+    print_message("fused qkv: %d cases, %d differing\n", cases, bad);
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
+/* One gate-up case: out from the fused op and from the two calls. */
+static int silu_case(KCudaGemm *g, Combo c, int dim, int K, int n, int forced_off) {
+    const size_t es = pl_dtype_size(c.act);
+    Weight w = make_weight(c.wdt, 2, 2 * dim, K, -0.5f, 0.5f);
+    float *x = rand_vec((size_t)n * K, -1, 1, c.act);
+    void *dx = upload_as(x, (size_t)n * K, c.act);
+    size_t on = (size_t)n * dim, gn = 2 * on;
+    void *out_a = k_cuda_malloc(on * es), *out_b = k_cuda_malloc(on * es);
+    void *gu_a = k_cuda_malloc(gn * es), *gu_b = k_cuda_malloc(gn * es);
+    k_cuda_memset(out_a, POISON, on * es);
+    k_cuda_memset(out_b, POISON, on * es);
+    k_cuda_memset(gu_b, POISON, gn * es);
+    k_cuda_matmul(g, gu_a, dx, c.act, &w.dev, NULL, n, NULL);
+    k_cuda_silu_mul(out_a, gu_a, c.act, n, dim, NULL);
+    k_cuda_matmul_silu_mul(g, out_b, gu_b, dx, c.act, &w.dev, n, NULL);
+    k_cuda_synchronize();
+    char what[128];
+    snprintf(what, sizeof what, "silu act %s w %s dim %d K %d n %d%s", dn(c.act), dn(c.wdt), dim, K,
+             n, forced_off ? " (cuBLASLt forced)" : "");
+    int bad = differ(what, out_a, out_b, on * es, es);
+    int fused = expect_fused(c.act, c.wdt, K, n, forced_off);
+    if (still_poisoned(gu_b, gn * es) != fused) {
+        print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");
+        bad++;
+    }
+    free_weight(&w);
+    free(x);
+    void *dev[] = {dx, out_a, out_b, gu_a, gu_b};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        k_cuda_free(dev[i]);
+    return bad;
+}
+
+static void test_fused_silu_mul(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(42);
+    KCudaGemm *g = k_cuda_gemm_create(1 << 20);
+    const int dims[] = {1, 7, 172, 1408}, ks[] = {64, 1024, 36}, ns[] = {1, 2, 3, 5};
+    int bad = 0, cases = 0;
+    for (int ci = 0; ci < NCOMBOS; ci++)
+        for (int di = 0; di < 4; di++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int ni = 0; ni < 4; ni++, cases++)
+                    bad += silu_case(g, combos[ci], dims[di], ks[ki], ns[ni], 0);
+    print_message("fused silu: %d cases, %d differing\n", cases, bad);
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
+static void test_fused_off_when_cublaslt_forced(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(43);
+    KCudaGemm *g = k_cuda_gemm_create(1 << 20);
+    k_cuda_gemm_force(g, KC_GEMM_CUBLASLT, 0);
+    int bad = 0;
+    for (int n = 1; n <= 2; n++) {
+        bad += qkv_case(g, combos[0], 128, 8, 2, 512, n, DT_OTHER, 1);
+        bad += silu_case(g, combos[0], 172, 512, n, 1);
+    }
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
+#endif /* PAGELLM_HAVE_CUDA */
+
+#define UNIT(name) cmocka_unit_test(name),
+
+int main(void) {
+    const struct CMUnitTest tests[] = {FUSED_TESTS(UNIT)};
+    const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
