@@ -228,8 +228,9 @@ void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *
                             const Tensor *w, int n, void *stream);
 
 /* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
- * only where the GEMV can run, else cuBLASLt), and the GEMV's weight rows per warp (1, 2 or
- * 4; 0 = the tuned choice). KC_GEMM_AUTO, 0 restores the default. */
+ * only where the GEMV can run, else cuBLASLt; KC_GEMM_CUBLASLT also turns the fused
+ * projections into their two calls), and the GEMV's weight rows per warp (1, 2 or 4; 0 = the
+ * tuned choice; the fused projections always take 2). KC_GEMM_AUTO, 0 restores the default. */
 typedef enum { KC_GEMM_AUTO = 0, KC_GEMM_CUBLASLT = 1, KC_GEMM_GEMV = 2 } KCudaGemmPath;
 void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
 

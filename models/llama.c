@@ -291,10 +291,10 @@ static void add_norm(Model *m, const Tensor *w, int n) {
 
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
  * fused op where the backend has it). */
-static void qkv_rope_cache(Model *m, const LayerWeights *lw, const AttnBatch *batch, void *kv_cache,
-                           const KvLayout *kv_layout, int l) {
+static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *batch,
+                            void *kv_cache, const KvLayout *kv_layout, int l) {
     const KernelOps *ops = m->ops;
-    const int n = batch->num_tokens, nh = m->local.num_heads;
+    const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     if (ops->matmul_qkv_rope_cache) {
         ops->matmul_qkv_rope_cache(m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
@@ -308,7 +308,7 @@ static void qkv_rope_cache(Model *m, const LayerWeights *lw, const AttnBatch *ba
 
 /* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
  * backend has it). */
-static void gate_up_silu(Model *m, const LayerWeights *lw, int n) {
+static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
     const KernelOps *ops = m->ops;
     if (ops->matmul_silu_mul) {
         ops->matmul_silu_mul(m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
@@ -349,11 +349,11 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     ops->rmsnorm(m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden, c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        qkv_rope_cache(m, lw, batch, kv_cache, kv_layout, l);
+        attention_input(m, lw, batch, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         ops->matmul(m->proj, m->attn, &lw->wo, NULL, n); /* row-parallel: partial sums */
         add_norm(m, &lw->mlp_norm, n);
-        gate_up_silu(m, lw, n);
+        mlp_activation(m, lw, n);
         ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
         /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted */
         if (l + 1 < c->num_layers)

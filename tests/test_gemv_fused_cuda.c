@@ -4,15 +4,17 @@
  *   k_cuda_matmul_silu_mul        vs  k_cuda_matmul then k_cuda_silu_mul
  * on random data from fixed seeds, for every GEMV dtype pair (BF16/BF16, F16/F16, F32/BF16,
  * F32/F16) and F32/F32, n = 1, 2 (fused) and 3, 5 (the two calls), head dims 8, 64, 128 and
- * 6 (odd pairs), grouped and plain attention, with and without a bias (f32 and the act dtype),
- * padding slots (-1), and K = 36 (K % 8 != 0: no GEMV, so no fusion). The whole cache is
+ * 6 (odd pairs), grouped and plain attention, K = 64, 1024 and 36 (K % 8 != 0: no GEMV, so no
+ * fusion), at every n no bias, an f32 bias with the last row padding (slot -1), and a bias in
+ * the act dtype, at random non-zero positions (k rotated into the cache). The whole cache is
  * compared, untouched slots included, and q_out / out exactly.
  *
  * Which path ran is observed, not assumed: the fused kernel never writes the projection's
  * scratch (qkv / gate_up), the two calls do. So each case poisons the scratch and checks that
  * it stays poisoned exactly when the fused kernel should have taken the call (n <= 2, 16-bit
- * weights, K % 8 == 0, the GEMV path not forced off) and is overwritten otherwise; forcing
- * cuBLASLt (k_cuda_gemm_force) must turn the fusion off.
+ * weights, K % 8 == 0, the GEMV path not forced off, for qkv a cache in the act dtype) and is
+ * overwritten otherwise; forcing cuBLASLt (k_cuda_gemm_force) or an f32 cache under bf16
+ * activations must turn the fusion off.
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_FILTER=pattern
@@ -37,7 +39,7 @@
 #define FUSED_TESTS(X)                                                                             \
     X(test_fused_qkv_rope_cache)                                                                   \
     X(test_fused_silu_mul)                                                                         \
-    X(test_fused_off_when_cublaslt_forced)
+    X(test_fused_fallbacks)
 
 #ifndef PAGELLM_HAVE_CUDA
 
@@ -102,49 +104,65 @@ static int expect_fused(DType act, DType wdt, int K, int n, int forced_off) {
     return w16 && (act == wdt || act == DT_F32) && K % 8 == 0 && n >= 1 && n <= 2 && !forced_off;
 }
 
-/* One qkv case: the fused op and the two calls from the same cache; 0 when equal and the
- * path is the expected one. */
-static int qkv_case(KCudaGemm *g, Combo c, int D, int nh, int nkv, int K, int n, DType bias_dt,
-                    int forced_off) {
-    const int bs = 16, nblocks = 5, layer = 1, N = (nh + 2 * nkv) * D;
-    KvLayout l = {
-        .num_layers = 2, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = c.act};
-    const size_t es = pl_dtype_size(c.act), cache_n = k_kv_block_elems(&l) * nblocks;
-    Weight w = make_weight(c.wdt, 2, N, K, -0.5f, 0.5f);
-    Weight b = bias_dt != DT_OTHER ? make_weight(bias_dt, 1, N, 0, -1, 1) : (Weight){0};
-    float *x = rand_vec((size_t)n * K, -1, 1, c.act), *cache = rand_vec(cache_n, -1, 1, c.act);
+/* One qkv case: dtypes, heads, K, rows, the bias dtype (DT_OTHER: none), the cache dtype,
+ * whether the last row is padding (slot -1), and whether cuBLASLt is forced. */
+typedef struct {
+    Combo c;
+    int D, nh, nkv, K, n;
+    DType bias_dt, cache_dt;
+    int pad_last, forced_off;
+} QkvCase;
+
+/* The fused op and the two calls from the same cache; 0 when q_out and the whole cache are
+ * equal and the path taken is the expected one. Positions are random and non-zero, so k is
+ * rotated on its way into the cache. */
+static int qkv_case(KCudaGemm *g, QkvCase q) {
+    const int bs = 16, nblocks = 5, layer = 1, n = q.n, N = (q.nh + 2 * q.nkv) * q.D;
+    KvLayout l = {.num_layers = 2,
+                  .num_kv_heads = q.nkv,
+                  .head_dim = q.D,
+                  .block_size = bs,
+                  .dtype = q.cache_dt};
+    const size_t es = pl_dtype_size(q.c.act), ces = pl_dtype_size(q.cache_dt);
+    const size_t cache_n = k_kv_block_elems(&l) * nblocks;
+    Weight w = make_weight(q.c.wdt, 2, N, q.K, -0.5f, 0.5f);
+    Weight b = q.bias_dt != DT_OTHER ? make_weight(q.bias_dt, 1, N, 0, -1, 1) : (Weight){0};
+    float *x = rand_vec((size_t)n * q.K, -1, 1, q.c.act);
+    float *cache = rand_vec(cache_n, -1, 1, q.cache_dt);
     int32_t pos[8];
     int64_t slots[8];
     int *perm = rnd_perm(nblocks * bs);
     for (int t = 0; t < n; t++) {
-        pos[t] = t == 0 ? 0 : rnd_int(8192);
-        slots[t] = t % 2 == 1 ? -1 : perm[t]; /* every second token is padding */
+        pos[t] = 1 + rnd_int(8191);
+        slots[t] = q.pad_last && t == n - 1 ? -1 : perm[t];
     }
-    DevRope rope = rope_dev(D);
-    void *dx = upload_as(x, (size_t)n * K, c.act);
-    void *cache_a = upload_as(cache, cache_n, c.act), *cache_b = upload_as(cache, cache_n, c.act);
+    DevRope rope = rope_dev(q.D);
+    void *dx = upload_as(x, (size_t)n * q.K, q.c.act);
+    void *cache_a = upload_as(cache, cache_n, q.cache_dt);
+    void *cache_b = upload_as(cache, cache_n, q.cache_dt);
     int32_t *dpos = upload(pos, sizeof pos);
     int64_t *dslots = upload(slots, sizeof slots);
-    size_t qn = (size_t)n * nh * D, qkvn = (size_t)n * N;
+    size_t qn = (size_t)n * q.nh * q.D, qkvn = (size_t)n * N;
     void *q_a = k_cuda_malloc(qn * es), *q_b = k_cuda_malloc(qn * es);
     void *qkv_a = k_cuda_malloc(qkvn * es), *qkv_b = k_cuda_malloc(qkvn * es);
     k_cuda_memset(q_a, POISON, qn * es);
     k_cuda_memset(q_b, POISON, qn * es);
     k_cuda_memset(qkv_b, POISON, qkvn * es);
-    const Tensor *bias = bias_dt != DT_OTHER ? &b.dev : NULL;
-    k_cuda_matmul(g, qkv_a, dx, c.act, &w.dev, bias, n, NULL);
-    k_cuda_qkv_rope_cache(q_a, qkv_a, c.act, dpos, dslots, n, nh, &rope.rope, cache_a, &l, layer,
-                          NULL);
-    k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx, c.act, &w.dev, bias, dpos, dslots, n, nh,
+    const Tensor *bias = q.bias_dt != DT_OTHER ? &b.dev : NULL;
+    k_cuda_matmul(g, qkv_a, dx, q.c.act, &w.dev, bias, n, NULL);
+    k_cuda_qkv_rope_cache(q_a, qkv_a, q.c.act, dpos, dslots, n, q.nh, &rope.rope, cache_a, &l,
+                          layer, NULL);
+    k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx, q.c.act, &w.dev, bias, dpos, dslots, n, q.nh,
                                  &rope.rope, cache_b, &l, layer, NULL);
     k_cuda_synchronize();
-    char what[160];
-    snprintf(what, sizeof what, "qkv act %s w %s bias %s D %d nh %d nkv %d K %d n %d%s", dn(c.act),
-             dn(c.wdt), bias_dt != DT_OTHER ? dn(bias_dt) : "-", D, nh, nkv, K, n,
-             forced_off ? " (cuBLASLt forced)" : "");
+    char what[192];
+    snprintf(what, sizeof what, "qkv act %s w %s bias %s cache %s D %d nh %d nkv %d K %d n %d%s%s",
+             dn(q.c.act), dn(q.c.wdt), q.bias_dt != DT_OTHER ? dn(q.bias_dt) : "-", dn(q.cache_dt),
+             q.D, q.nh, q.nkv, q.K, n, q.pad_last ? " last row padding" : "",
+             q.forced_off ? " (cuBLASLt forced)" : "");
     int bad = differ(what, q_a, q_b, qn * es, es);
-    bad += differ(what, cache_a, cache_b, cache_n * es, es);
-    int fused = expect_fused(c.act, c.wdt, K, n, forced_off);
+    bad += differ(what, cache_a, cache_b, cache_n * ces, ces);
+    int fused = expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) && q.cache_dt == q.c.act;
     if (still_poisoned(qkv_b, qkvn * es) != fused) {
         print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");
         bad++;
@@ -169,19 +187,21 @@ static void test_fused_qkv_rope_cache(void **state) {
     KCudaGemm *g = k_cuda_gemm_create(1 << 20);
     /* head dim, q heads, kv heads */
     const int heads[][3] = {{128, 8, 2}, {64, 4, 4}, {8, 2, 1}, {6, 3, 1}};
-    const int ks[] = {64, 512, 36}, ns[] = {1, 2, 3, 5};
+    const int ks[] = {64, 1024, 36}, ns[] = {1, 2, 3, 5};
     int bad = 0, cases = 0;
     for (int ci = 0; ci < NCOMBOS; ci++)
         for (int hi = 0; hi < 4; hi++)
             for (int ki = 0; ki < 3; ki++)
-                for (int ni = 0; ni < 4; ni++) {
-                    Combo c = combos[ci];
-                    /* no bias, an f32 bias, one in the act dtype */
-                    DType bdt = ni == 1 ? DT_F32 : ni == 2 ? c.act : DT_OTHER;
-                    bad += qkv_case(g, c, heads[hi][0], heads[hi][1], heads[hi][2], ks[ki], ns[ni],
-                                    bdt, 0);
-                    cases++;
-                }
+                for (int ni = 0; ni < 4; ni++)
+                    for (int bi = 0; bi < 3; bi++, cases++) {
+                        Combo c = combos[ci];
+                        /* no bias, an f32 bias (and the last row padding), one in the act
+                         * dtype */
+                        DType bdt = bi == 1 ? DT_F32 : bi == 2 ? c.act : DT_OTHER;
+                        QkvCase q = {c,      heads[hi][0], heads[hi][1], heads[hi][2], ks[ki],
+                                     ns[ni], bdt,          c.act,        bi == 1,      0};
+                        bad += qkv_case(g, q);
+                    }
     print_message("fused qkv: %d cases, %d differing\n", cases, bad);
     k_cuda_gemm_destroy(g);
     assert_int_equal(bad, 0);
@@ -237,15 +257,22 @@ static void test_fused_silu_mul(void **state) {
     assert_int_equal(bad, 0);
 }
 
-static void test_fused_off_when_cublaslt_forced(void **state) {
+/* The two calls where the fused kernel must not run: cuBLASLt forced, and (qkv) a cache in
+ * another dtype than the activations. */
+static void test_fused_fallbacks(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(43);
     KCudaGemm *g = k_cuda_gemm_create(1 << 20);
-    k_cuda_gemm_force(g, KC_GEMM_CUBLASLT, 0);
     int bad = 0;
     for (int n = 1; n <= 2; n++) {
-        bad += qkv_case(g, combos[0], 128, 8, 2, 512, n, DT_OTHER, 1);
+        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, DT_F32, 0, 0};
+        bad += qkv_case(g, q); /* bf16 activations, f32 cache */
+    }
+    k_cuda_gemm_force(g, KC_GEMM_CUBLASLT, 0);
+    for (int n = 1; n <= 2; n++) {
+        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, combos[0].act, 0, 1};
+        bad += qkv_case(g, q);
         bad += silu_case(g, combos[0], 172, 512, n, 1);
     }
     k_cuda_gemm_destroy(g);

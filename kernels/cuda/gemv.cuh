@@ -59,10 +59,11 @@ template <int R> constexpr int gemv_default_u = R >= 4 ? 2 : 4 / R;
 
 /* Blocks per SM the register allocation must allow: at one row per warp and n = 1, 12 (at
  * most 40 registers a thread, down from 42: ptxas spills nothing for bf16 and fp32
- * activations, 4 bytes for f16), so that the 1536 blocks of N = 6144 are resident in one wave
- * on 132 SMs, not 1320 and a tail of 216. Measured on the H200: the batch-1 decode step of a
- * Llama-3-8B-shaped model 4.307 / 4.332 -> 4.261 / 4.248 ms (two runs each). (At n = 2 the
- * bound would spill 62 bytes.) With 8 chunks in flight, 8 (64 registers, no spill). */
+ * activations, 4 bytes for f16), so that the 1536 blocks of N = 6144 were resident in one
+ * wave on 132 SMs, not 1320 and a tail of 216. Measured on the H200 when the 8B's qkv
+ * projection took this path: its batch-1 decode step 4.307 / 4.332 -> 4.261 / 4.248 ms (two
+ * runs each). (At n = 2 the bound would spill 62 bytes.) With 8 chunks in flight (K >= 4096,
+ * matmul.cu), 8 (64 registers, no spill); the 12 holds for the shallower rows. */
 template <int NX, int R, int U>
 constexpr int gemv_min_blocks = R == 1 && NX == 1 ? (U >= 8 ? 8 : 12) : 1;
 

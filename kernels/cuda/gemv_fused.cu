@@ -13,9 +13,9 @@
 #include "rope.cuh"
 
 /* Rows of x a fused launch takes (the GEMV's range for 16-bit activations), and chunks in
- * flight per lane and row. A task's two rows are D/2 (qkv) or N/2 (gate-up) rows apart, and at
- * 2 chunks per row, as the plain GEMV takes two adjacent rows, they streamed slower. Measured
- * on the H200, batch-1 decode step (bench latency, 128 in, 256 out, two runs each) of the
+ * flight per lane and row. A task's two rows are mostly D/2 (qkv) or N/2 (gate-up) rows apart,
+ * and at 2 chunks per row, as the plain GEMV takes two adjacent rows, they streamed slower.
+ * Measured on the H200, batch-1 decode step (bench latency, 128 in, 256 out, two runs each) of the
  * Llama-3-8B shape / of one TP=2 rank's shapes alone (16 heads, 4 KV heads, intermediate 7168,
  * vocabulary 64128), ms: two calls 4.072 / 2.351; fused at 2 chunks 4.104 / 2.319; qkv at 4,
  * gate-up at 2 4.100 / 2.292; both at 4 4.064 / 2.259; qkv at 8, gate-up at 4 4.088 / 2.268;
@@ -23,8 +23,8 @@
 enum { GEMV_FUSED_MAX_N = 2, GEMV_FUSED_U = 4 };
 
 /* Task t < pairs reads rows (h D + i, h D + i + D/2) of q or k head h (i = t % (D/2); k heads
- * follow the q heads), rotates them and writes q_out or the cache; task pairs + v reads rows
- * 2v and 2v + 1 of the v part and caches them. Lane i handles row i of x. */
+ * follow the q heads), rotates them and writes q_out or the cache; task pairs + v reads the
+ * adjacent rows 2v and 2v + 1 of the v part and caches them. Lane i handles row i of x. */
 template <typename XT> struct GemvQkvRope {
     RopeKv a;
     const void *bias;
@@ -127,8 +127,11 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
                                   void *kv_cache, const KvLayout *l, int layer, void *stream) {
     const Tensor *b = bias && bias->data ? bias : NULL;
     const int D = l->head_dim, nkv = l->num_kv_heads;
-    const bool fits = w->ndim == 2 && w->shape[0] == (int64_t)(nh + 2 * nkv) * D && D % 2 == 0 &&
-                      rope && rope->head_dim == D && l->dtype == act && layer >= 0 &&
+    /* anything the two calls would reject goes to them, for their error message */
+    const bool fits = g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 &&
+                      D % 2 == 0 && D / 2 <= ROPE_MAX_HALF &&
+                      w->shape[0] == (int64_t)(nh + 2 * nkv) * D && rope && rope->inv_freq &&
+                      rope->head_dim == D && l->dtype == act && layer >= 0 &&
                       layer < l->num_layers &&
                       (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] &&
                               (b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16)));
@@ -160,8 +163,9 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
 
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream) {
-    const int dim = w->ndim == 2 ? (int)(w->shape[0] / 2) : 0;
-    if (dim <= 0 || w->shape[0] % 2 != 0 || !fused_takes(g, act, w, x, n)) {
+    const int dim = w && w->ndim == 2 ? (int)(w->shape[0] / 2) : 0;
+    if (!g || dim <= 0 || w->shape[0] % 2 != 0 || w->shape[1] <= 0 ||
+        !fused_takes(g, act, w, x, n)) {
         k_cuda_matmul(g, gate_up, x, act, w, NULL, n, stream);
         k_cuda_silu_mul(out, gate_up, act, n, dim, stream);
         return;

@@ -118,8 +118,8 @@ enum { GEMV_MAX_N_16 = 2 };
  * / 8: 4096x4096 9.4 / 8.6, 4096x7168 16.5 / 13.6, 3072x4096 7.9 / 6.9, 6144x4096 12.4 / 12.6,
  * but 4096x2048 4.7 / 5.0 (hence the K bound). Batch-1 decode steps with the fused
  * projections (gemv_fused.cu), ms, 4 / 8: Llama-3-8B shape 4.064 / 4.069, one TP=2 rank's
- * shapes alone 2.259 / 2.224 (its o and down projections, 4096x2048 and 4096x7168, take this
- * path; the 8B's o projection only). */
+ * shapes alone 2.259 / 2.224 (its down projection, 4096x7168, takes this path, its o
+ * projection, 4096x2048, does not; of the 8B's, the o projection, 4096x4096). */
 enum { GEMV_DEEP_K = 4096, GEMV_DEEP_U = 8 };
 
 static int gemv_rows(int n, int N, int K) {

@@ -6,6 +6,9 @@
 
 #include "cuda_internal.cuh"
 
+/* The largest head_dim / 2 the rotary kernels take. */
+enum { ROPE_MAX_HALF = 512 };
+
 /* Where one launch finds q, k and v: row strides in elements (see the kernel). */
 typedef struct {
     const void *q;
