@@ -136,6 +136,24 @@ __device__ __forceinline__ float load_any(const void *p, int dt, int j) {
     }
 }
 
+/* A bias the epilogues can read (load_any): F32, F16 or BF16. */
+static inline bool gemv_bias_dtype_ok(DType dt) {
+    return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16;
+}
+
+/* fn((XT *)0, (WT *)0) with the element types of a GEMV dtype pair (activation / weight):
+ * BF16 / BF16, F16 / F16, F32 / BF16, F32 / F16; the caller has checked that it is one. */
+template <class Fn> static void gemv_dtypes(DType act, DType wt, Fn fn) {
+    if (act == DT_BF16)
+        fn((bf16 *)0, (bf16 *)0);
+    else if (act == DT_F16)
+        fn((f16 *)0, (f16 *)0);
+    else if (wt == DT_BF16)
+        fn((float *)0, (bf16 *)0);
+    else
+        fn((float *)0, (f16 *)0);
+}
+
 /* The matmul's epilogue: task t owns rows [t R, t R + R) of out[n, N] (+ bias); lane r*n+i
  * writes (i, t R + r). */
 template <typename XT> struct GemvStore {

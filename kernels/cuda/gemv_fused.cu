@@ -9,6 +9,8 @@
  * as the projection's output would be, then the same rope_rotate / silu_times. Where
  * k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned operands, a forced
  * path) or the cache's dtype differs from the activations', the two ops run as before. */
+#include <type_traits>
+
 #include "gemv.cuh"
 #include "rope.cuh"
 
@@ -103,22 +105,12 @@ static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x,
 template <template <typename> class Epi, typename Fill>
 static void launch_fused(DType act, DType wt, int n, int tasks, const void *x, const void *w, int K,
                          cudaStream_t s, Fill fill) {
-#define FUSED_RUN(XT, WT)                                                                          \
-    do {                                                                                           \
-        Epi<XT> epi;                                                                               \
-        fill(&epi);                                                                                \
-        gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (const XT *)x, (const WT *)w,   \
-                                                    K, s);                                         \
-    } while (0)
-    if (act == DT_BF16)
-        FUSED_RUN(bf16, bf16);
-    else if (act == DT_F16)
-        FUSED_RUN(f16, f16);
-    else if (wt == DT_BF16)
-        FUSED_RUN(float, bf16);
-    else
-        FUSED_RUN(float, f16);
-#undef FUSED_RUN
+    gemv_dtypes(act, wt, [&](auto *xt, auto *wtp) {
+        Epi<std::remove_pointer_t<decltype(xt)>> epi;
+        fill(&epi);
+        gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (decltype(xt))x,
+                                                    (decltype(wtp))w, K, s);
+    });
 }
 
 void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
@@ -128,13 +120,12 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     const Tensor *b = bias && bias->data ? bias : NULL;
     const int D = l->head_dim, nkv = l->num_kv_heads;
     /* anything the two calls would reject goes to them, for their error message */
-    const bool fits = g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 &&
-                      D % 2 == 0 && D / 2 <= ROPE_MAX_HALF &&
-                      w->shape[0] == (int64_t)(nh + 2 * nkv) * D && rope && rope->inv_freq &&
-                      rope->head_dim == D && l->dtype == act && layer >= 0 &&
-                      layer < l->num_layers &&
-                      (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] &&
-                              (b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16)));
+    const bool fits =
+        g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 && D % 2 == 0 &&
+        D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D && rope &&
+        rope->inv_freq && rope->head_dim == D && l->dtype == act && layer >= 0 &&
+        layer < l->num_layers &&
+        (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
     if (!fits || !fused_takes(g, act, w, x, n)) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, kv_cache, l,

@@ -154,11 +154,9 @@ template <typename WT> __global__ void split_kernel(WT *hi, WT *lo, const float 
 /* ---------------- GEMV for n <= 8 (gemv.cuh) ---------------- */
 
 template <typename XT, typename WT>
-static void gemv_launch(int n, int rows, void *out, const void *x, const void *w, const void *bias,
+static void gemv_launch(int n, int rows, XT *out, const XT *xx, const WT *ww, const void *bias,
                         int bias_dt, int N, int K, cudaStream_t s) {
-    const GemvStore<XT> epi = {(XT *)out, bias, bias_dt, N};
-    const XT *xx = (const XT *)x;
-    const WT *ww = (const WT *)w;
+    const GemvStore<XT> epi = {out, bias, bias_dt, N};
     const int tasks = (N + rows - 1) / rows;
     switch (rows) {
         case 1:
@@ -462,16 +460,12 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         const void *bp = b ? b->data : NULL;
         int bdt = b ? (int)b->dtype : 0;
         if (b)
-            KC_REQUIRE(b->dtype == DT_F32 || b->dtype == DT_F16 || b->dtype == DT_BF16,
-                       "k_cuda_matmul: bias dtype %s", pl_dtype_name(b->dtype));
-        if (same16 && wt == DT_BF16)
-            gemv_launch<bf16, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-        else if (same16)
-            gemv_launch<f16, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-        else if (wt == DT_BF16)
-            gemv_launch<float, bf16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
-        else
-            gemv_launch<float, f16>(n, rows, out, x, w->data, bp, bdt, N, K, s);
+            KC_REQUIRE(gemv_bias_dtype_ok(b->dtype), "k_cuda_matmul: bias dtype %s",
+                       pl_dtype_name(b->dtype));
+        gemv_dtypes(act, wt, [&](auto *xt, auto *wtp) {
+            gemv_launch(n, rows, (decltype(xt))out, (decltype(xt))x, (decltype(wtp))w->data, bp,
+                        bdt, N, K, s);
+        });
         return;
     }
 
