@@ -35,6 +35,7 @@
     X(test_rmsnorm)                                                                                \
     X(test_add_rmsnorm)                                                                            \
     X(test_silu_mul)                                                                               \
+    X(test_to_f32)                                                                                 \
     X(test_gather_rows)                                                                            \
     X(test_rope)                                                                                   \
     X(test_kv_write)                                                                               \
@@ -206,6 +207,42 @@ static void test_silu_mul(void **state) {
             free(ref);
             free(got);
         }
+    assert_int_equal(bad, 0);
+}
+
+/* Widening is exact: every element equals its input. Lengths around the 8-element groups and
+ * a row of logits; the input or output one element off 16-byte alignment takes the scalar
+ * kernel for all of it, an aligned pair the 8-wide one and the scalar tail. */
+static void test_to_f32(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(12);
+    const size_t lens[] = {1, 7, 8, 9, 131, 3 * 128256 + 5};
+    int bad = 0;
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+            for (int off = 0; off < 3; off++) {
+                DType act = acts[ai];
+                size_t n = lens[li];
+                int in_off = off == 1, out_off = off == 2;
+                float *x = rand_vec(n + 1, -60, 60, act), *got = xmalloc((n + 1) * sizeof(float));
+                void *din = upload_as(x, n + 1, act);
+                float *dout = poisoned(n + 1, DT_F32);
+                k_cuda_to_f32(dout + out_off, (char *)din + in_off * pl_dtype_size(act), act, n,
+                              NULL);
+                download_as(got, dout, n + 1, DT_F32);
+                char what[80];
+                snprintf(what, sizeof what, "to_f32 %s n %zu in+%d out+%d", dn(act), n, in_off,
+                         out_off);
+                bad += check_close(what, got + out_off, x + in_off, n, 0.0);
+                /* the element past the output stays poisoned */
+                if (!isnan(got[out_off ? 0 : n]) && bad++ < 5)
+                    print_error("%s: wrote outside the output\n", what);
+                k_cuda_free(din);
+                k_cuda_free(dout);
+                free(x);
+                free(got);
+            }
     assert_int_equal(bad, 0);
 }
 

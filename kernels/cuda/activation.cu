@@ -55,17 +55,40 @@ void k_cuda_silu_mul(void *out, const void *gate_up, DType act, int n, int dim, 
                            kc_stream(stream), (T *)out, (const T *)gate_up, total, dim));
 }
 
+/* Any length and alignment: one element per thread, grid-stride. */
 template <typename T> __global__ void to_f32_kernel(float *out, const T *in, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         out[i] = to_f32(in[i]);
 }
 
+/* 16-byte aligned input and output: 8 elements per thread and step (one 16-byte load for a
+ * 16-bit type, two 16-byte stores), grid-stride over the n8 groups of 8; the n % 8 tail is
+ * left to the scalar kernel. (The logits of a 256-row decode step, 128256 wide, on the H200:
+ * 91.8 us with the scalar kernel alone, 54-58 us so.) */
+template <typename T> __global__ void to_f32_vec_kernel(float *out, const T *in, size_t n8) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v[8];
+        load8(v, in + 8 * i);
+        store8(out + 8 * i, v);
+    }
+}
+
 void k_cuda_to_f32(float *out, const void *in, DType act, size_t n, void *stream) {
     if (n == 0)
         return;
-    KC_DISPATCH_ACT(act, "k_cuda_to_f32", T,
-                    to_f32_kernel<T>
-                    <<<kc_blocks(n, 256), 256, 0, kc_stream(stream)>>>(out, (const T *)in, n));
-    CUDA_CHECK_LAUNCH();
+    cudaStream_t s = kc_stream(stream);
+    const size_t n8 = kc_aligned16(out) && kc_aligned16(in) ? n / 8 : 0, tail = n - 8 * n8;
+    KC_DISPATCH_ACT(act, "k_cuda_to_f32", T, {
+        if (n8) {
+            to_f32_vec_kernel<T><<<kc_blocks(n8, 256), 256, 0, s>>>(out, (const T *)in, n8);
+            CUDA_CHECK_LAUNCH();
+        }
+        if (tail) {
+            to_f32_kernel<T>
+                <<<kc_blocks(tail, 256), 256, 0, s>>>(out + 8 * n8, (const T *)in + 8 * n8, tail);
+            CUDA_CHECK_LAUNCH();
+        }
+    });
 }
