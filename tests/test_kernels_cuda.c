@@ -36,6 +36,7 @@
     X(test_add_rmsnorm)                                                                            \
     X(test_silu_mul)                                                                               \
     X(test_to_f32)                                                                                 \
+    X(test_vocab_logits)                                                                           \
     X(test_gather_rows)                                                                            \
     X(test_rope)                                                                                   \
     X(test_kv_write)                                                                               \
@@ -243,6 +244,51 @@ static void test_to_f32(void **state) {
                 free(x);
                 free(got);
             }
+    assert_int_equal(bad, 0);
+}
+
+/* The vocabulary-parallel LM head's reorder of parts[size, n, shard] into fp32 rows [n, vocab]
+ * against the CPU op, exactly: slices a multiple of 8 (the model's VOCAB_SLICE_ALIGN) with
+ * vocabularies a multiple of 8, of 4 (a 4-wide tail per row) and odd (the one-per-thread
+ * kernel), a misaligned output (the same), a 128256 vocabulary at 2-256 rows (a decode step's
+ * logits, by each kernel); padding ids are never written. */
+static void test_vocab_logits(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = k_cpu_ops();
+    rng_seed(13);
+    const int cases[][4] = {/* vocab, ranks, rows, output offset */
+                            {512, 2, 3, 0},     {1004, 2, 5, 0}, {1004, 3, 2, 0},
+                            {509, 2, 4, 0},     {1000, 4, 1, 1}, {128256, 2, 3, 0},
+                            {128256, 4, 2, 0},  {40, 1, 7, 0},   {128256, 2, 256, 0},
+                            {128256, 2, 256, 1}};
+    int bad = 0;
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+            DType act = acts[ai];
+            const int vocab = cases[ci][0], size = cases[ci][1], n = cases[ci][2],
+                      off = cases[ci][3];
+            const int shard = ((vocab + size - 1) / size + 7) & ~7;
+            const size_t np = (size_t)size * n * shard, nout = (size_t)n * vocab;
+            float *parts = rand_vec(np, -30, 30, act);
+            float *ref = xmalloc(nout * sizeof(float)), *got = xmalloc((nout + 1) * sizeof(float));
+            cpu->vocab_logits_f32(ref, parts, n, vocab, shard, size);
+            void *dparts = upload_as(parts, np, act);
+            float *dout = poisoned(nout + 1, DT_F32);
+            k_cuda_ops(act)->vocab_logits_f32(dout + off, dparts, n, vocab, shard, size);
+            download_as(got, dout, nout + 1, DT_F32);
+            char what[96];
+            snprintf(what, sizeof what, "vocab_logits %s vocab %d ranks %d rows %d out+%d", dn(act),
+                     vocab, size, n, off);
+            bad += check_close(what, got + off, ref, nout, 0.0);
+            if (!isnan(got[off ? 0 : nout]) && bad++ < 5)
+                print_error("%s: wrote outside the output\n", what);
+            k_cuda_free(dparts);
+            k_cuda_free(dout);
+            free(parts);
+            free(ref);
+            free(got);
+        }
     assert_int_equal(bad, 0);
 }
 
