@@ -211,6 +211,22 @@ static void test_silu_mul(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* An fp32 op's output of n elements written at dout + off (off 0 or 1) in a poisoned buffer
+ * of n + 2: the elements that differ from want, plus one if the op wrote beside its output
+ * (the element before a shifted output, the one past the end). Frees dout. */
+static int check_shifted_f32(const char *what, float *dout, const float *want, size_t n, int off) {
+    float *got = xmalloc((n + 2) * sizeof(float));
+    download_as(got, dout, n + 2, DT_F32);
+    int bad = check_close(what, got + off, want, n, 0.0);
+    if (!isnan(got[off + n]) || (off && !isnan(got[0]))) {
+        print_error("%s: wrote outside the output\n", what);
+        bad++;
+    }
+    free(got);
+    k_cuda_free(dout);
+    return bad;
+}
+
 /* Widening is exact: every element equals its input. Lengths around the 8-element groups and
  * a row of logits; the input or output one element off 16-byte alignment takes the scalar
  * kernel for all of it, an aligned pair the 8-wide one and the scalar tail. */
@@ -226,23 +242,17 @@ static void test_to_f32(void **state) {
                 DType act = acts[ai];
                 size_t n = lens[li];
                 int in_off = off == 1, out_off = off == 2;
-                float *x = rand_vec(n + 1, -60, 60, act), *got = xmalloc((n + 2) * sizeof(float));
+                float *x = rand_vec(n + 1, -60, 60, act);
                 void *din = upload_as(x, n + 1, act);
                 float *dout = poisoned(n + 2, DT_F32);
                 k_cuda_to_f32(dout + out_off, (char *)din + in_off * pl_dtype_size(act), act, n,
                               NULL);
-                download_as(got, dout, n + 2, DT_F32);
                 char what[80];
                 snprintf(what, sizeof what, "to_f32 %s n %zu in+%d out+%d", dn(act), n, in_off,
                          out_off);
-                bad += check_close(what, got + out_off, x + in_off, n, 0.0);
-                /* the elements beside the output stay poisoned */
-                if ((!isnan(got[out_off + n]) || (out_off && !isnan(got[0]))) && bad++ < 5)
-                    print_error("%s: wrote outside the output\n", what);
+                bad += check_shifted_f32(what, dout, x + in_off, n, out_off);
                 k_cuda_free(din);
-                k_cuda_free(dout);
                 free(x);
-                free(got);
             }
     assert_int_equal(bad, 0);
 }
@@ -271,23 +281,18 @@ static void test_vocab_logits(void **state) {
             const int shard = ((vocab + size - 1) / size + 7) & ~7;
             const size_t np = (size_t)size * n * shard, nout = (size_t)n * vocab;
             float *parts = rand_vec(np, -30, 30, act);
-            float *ref = xmalloc(nout * sizeof(float)), *got = xmalloc((nout + 2) * sizeof(float));
+            float *ref = xmalloc(nout * sizeof(float));
             cpu->vocab_logits_f32(ref, parts, n, vocab, shard, size);
             void *dparts = upload_as(parts, np, act);
             float *dout = poisoned(nout + 2, DT_F32);
             k_cuda_ops(act)->vocab_logits_f32(dout + off, dparts, n, vocab, shard, size);
-            download_as(got, dout, nout + 2, DT_F32);
             char what[96];
             snprintf(what, sizeof what, "vocab_logits %s vocab %d ranks %d rows %d out+%d", dn(act),
                      vocab, size, n, off);
-            bad += check_close(what, got + off, ref, nout, 0.0);
-            if ((!isnan(got[off + nout]) || (off && !isnan(got[0]))) && bad++ < 5)
-                print_error("%s: wrote outside the output\n", what);
+            bad += check_shifted_f32(what, dout, ref, nout, off);
             k_cuda_free(dparts);
-            k_cuda_free(dout);
             free(parts);
             free(ref);
-            free(got);
         }
     assert_int_equal(bad, 0);
 }
