@@ -3,7 +3,7 @@
  * Not part of the build; on a GPU host:
  *
  *   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/overlap_probe tools/overlap_probe.cu -lcublasLt -lcuda
- *   /tmp/overlap_probe [gemm|cold|overlap|pipe]       (no argument: all four, in this order)
+ *   /tmp/overlap_probe [gemm|cold|overlap|pipe|power]  (no argument: all five, in this order)
  *
  * GEMMs: cuBLASLt bf16 D [N, rows] = W [N, K] x X [K, rows] (W transposed, fp32 compute, 64 MiB
  * workspace) at qkv (N 6144, K 4096), o (4096, 4096), gate-up (28672, 4096), down (4096, 14336)
@@ -29,7 +29,14 @@
  *          vs in G = 1, 2, 4, 8 head groups on two streams: group g's qkv slice (N 6144/G), its
  *          attention (2048/G blocks) on the other stream after an event, then its share of o as
  *          split-K (K 4096/G, beta 1 after the first) back on the GEMM stream. Priorities equal,
- *          GEMM stream high, attention stream high. Two rounds, 20 layers per timing. */
+ *          GEMM stream high, attention stream high. Two rounds, 20 layers per timing.
+ * power    Which work meets the board's power limit? Each for 4 s, then 2 s idle: the
+ *          attention-like kernel alone (random K/V), the layer's four GEMMs at 256 rows (qkv, o,
+ *          gate-up, down; weights alternating between two copies, 0.87 GB), and both as a layer
+ *          (attention, then the GEMMs). Prints each phase's wall-clock span (CLOCK_REALTIME) and
+ *          its time per call at the start and in its last second; run `nvidia-smi
+ *          --query-gpu=timestamp,power.draw,clocks.sm --format=csv -lms 50` beside it to read the
+ *          power and clock of each span. */
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -39,6 +46,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <unistd.h>
 #include <vector>
 
 /* why a call failed, or null: runtime, cuBLASLt and driver results, or a helper's own text */
@@ -562,18 +571,88 @@ static void pipe_mode() {
         }
 }
 
+static double wall_s() {
+    timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* body() in timed batches of 20 calls for 4 s, then 2 s idle */
+template <class F> static void sustained(const char *name, F body) {
+    constexpr int BATCH_CALLS = 20;
+    std::vector<double> end;
+    std::vector<float> us;
+    const double t0 = wall_s();
+    while (end.empty() || end.back() - t0 < 4.0) {
+        us.push_back(span_us(0, BATCH_CALLS, body));
+        end.push_back(wall_s());
+    }
+    std::vector<float> last;
+    for (size_t i = 0; i < us.size(); i++)
+        if (end[i] > end.back() - 1.0)
+            last.push_back(us[i]);
+    std::sort(last.begin(), last.end());
+    printf("power %-10s %.3f - %.3f: %zu batches of %d, first %.1f us per call, last second "
+           "median %.1f us\n",
+           name, t0, end.back(), us.size(), BATCH_CALLS, us[0], last[last.size() / 2]);
+    fflush(stdout);
+    sleep(2);
+}
+
+static void power_mode() {
+    static const Shape *const layer[] = {&SHAPES[0], &SHAPES[1], &SHAPES[2], &SHAPES[3]};
+    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)BATCH * 28672 * 2);
+    std::vector<const Gemm *> g;
+    std::vector<void *> w;
+    for (const Shape *s : layer) {
+        g.push_back(new Gemm(s->n, s->k, BATCH, s->k));
+        for (int c = 0; c < 2; c++)
+            w.push_back(dev_rand((size_t)s->n * s->k, 90 + (int)w.size()));
+    }
+    uint4 *kv = (uint4 *)dev_rand(KV_BYTES / 2, 11);
+    float *sink = (float *)dev_alloc(sizeof(float));
+    int call = 0;
+    auto attention = [&] {
+        attention_like<<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+        CK(cudaGetLastError());
+    };
+    auto gemms = [&] {
+        const int c = call++ & 1;
+        for (size_t i = 0; i < g.size(); i++)
+            CK(g[i]->run(w[2 * i + c], x, d, 0));
+    };
+    sleep(2);
+    sustained("attention", attention);
+    sustained("gemms", gemms);
+    sustained("layer", [&] {
+        attention();
+        gemms();
+    });
+    printf("attention-like %.2f GB per call; GEMMs %.1f GFLOP per call\n", KV_BYTES / 1e9,
+           2.0 * BATCH * (QKV_N + HIDDEN + 28672 + 14336) * (double)HIDDEN / 1e9);
+    for (const Gemm *p : g)
+        delete p;
+    for (void *p : w)
+        CK(cudaFree(p));
+    for (void *p : {x, d, (void *)kv, (void *)sink})
+        CK(cudaFree(p));
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*run)();
-    } modes[] = {
-        {"gemm", gemm_mode}, {"cold", cold_mode}, {"overlap", overlap_mode}, {"pipe", pipe_mode}};
+    } modes[] = {{"gemm", gemm_mode},
+                 {"cold", cold_mode},
+                 {"overlap", overlap_mode},
+                 {"pipe", pipe_mode},
+                 {"power", power_mode}};
     const char *only = argc > 1 ? argv[1] : nullptr;
     int chosen = 0;
     for (const auto &m : modes)
         chosen += !only || !strcmp(m.name, only);
     if (argc > 2 || !chosen) {
-        printf("usage: %s [gemm|cold|overlap|pipe]\n", argv[0]);
+        printf("usage: %s [gemm|cold|overlap|pipe|power]\n", argv[0]);
         return 2;
     }
     CK(cuInit(0));
