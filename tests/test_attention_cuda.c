@@ -26,7 +26,9 @@
  * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
  * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only;
  * PAGELLM_ATTN_TIMING=BATCHxCTX (or BATCHxFROMxTOxBOUND: contexts spread over FROM-TO, block
- * tables of BOUND positions) times that decode case alone (to profile it). */
+ * tables of BOUND positions) times that decode case alone (to profile it), and with
+ * PAGELLM_ATTN_SUSTAIN=SECONDS also after that many seconds of back-to-back launches (the time
+ * once the board's power limit has set the clock; read the power beside it with nvidia-smi). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -402,6 +405,43 @@ static void run_attn(void *ctx, int i) {
                                 a->ws_bytes, a->stream);
 }
 
+/* Wall-clock seconds (CLOCK_REALTIME, to line up with nvidia-smi's timestamps). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ms per run() once `seconds` of back-to-back calls have passed: the median of the batches of
+ * 20 calls in the last half second. */
+static double time_sustained(TimedFn run, void *ctx, double seconds) {
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float t[256];
+    double end[256];
+    int n = 0, i = 0;
+    const double t0 = now_s();
+    do {
+        CUDA_CHECK(cudaEventRecord(e0, NULL));
+        for (int k = 0; k < 20; k++)
+            run(ctx, i++);
+        CUDA_CHECK(cudaEventRecord(e1, NULL));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&t[n % 256], e0, e1));
+        end[n % 256] = now_s();
+        n++;
+    } while (end[(n - 1) % 256] - t0 < seconds);
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    float last[256];
+    int m = 0;
+    for (int k = n > 256 ? n - 256 : 0; k < n; k++)
+        if (end[k % 256] > end[(n - 1) % 256] - 0.5)
+            last[m++] = t[k % 256] / 20;
+    return median(last, m);
+}
+
 /* Device time per launch without the host's launch overhead, as the engine's CUDA graphs run
  * it: one graph of a launch per set, the median of 5 replays divided by the sets, in ms. */
 static double time_graph(TimedAttn *a) {
@@ -554,6 +594,12 @@ static void test_attention_timing(void **state) {
         double ms = time_median(run_attn, &a, 20);
         k_cuda_synchronize(); /* the graph's stream does not wait for the legacy one */
         double graph_ms = time_graph(&a);
+        const char *sustain = only ? getenv("PAGELLM_ATTN_SUSTAIN") : NULL;
+        if (sustain) {
+            double t0 = now_s(), settled = time_sustained(run_attn, &a, atof(sustain));
+            print_message("timing: sustained %.3f - %.3f s (CLOCK_REALTIME): %.1f us per launch\n",
+                          t0, now_s(), settled * 1e3);
+        }
         double floor_ms = positions * nkv * D * 2 * 2 / bw * 1e3;
         char ctx[48];
         if (lo == hi && hi == mb * bs)

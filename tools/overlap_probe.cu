@@ -3,7 +3,8 @@
  * Not part of the build; on a GPU host:
  *
  *   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/overlap_probe tools/overlap_probe.cu -lcublasLt -lcuda
- *   /tmp/overlap_probe [gemm|cold|overlap|pipe|power]  (no argument: all five, in this order)
+ *   /tmp/overlap_probe [gemm|cold|overlap|pipe|power|partials|sustain|attnpower]
+ *   (no argument: all eight, in this order)
  *
  * GEMMs: cuBLASLt bf16 D [N, rows] = W [N, K] x X [K, rows] (W transposed, fp32 compute, 64 MiB
  * workspace) at qkv (N 6144, K 4096), o (4096, 4096), gate-up (28672, 4096), down (4096, 14336)
@@ -36,7 +37,18 @@
  *          (attention, then the GEMMs). Prints each phase's wall-clock span (CLOCK_REALTIME) and
  *          its time per call at the start and in its last second; run `nvidia-smi
  *          --query-gpu=timestamp,power.draw,clocks.sm --format=csv -lms 50` beside it to read the
- *          power and clock of each span. */
+ *          power and clock of each span.
+ * partials Would the o and down projections pay as split-K fp32 partials summed by the next
+ *          add + RMSNorm (no reduction kernel)? Best offer (weights rotating through 4 copies)
+ *          with bf16 output plus an add-norm of a bf16 delta, against strided-batched fp32
+ *          partials at split 2, 4, 8 plus an add-norm summing them; and the LM head with bf16
+ *          or fp32 output.
+ * sustain  Would tuning the offers under sustained load pick others? Per shape at 256 rows and
+ *          offer, the engine-like burst time and the time after 1.5 s of back-to-back calls.
+ * attnpower Where does a decode attention kernel's energy go? One layer's K/V (as overlap's)
+ *          through ld.global, evict-first loads, a cp.async ring read back with ld.shared, with
+ *          ldmatrix, ldmatrix feeding 8 mma per step (4 or 16 live A rows), and ld.global
+ *          feeding the mma directly; each for 4 s as in power (nvidia-smi beside it). */
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -159,14 +171,27 @@ struct Gemm {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
 
-    Gemm(int n, int k, int rows, int ldb, int lda = 0) {
+    /* batch > 1: `batch` products over consecutive k-slices of W and X (strided batch), the
+     * partial sums D_i [n, rows] one after another in ct */
+    Gemm(int n, int k, int rows, int ldb, int lda = 0, cudaDataType_t ct = CUDA_R_16BF,
+         int batch = 1) {
         const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
         CK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         CK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         CK(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, k, n, lda ? lda : k));
         CK(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, k, rows, ldb));
-        CK(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, n, rows, n));
+        CK(cublasLtMatrixLayoutCreate(&c, ct, n, rows, n));
+        if (batch > 1) {
+            const int64_t ab = k, cb = (int64_t)n * rows;
+            for (cublasLtMatrixLayout_t l : {a, b, c}) {
+                CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                    sizeof batch));
+                const int64_t *off = l == c ? &cb : &ab;
+                CK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                    off, sizeof *off));
+            }
+        }
         cublasLtMatmulHeuristicResult_t first;
         CK(offers(&first, 1) ? nullptr : "no cuBLASLt algorithm");
         algo = first.algo;
@@ -638,21 +663,338 @@ static void power_mode() {
         CK(cudaFree(p));
 }
 
+/* us per call of body() after `seconds` of calling it back to back (the median of the last
+ * 0.5 s of batches of 10): the time once the board's power limit has set the clock */
+template <class F> static float settled_us(double seconds, F body) {
+    std::vector<double> end;
+    std::vector<float> us;
+    const double t0 = wall_s();
+    while (end.empty() || end.back() - t0 < seconds) {
+        us.push_back(span_us(0, 10, body));
+        end.push_back(wall_s());
+    }
+    std::vector<float> last;
+    for (size_t i = 0; i < us.size(); i++)
+        if (end[i] > end.back() - 0.5)
+            last.push_back(us[i]);
+    std::sort(last.begin(), last.end());
+    return last[last.size() / 2];
+}
+
+/* ---- attnpower: where a decode attention kernel's energy goes ---- */
+
+enum AttnPath { PATH_LDG, PATH_LDCS, PATH_SMEM, PATH_LDSM, PATH_MMA4, PATH_MMA16, PATH_REG_MMA4 };
+static const char *const PATH_NAMES[] = {"ldg",       "ldcs",       "cp.async+lds", "cp.async+ldsm",
+                                         "ldsm+mma4", "ldsm+mma16", "ldg+mma4"};
+
+__device__ __forceinline__ void probe_cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void probe_ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void probe_mma16(float c[4], const uint32_t a[4], uint32_t b0,
+                                            uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Block b streams chunk b (one (row, KV head) pair's K and V, as attention_like) in steps of 8
+ * rows of 256 bytes per warp, the steps dealt round-robin to the 4 warps. PATH_LDG / LDCS: each
+ * lane loads its 4 16-byte units of a step into registers (ld.global.nc / evict-first), two steps
+ * in flight. The others stage the steps through a 3-stage cp.async ring per warp laid out as the
+ * engine's decode kernel does (row p's chunk c at unit 16 p + (c ^ p)), then read each stage with
+ * ld.shared (SMEM), 4 ldmatrix.x4 (LDSM), and 8 mma m16n8k16 on them (MMA4: 4 of A's 16 rows
+ * non-zero, as the decode kernel's 4 query heads of a KV head; MMA16: all 16). REG_MMA4: the
+ * registers of LDG fed to the same 8 mma, no shared memory. */
+template <int PATH>
+__global__ __launch_bounds__(ATT_THREADS) void attention_path(const uint4 *kv, size_t chunk,
+                                                              float *sink) {
+    __shared__ uint4 ring[ATT_THREADS / 32][3][128];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g8 = lane >> 2, sub = lane & 15, r = lane >> 4, lpos = lane & 7, lmat = lane >> 3;
+    const uint4 *base = kv + blockIdx.x * chunk;
+    const int nsteps = (int)(chunk / 128), mine = (nsteps - warp + 3) / 4;
+    /* A fragments: query-like bits, zero where the decode kernel's padding rows are */
+    const uint32_t q = 0x3c003c00u ^ (lane * 0x01010101u);
+    const bool live = PATH == PATH_MMA16 || g8 < 4;
+    const uint32_t a[4] = {live ? q : 0u, PATH == PATH_MMA16 ? q : 0u, live ? q : 0u,
+                           PATH == PATH_MMA16 ? q : 0u};
+    float c[4] = {0, 0, 0, 0};
+    uint32_t x = 0;
+    auto step_src = [&](int j) { return base + (size_t)(warp + 4 * j) * 128; };
+    if constexpr (PATH == PATH_LDG || PATH == PATH_LDCS || PATH == PATH_REG_MMA4) {
+        for (int j = 0; j < mine; j++) {
+            uint4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                v[u] = PATH == PATH_LDCS ? __ldcs(step_src(j) + u * 32 + lane)
+                                         : __ldg(step_src(j) + u * 32 + lane);
+            if constexpr (PATH == PATH_REG_MMA4) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    probe_mma16(c, a, v[u].x, v[u].y);
+                    probe_mma16(c, a, v[u].z, v[u].w);
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    x ^= v[u].x ^ v[u].w;
+            }
+        }
+    } else {
+        auto issue = [&](int j) {
+            if (j < mine) {
+                const uint32_t dst = (uint32_t)__cvta_generic_to_shared(ring[warp][j % 3]);
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int row = 2 * u + r;
+                    probe_cp_async16(dst + 16 * (row * 16 + (sub ^ row)),
+                                     step_src(j) + row * 16 + sub);
+                }
+            }
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        };
+        issue(0);
+        issue(1);
+        for (int j = 0; j < mine; j++) {
+            __syncwarp();
+            issue(j + 2);
+            asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+            __syncwarp();
+            const uint32_t sa = (uint32_t)__cvta_generic_to_shared(ring[warp][j % 3]);
+            if constexpr (PATH == PATH_SMEM) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint4 v = ring[warp][j % 3][u * 32 + lane];
+                    x ^= v.x ^ v.w;
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint32_t b[4];
+                    probe_ldsm_x4(b, sa + 16 * (lpos * 16 + ((4 * k + lmat) ^ lpos)));
+                    if constexpr (PATH == PATH_LDSM) {
+                        x ^= b[0] ^ b[1] ^ b[2] ^ b[3];
+                    } else {
+                        probe_mma16(c, a, b[0], b[1]);
+                        probe_mma16(c, a, b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+    if (x == 0x12345678u || c[0] + c[1] + c[2] + c[3] == 123.456f)
+        *sink = (float)x + c[0];
+}
+
+/* Each path over one layer's K/V for 4 s (sustained(): run nvidia-smi beside it). */
+static void attnpower_mode() {
+    uint4 *kv = (uint4 *)dev_rand(KV_BYTES / 2, 11);
+    float *sink = (float *)dev_alloc(sizeof(float));
+    auto launch = [&](int path) {
+        switch (path) {
+            case PATH_LDG:
+                attention_path<PATH_LDG><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_LDCS:
+                attention_path<PATH_LDCS><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_SMEM:
+                attention_path<PATH_SMEM><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_LDSM:
+                attention_path<PATH_LDSM><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_MMA4:
+                attention_path<PATH_MMA4><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_MMA16:
+                attention_path<PATH_MMA16><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+            case PATH_REG_MMA4:
+                attention_path<PATH_REG_MMA4><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
+                break;
+        }
+        CK(cudaGetLastError());
+    };
+    sleep(2);
+    for (int path = PATH_LDG; path <= PATH_REG_MMA4; path++)
+        sustained(PATH_NAMES[path], [&] { launch(path); });
+    printf("attnpower: %.3f GB per call\n", KV_BYTES / 1e9);
+    for (void *p : {(void *)kv, (void *)sink})
+        CK(cudaFree(p));
+}
+
+/* Would timing the offers under sustained load (the power limit binding) pick other ones than
+ * the engine's burst timing? Each shape at 256 rows, each offer: 30 calls after 3 warm-ups
+ * (as the engine's tuner) and the settled time after 1.5 s of calls, weights alternating
+ * between two copies; 1 s idle between offers. */
+static void sustain_mode() {
+    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)BATCH * 128256 * 2);
+    for (const Shape &s : SHAPES) {
+        const Gemm g(s.n, s.k, BATCH, s.k);
+        void *w[2] = {dev_rand((size_t)s.n * s.k, 70), dev_rand((size_t)s.n * s.k, 71)};
+        cublasLtMatmulHeuristicResult_t r[OFFERS];
+        const int n = g.offers(r, OFFERS);
+        const double flop = 2.0 * s.n * s.k * BATCH;
+        for (int i = 0; i < n; i++) {
+            sleep(1);
+            const float burst = time_algo(g, &r[i].algo, w, 2, x, d, 30);
+            if (burst < 0)
+                continue;
+            int c = 0;
+            const float held =
+                settled_us(1.5, [&] { CK(g.run(w[c++ & 1], x, d, 0, 0, &r[i].algo)); });
+            printf("sustain %-7s offer %d: burst %7.1f us (%5.1f TF/s), settled %7.1f us (%5.1f "
+                   "TF/s)  ",
+                   s.name, i, burst, flop / burst / 1e6, held, flop / held / 1e6);
+            print_config(&r[i].algo);
+            fflush(stdout);
+        }
+        for (void *p : w)
+            CK(cudaFree(p));
+    }
+    for (void *p : {x, d})
+        CK(cudaFree(p));
+}
+
+/* residual += sum of S fp32 partials (S 0: one bf16 delta), rounded to bf16; normed = rmsnorm
+ * (no weight): the add + norm after a row-parallel projection, one block of 256 per row */
+template <int S>
+__global__ __launch_bounds__(256) void add_norm_partials(uint16_t *res, const void *delta,
+                                                         uint16_t *normed, int rows) {
+    __shared__ float part[8];
+    const int r = blockIdx.x, t = threadIdx.x;
+    float v[16], ss = 0;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const size_t i = (size_t)r * HIDDEN + j * 256 + t;
+        float dlt = 0;
+        if constexpr (S == 0)
+            dlt = __uint_as_float((uint32_t)((const uint16_t *)delta)[i] << 16);
+        else
+#pragma unroll
+            for (int p = 0; p < S; p++)
+                dlt += ((const float *)delta)[(size_t)p * rows * HIDDEN + i];
+        dlt = __bfloat162float(__float2bfloat16(dlt));
+        const float x =
+            __bfloat162float(__float2bfloat16(__uint_as_float((uint32_t)res[i] << 16) + dlt));
+        res[i] = (uint16_t)(__float_as_uint(x) >> 16);
+        v[j] = x;
+        ss += x * x;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (t % 32 == 0)
+        part[t / 32] = ss;
+    __syncthreads();
+    ss = 0;
+    for (int w = 0; w < 8; w++)
+        ss += part[w];
+    const float inv = rsqrtf(ss / HIDDEN + 1e-5f);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        normed[(size_t)r * HIDDEN + j * 256 + t] = (uint16_t)(__float_as_uint(v[j] * inv) >> 16);
+}
+
+/* best over the offers (up to OFFERS, 30 calls each, weights rotating through `copies`) */
+static float best_us(const Gemm &g, void *const *w, int copies, const void *x, void *d,
+                     cublasLtMatmulAlgo_t *pick) {
+    cublasLtMatmulHeuristicResult_t r[OFFERS];
+    const int n = g.offers(r, OFFERS);
+    float best = -1;
+    for (int i = 0; i < n; i++) {
+        const float us = time_algo(g, &r[i].algo, w, copies, x, d, 30);
+        if (us > 0 && (best < 0 || us < best)) {
+            best = us;
+            *pick = r[i].algo;
+        }
+    }
+    return best;
+}
+
+static void partials_mode() {
+    constexpr int COPIES = 4;
+    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)8 * BATCH * HIDDEN * 4);
+    uint16_t *res = (uint16_t *)dev_rand((size_t)BATCH * HIDDEN, 6),
+             *normed = (uint16_t *)dev_alloc((size_t)BATCH * HIDDEN * 2);
+    for (const Shape *s : {&SHAPES[1], &SHAPES[3]}) {
+        std::vector<void *> w;
+        for (int c = 0; c < COPIES; c++)
+            w.push_back(dev_rand((size_t)s->n * s->k, 40 + c));
+        auto norm = [&](int S) {
+            return span_us(0, 50, [&] {
+                switch (S) {
+                    case 0:
+                        add_norm_partials<0><<<BATCH, 256>>>(res, d, normed, BATCH);
+                        break;
+                    case 2:
+                        add_norm_partials<2><<<BATCH, 256>>>(res, d, normed, BATCH);
+                        break;
+                    case 4:
+                        add_norm_partials<4><<<BATCH, 256>>>(res, d, normed, BATCH);
+                        break;
+                    case 8:
+                        add_norm_partials<8><<<BATCH, 256>>>(res, d, normed, BATCH);
+                        break;
+                }
+                CK(cudaGetLastError());
+            });
+        };
+        cublasLtMatmulAlgo_t pick;
+        const Gemm plain(s->n, s->k, BATCH, s->k);
+        const float base = best_us(plain, w.data(), COPIES, x, d, &pick), base_norm = norm(0);
+        printf("partials %-5s rows %d: bf16 out %.1f us (", s->name, BATCH, base);
+        print_config(&pick);
+        printf("  + add-norm of a bf16 delta %.1f us = %.1f us\n", base_norm, base + base_norm);
+        for (int S : {2, 4, 8}) {
+            const Gemm g(s->n, s->k / S, BATCH, s->k, s->k, CUDA_R_32F, S);
+            const float us = best_us(g, w.data(), COPIES, x, d, &pick), nu = norm(S);
+            printf("  split %d fp32 partials %.1f us (", S, us);
+            print_config(&pick);
+            printf("  + add-norm of %d partials %.1f us = %.1f us\n", S, nu, us + nu);
+        }
+        for (void *p : w)
+            CK(cudaFree(p));
+    }
+    { /* the LM head writing bf16 logits (then widened by a kernel) or fp32 ones directly */
+        const Shape &s = SHAPES[4];
+        void *w = dev_rand((size_t)s.n * s.k, 60), *lg = dev_alloc((size_t)BATCH * s.n * 4);
+        cublasLtMatmulAlgo_t pick;
+        for (cudaDataType_t ct : {CUDA_R_16BF, CUDA_R_32F}) {
+            const Gemm g(s.n, s.k, BATCH, s.k, 0, ct);
+            const float us = best_us(g, &w, 1, x, lg, &pick);
+            printf("partials lm-head rows %d %s out: %.1f us (", BATCH,
+                   ct == CUDA_R_32F ? "fp32" : "bf16", us);
+            print_config(&pick);
+        }
+        for (void *p : {w, lg})
+            CK(cudaFree(p));
+    }
+    for (void *p : {x, d, (void *)res, (void *)normed})
+        CK(cudaFree(p));
+}
+
 int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*run)();
-    } modes[] = {{"gemm", gemm_mode},
-                 {"cold", cold_mode},
-                 {"overlap", overlap_mode},
-                 {"pipe", pipe_mode},
-                 {"power", power_mode}};
+    } modes[] = {{"gemm", gemm_mode},       {"cold", cold_mode},
+                 {"overlap", overlap_mode}, {"pipe", pipe_mode},
+                 {"power", power_mode},     {"partials", partials_mode},
+                 {"sustain", sustain_mode}, {"attnpower", attnpower_mode}};
     const char *only = argc > 1 ? argv[1] : nullptr;
     int chosen = 0;
     for (const auto &m : modes)
         chosen += !only || !strcmp(m.name, only);
     if (argc > 2 || !chosen) {
-        printf("usage: %s [gemm|cold|overlap|pipe|power]\n", argv[0]);
+        printf("usage: %s [gemm|cold|overlap|pipe|power|partials|sustain|attnpower]\n", argv[0]);
         return 2;
     }
     CK(cuInit(0));
