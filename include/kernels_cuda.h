@@ -256,8 +256,9 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
  * 256 rows), once for greedy and temperature-only rows (the argmax, or the race's argmax) and 3
  * to 5 times for the others (argmax, weight histogram, one gather per top-k / top-p / draw) plus
  * small sorts in shared memory. On the H200 (vocab 128256): 1 row 9.7 us greedy, 17.2 us at
- * temperature 1 (the race), 45 us with top-p; 256 rows 39 us greedy, 103 us at temperature 1,
- * 285 us with top-p (KC_SAMPLE_ARGMAX_ONLY where it applies; tests/test_sample_cuda.c prints
+ * temperature 1 (the race), 45 us with top-p; 256 rows 39 us greedy, 103 us at temperature 1
+ * (73.6 us since the race's per-token arithmetic was trimmed, session 15), 285 us with top-p
+ * (KC_SAMPLE_ARGMAX_ONLY where it applies; tests/test_sample_cuda.c prints
  * the cases). */
 /* One row's parameters (kernels.h). */
 typedef DeviceSampleRow KCudaSampleRow;

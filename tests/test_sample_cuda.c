@@ -19,14 +19,18 @@
  * row's chance is about 1e-8 times its number of candidate boundaries near the target, or ~1e-4 for
  * a race); excused mismatches are counted and printed. Special rows force every path of the
  * selection: all-equal logits (ties broken by id), a bin of 20000 distinct logits too large for
- * shared memory, NaN / inf rows.
+ * shared memory, NaN / inf rows. Temperature-only rows alone (the race) run over many seeds,
+ * temperatures and row kinds (test_sample_race), and the race's rewritten arithmetic is checked
+ * against the plain formulas in host arithmetic (test_race_arithmetic, which needs no GPU).
  *
  * Logprobs: lse within 1e-5 relative, top ids equal, top logprobs within 1e-5.
  *
- * Without a GPU every test is skipped with "no CUDA device: skipped"; in a build without the
- * CUDA backend, with "CUDA backend not built: skipped". The last test prints timings (cudaEvent,
- * median of 20). PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the timing test;
- * PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only. */
+ * Without a GPU every test but test_race_arithmetic is skipped with "no CUDA device: skipped";
+ * in a build without the CUDA backend, with "CUDA backend not built: skipped". The last test
+ * prints timings (cudaEvent, median of 20); PAGELLM_SAMPLE_TIMING=ROWSxVOCAB (e.g. 256x128256)
+ * makes it time temperature-only sampling of that shape alone. PAGELLM_CUDA_TEST_QUICK=1 shrinks
+ * the sweeps and drops the timing test; PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests
+ * only. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -49,6 +53,7 @@
 #define SAMPLE_TESTS(X)                                                                            \
     X(test_sample_sweep)                                                                           \
     X(test_sample_special)                                                                         \
+    X(test_sample_race)                                                                            \
     X(test_logprobs)                                                                               \
     X(test_sample_timing)
 
@@ -71,6 +76,7 @@ enum {
     ROW_BIG_BIN,  /* 20000 logits within 0.02 of 5 (one bin of more than 8192), the rest lower */
     ROW_ALL_NINF, /* -inf everywhere but for a few NaN */
     ROW_INF,      /* U(-8, 8) with two +inf */
+    ROW_TINY,     /* U(-1, 1) 2^-118: divided by 98, many are subnormal (the race's race_fix) */
     ROW_KINDS_RANDOM = ROW_WIDE + 1
 };
 
@@ -97,6 +103,9 @@ static void gen_row(float *row, int V, int kind) {
                 break;
             case ROW_BIG_BIN:
                 row[i] = rnd(-10, 0);
+                break;
+            case ROW_TINY:
+                row[i] = ldexpf(rnd(-1, 1), -118);
                 break;
             default:
                 row[i] = -INFINITY;
@@ -549,6 +558,72 @@ static void test_sample_special(void **state) {
     assert_int_equal(t.bad, 0);
 }
 
+/* The race's m = k_random_exponential's 53 bits for `token` (kernels/kernels.c): the series
+ * gives E when m < 2^48. */
+static uint64_t race_m(uint64_t bits, int32_t token) {
+    uint64_t z = bits ^ ((uint64_t)(uint32_t)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) >> 11;
+}
+
+/* Temperature-only rows alone (the exponential race, kernels/cuda/sample.cu's race_pass and
+ * race_argmax) over many seeds: temperatures 1 (no division), 0.7, 1.3, 1e-5 and 98 (with tiny
+ * logits, quotients that come out subnormal), row kinds from flat (the winner's E almost always
+ * comes from the series branch) to peaked (from the logarithm), NaN / -inf holes, +inf and
+ * all -inf rows (the race gives no token: the argmax), with and without penalties, through the
+ * general kernel and the argmax one. */
+static void test_sample_race(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(505);
+    Tally t = {0};
+    const float temps[] = {1.0f, 0.7f, 1.3f, 1e-5f, 98.0f};
+    const int kinds[] = {ROW_FLAT, ROW_UNIFORM, ROW_PEAKED, ROW_BF16,    ROW_HOLES,
+                         ROW_WIDE, ROW_TINY,    ROW_INF,    ROW_ALL_NINF};
+    const char *names[] = {"flat", "uniform", "peaked", "bf16",    "holes",
+                           "wide", "tiny",    "+inf",   "all -inf"};
+    long series = 0, raced = 0;
+    for (int big = 0; big < 2; big++)
+        for (int ti = 0; ti < 5; ti++)
+            for (int k = 0; k < 9; k++) {
+                if (big && (ti > 1 || k > 2))
+                    continue; /* vocab 128256: temperatures 1 and 0.7, three kinds */
+                const int V = big ? 128256 : 1000, n = big ? (quick() ? 2 : 48) : quick() ? 8 : 256;
+                SamplingParams g = sampling_params_default();
+                g.temperature = temps[ti];
+                g.repetition_penalty = (ti + k) % 2 ? 1.3f : 1.0f;
+                Batch b = make_batch(n, V, kinds[k], &g);
+                char what[80];
+                snprintf(what, sizeof what, "race V %d T %g %s%s", V, (double)g.temperature,
+                         names[k], g.repetition_penalty != 1.0f ? " +penalty" : "");
+                run_batch(&b, &t, what);
+                /* how often the CPU's winner drew E from the series (m < 2^48) */
+                if (kinds[k] < ROW_EQUAL) {
+                    int32_t *want = cpu_tokens(&b);
+                    for (int i = 0; i < n; i++) {
+                        uint64_t bits = k_random_bits(b.params[i].seed, (uint64_t)b.no[i]);
+                        series += race_m(bits, want[i]) < (1ull << 48);
+                        raced++;
+                    }
+                    free(want);
+                }
+                free_batch(&b);
+            }
+    /* race_m is k_random_exponential's m */
+    for (int i = 0; i < 1000; i++) {
+        uint64_t bits = rng_next();
+        int32_t tok = rnd_int(1 << 20);
+        assert_true(k_random_exponential(bits, (uint32_t)tok) ==
+                    k_random_exponential_of(race_m(bits, tok)));
+    }
+    print_message("sample race: %d rows compared, %d mismatches, %d excused near-ties; the "
+                  "winner's E from the series in %ld of %ld finite rows\n",
+                  t.rows, t.bad, t.near, series, raced);
+    assert_int_equal(t.bad, 0);
+    assert_true(series > raced / 10 && series < raced); /* both branches decide rows */
+}
+
 /* ---------------- logprobs ---------------- */
 
 /* engine/step.c's row_logprobs: lse, and the k best by insertion into a sorted list. */
@@ -680,9 +755,48 @@ static float time_sample(const Batch *b, DevBatch *d, int flags, int lp_k, cudaE
     return 500.0f * (t[TIME_REPS / 2 - 1] + t[TIME_REPS / 2]);
 }
 
+/* PAGELLM_SAMPLE_TIMING=ROWSxVOCAB: temperature-only rows (the exponential race) of that shape
+ * alone, peaked rows (the race's cost does not depend on the logits), at temperature 1 (no
+ * division) and 0.7 through the argmax kernel, and at temperature 1 through the general one (a
+ * race row batched with top-p rows). */
+static void time_race_only(const char *spec, cudaEvent_t e0, cudaEvent_t e1) {
+    int n = 0, V = 0;
+    char end = 0;
+    if (sscanf(spec, "%dx%d%c", &n, &V, &end) != 2 || n < 1 || n > 4096 || V < 1 ||
+        (double)n * V > 1.5e9 / sizeof(float))
+        fail_msg("PAGELLM_SAMPLE_TIMING=%s: expected ROWSxVOCAB (e.g. 256x128256), rows 1-4096, "
+                 "at most 1.5 GB of logits",
+                 spec);
+    const struct {
+        const char *name;
+        float temp;
+        int flags;
+    } cases[] = {
+        {"race T 1, flags ARGMAX_ONLY | NO_PENALTIES", 1.0f,
+         KC_SAMPLE_ARGMAX_ONLY | KC_SAMPLE_NO_PENALTIES},
+        {"race T 0.7, flags ARGMAX_ONLY | NO_PENALTIES", 0.7f,
+         KC_SAMPLE_ARGMAX_ONLY | KC_SAMPLE_NO_PENALTIES},
+        {"race T 1, general kernel (flags NO_PENALTIES)", 1.0f, KC_SAMPLE_NO_PENALTIES},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        SamplingParams g = sampling_params_default();
+        g.temperature = cases[c].temp;
+        Batch b = make_batch(n, V, ROW_PEAKED, &g);
+        DevBatch d = upload_batch(&b);
+        float us = time_sample(&b, &d, cases[c].flags, -1, e0, e1);
+        double pass_us = (double)n * V * 4 / 4.2e12 * 1e6;
+        print_message("timing: n %d V %d %-48s %8.1f us per call (%.2f ns per token, %.1f row "
+                      "reads)\n",
+                      n, V, cases[c].name, (double)us, us * 1e3 / ((double)n * V), us / pass_us);
+        free_dev(&d);
+        free_batch(&b);
+    }
+}
+
 /* Not a check: n = 256 rows of vocab 128256 (128 MB of logits; one read is 31 us at
  * 4.2 TB/s), peaked rows (ROW_PEAKED) unless said otherwise; then the first six cases (the
- * decode step's critical path) at n = 1 and 8. */
+ * decode step's critical path) at n = 1 and 8. PAGELLM_SAMPLE_TIMING=ROWSxVOCAB times the race
+ * at that shape instead (time_race_only). */
 static void test_sample_timing(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -693,6 +807,13 @@ static void test_sample_timing(void **state) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
+    const char *only = getenv("PAGELLM_SAMPLE_TIMING");
+    if (only && *only) {
+        time_race_only(only, e0, e1);
+        CUDA_CHECK(cudaEventDestroy(e0));
+        CUDA_CHECK(cudaEventDestroy(e1));
+        return;
+    }
     struct {
         const char *name;
         int kind, flags, lp_k;
@@ -760,10 +881,121 @@ static void test_sample_timing(void **state) {
 
 #endif /* PAGELLM_HAVE_CUDA */
 
+/* ---------------- the race's arithmetic (no GPU needed) ---------------- */
+
+/* kernels/cuda/sample.cu computes the race's E and x / T by rewritten formulas that it shows give
+ * the bits of the plain ones (see its race section); the identities are checked here in the
+ * host's IEEE arithmetic (binary32 and binary64, round to nearest, as the GPU's __fmul_rn,
+ * __fmaf_rn, __ll2float_rn, __dmul_rn, __double2float_rn and __fdiv_rn), with log2f standing in
+ * for the GPU's lg2.approx (the identities hold for any logarithm, provided it never sees a
+ * subnormal argument, where lg2.approx.ftz and __logf's lg2.approx differ; that is counted). */
+#define RACE_LN2 0x1.62e430p-1f
+
+static float race_lg2(float x, long *subnormal) {
+    *subnormal += x != 0.0f && fabsf(x) < 0x1p-126f;
+    return log2f(x);
+}
+
+/* E from the hash h (m = h >> 11) as race_score forms it: one signed conversion, one fma. */
+static float race_e_new(uint64_t h, long *subnormal) {
+    uint64_t m = h >> 11;
+    int series = (uint32_t)(h >> 32) < (1u << 27);
+    long long n = series ? (long long)m : (long long)m - (1ll << 53);
+    float u = fabsf((float)n) * 0x1p-53f, s = u * u;
+    float e =
+        series ? fmaf(s, 0.5f, u) + (s * u) * (1.0f / 3.0f) : race_lg2(u, subnormal) * -RACE_LN2;
+    race_lg2(e, subnormal); /* the score's logarithm */
+    return e;
+}
+
+/* E as the plain formula: k_random_exponential_of's series, or -__logf(w) = -(lg2(w) LN2). */
+static float race_e_old(uint64_t m, long *subnormal) {
+    if (m < (1ull << 48))
+        return k_random_exponential_of(m);
+    return -(race_lg2((float)((1ull << 53) - m) * 0x1p-53f, subnormal) * RACE_LN2);
+}
+
+/* x / t as race_value and race_fix form it. */
+static float race_div(float x, float t) {
+    float v = (float)((double)x * (1.0 / (double)t));
+    if (fabsf(v) < 0x1p-126f && x != 0.0f)
+        v = x / t;
+    return v;
+}
+
+static uint64_t race_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int same_bits(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+static void test_race_arithmetic(void **state) {
+    (void)state;
+    uint64_t st = 606;
+    long subnormal = 0, bad = 0, checked = 0;
+    /* E: every m below 2^20, 2^20 m on each side of 2^48 and below 2^53, 11 2^20 random m of every
+     * magnitude; the 11 low bits of h, below m, are random */
+    for (long j = 0; j < (11l << 20) + (4l << 20); j++) {
+        uint64_t r = race_rng(&st), m;
+        long k = j & ((1l << 20) - 1);
+        switch (j >> 20) {
+            case 0:
+                m = (uint64_t)k;
+                break;
+            case 1:
+                m = (1ull << 48) - 1 - (uint64_t)k;
+                break;
+            case 2:
+                m = (1ull << 48) + (uint64_t)k;
+                break;
+            case 3:
+                m = (1ull << 53) - 1 - (uint64_t)k;
+                break;
+            default:
+                m = (r >> 11) >> (race_rng(&st) % 54);
+        }
+        float a = race_e_old(m, &subnormal), b = race_e_new(m << 11 | (r & 2047), &subnormal);
+        checked++;
+        if (!same_bits(a, b) && bad++ < 5)
+            print_error("race E: m %llu: plain %a, rewritten %a\n", (unsigned long long)m,
+                        (double)a, (double)b);
+    }
+    /* x / T: random floats of every magnitude, and tiny ones whose quotient is subnormal */
+    const float temps[] = {0.7f, 1.3f, 98.0f, 1e-5f, 100.0f, 0.1f, 3.0f, 0x1.fffffep0f};
+    for (int ti = 0; ti < 8; ti++)
+        for (long j = 0; j < (1l << 20); j++) {
+            uint64_t r = race_rng(&st);
+            float x, t = temps[ti];
+            uint32_t u = (uint32_t)r;
+            memcpy(&x, &u, sizeof x);
+            if (j & 1)
+                x = ldexpf((float)(r >> 40) * 0x1p-24f, -120 - (int)((r >> 32) % 36)) * t;
+            if (isnan(x))
+                continue;
+            checked++;
+            if (!same_bits(race_div(x, t), x / t) && bad++ < 5)
+                print_error("race x / T: %a / %a: %a, want %a\n", (double)x, (double)t,
+                            (double)race_div(x, t), (double)(x / t));
+        }
+    /* the product alone misrounds an exact subnormal midpoint: x / 98 = 0x1.8p-149 */
+    float x = 0x1.26p-142f;
+    assert_false(same_bits((float)((double)x * (1.0 / 98.0)), x / 98.0f));
+    assert_true(same_bits(race_div(x, 98.0f), x / 98.0f));
+    print_message("race arithmetic: %ld values, %ld differ, %ld subnormal logarithm arguments\n",
+                  checked, bad, subnormal);
+    assert_int_equal(bad, 0);
+    assert_int_equal(subnormal, 0);
+}
+
 #define UNIT(name) cmocka_unit_test(name),
 
 int main(void) {
-    const struct CMUnitTest tests[] = {SAMPLE_TESTS(UNIT)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_race_arithmetic), SAMPLE_TESTS(UNIT)};
     const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
     if (filter && *filter)
         cmocka_set_test_filter(filter);

@@ -9,9 +9,10 @@
  * history for the token logits), and clears the counts through the history.
  *
  * Temperature-only rows (no top-k, top-p or min-p) take the exponential race of the CPU op
- * (kernels/cpu/sample.c): in pass 1 each block also keeps the argmax of x / T - log(E_i) over
- * its slice, E_i = k_random_exponential bit for bit except __logf for logf, and the row stops
- * there like a greedy one. A batch of greedy and temperature-only rows (KC_SAMPLE_ARGMAX_ONLY)
+ * (kernels/cpu/sample.c): in pass 1 each block keeps the maximum of x / T and the argmax of
+ * x / T - log(E_i) over its slice, E_i = k_random_exponential bit for bit except __logf for logf
+ * (computed in about 45 instructions a token: see the race's section), and the row stops there
+ * like a greedy one. A batch of greedy and temperature-only rows (KC_SAMPLE_ARGMAX_ONLY)
  * runs a kernel without the shared-memory histograms, so more blocks fit on an SM.
  *
  * Sampling: one thread block cluster per row, each block a slice of the vocabulary; the
@@ -73,8 +74,8 @@ __device__ __forceinline__ bool row_race(const KCudaSampleRow &p, int V) {
     return (p.top_k <= 0 || p.top_k >= V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
 }
 
-/* k_random_bits, k_random_uniform and k_random_exponential (kernels/kernels.c), bit for bit
- * but for the logarithm (__logf; the series without contraction into fused multiply-adds). */
+/* k_random_bits and k_random_uniform (kernels/kernels.c), bit for bit; k_random_exponential is
+ * in the race below. */
 __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -86,15 +87,6 @@ __device__ __forceinline__ u64 random_bits(u64 seed, u64 index) {
 }
 __device__ __forceinline__ float random_uniform(u64 seed, u64 index) {
     return (float)(random_bits(seed, index) >> 40) * (1.0f / 16777216.0f);
-}
-__device__ __forceinline__ float random_exponential(u64 bits, unsigned token) {
-    u64 m = mix64(bits ^ ((u64)token * 0x9fb21c651e98df25ull + 0x2545f4914f6cdd1dull)) >> 11;
-    if (m < (1ull << 48)) {
-        float v = __fmul_rn(__ull2float_rn(m), 0x1p-53f);
-        return __fadd_rn(__fadd_rn(v, __fmul_rn(__fmul_rn(v, v), 0.5f)),
-                         __fmul_rn(__fmul_rn(__fmul_rn(v, v), v), 1.0f / 3.0f));
-    }
-    return -__logf(__fmul_rn(__ull2float_rn((1ull << 53) - m), 0x1p-53f));
 }
 
 /* ---- penalties ---- */
@@ -615,6 +607,126 @@ __device__ int sample_row(SampleCtx &c, const KCudaSampleRow &p) {
     return sample_select(c, false, T < kept ? T : kept, false).id;
 }
 
+/* ---- the exponential race (temperature-only rows) ---- */
+
+/* Token i's score is v_i - log(E_i): v_i = x_i / T (x_i at T = 1), E_i = k_random_exponential(bits,
+ * i) with log(y) = lg2(y) * LN2 (CUDA's __logf: lg2 the hardware's lg2.approx, LN2 its constant)
+ * and the subtraction fused, fma(lg2(E_i), -LN2, v_i) (what nvcc made of v - __logf(E) in the
+ * first version of this pass). The pass computes exactly these scores, and the same tokens, in 44
+ * instructions a token at T = 1 (50 otherwise) instead of 64-72 (74-82) when it was written
+ * plainly (sm_90 SASS of the unrolled loop; the race is bound by instruction issue, not by
+ * reading the row):
+ * - the hash input i * RACE_MUL + RACE_ADD (mod 2^64) of four consecutive tokens is one multiply
+ *   and three 64-bit additions;
+ * - no branch between the series (m < 2^48: one token in 32, so most warps ran both sides) and
+ *   the logarithm: one conversion of n = m, or n = m - 2^53 (the high word alone changes), gives
+ *   RN(m), or -RN(2^53 - m) (round to nearest is symmetric), and |RN(n)| 2^-53 is exact;
+ * - v + (v * v) * 0.5 is one fma: (v * v) * 0.5 is exact (v * v is 0 or at least 2^-106);
+ * - lg2.approx.ftz for __logf's lg2.approx, which differs only by rescaling a subnormal argument:
+ *   w = RN(2^53 - m) 2^-53 >= 2^-53, and E is 0, at least v >= 2^-53 (series) or about
+ *   -ln 2 lg2(31/32) = 0.03 or more (logarithm);
+ * - x / T is the product (double)x * RT, RT = 1 / (double)T, rounded to float: it is within
+ *   2^-52 (relative) of x / T, and x / T is never within 2^-49 of a rounding boundary of the normal
+ *   floats or infinity (a midpoint M = K 2^e, K odd, 2^24 < K < 2^25; with x = X 2^a and T =
+ *   Y 2^b, X and Y odd below 2^24, x - T M is a nonzero multiple of 2^min(a, b + e), so |x / T -
+ *   M| is at least M / (Y K) or x / X), so the two round alike whenever the product rounds to a
+ *   normal float or an infinity; a product rounding to 0 or a subnormal for x != 0 takes the
+ *   division (x / T may then be a midpoint exactly: T = 98, x = 0x1.26p-142), and x = 0 gives 0
+ *   of the same sign either way;
+ * - the values' argmax keeps only their maximum (one fmaxf: a race row only asks whether it is
+ *   finite); the rare row that falls back to the argmax finds the index without another pass
+ *   (race_argmax);
+ * - each thread keeps the first of its largest scores by a strict comparison (it visits its
+ *   tokens in increasing order): a score of -inf is never kept, which changes nothing, as the race
+ *   takes its token only when the winning score is above -inf;
+ * - a NaN logit is not mapped to -inf: its NaN value and NaN score are skipped by fmaxf and by the
+ *   comparisons, as the value and score -inf were (they could not raise the maximum or win). */
+#define RACE_MUL 0x9fb21c651e98df25ull
+#define RACE_ADD 0x2545f4914f6cdd1dull
+#define RACE_LN2 0x1.62e430p-1f /* CUDART_LN2_F, __logf's factor */
+
+__device__ __forceinline__ float lg2_approx(float x) {
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+/* v - log(E) for the token whose hash input is `key` (see above). */
+__device__ __forceinline__ float race_score(float v, u64 bits, u64 key) {
+    u64 h = mix64(bits ^ key), m = h >> 11;
+    bool series = (unsigned)(h >> 32) < (1u << 27); /* m < 2^48 */
+    long long n = series ? (long long)m : (long long)m - (1ll << 53);
+    float u = __fmul_rn(fabsf(__ll2float_rn(n)), 0x1p-53f), s = __fmul_rn(u, u);
+    float e_series = __fadd_rn(__fmaf_rn(s, 0.5f, u), __fmul_rn(__fmul_rn(s, u), 1.0f / 3.0f));
+    float e_log = __fmul_rn(lg2_approx(u), -RACE_LN2);
+    return __fmaf_rn(lg2_approx(series ? e_series : e_log), -RACE_LN2, v);
+}
+
+/* x / temp correctly rounded (see above), rt = 1 / (double)temp, unless it comes out 0 or
+ * subnormal for x != 0: race_fix divides then. */
+__device__ __forceinline__ float race_value(float x, double rt) {
+    return __double2float_rn(__dmul_rn((double)x, rt));
+}
+__device__ __forceinline__ void race_fix(float &v, float x, float temp) {
+    if (fabsf(v) < 0x1p-126f && x != 0.0f)
+        v = __fdiv_rn(x, temp);
+}
+
+/* Pass 1 of a race row over this block's slice: am->v gets each thread's largest value, *rc its
+ * first largest score and its token (a strict comparison in increasing token order: a score of
+ * -inf or NaN is never kept). SCALE: temperature != 1. */
+template <bool SCALE>
+__device__ __forceinline__ void race_pass(const float *row, int lo, int hi, float temp, u64 bits,
+                                          ArgMax *am, ArgMax *rc) {
+    const double rt = 1.0 / (double)temp;
+    /* the steps between the hash inputs of a quad's tokens, hidden from the compiler, which would
+     * otherwise fold them into one multiply per token */
+    u64 step1 = RACE_MUL, step2 = 2 * RACE_MUL, step3 = 3 * RACE_MUL;
+    asm("" : "+l"(step1), "+l"(step2), "+l"(step3));
+    float top = -INFINITY;
+    ArgMax best = {-INFINITY, INT_MAX};
+    auto take = [&](int i, float v, u64 key) {
+        top = fmaxf(top, v);
+        float score = race_score(v, bits, key);
+        if (score > best.v) {
+            best.v = score;
+            best.i = i;
+        }
+    };
+    slice_for_each_quad(
+        row, lo, hi,
+        [&](int i, float x) {
+            float v = x;
+            if (SCALE) {
+                v = race_value(x, rt);
+                race_fix(v, x, temp);
+            }
+            take(i, v, (u64)(unsigned)i * RACE_MUL + RACE_ADD);
+        },
+        [&](int i, float4 q) {
+            float4 v = q;
+            if (SCALE) {
+                v = make_float4(race_value(q.x, rt), race_value(q.y, rt), race_value(q.z, rt),
+                                race_value(q.w, rt));
+                /* one test for the four (a NaN value passes, as it should) */
+                if (fminf(fminf(fabsf(v.x), fabsf(v.y)), fminf(fabsf(v.z), fabsf(v.w))) <
+                    0x1p-126f) {
+                    race_fix(v.x, q.x, temp);
+                    race_fix(v.y, q.y, temp);
+                    race_fix(v.z, q.z, temp);
+                    race_fix(v.w, q.w, temp);
+                }
+            }
+            u64 key = (u64)(unsigned)i * RACE_MUL + RACE_ADD;
+            take(i, v.x, key);
+            take(i + 1, v.y, key + step1);
+            take(i + 2, v.z, key + step2);
+            take(i + 3, v.w, key + step3);
+        });
+    am->v = top;
+    *rc = best;
+}
+
 /* ---- the sampling kernel ---- */
 
 /* tokens[r]; token_logits[r] = the chosen token's logit before penalties. */
@@ -659,6 +771,23 @@ __device__ ArgMax cluster_argmax(const ArgMax *parts, unsigned nblocks, ArgMax *
     return m;
 }
 
+/* The argmax of a race row's values x / temperature (the first token of the largest) for a race
+ * that gives no token, from their maximum vmax and the race's winner rc (race_pass keeps no index
+ * of the maximum): 0 when no value is above -inf (at a finite temperature every value is then
+ * -inf, and argmax_take keeps the first); at vmax = +inf, the first token of value +inf, which is
+ * rc (every such token scores +inf, and the race keeps the first token of its best score) unless
+ * a token before it scored +inf with E = 0 (one token in 2^53), and then the scan goes on from
+ * there; a finite vmax (never: a finite value scores above -inf) scans from 0. Every thread
+ * computes it, reading the same values. */
+__device__ int race_argmax(const float *row, int V, float temp, float vmax, ArgMax rc) {
+    if (!(vmax > -INFINITY))
+        return 0;
+    int i = rc.v == vmax && rc.i < V ? rc.i : 0;
+    while (i < V - 1 && scaled(row[i], temp) != vmax)
+        i++;
+    return i;
+}
+
 /* Row blockIdx.x / (cluster size), its slice `rank` of the vocabulary per block. ARGMAX_ONLY:
  * every row is greedy or temperature-only (no shared-memory histograms). */
 template <bool ARGMAX_ONLY>
@@ -690,19 +819,18 @@ __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
             sh.taken = 0;
     }
 
-    /* pass 1: the argmax of the values (logit / temperature for sampling rows), and for
-     * temperature-only rows of the race scores, per slice, then merged from the leader's
-     * copies by every block */
+    /* pass 1: the argmax of the values (logit / temperature for sampling rows), or for
+     * temperature-only rows their maximum and the argmax of the race scores, per slice, then
+     * merged from the leader's copies by every block */
     ArgMax am = {-INFINITY, INT_MAX}, rc = {-INFINITY, INT_MAX};
     if (greedy) {
         slice_for_each(row, lo, hi, [&](int i, float x) { argmax_take(am, sample_canon(x), i); });
     } else if (race) {
         const u64 bits = random_bits(p.seed, (u64)p.num_output);
-        slice_for_each(row, lo, hi, [&](int i, float x) {
-            float v = scaled(x, temp);
-            argmax_take(am, v, i);
-            argmax_take(rc, v - __logf(random_exponential(bits, (unsigned)i)), i);
-        });
+        if (temp == 1.0f)
+            race_pass<false>(row, lo, hi, temp, bits, &am, &rc);
+        else
+            race_pass<true>(row, lo, hi, temp, bits, &am, &rc);
     } else {
         slice_for_each(row, lo, hi, [&](int i, float x) { argmax_take(am, scaled(x, temp), i); });
     }
@@ -721,6 +849,8 @@ __global__ __launch_bounds__(SAMPLE_THREADS, 2) void sample_kernel(
     const bool finite = am.v > -INFINITY && am.v < INFINITY;
     if (race && finite && rc.v > -INFINITY) /* as the CPU op: a race no token won is an argmax */
         token = rc.i;
+    else if (race)
+        token = race_argmax(row, V, temp, am.v, rc);
     if (!ARGMAX_ONLY && !greedy && !race && finite) {
         SampleCtx c = {row,
                        V,

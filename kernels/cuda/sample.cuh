@@ -32,10 +32,11 @@ __device__ __forceinline__ float desc_key_value(uint32_t key) {
 }
 
 /* f(i, row[i]) for every i in [lo, hi), split over the block: a scalar head up to 16-byte
- * alignment, float4 loads four at a time, a scalar tail. Each thread visits its indices in
- * increasing order. */
-template <typename F>
-__device__ __forceinline__ void slice_for_each(const float *row, int lo, int hi, F f) {
+ * alignment, float4 loads four at a time, a scalar tail; f4(i, q) takes q = row[i .. i + 3] of
+ * the float4 loads at once (so a caller can share work between four consecutive tokens). Each
+ * thread visits its indices in increasing order. */
+template <typename F, typename F4>
+__device__ __forceinline__ void slice_for_each_quad(const float *row, int lo, int hi, F f, F4 f4) {
     const float *p = row + lo;
     const int len = hi - lo;
     int head = (int)(((16 - ((uintptr_t)p & 15)) & 15) / 4);
@@ -50,24 +51,23 @@ __device__ __forceinline__ void slice_for_each(const float *row, int lo, int hi,
         for (int u = 0; u < 4; u++)
             a[u] = __ldg(vec + k + u * SAMPLE_THREADS);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int i = lo + head + 4 * (k + u * SAMPLE_THREADS);
-            f(i, a[u].x);
-            f(i + 1, a[u].y);
-            f(i + 2, a[u].z);
-            f(i + 3, a[u].w);
-        }
+        for (int u = 0; u < 4; u++)
+            f4(lo + head + 4 * (k + u * SAMPLE_THREADS), a[u]);
     }
-    for (; k < nvec; k += SAMPLE_THREADS) {
-        float4 a = __ldg(vec + k);
-        int i = lo + head + 4 * k;
-        f(i, a.x);
-        f(i + 1, a.y);
-        f(i + 2, a.z);
-        f(i + 3, a.w);
-    }
+    for (; k < nvec; k += SAMPLE_THREADS)
+        f4(lo + head + 4 * k, __ldg(vec + k));
     for (int i = head + 4 * nvec + threadIdx.x; i < len; i += SAMPLE_THREADS)
         f(lo + i, p[i]);
+}
+
+template <typename F>
+__device__ __forceinline__ void slice_for_each(const float *row, int lo, int hi, F f) {
+    slice_for_each_quad(row, lo, hi, f, [&](int i, float4 q) {
+        f(i, q.x);
+        f(i + 1, q.y);
+        f(i + 2, q.z);
+        f(i + 3, q.w);
+    });
 }
 
 /* (value, index) with the CPU argmax rule: larger value wins, the lower index on equal values
