@@ -23,7 +23,13 @@
  * to 16; K rows are B straight from ldmatrix). P.V: O^T = V^T P^T by mma m16n8k8 (V^T by
  * ldmatrix.trans, P rounded to the cache type as B), so a step is 8 ldmatrix and 16 mma per
  * warp instead of ~300 FMA and shuffle instructions. Measured on the H200 (batch 256, context
- * 1024, bf16, 8 KV heads): 296.6 -> 293.1 us per layer; batch 64: 100.2 -> 93.5 us.
+ * 1024, bf16, 8 KV heads): 296.6 -> 293.1 us per layer; batch 64: 100.2 -> 93.5 us. Its steps
+ * need no per-row addressing (the launcher takes it only where a step's 8 rows lie in one cache
+ * block, whose elements count in 32 bits): one table lookup and one wide multiply-add per step,
+ * per-lane offsets hoisted, and the A fragments' zero rows held in registers rather than re-made
+ * each step. The batch-256 step is power-limited on the H200, so instructions cost time: at batch
+ * 256 x 1024 they went 118.6 -> 84.6 M per layer (ncu), 263.1 -> 251.8 us once the power limit
+ * had set the clock (PAGELLM_ATTN_SUSTAIN=4), 182.9 -> 175.3 mJ per layer.
  *
  * Partitions are 2048 positions on tensor cores (1024 otherwise), halved (down to 32) while the
  * grid would be small and the workspace allows: a long partition spreads the ring's fill and
@@ -173,15 +179,19 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     /* tensor cores: lane = 4 * g8 + t4 holds fragment rows g8 (and g8 + 8), columns 2 * t4 */
     const int g8 = lane >> 2, t4 = lane & 3;
     float qr[MMA ? 1 : HB][CPL][8];
-    uint32_t qa[MMA ? D_MMA / 16 : 1][2]; /* A fragments of Q (heads x 16 dims), rows < HB */
+    /* A fragments of Q (heads x 16 dims), rows < HB; rows 8-15 ([1], [3]) are zero, held in
+     * registers (an asm zero, which the compiler cannot re-create per step) */
+    uint32_t qa[MMA ? D_MMA / 16 : 1][4];
     if constexpr (MMA) {
 #pragma unroll
         for (int c = 0; c < D_MMA / 16; c++) {
-            qa[c][0] = qa[c][1] = 0;
+            uint32_t zero;
+            asm("mov.u32 %0, 0;" : "=r"(zero));
+            qa[c][0] = qa[c][1] = qa[c][2] = qa[c][3] = zero;
             if (g8 < HB) {
                 const TQ *qh = q + ((size_t)row * nh + h0 + g8) * D + 16 * c + 2 * t4;
                 qa[c][0] = *(const uint32_t *)qh;
-                qa[c][1] = *(const uint32_t *)(qh + 8);
+                qa[c][2] = *(const uint32_t *)(qh + 8);
             }
         }
     } else {
@@ -207,8 +217,22 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
 
     const TC *base = cache + kg.layer_off + (size_t)g * D;
     /* steps start at multiples of STEP: with STEP dividing the block size and the partition
-     * length, each step's rows lie in one cache block */
+     * length, each step's rows lie in one cache block (always so on tensor cores: the launcher
+     * asks for it) */
     const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
+    /* tensor cores: this lane's K row and chunk within a step, and where its U copies land in a
+     * ring stage (16-byte units), computed once rather than per step */
+    const TC *lane_src = base + (size_t)r * kg.row + sub * 8;
+    const size_t row_step = (size_t)RPW * kg.row;
+    /* a cache block's elements fit 32 bits on tensor cores (the launcher checks): offsets within
+     * a block in 32-bit arithmetic, one wide multiply-add per step for the block's start */
+    const unsigned block32 = (unsigned)kg.block_elems, row32 = (unsigned)kg.row,
+                   half32 = (unsigned)kg.half;
+    uint32_t dst_off[MMA ? U : 1];
+    if constexpr (MMA)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            dst_off[u] = 16 * ring_unit_mma(u * RPW + r, sub);
     /* ldmatrix (MMA): lane feeds the address of row lane % 8 of matrix lane / 8 */
     const int lpos = lane & 7, lmat = lane >> 3;
     /* P.V sums: MMA: O^T, 16 dims x heads per fragment; else zeroed before P.V, so that they are
@@ -230,33 +254,46 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
             if (j < 2 * nit) {
                 const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
                 const uint32_t dst = smem_addr(ring + (j % S) * SLOT);
-                /* the step's rows in one cache block: one lookup, then a row stride */
-                const TC *blk = cache;
-                if (one_block) {
+                if constexpr (MMA) {
+                    /* one block-table lookup per step; the lane's U rows a stride apart, all
+                     * in the block of the step's first row (p0 < ce), so a row past the end
+                     * has a valid address and is zero-filled without being read */
                     const int bi = kv_block_of(kg, p0);
-                    blk = base + (size_t)tab[bi - b0] * kg.block_elems +
-                          (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
-                }
+                    const unsigned in_block =
+                        (unsigned)(p0 - bi * kg.bs) * row32 + (v ? half32 : 0);
+                    const TC *src =
+                        lane_src + ((size_t)(unsigned)tab[bi - b0] * block32 + in_block);
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int p = p0 + u * RPW + r;
-                    const TC *src = cache;
+                    for (int u = 0; u < U; u++, src += row_step)
+                        cp_async16(dst + dst_off[u], src, p0 + u * RPW + r < ce);
+                } else {
+                    /* the step's rows in one cache block: one lookup, then a row stride */
+                    const TC *blk = cache;
                     if (one_block) {
-                        src = blk + (size_t)(u * RPW) * kg.row;
-                    } else if (p < ce) {
-                        const int bi = kv_block_of(kg, p);
-                        src = base + (size_t)tab[bi - b0] * kg.block_elems +
-                              (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
+                        const int bi = kv_block_of(kg, p0);
+                        blk = base + (size_t)tab[bi - b0] * kg.block_elems +
+                              (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
                     }
 #pragma unroll
-                    for (int k = 0; k < CPL; k++) {
-                        const int c = sub + k * LPR;
-                        const bool ok = p < ce && c < D8; /* else zeros */
+                    for (int u = 0; u < U; u++) {
+                        const int p = p0 + u * RPW + r;
+                        const TC *src = cache;
+                        if (one_block) {
+                            src = blk + (size_t)(u * RPW) * kg.row;
+                        } else if (p < ce) {
+                            const int bi = kv_block_of(kg, p);
+                            src = base + (size_t)tab[bi - b0] * kg.block_elems +
+                                  (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
+                        }
 #pragma unroll
-                        for (int x = 0; x < UNITS; x++)
-                            cp_async16(dst + 16 * (MMA ? ring_unit_mma(u * RPW + r, sub)
-                                                       : ((u * CPL + k) * UNITS + x) * 32 + lane),
-                                       ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                        for (int k = 0; k < CPL; k++) {
+                            const int c = sub + k * LPR;
+                            const bool ok = p < ce && c < D8; /* else zeros */
+#pragma unroll
+                            for (int x = 0; x < UNITS; x++)
+                                cp_async16(dst + 16 * (((u * CPL + k) * UNITS + x) * 32 + lane),
+                                           ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                        }
                     }
                 }
             }
@@ -282,10 +319,8 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
                 for (int j = 0; j < D_MMA / 32; j++) {
                     uint32_t b[4];
                     ldsm_x4(b, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
-                    const uint32_t a0[4] = {qa[2 * j][0], 0u, qa[2 * j][1], 0u};
-                    const uint32_t a1[4] = {qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u};
-                    mma16<TC>(c[0], a0, b[0], b[1]);
-                    mma16<TC>(c[1], a1, b[2], b[3]);
+                    mma16<TC>(c[0], qa[2 * j], b[0], b[1]);
+                    mma16<TC>(c[1], qa[2 * j + 1], b[2], b[3]);
                 }
                 /* head g8 at positions p0 + 2 t4 + {0, 1}; past the end the rows were zero-filled,
                  * so those scores are 0 and, left out of the softmax, weigh 0 in P.V */
@@ -665,6 +700,12 @@ typedef struct {
     cudaStream_t stream;
 } DecodeLaunch;
 
+/* The tensor-core variant's geometry: head_dim D_MMA, every step of 8 rows (RPW x U at LPR 16)
+ * within one cache block, and a block's elements (all layers) counted in 32 bits. */
+static bool decode_mma_geometry(const KvGeom &kg) {
+    return kg.D == D_MMA && kg.bs % 8 == 0 && kg.block_elems <= UINT32_MAX;
+}
+
 template <typename TQ, typename TC, int LPR, int CPL, int HB, bool MMA>
 static void launch_kernel(const DecodeLaunch &a) {
     auto kern = decode_kernel<TQ, TC, LPR, CPL, HB, MMA>;
@@ -683,7 +724,7 @@ template <typename TQ, typename TC, int LPR, int CPL, int HB>
 static void launch_decode(const DecodeLaunch &a) {
     constexpr bool mma =
         LPR == 16 && CPL == 1 && std::is_same<TQ, TC>::value && !std::is_same<TC, float>::value;
-    if (mma && a.kg.D == D_MMA)
+    if (mma && decode_mma_geometry(a.kg))
         launch_kernel<TQ, TC, LPR, CPL, HB, mma>(a);
     else
         launch_kernel<TQ, TC, LPR, CPL, HB, false>(a);
@@ -727,7 +768,8 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
     const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
     /* partitions longer than a chunk only on tensor cores (the other variants are one pass) */
-    const bool mma = act == l->dtype && (act == DT_BF16 || act == DT_F16) && D == D_MMA;
+    const bool mma =
+        act == l->dtype && (act == DT_BF16 || act == DT_F16) && decode_mma_geometry(kg);
     int part_len = mma ? DEC_MAX_PART : DEC_CHUNK;
     auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
     auto bytes_of = [&](int len) {
