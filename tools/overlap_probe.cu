@@ -602,24 +602,37 @@ static double wall_s() {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* body() in timed batches of 20 calls for 4 s, then 2 s idle */
-template <class F> static void sustained(const char *name, F body) {
-    constexpr int BATCH_CALLS = 20;
+/* body() called back to back for `seconds`, timed in batches of `batch` calls: the wall-clock
+ * span (CLOCK_REALTIME), the batches, the first batch's us per call, and the median us per call
+ * of the batches ending in the last `window` seconds (once the power limit has set the clock) */
+struct Settled {
+    double t0, t1;
+    size_t batches;
+    float first_us, settled_us;
+};
+template <class F> static Settled settle(double seconds, double window, int batch, F body) {
     std::vector<double> end;
     std::vector<float> us;
     const double t0 = wall_s();
-    while (end.empty() || end.back() - t0 < 4.0) {
-        us.push_back(span_us(0, BATCH_CALLS, body));
+    while (end.empty() || end.back() - t0 < seconds) {
+        us.push_back(span_us(0, batch, body));
         end.push_back(wall_s());
     }
     std::vector<float> last;
     for (size_t i = 0; i < us.size(); i++)
-        if (end[i] > end.back() - 1.0)
+        if (end[i] > end.back() - window)
             last.push_back(us[i]);
     std::sort(last.begin(), last.end());
+    return {t0, end.back(), us.size(), us[0], last[last.size() / 2]};
+}
+
+/* body() in timed batches of 20 calls for 4 s, then 2 s idle */
+template <class F> static void sustained(const char *name, F body) {
+    constexpr int BATCH_CALLS = 20;
+    const Settled r = settle(4.0, 1.0, BATCH_CALLS, body);
     printf("power %-10s %.3f - %.3f: %zu batches of %d, first %.1f us per call, last second "
            "median %.1f us\n",
-           name, t0, end.back(), us.size(), BATCH_CALLS, us[0], last[last.size() / 2]);
+           name, r.t0, r.t1, r.batches, BATCH_CALLS, r.first_us, r.settled_us);
     fflush(stdout);
     sleep(2);
 }
@@ -661,24 +674,6 @@ static void power_mode() {
         CK(cudaFree(p));
     for (void *p : {x, d, (void *)kv, (void *)sink})
         CK(cudaFree(p));
-}
-
-/* us per call of body() after `seconds` of calling it back to back (the median of the last
- * 0.5 s of batches of 10): the time once the board's power limit has set the clock */
-template <class F> static float settled_us(double seconds, F body) {
-    std::vector<double> end;
-    std::vector<float> us;
-    const double t0 = wall_s();
-    while (end.empty() || end.back() - t0 < seconds) {
-        us.push_back(span_us(0, 10, body));
-        end.push_back(wall_s());
-    }
-    std::vector<float> last;
-    for (size_t i = 0; i < us.size(); i++)
-        if (end[i] > end.back() - 0.5)
-            last.push_back(us[i]);
-    std::sort(last.begin(), last.end());
-    return last[last.size() / 2];
 }
 
 /* ---- attnpower: where a decode attention kernel's energy goes ---- */
@@ -796,30 +791,12 @@ __global__ __launch_bounds__(ATT_THREADS) void attention_path(const uint4 *kv, s
 static void attnpower_mode() {
     uint4 *kv = (uint4 *)dev_rand(KV_BYTES / 2, 11);
     float *sink = (float *)dev_alloc(sizeof(float));
+    static void (*const kernels[])(const uint4 *, size_t, float *) = {
+        attention_path<PATH_LDG>,     attention_path<PATH_LDCS>, attention_path<PATH_SMEM>,
+        attention_path<PATH_LDSM>,    attention_path<PATH_MMA4>, attention_path<PATH_MMA16>,
+        attention_path<PATH_REG_MMA4>};
     auto launch = [&](int path) {
-        switch (path) {
-            case PATH_LDG:
-                attention_path<PATH_LDG><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_LDCS:
-                attention_path<PATH_LDCS><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_SMEM:
-                attention_path<PATH_SMEM><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_LDSM:
-                attention_path<PATH_LDSM><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_MMA4:
-                attention_path<PATH_MMA4><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_MMA16:
-                attention_path<PATH_MMA16><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-            case PATH_REG_MMA4:
-                attention_path<PATH_REG_MMA4><<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
-                break;
-        }
+        kernels[path]<<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
         CK(cudaGetLastError());
     };
     sleep(2);
@@ -848,8 +825,9 @@ static void sustain_mode() {
             if (burst < 0)
                 continue;
             int c = 0;
-            const float held =
-                settled_us(1.5, [&] { CK(g.run(w[c++ & 1], x, d, 0, 0, &r[i].algo)); });
+            const float held = settle(1.5, 0.5, 10, [&] {
+                                   CK(g.run(w[c++ & 1], x, d, 0, 0, &r[i].algo));
+                               }).settled_us;
             printf("sustain %-7s offer %d: burst %7.1f us (%5.1f TF/s), settled %7.1f us (%5.1f "
                    "TF/s)  ",
                    s.name, i, burst, flop / burst / 1e6, held, flop / held / 1e6);
@@ -928,22 +906,12 @@ static void partials_mode() {
         std::vector<void *> w;
         for (int c = 0; c < COPIES; c++)
             w.push_back(dev_rand((size_t)s->n * s->k, 40 + c));
+        /* the add-norm of S partials, S 0 (one bf16 delta), 2, 4 or 8 */
+        static void (*const add_norm[])(uint16_t *, const void *, uint16_t *, int) = {
+            add_norm_partials<0>, add_norm_partials<2>, add_norm_partials<4>, add_norm_partials<8>};
         auto norm = [&](int S) {
             return span_us(0, 50, [&] {
-                switch (S) {
-                    case 0:
-                        add_norm_partials<0><<<BATCH, 256>>>(res, d, normed, BATCH);
-                        break;
-                    case 2:
-                        add_norm_partials<2><<<BATCH, 256>>>(res, d, normed, BATCH);
-                        break;
-                    case 4:
-                        add_norm_partials<4><<<BATCH, 256>>>(res, d, normed, BATCH);
-                        break;
-                    case 8:
-                        add_norm_partials<8><<<BATCH, 256>>>(res, d, normed, BATCH);
-                        break;
-                }
+                add_norm[S ? __builtin_ctz(S) : 0]<<<BATCH, 256>>>(res, d, normed, BATCH);
                 CK(cudaGetLastError());
             });
         };

@@ -217,8 +217,8 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
 
     const TC *base = cache + kg.layer_off + (size_t)g * D;
     /* steps start at multiples of STEP: with STEP dividing the block size and the partition
-     * length, each step's rows lie in one cache block (always so on tensor cores: the launcher
-     * asks for it) */
+     * length, each step's rows lie in one cache block (the CUDA-core variants check; the
+     * tensor-core one is launched only where it holds) */
     const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
     /* tensor cores: this lane's K row and chunk within a step, and where its U copies land in a
      * ring stage (16-byte units), computed once rather than per step */
