@@ -9,8 +9,9 @@
  * sequence for decode; a prefill chunk after a 32k prefix), a batch wide enough for decode's
  * long partitions, and activation / cache dtypes f32, bf16 and f16 (and mixed; f16 in decode
  * only, where bf16 and f16 q on a cache of the same type with head_dim a multiple of 16 up to
- * 256 run on tensor cores, and every other pair on CUDA cores). Decode launches must also be
- * deterministic: a second launch on the same input gives the same bits.
+ * 256 run on tensor cores, and every other pair on CUDA cores), and a sharp softmax (queries 24x
+ * larger, so that a decode kernel's running max rises mid-partition). Decode launches must also
+ * be deterministic: a second launch on the same input gives the same bits.
  *
  * The CPU op sees exactly the values the GPU sees (inputs rounded to the GPU's dtypes first,
  * then an f32 copy); a result passes when |gpu - ref| <= tol + tol |ref| (tol 1e-4 for f32,
@@ -53,6 +54,7 @@
     X(test_attention_sweep)                                                                        \
     X(test_attention_shapes)                                                                       \
     X(test_attention_long)                                                                         \
+    X(test_attention_sharp)                                                                        \
     X(test_attention_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -75,6 +77,9 @@ typedef struct {
 } SeqSpec;
 
 enum { MODE_DECODE = 1, MODE_PREFILL = 2, MODE_SPLIT = 4 };
+
+/* Queries are drawn from [-q_range, q_range] (the cache from [-1, 1]). */
+static float q_range = 4.0f;
 
 /* One batch: sequences `specs` (decodes first), pad_rows padding rows after the last one.
  * The cache holds random values in every position (the step's own K/V included, as after
@@ -118,7 +123,7 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
 
     float *cache = rand_vec(cache_n, -1, 1, cdt);
     size_t nq = (size_t)rows * nh * D;
-    float *q = rand_vec(nq, -4, 4, act);
+    float *q = rand_vec(nq, -q_range, q_range, act);
     float *ref = xmalloc(nq * sizeof(float)), *got = xmalloc(nq * sizeof(float));
     float scale = 1.0f / sqrtf((float)D);
     AttnBatch hb = {.num_tokens = T,
@@ -312,8 +317,8 @@ static void test_attention_shapes(void **state) {
 
 /* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
  * chunk continuing a 4000-token prefix, a chunk continuing a 32k prefix) for f32 and bf16,
- * block sizes 16 and 32, 256 decode rows of 32 query heads (decode's long partitions, in one
- * or two chunks) and 64 rows beyond one partition. */
+ * block sizes 16 and 32, 256 decode rows of 32 query heads (decode's long partitions) and 64
+ * rows beyond one partition. */
 static void test_attention_long(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -339,13 +344,33 @@ static void test_attention_long(void **state) {
     bad += attention_case(128, 8, 4, 16, DT_F32, DT_F32, wide, 256, 0, MODE_DECODE);
     bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, wide, 256, 0, MODE_DECODE);
     bad += attention_case(256, 4, 2, 16, DT_BF16, DT_BF16, wide, 256, 0, MODE_DECODE);
-    /* 64 rows of 2000-4000 positions: tensor-core partitions of 2048, each scored in two
-     * chunks, then combined */
+    /* 64 rows of 2000-4000 positions: tensor-core partitions of 2048, then combined */
     SeqSpec deep[64];
     for (int s = 0; s < 64; s++)
         deep[s] = (SeqSpec){2000 + rnd_int(2000), 1};
     bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, deep, 64, 0, MODE_DECODE);
     bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, deep, 64, 0, MODE_DECODE);
+    assert_int_equal(bad, 0);
+}
+
+/* A sharp softmax: queries 24x larger, so that a row's scores spread over ~50 (log2 units) and
+ * the decode kernels' running max rises well past its first value within a partition (the
+ * tensor-core kernel rescales its sums then), on every path and several block sizes. */
+static void test_attention_sharp(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(17);
+    q_range = 96.0f;
+    SeqSpec specs[5] = {{3000, 1}, {1500, 1}, {700, 1}, {40, 1}, {200, 30}};
+    const int bss[] = {8, 16, 24, 32};
+    const DType dts[] = {DT_BF16, DT_F16, DT_F32};
+    int bad = 0;
+    for (int bi = 0; bi < 4; bi++)
+        for (int di = 0; di < 3; di++)
+            bad += attention_case(128, 2, 4, bss[bi], dts[di], dts[di], specs, 5, 1, 7);
+    bad += attention_case(128, 1, 8, 16, DT_BF16, DT_BF16, specs, 5, 0, 7);
+    bad += attention_case(128, 2, 1, 16, DT_F16, DT_F16, specs, 5, 0, 7);
+    q_range = 4.0f;
     assert_int_equal(bad, 0);
 }
 

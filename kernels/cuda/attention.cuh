@@ -6,6 +6,8 @@
 #ifndef PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 #define PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 
+#include <stdio.h>
+
 #include <type_traits>
 
 #include "cuda_internal.cuh"
@@ -49,6 +51,50 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
         if (l->block_size == 1 << sh)
             g.bs_shift = sh;
     return g;
+}
+
+/* What one decode block works on: grid (KV head x head group, row, partition). Heads h0 .. h0 +
+ * HB - 1 of KV head g, row `row` (tok-th of the launch), positions [start, end) of its context
+ * ctx (nparts partitions of part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose
+ * physical numbers decode_work copies to tab (then a __syncthreads is due). False: nothing to do
+ * (a padding row, or a partition past the context). A row beyond its block tables traps. */
+typedef struct {
+    int g, h0, row, part, ctx, nparts, start, end, b0;
+    size_t tok;
+} DecodeWork;
+
+__device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
+                                            const int32_t *positions, const int32_t *query_start,
+                                            int num_seqs, const int32_t *block_tables, int G,
+                                            int HB, int part_len, int *tab) {
+    const int groups = G / HB;
+    w.g = blockIdx.x / groups;
+    w.h0 = w.g * G + (blockIdx.x - w.g * groups) * HB;
+    w.row = query_start[0] + blockIdx.y;
+    w.tok = blockIdx.y;
+    w.part = blockIdx.z;
+    if (w.row >= query_start[num_seqs])
+        return false;
+    w.ctx = positions[w.row] + 1;
+    if (w.ctx > kg.max_blocks * kg.bs) {
+        if (w.part == 0 && blockIdx.x == 0 && threadIdx.x == 0)
+            printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
+                   "%d\n",
+                   w.row, w.ctx - 1, kg.max_blocks);
+        __trap();
+    }
+    w.nparts = (w.ctx + part_len - 1) / part_len;
+    w.start = w.part * part_len;
+    if (w.start >= w.ctx)
+        return false;
+    w.end = min(w.ctx, w.start + part_len);
+    const int32_t *table =
+        block_tables + (size_t)seq_of_row(query_start, num_seqs, w.row) * kg.max_blocks;
+    w.b0 = kv_block_of(kg, w.start);
+    const int nb = kv_block_of(kg, w.end - 1) - w.b0 + 1;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x)
+        tab[i] = table[w.b0 + i];
+    return true;
 }
 
 /* Both dtypes at once: body runs with TQ (activations) and TC (cache) bound. */
@@ -181,5 +227,25 @@ template <typename TC> __device__ __forceinline__ void stage8(float *dst, const 
     *(float4 *)dst = make_float4(v[0], v[1], v[2], v[3]);
     *(float4 *)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
+
+/* One decode launch (attention_decode.cu): the grid is (KV head x head group, row, partition);
+ * partitions of part_len positions write to ws_acc / ws_ml when a row has several. */
+typedef struct {
+    void *out;
+    const void *q, *cache;
+    KvGeom kg;
+    const AttnBatch *b;
+    int nh, G, part_len, max_parts;
+    float scale;
+    float *ws_acc, *ws_ml;
+    dim3 grid;
+    cudaStream_t stream;
+} DecodeLaunch;
+
+/* The tensor-core decode (attention_decode_tc.cu): bf16 or f16 queries and a cache of the same
+ * type, head_dim 128, block size a multiple of 8, a cache block's elements (all layers) within
+ * 32 bits; HB heads a block. */
+bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg);
+void kc_decode_tc(const DecodeLaunch &a, DType act, int HB);
 
 #endif

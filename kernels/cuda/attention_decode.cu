@@ -1,6 +1,8 @@
 /* attention_decode.cu - paged attention for decode: one query row per sequence (any number of
- * rows handled correctly), memory-bound, any cache / activation dtype pair; tensor cores for
- * 16-bit queries and cache of one type at head_dim 128, CUDA cores otherwise.
+ * rows handled correctly), memory-bound, any cache / activation dtype pair. 16-bit queries on a
+ * cache of the same type at head_dim 128 go to the tensor-core kernel (attention_decode_tc.cu);
+ * this file holds the CUDA-core kernel for every other case, the launcher and the combine of
+ * partitions.
  *
  * Grid (KV head x head group, row, partition of part_len positions). A block of 4 warps takes
  * HB query heads of one KV head (all G of them unless G is odd or large), so every K and V row
@@ -17,42 +19,22 @@
  * accumulates P.V per lane (no shuffles per position); lane groups and warps are summed once at the
  * end.
  *
- * The tensor-core variant (MMA) keeps the ring, the steps and the softmax; its ring stages are
- * swizzled for ldmatrix, and a __syncwarp (not a block barrier) orders the lanes' copies before the
- * warp reads them. Scores: S = Q K^T by mma m16n8k16 (the HB heads are rows of A, zero-padded
- * to 16; K rows are B straight from ldmatrix). P.V: O^T = V^T P^T by mma m16n8k8 (V^T by
- * ldmatrix.trans, P rounded to the cache type as B), so a step is 8 ldmatrix and 16 mma per
- * warp instead of ~300 FMA and shuffle instructions. Measured on the H200 (batch 256, context
- * 1024, bf16, 8 KV heads): 296.6 -> 293.1 us per layer; batch 64: 100.2 -> 93.5 us. Its steps
- * need no per-row addressing (the launcher takes it only where a step's 8 rows lie in one cache
- * block, whose elements count in 32 bits): one table lookup and one wide multiply-add per step,
- * per-lane offsets hoisted, and the A fragments' zero rows held in registers rather than re-made
- * each step. The batch-256 step is power-limited on the H200, so instructions cost time: at batch
- * 256 x 1024 they went 118.6 -> 84.6 M per layer (ncu), 263.1 -> 251.8 us once the power limit
- * had set the clock (PAGELLM_ATTN_SUSTAIN=4), 182.9 -> 175.3 mJ per layer.
- *
- * Partitions are 2048 positions on tensor cores (1024 otherwise), halved (down to 32) while the
- * grid would be small and the workspace allows: a long partition spreads the ring's fill and
- * drain and the block's phases over more positions. Measured on the H200 (bf16, tensor-core
- * path, us per layer, partition 256 / 512 / 1024): batch 256 x 1024 303.0 / 294.9 / 265.7, batch
- * 64 x 1024 95.0 / 100.9 / 73.7 (512 blocks of 1024 positions beat 2048 of 256). A block takes
- * its partition in chunks of up to 1024 positions (scores, softmax, P.V), carrying the running
- * max and sum and rescaling its P.V sums between chunks, so that a row of 1025-2048 positions
- * (decode batches whose contexts just passed 1024) needs no second partition (H200, bf16, us
- * per layer, one partition of 1024 -> chunks: batch 256 x 1024-1120 282.1 -> 275.7, batch 256
- * x 2048 513.2 -> 496.3; the batch-256 step at context 1024-1120 17.26 -> 17.08 ms). A partition
- * writes its un-normalised output with its max and sum to the workspace and a second kernel
- * combines them (split-K; a block per head for many partitions, a warp for a few); when a row's
- * context fits one partition the block writes the output directly. */
+ * Partitions are 2048 positions on tensor cores (1024 here: shared memory holds a partition's
+ * scores), halved (down to 32) while the grid would be small and the workspace allows: a long
+ * partition spreads a block's fill, drain and merge over more positions (measured on the H200:
+ * 512 blocks of 1024 positions beat 2048 of 256 at batch 64 x 1024). A partition writes its
+ * un-normalised output with its max and sum to the workspace and a second kernel combines them
+ * (split-K; a block per head for many partitions, a warp for a few); when a row's context fits
+ * one partition the block writes the output directly. */
 #include <math.h>
 #include <stdio.h>
 
 #include "attention.cuh"
 
 /* DEC_PART: the partition length the workspace is sized for (longer and shorter ones are
- * chosen per launch, from DEC_MAX_PART down); DEC_CHUNK: the positions a block scores, softmaxes
- * and sums at a time (its shared memory holds a chunk's scores); DEC_TARGET_BLOCKS: grid size
- * below which partitions are shortened. */
+ * chosen per launch, from DEC_MAX_PART (tensor cores) or DEC_CHUNK (CUDA cores, whose shared
+ * memory holds a partition's scores) down); DEC_TARGET_BLOCKS: grid size below which partitions
+ * are shortened. */
 enum {
     DEC_THREADS = 128,
     DEC_WARPS = DEC_THREADS / 32,
@@ -117,21 +99,7 @@ template <typename TC, int CPL, int HB> __host__ __device__ inline int dec_regio
     return ring > red ? ring : red;
 }
 
-/* Positions a block scores at a time: its partition, split into chunks of DEC_CHUNK on tensor
- * cores (the other variants are launched with partitions of at most DEC_CHUNK). */
-template <bool MMA> __host__ __device__ inline int dec_chunk(int part_len) {
-    return MMA && part_len > DEC_CHUNK ? (int)DEC_CHUNK : part_len;
-}
-
-/* The tensor-core variant (MMA: 16-bit queries and cache of one type, head_dim D_MMA): a ring
- * stage is a step's 8 rows of 16 chunks, chunk c of row p at unit 16 p + (c ^ p), so that the
- * 8 row addresses of an ldmatrix phase fall in 8 different bank groups. */
-enum { D_MMA = 128 };
-__device__ __forceinline__ int ring_unit_mma(int pos, int chunk) {
-    return pos * 16 + (chunk ^ pos);
-}
-
-template <typename TQ, typename TC, int LPR, int CPL, int HB, bool MMA>
+template <typename TQ, typename TC, int LPR, int CPL, int HB>
 __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     TQ *__restrict__ out, const TQ *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
@@ -144,344 +112,193 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     extern __shared__ uint4 smem16[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, D = kg.D, D8 = D >> 3;
     /* the rings, then (once drained) the warps' partial P.V sums; scores, max / sum, blocks */
-    uint4 *ring = smem16 + warp * S * SLOT; /* [DEC_WARPS][S][SLOT] */
-    float *red = (float *)smem16;           /* [DEC_WARPS][HB][D] */
-    const int CH = dec_chunk<MMA>(part_len);
-    float *logits = (float *)(smem16 + dec_region<TC, CPL, HB>(D)); /* [HB][CH] */
-    float *ml = logits + HB * CH;    /* [3][HB] running max, running sum, rescale factor */
-    int *tab = (int *)(ml + 3 * HB); /* the partition's physical blocks */
-    const int groups = G / HB;
-    const int g = blockIdx.x / groups;
-    const int h0 = g * G + (blockIdx.x - g * groups) * HB;
-    const int qs0 = query_start[0], row = qs0 + blockIdx.y, part = blockIdx.z;
-    if (row >= query_start[num_seqs])
+    uint4 *ring = smem16 + warp * S * SLOT;                         /* [DEC_WARPS][S][SLOT] */
+    float *red = (float *)smem16;                                   /* [DEC_WARPS][HB][D] */
+    float *logits = (float *)(smem16 + dec_region<TC, CPL, HB>(D)); /* [HB][part_len] */
+    float *ml = logits + HB * part_len;                             /* [2][HB] max, sum */
+    int *tab = (int *)(ml + 2 * HB); /* the partition's physical blocks */
+    DecodeWork job;
+    if (!decode_work(job, kg, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab))
         return;
-    const int ctx = positions[row] + 1;
-    if (ctx > kg.max_blocks * kg.bs) {
-        if (part == 0 && blockIdx.x == 0 && tid == 0)
-            printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
-                   "%d\n",
-                   row, ctx - 1, kg.max_blocks);
-        __trap();
-    }
-    const int nparts = (ctx + part_len - 1) / part_len, start = part * part_len;
-    if (start >= ctx)
-        return;
-    const int end = min(ctx, start + part_len);
-    const int s = seq_of_row(query_start, num_seqs, row);
-    const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
-    const int b0 = kv_block_of(kg, start), nb = kv_block_of(kg, end - 1) - b0 + 1;
-    for (int i = tid; i < nb; i += DEC_THREADS)
-        tab[i] = table[b0 + i];
+    const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* lane = r * LPR + sub: row r of the warp's rows, chunks sub + k * LPR of 8 elements */
     const int sub = lane % LPR, r = lane / LPR;
-    /* tensor cores: lane = 4 * g8 + t4 holds fragment rows g8 (and g8 + 8), columns 2 * t4 */
-    const int g8 = lane >> 2, t4 = lane & 3;
-    float qr[MMA ? 1 : HB][CPL][8];
-    /* A fragments of Q (heads x 16 dims), rows < HB; rows 8-15 ([1], [3]) are zero, held in
-     * registers (an asm zero, which the compiler cannot re-create per step) */
-    uint32_t qa[MMA ? D_MMA / 16 : 1][4];
-    if constexpr (MMA) {
+    float qr[HB][CPL][8];
 #pragma unroll
-        for (int c = 0; c < D_MMA / 16; c++) {
-            uint32_t zero;
-            asm("mov.u32 %0, 0;" : "=r"(zero));
-            qa[c][0] = qa[c][1] = qa[c][2] = qa[c][3] = zero;
-            if (g8 < HB) {
-                const TQ *qh = q + ((size_t)row * nh + h0 + g8) * D + 16 * c + 2 * t4;
-                qa[c][0] = *(const uint32_t *)qh;
-                qa[c][2] = *(const uint32_t *)(qh + 8);
+    for (int h = 0; h < HB; h++)
+#pragma unroll
+        for (int k = 0; k < CPL; k++) {
+            int c = sub + k * LPR;
+            if (c < D8) {
+                float t[8];
+                load8(t, q + ((size_t)row * nh + h0 + h) * D + c * 8);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    qr[h][k][i] = t[i] * scale;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    qr[h][k][i] = 0.0f;
             }
         }
-    } else {
+    __syncthreads(); /* tab */
+
+    const TC *base = cache + kg.layer_off + (size_t)job.g * D;
+    /* steps start at multiples of STEP: with STEP dividing the block size and the partition
+     * length, each step's rows lie in one cache block */
+    const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
+    /* The warp's steps: positions p0 + u * RPW + r, p0 = first + i * DEC_WARPS * STEP for
+     * i < nit; load j < nit is step j's K rows, load nit + j its V rows. Each lane copies the
+     * chunks it reads itself, so its own cp.async groups are all the ordering it needs. */
+    const int first = start + warp * STEP;
+    const int nit = first < end ? (end - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
+    auto issue = [&](int j) {
+        if (j < 2 * nit) {
+            const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
+            const uint32_t dst = smem_addr(ring + (j % S) * SLOT);
+            /* the step's rows in one cache block: one lookup, then a row stride */
+            const TC *blk = cache;
+            if (one_block) {
+                const int bi = kv_block_of(kg, p0);
+                blk = base + (size_t)tab[bi - b0] * kg.block_elems +
+                      (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int p = p0 + u * RPW + r;
+                const TC *src = cache;
+                if (one_block) {
+                    src = blk + (size_t)(u * RPW) * kg.row;
+                } else if (p < end) {
+                    const int bi = kv_block_of(kg, p);
+                    src = base + (size_t)tab[bi - b0] * kg.block_elems +
+                          (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
+                }
+#pragma unroll
+                for (int k = 0; k < CPL; k++) {
+                    const int c = sub + k * LPR;
+                    const bool ok = p < end && c < D8; /* else zeros */
+#pragma unroll
+                    for (int x = 0; x < UNITS; x++)
+                        cp_async16(dst + 16 * (((u * CPL + k) * UNITS + x) * 32 + lane),
+                                   ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                }
+            }
+        }
+        cp_async_commit(); /* empty past the end: keeps the group count uniform */
+    };
+#pragma unroll
+    for (int j = 0; j < S - 1; j++)
+        issue(j);
+
+    /* scores */
+    for (int it = 0; it < nit; it++) {
+        issue(it + S - 1);
+        cp_async_wait<S - 1>();
+        const uint4 *slot = ring + (it % S) * SLOT;
+        const int p0 = first + it * DEC_WARPS * STEP;
+        float sc[N];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            sc[i] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                float kf[8];
+                cvt8(kf, slot, u * CPL + k, lane, (const TC *)NULL);
+#pragma unroll
+                for (int h = 0; h < HB; h++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        sc[h * U + u] = fmaf(qr[h][k][i], kf[i], sc[h * U + u]);
+            }
+        reduce_scatter<N, LPR / 2>(sc, lane);
+        if constexpr (N >= LPR) {
+#pragma unroll
+            for (int i = 0; i < N / LPR; i++) {
+                const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
+                const int p = p0 + u * RPW + r;
+                if (p < end)
+                    logits[h * part_len + p - start] = sc[i];
+            }
+        } else if (sub % (LPR / N) == 0) {
+            const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
+            const int p = p0 + u * RPW + r;
+            if (p < end)
+                logits[h * part_len + p - start] = sc[0];
+        }
+    }
+    __syncthreads(); /* the first V rows are in flight meanwhile */
+
+    /* softmax over the partition, one warp per head */
+    const int n = end - start;
+    for (int h = warp; h < HB; h += DEC_WARPS) {
+        float *lg = logits + h * part_len;
+        float mx = -INFINITY;
+        for (int j = lane; j < n; j += 32)
+            mx = fmaxf(mx, lg[j]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            float e = __expf(lg[j] - mx);
+            lg[j] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            ml[h] = mx;
+            ml[HB + h] = sum;
+        }
+    }
+    __syncthreads();
+
+    /* P.V */
+    float acc[HB][CPL][8];
+#pragma unroll
+    for (int h = 0; h < HB; h++)
+#pragma unroll
+        for (int k = 0; k < CPL; k++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                acc[h][k][i] = 0.0f;
+    for (int it = 0; it < nit; it++) {
+        issue(nit + it + S - 1);
+        cp_async_wait<S - 1>();
+        const uint4 *slot = ring + ((nit + it) % S) * SLOT;
+        const int p0 = first + it * DEC_WARPS * STEP;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int p = p0 + u * RPW + r;
+            float w[HB];
+#pragma unroll
+            for (int h = 0; h < HB; h++)
+                w[h] = p < end ? logits[h * part_len + p - start] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPL; k++) {
+                float vf[8];
+                cvt8(vf, slot, u * CPL + k, lane, (const TC *)NULL);
+#pragma unroll
+                for (int h = 0; h < HB; h++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        acc[h][k][i] = fmaf(w[h], vf[i], acc[h][k][i]);
+            }
+        }
+    }
+    /* sum the warp's row groups, then the warps (red overlays the rings: all drained first) */
+#pragma unroll
+    for (int x = LPR; x < 32; x <<= 1)
 #pragma unroll
         for (int h = 0; h < HB; h++)
 #pragma unroll
-            for (int k = 0; k < CPL; k++) {
-                int c = sub + k * LPR;
-                if (c < D8) {
-                    float t[8];
-                    load8(t, q + ((size_t)row * nh + h0 + h) * D + c * 8);
+            for (int k = 0; k < CPL; k++)
 #pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        qr[h][k][i] = t[i] * scale;
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        qr[h][k][i] = 0.0f;
-                }
-            }
-    }
-    __syncthreads(); /* tab */
-
-    const TC *base = cache + kg.layer_off + (size_t)g * D;
-    /* steps start at multiples of STEP: with STEP dividing the block size and the partition
-     * length, each step's rows lie in one cache block (the CUDA-core variants check; the
-     * tensor-core one is launched only where it holds) */
-    const bool one_block = kg.bs % STEP == 0 && part_len % STEP == 0;
-    /* tensor cores: this lane's K row and chunk within a step, and where its U copies land in a
-     * ring stage (16-byte units), computed once rather than per step */
-    const TC *lane_src = base + (size_t)r * kg.row + sub * 8;
-    const size_t row_step = (size_t)RPW * kg.row;
-    /* a cache block's elements fit 32 bits on tensor cores (the launcher checks): offsets within
-     * a block in 32-bit arithmetic, one wide multiply-add per step for the block's start */
-    const unsigned block32 = (unsigned)kg.block_elems, row32 = (unsigned)kg.row,
-                   half32 = (unsigned)kg.half;
-    uint32_t dst_off[MMA ? U : 1];
-    if constexpr (MMA)
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            dst_off[u] = 16 * ring_unit_mma(u * RPW + r, sub);
-    /* ldmatrix (MMA): lane feeds the address of row lane % 8 of matrix lane / 8 */
-    const int lpos = lane & 7, lmat = lane >> 3;
-    /* P.V sums: MMA: O^T, 16 dims x heads per fragment; else zeroed before P.V, so that they are
-     * not live during the scores (non-MMA partitions are one chunk) */
-    float o[MMA ? D_MMA / 16 : 1][4] = {};
-    float acc[MMA ? 1 : HB][CPL][8];
-
-    /* The partition in chunks of CH positions (one unless the partition is longer than
-     * DEC_CHUNK): scores, softmax and P.V per chunk, the running max and sum carried over and
-     * the P.V sums rescaled by exp(old max - new max) before each chunk adds its own. */
-    for (int cs = start; cs < end; cs += CH) {
-        const int ce = min(end, cs + CH);
-        /* The warp's steps: positions p0 + u * RPW + r, p0 = first + i * DEC_WARPS * STEP for
-         * i < nit; load j < nit is step j's K rows, load nit + j its V rows. Each lane copies the
-         * chunks it reads itself, so its own cp.async groups are all the ordering it needs. */
-        const int first = cs + warp * STEP;
-        const int nit = first < ce ? (ce - first + DEC_WARPS * STEP - 1) / (DEC_WARPS * STEP) : 0;
-        auto issue = [&](int j) {
-            if (j < 2 * nit) {
-                const int v = j >= nit, p0 = first + (j - v * nit) * DEC_WARPS * STEP;
-                const uint32_t dst = smem_addr(ring + (j % S) * SLOT);
-                if constexpr (MMA) {
-                    /* one block-table lookup per step; the lane's U rows a stride apart, all
-                     * in the block of the step's first row (p0 < ce), so a row past the end
-                     * has a valid address and is zero-filled without being read */
-                    const int bi = kv_block_of(kg, p0);
-                    const unsigned in_block =
-                        (unsigned)(p0 - bi * kg.bs) * row32 + (v ? half32 : 0);
-                    const TC *src =
-                        lane_src + ((size_t)(unsigned)tab[bi - b0] * block32 + in_block);
-#pragma unroll
-                    for (int u = 0; u < U; u++, src += row_step)
-                        cp_async16(dst + dst_off[u], src, p0 + u * RPW + r < ce);
-                } else {
-                    /* the step's rows in one cache block: one lookup, then a row stride */
-                    const TC *blk = cache;
-                    if (one_block) {
-                        const int bi = kv_block_of(kg, p0);
-                        blk = base + (size_t)tab[bi - b0] * kg.block_elems +
-                              (size_t)(p0 - bi * kg.bs + r) * kg.row + v * kg.half;
-                    }
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int p = p0 + u * RPW + r;
-                        const TC *src = cache;
-                        if (one_block) {
-                            src = blk + (size_t)(u * RPW) * kg.row;
-                        } else if (p < ce) {
-                            const int bi = kv_block_of(kg, p);
-                            src = base + (size_t)tab[bi - b0] * kg.block_elems +
-                                  (size_t)(p - bi * kg.bs) * kg.row + v * kg.half;
-                        }
-#pragma unroll
-                        for (int k = 0; k < CPL; k++) {
-                            const int c = sub + k * LPR;
-                            const bool ok = p < ce && c < D8; /* else zeros */
-#pragma unroll
-                            for (int x = 0; x < UNITS; x++)
-                                cp_async16(dst + 16 * (((u * CPL + k) * UNITS + x) * 32 + lane),
-                                           ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
-                        }
-                    }
-                }
-            }
-            cp_async_commit(); /* empty past the end: keeps the group count uniform */
-        };
-#pragma unroll
-        for (int j = 0; j < S - 1; j++)
-            issue(j);
-
-        /* scores */
-        for (int it = 0; it < nit; it++) {
-            if constexpr (MMA)
-                __syncwarp(); /* every lane has read the slot that is refilled next */
-            issue(it + S - 1);
-            cp_async_wait<S - 1>();
-            const uint4 *slot = ring + (it % S) * SLOT;
-            const int p0 = first + it * DEC_WARPS * STEP;
-            if constexpr (MMA) {
-                __syncwarp(); /* the other lanes' copies into this slot are visible */
-                const uint32_t sa = smem_addr(slot);
-                float c[2][4] = {}; /* S = Q K^T: heads x the step's 8 positions, two chains */
-#pragma unroll
-                for (int j = 0; j < D_MMA / 32; j++) {
-                    uint32_t b[4];
-                    ldsm_x4(b, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
-                    mma16<TC>(c[0], qa[2 * j], b[0], b[1]);
-                    mma16<TC>(c[1], qa[2 * j + 1], b[2], b[3]);
-                }
-                /* head g8 at positions p0 + 2 t4 + {0, 1}; past the end the rows were zero-filled,
-                 * so those scores are 0 and, left out of the softmax, weigh 0 in P.V */
-                if (g8 < HB)
-                    *(float2 *)&logits[g8 * CH + p0 - cs + 2 * t4] =
-                        make_float2((c[0][0] + c[1][0]) * scale, (c[0][1] + c[1][1]) * scale);
-            } else {
-                float sc[N];
-#pragma unroll
-                for (int i = 0; i < N; i++)
-                    sc[i] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int k = 0; k < CPL; k++) {
-                        float kf[8];
-                        cvt8(kf, slot, u * CPL + k, lane, (const TC *)NULL);
-#pragma unroll
-                        for (int h = 0; h < HB; h++)
-#pragma unroll
-                            for (int i = 0; i < 8; i++)
-                                sc[h * U + u] = fmaf(qr[h][k][i], kf[i], sc[h * U + u]);
-                    }
-                reduce_scatter<N, LPR / 2>(sc, lane);
-                if constexpr (N >= LPR) {
-#pragma unroll
-                    for (int i = 0; i < N / LPR; i++) {
-                        const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
-                        const int p = p0 + u * RPW + r;
-                        if (p < ce)
-                            logits[h * CH + p - cs] = sc[i];
-                    }
-                } else if (sub % (LPR / N) == 0) {
-                    const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
-                    const int p = p0 + u * RPW + r;
-                    if (p < ce)
-                        logits[h * CH + p - cs] = sc[0];
-                }
-            }
-        }
-        __syncthreads(); /* the first V rows are in flight meanwhile */
-
-        /* softmax over the chunk, one warp per head, against the running max */
-        const int n = ce - cs;
-        for (int h = warp; h < HB; h += DEC_WARPS) {
-            float *lg = logits + h * CH;
-            const float old = cs == start ? -INFINITY : ml[h];
-            float mx = old;
-            for (int j = lane; j < n; j += 32)
-                mx = fmaxf(mx, lg[j]);
-            mx = warp_max(mx);
-            float sum = 0.0f;
-            for (int j = lane; j < n; j += 32) {
-                float e = __expf(lg[j] - mx);
-                lg[j] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                const float f = cs == start ? 0.0f : __expf(old - mx);
-                ml[h] = mx;
-                ml[HB + h] = (cs == start ? 0.0f : ml[HB + h] * f) + sum;
-                ml[2 * HB + h] = f;
-            }
-        }
-        __syncthreads();
-
-        /* P.V: the earlier chunks' sums rescaled to this chunk's max first */
-        if constexpr (MMA) {
-            if (cs != start)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float f = 2 * t4 + e < HB ? ml[2 * HB + 2 * t4 + e] : 0.0f;
-#pragma unroll
-                    for (int m = 0; m < D_MMA / 16; m++) {
-                        o[m][e] *= f;
-                        o[m][2 + e] *= f;
-                    }
-                }
-        } else {
-            /* the partition is this one chunk: its sums start here */
-#pragma unroll
-            for (int h = 0; h < HB; h++)
-#pragma unroll
-                for (int k = 0; k < CPL; k++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        acc[h][k][i] = 0.0f;
-        }
-        for (int it = 0; it < nit; it++) {
-            if constexpr (MMA)
-                __syncwarp();
-            issue(nit + it + S - 1);
-            cp_async_wait<S - 1>();
-            const uint4 *slot = ring + ((nit + it) % S) * SLOT;
-            const int p0 = first + it * DEC_WARPS * STEP;
-            if constexpr (MMA) {
-                __syncwarp();
-                const uint32_t sa = smem_addr(slot);
-                uint32_t pb = 0u; /* B fragment: P of head g8 at positions p0 + 2 t4 + {0, 1} */
-                if (g8 < HB) {
-                    const float2 w = *(const float2 *)&logits[g8 * CH + p0 - cs + 2 * t4];
-                    pb = pack16<TC>(w.x, w.y);
-                }
-#pragma unroll
-                for (int j = 0; j < D_MMA / 32; j++) {
-                    uint32_t a[4]; /* V^T: dims 32 j .. 32 j + 31 x the step's 8 positions */
-                    ldsm_x4_trans(a, sa + 16 * ring_unit_mma(lpos, 4 * j + lmat));
-                    mma8<TC>(o[2 * j], a[0], a[1], pb);
-                    mma8<TC>(o[2 * j + 1], a[2], a[3], pb);
-                }
-            } else {
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int p = p0 + u * RPW + r;
-                    float w[HB];
-#pragma unroll
-                    for (int h = 0; h < HB; h++)
-                        w[h] = p < ce ? logits[h * CH + p - cs] : 0.0f;
-#pragma unroll
-                    for (int k = 0; k < CPL; k++) {
-                        float vf[8];
-                        cvt8(vf, slot, u * CPL + k, lane, (const TC *)NULL);
-#pragma unroll
-                        for (int h = 0; h < HB; h++)
-#pragma unroll
-                            for (int i = 0; i < 8; i++)
-                                acc[h][k][i] = fmaf(w[h], vf[i], acc[h][k][i]);
-                    }
-                }
-            }
-        }
-        __syncthreads(); /* every warp is done with this chunk's logits */
-        if constexpr (!MMA)
-            break; /* one chunk (CH is the partition): tells the compiler so */
-    }
-    /* sum the warp's row groups, then the warps (red overlays the rings: all drained first) */
-    if constexpr (!MMA) {
-#pragma unroll
-        for (int x = LPR; x < 32; x <<= 1)
-#pragma unroll
-            for (int h = 0; h < HB; h++)
-#pragma unroll
-                for (int k = 0; k < CPL; k++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        acc[h][k][i] += __shfl_xor_sync(0xffffffffu, acc[h][k][i], x);
-    }
+                for (int i = 0; i < 8; i++)
+                    acc[h][k][i] += __shfl_xor_sync(0xffffffffu, acc[h][k][i], x);
     __syncthreads();
-    if constexpr (MMA) {
-        /* o[m]: dims 16 m + g8 ([0], [1]) and 16 m + g8 + 8 ([2], [3]) of heads 2 t4 + {0, 1} */
-#pragma unroll
-        for (int m = 0; m < D_MMA / 16; m++)
-#pragma unroll
-            for (int e = 0; e < 2; e++)
-                if (2 * t4 + e < HB) {
-                    float *dst = red + (warp * HB + 2 * t4 + e) * D + 16 * m + g8;
-                    dst[0] = o[m][e];
-                    dst[8] = o[m][2 + e];
-                }
-    } else if (r == 0) {
+    if (r == 0) {
 #pragma unroll
         for (int h = 0; h < HB; h++)
 #pragma unroll
@@ -495,20 +312,19 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
             }
     }
     __syncthreads();
-    const size_t tok = (size_t)(row - qs0);
     for (int e = tid; e < HB * D; e += DEC_THREADS) {
         float v = 0.0f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
             v += red[w * HB * D + e];
         const int h = e / D, d = e - h * D;
-        if (nparts == 1)
+        if (job.nparts == 1)
             out[((size_t)row * nh + h0 + h) * D + d] = from_f32<TQ>(v / ml[HB + h]);
         else
-            ws_acc[((tok * nh + h0 + h) * max_parts + part) * D + d] = v;
+            ws_acc[((job.tok * nh + h0 + h) * max_parts + job.part) * D + d] = v;
     }
-    if (nparts > 1 && tid < HB) {
-        size_t i = (tok * nh + h0 + tid) * max_parts + part;
+    if (job.nparts > 1 && tid < HB) {
+        size_t i = (job.tok * nh + h0 + tid) * max_parts + job.part;
         ws_ml[2 * i] = ml[tid];
         ws_ml[2 * i + 1] = ml[HB + tid];
     }
@@ -688,29 +504,11 @@ size_t k_cuda_attention_workspace_bytes(const KvLayout *l, int num_tokens, int n
            sizeof(float);
 }
 
-typedef struct {
-    void *out;
-    const void *q, *cache;
-    KvGeom kg;
-    const AttnBatch *b;
-    int nh, G, part_len, max_parts;
-    float scale;
-    float *ws_acc, *ws_ml;
-    dim3 grid;
-    cudaStream_t stream;
-} DecodeLaunch;
-
-/* The tensor-core variant's geometry: head_dim D_MMA, every step of 8 rows (RPW x U at LPR 16)
- * within one cache block, and a block's elements (all layers) counted in 32 bits. */
-static bool decode_mma_geometry(const KvGeom &kg) {
-    return kg.D == D_MMA && kg.bs % 8 == 0 && kg.block_elems <= UINT32_MAX;
-}
-
-template <typename TQ, typename TC, int LPR, int CPL, int HB, bool MMA>
+template <typename TQ, typename TC, int LPR, int CPL, int HB>
 static void launch_kernel(const DecodeLaunch &a) {
-    auto kern = decode_kernel<TQ, TC, LPR, CPL, HB, MMA>;
+    auto kern = decode_kernel<TQ, TC, LPR, CPL, HB>;
     size_t smem = (size_t)dec_region<TC, CPL, HB>(a.kg.D) * 16 +
-                  ((size_t)HB * dec_chunk<MMA>(a.part_len) + 3 * HB) * sizeof(float) +
+                  ((size_t)HB * a.part_len + 2 * HB) * sizeof(float) +
                   ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
     kc_set_smem(kern, smem);
     kc_launch_pdl(kern, a.grid, dim3(DEC_THREADS), smem, a.stream, (TQ *)a.out, (const TQ *)a.q,
@@ -719,28 +517,17 @@ static void launch_kernel(const DecodeLaunch &a) {
                   a.max_parts);
 }
 
-/* tensor cores where they apply (16-bit queries and cache of one type, head_dim D_MMA) */
-template <typename TQ, typename TC, int LPR, int CPL, int HB>
-static void launch_decode(const DecodeLaunch &a) {
-    constexpr bool mma =
-        LPR == 16 && CPL == 1 && std::is_same<TQ, TC>::value && !std::is_same<TC, float>::value;
-    if (mma && decode_mma_geometry(a.kg))
-        launch_kernel<TQ, TC, LPR, CPL, HB, mma>(a);
-    else
-        launch_kernel<TQ, TC, LPR, CPL, HB, false>(a);
-}
-
 /* heads per block: the largest of 8, 4, 2, 1 dividing G, at most 8 / CPL (registers) */
 template <typename TQ, typename TC, int LPR, int CPL>
 static void launch_decode_hb(const DecodeLaunch &a, int HB) {
     if (HB == 8 && CPL == 1)
-        launch_decode<TQ, TC, LPR, CPL, (CPL == 1 ? 8 : 1)>(a);
+        launch_kernel<TQ, TC, LPR, CPL, (CPL == 1 ? 8 : 1)>(a);
     else if (HB >= 4 && CPL <= 2)
-        launch_decode<TQ, TC, LPR, CPL, (CPL <= 2 ? 4 : 1)>(a);
+        launch_kernel<TQ, TC, LPR, CPL, (CPL <= 2 ? 4 : 1)>(a);
     else if (HB >= 2)
-        launch_decode<TQ, TC, LPR, CPL, 2>(a);
+        launch_kernel<TQ, TC, LPR, CPL, 2>(a);
     else
-        launch_decode<TQ, TC, LPR, CPL, 1>(a);
+        launch_kernel<TQ, TC, LPR, CPL, 1>(a);
 }
 
 void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
@@ -767,10 +554,9 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
      * not the rows' actual contexts. */
     const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
     const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
-    /* partitions longer than a chunk only on tensor cores (the other variants are one pass) */
-    const bool mma =
-        act == l->dtype && (act == DT_BF16 || act == DT_F16) && decode_mma_geometry(kg);
-    int part_len = mma ? DEC_MAX_PART : DEC_CHUNK;
+    /* the CUDA-core kernel holds a partition's scores in shared memory; tensor cores need not */
+    const bool tc = kc_decode_tc_ok(act, l, kg);
+    int part_len = tc ? DEC_MAX_PART : DEC_CHUNK;
     auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
     auto bytes_of = [&](int len) {
         return parts_of(len) <= 1 ? 0 : (size_t)b->num_tokens * parts_of(len) * nh * (D + 2) * 4;
@@ -798,7 +584,10 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     a.grid = dim3((unsigned)(kg.nkv * (G / HB)), (unsigned)b->num_tokens, (unsigned)parts);
     a.stream = kc_stream(stream);
     KC_DISPATCH_ATTN(act, l->dtype, what, {
-        switch (LPR * 8 + CPL) {
+        switch (tc ? 0 : LPR * 8 + CPL) {
+            case 0:
+                kc_decode_tc(a, act, HB);
+                break;
             case 1 * 8 + 1:
                 launch_decode_hb<TQ, TC, 1, 1>(a, HB);
                 break;

@@ -1,0 +1,321 @@
+/* attention_decode_tc.cu - decode attention on tensor cores, flash-decoding per warp: bf16 or f16
+ * queries and a cache of the same type, head_dim 128 (k_cuda_attention_decode sends everything
+ * else to the CUDA-core kernel and combines the partitions this kernel writes).
+ *
+ * Grid (KV head x head group, row, partition), as the CUDA-core kernel: a block of 4 warps takes
+ * the HB query heads of one KV head for one row's partition, and warp w its steps w, w + 4, ...
+ * of 16 positions. A step's K rows and then its V rows are two units of a per-warp cp.async ring
+ * of 3 units in shared memory. Each copy instruction of a warp reads four whole 128-byte lines
+ * (16 bytes a lane) and writes each to one aligned 128 bytes of shared memory, swizzled within
+ * (chunk c of row p at c ^ (p % 8), so that the 8 rows an ldmatrix phase reads fall in 8 bank
+ * groups; with rows padded instead, lines landing across 128-byte boundaries cost 1.5x the L2
+ * sectors and 2.6x the requests, ncu on the H200). A half-step of 8 rows lies in one cache block
+ * (block sizes that are multiples of 8), so a step takes two block-table lookups. A __syncwarp
+ * orders the lanes' copies before the warp reads them, so no block barrier guards the ring.
+ *
+ * Per step, in registers: S^T = K Q^T by 8 mma m16n8k16 (K the 16-row operand straight from
+ * ldmatrix, Q^T held as B fragments for the whole partition, heads past HB zero); an online
+ * softmax with the scale folded into exp2, whose running max is raised only when a step's max
+ * passes it by more than 2^8 (then the sums are rescaled; until then the weights stay below 2^8,
+ * and the result is exact for any max kept, as the sum uses the same one); P rounded to the 16-bit
+ * type and turned from accumulator into B layout by movmatrix.trans; O^T += V^T P^T by 8 more mma
+ * with V^T from ldmatrix.trans. A lane's accumulators belong to the same two heads as its scores,
+ * so the rescale needs no shuffles. At the end the 4 warps' (max, sum, O) are merged through
+ * shared memory (the drained ring); a row whose context fits one partition is written normalised,
+ * else the partition's un-normalised sums and (max, sum) go to the workspace.
+ *
+ * Measured on the H200 (bf16, batch 256 x 1024, 8 KV heads of 4 query heads, one layer), against
+ * the kernel it replaced (8-position steps through the CUDA-core kernel's passes: scores to shared
+ * memory, softmax, then P.V), same machine: 37.5 M warp instructions instead of 84.6 M (ncu),
+ * 249.5 us instead of 251.8 us after 4 s of back-to-back launches (4.3 TB/s, the copy rate); the
+ * same DRAM bytes and L2 sectors. */
+#include <math.h>
+#include <stdio.h>
+
+#include "attention.cuh"
+
+enum {
+    DTC_D = 128,
+    DTC_THREADS = 128,
+    DTC_WARPS = DTC_THREADS / 32,
+    DTC_STEP = 16,                             /* positions per step: one mma's 16 rows */
+    DTC_UNITS = 3,                             /* ring units per warp (a step's K, or its V) */
+    DTC_ROW_BYTES = DTC_D * 2,                 /* a staged row */
+    DTC_UNIT_BYTES = DTC_STEP * DTC_ROW_BYTES, /* 4096 */
+    DTC_RING_BYTES = DTC_WARPS * DTC_UNITS * DTC_UNIT_BYTES
+};
+
+/* A step's max may pass the running max by this much (log2 units) before the sums are rescaled. */
+#define DTC_RESCALE_SLACK 8.0f
+
+/* 2^x by the special-function unit (flushes subnormal results to zero; 2^-inf = 0). */
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* The transpose of an 8x8 16-bit matrix held in accumulator layout (lane 4 r + c: row r,
+ * columns 2 c, 2 c + 1), in the same layout. */
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
+    uint32_t t;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(t) : "r"(m));
+    return t;
+}
+
+template <typename T, int HB>
+__global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
+    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
+    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
+    int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int *tab = (int *)((char *)smem16 + DTC_RING_BYTES); /* the partition's physical blocks */
+    DecodeWork job;
+    if (!decode_work(job, kg, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab))
+        return;
+    const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
+
+    /* mma fragments: lane = 4 g8 + t4. Q^T as B (16 dims x 8 heads): head g8, dims 2 t4, +1 and
+     * 2 t4 + 8, +9 of each 16; zero for heads past HB. */
+    const int g8 = lane >> 2, t4 = lane & 3;
+    uint32_t qb[DTC_D / 16][2];
+#pragma unroll
+    for (int c = 0; c < DTC_D / 16; c++) {
+        qb[c][0] = qb[c][1] = 0u;
+        if (g8 < HB) {
+            const T *qh = q + ((size_t)row * nh + h0 + g8) * DTC_D + 16 * c + 2 * t4;
+            qb[c][0] = *(const uint32_t *)qh;
+            qb[c][1] = *(const uint32_t *)(qh + 8);
+        }
+    }
+    __syncthreads(); /* tab */
+
+    /* copies: lane = 8 q + c copies 16-byte chunks c and c + 8 of the step's rows q, q + 4, q + 8
+     * and q + 12, so that each copy instruction reads four whole 128-byte lines */
+    const int cp_q = lane >> 3, cp_c = lane & 7;
+    const uint32_t ring = smem_addr(smem16) + warp * DTC_UNITS * DTC_UNIT_BYTES;
+    /* chunk c of staged row p at byte 16 (c ^ (p % 8)) of the row: each line a lane group copies
+     * lands in one aligned 128 bytes, and the 8 rows an ldmatrix phase reads fall in 8 bank
+     * groups. Rows 4 r4 + q (mod 8) of this lane: */
+    const uint32_t cp_dst[2] = {ring + cp_q * DTC_ROW_BYTES + 16 * (cp_c ^ cp_q),
+                                ring + cp_q * DTC_ROW_BYTES + 16 * (cp_c ^ (cp_q + 4))};
+    const T *base = cache + kg.layer_off + (size_t)job.g * DTC_D + 8 * cp_c;
+    const unsigned block32 = (unsigned)kg.block_elems, row32 = (unsigned)kg.row;
+    /* ldmatrix: lane feeds row lane % 8 of matrix i = lane / 8. K as A (positions x dims): matrix
+     * i is positions 8 (i & 1) on, chunks 2 k + (i >> 1); V^T as A (dims x positions) by .trans:
+     * matrix i is positions 8 (i >> 1) on, chunks 2 k + (i & 1). Chunk 2 k + b of row p is at
+     * (its address for k = 0) ^ 32 k, units being 4096-byte aligned. */
+    const int lr = lane & 7, li = lane >> 3;
+    const uint32_t k_ld = ring + (lr + 8 * (li & 1)) * DTC_ROW_BYTES + 16 * ((li >> 1) ^ lr);
+    const uint32_t v_ld = ring + (lr + 8 * (li >> 1)) * DTC_ROW_BYTES + 16 * ((li & 1) ^ lr);
+
+    /* this warp's steps: global steps warp, warp + DTC_WARPS, ... of the partition */
+    const int nsteps = (end - start + DTC_STEP - 1) / DTC_STEP;
+    const int mine = nsteps > warp ? (nsteps - warp + DTC_WARPS - 1) / DTC_WARPS : 0;
+    /* The step being loaded: the lane's rows q and 8 + q of its K (each half-step of 8 rows lies in
+     * one cache block: steps start at multiples of 16 and blocks at multiples of 8), and its
+     * rows before the end, less q. */
+    const T *src_lo = cache, *src_hi = cache;
+    int left = 0;
+    auto copy_unit = [&](uint32_t unit, size_t off) {
+        const T *half[2] = {src_lo + off, src_hi + off};
+#pragma unroll
+        for (int hs = 0; hs < 2; hs++)
+#pragma unroll
+            for (int r4 = 0; r4 < 2; r4++) {
+                const int r = 8 * hs + 4 * r4; /* row r + q */
+                const T *src = half[hs] + (r4 ? (size_t)4 * row32 : 0);
+#pragma unroll
+                for (int c8 = 0; c8 < 2; c8++)
+                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8, src + 64 * c8,
+                               r < left);
+            }
+    };
+    auto load_k = [&](int i, uint32_t unit) {
+        if (i < mine) {
+            const int p0 = start + (warp + i * DTC_WARPS) * DTC_STEP;
+            left = end - p0 - cp_q;
+            auto row_of = [&](int p) { /* past the end: p0's block, whose rows are zero-filled */
+                                       const int pc = p < end ? p : p0, bi = kv_block_of(kg, pc);
+                                       return base + ((size_t)(unsigned)tab[bi - b0] * block32 +
+                                                      (unsigned)(pc - bi * kg.bs + cp_q) * row32);
+            };
+            src_lo = row_of(p0);
+            src_hi = row_of(p0 + 8);
+            copy_unit(unit, 0);
+        }
+        cp_async_commit(); /* empty past the end: keeps the group count uniform */
+    };
+    auto load_v = [&](int i, uint32_t unit) {
+        if (i < mine)
+            copy_unit(unit, kg.half);
+        cp_async_commit();
+    };
+
+    /* ring units (byte offsets): step i's K in uk, its V in uv, the free one in uf */
+    uint32_t uk = 0, uv = DTC_UNIT_BYTES, uf = 2 * DTC_UNIT_BYTES;
+    load_k(0, uk);
+    load_v(0, uv);
+    /* running max (log2 units, per head 2 t4 + e), the lane's share of the sums, O^T fragments:
+     * o[m]: dims 16 m + g8 ([0], [1]) and 16 m + g8 + 8 ([2], [3]) of heads 2 t4, 2 t4 + 1 */
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    float o[DTC_D / 16][4] = {};
+    for (int i = 0; i < mine; i++) {
+        __syncwarp(); /* every lane has read unit uf (step i - 1's V) */
+        load_k(i + 1, uf);
+        cp_async_wait<2>();
+        __syncwarp();       /* the other lanes' copies of step i's K are visible */
+        float c[2][4] = {}; /* S^T: positions g8, g8 + 8 x heads 2 t4, 2 t4 + 1; two chains */
+#pragma unroll
+        for (int k = 0; k < DTC_D / 16; k++) {
+            uint32_t a[4];
+            ldsm_x4(a, (k_ld + uk) ^ (32 * k));
+            mma16<T>(c[k & 1], a, qb[k][0], qb[k][1]);
+        }
+        float s[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[e] = c[0][e] + c[1][e];
+        const int p0 = start + (warp + i * DTC_WARPS) * DTC_STEP;
+        if (p0 + DTC_STEP > end) { /* the partition's last step: positions past the end weigh 0 */
+            if (p0 + g8 >= end)
+                s[0] = s[1] = -INFINITY;
+            if (p0 + g8 + 8 >= end)
+                s[2] = s[3] = -INFINITY;
+        }
+        float smax[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float v = fmaxf(s[e], s[2 + e]);
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+            v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+            smax[e] = v * scale_log2;
+        }
+        if (__any_sync(0xffffffffu, smax[0] > mx[0] + DTC_RESCALE_SLACK ||
+                                        smax[1] > mx[1] + DTC_RESCALE_SLACK)) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float m = fmaxf(mx[e], smax[e]), f = ex2_ftz(mx[e] - m);
+                mx[e] = m;
+                sum[e] *= f;
+#pragma unroll
+                for (int d = 0; d < DTC_D / 16; d++) {
+                    o[d][e] *= f;
+                    o[d][2 + e] *= f;
+                }
+            }
+        }
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            p[e] = ex2_ftz(fmaf(s[e], scale_log2, -mx[e & 1]));
+        sum[0] += p[0] + p[2];
+        sum[1] += p[1] + p[3];
+        /* P^T as B (16 positions x 8 heads): the transposes of positions 0-7 and 8-15 */
+        const uint32_t pb0 = movmatrix_trans(pack16<T>(p[0], p[1]));
+        const uint32_t pb1 = movmatrix_trans(pack16<T>(p[2], p[3]));
+
+        __syncwarp(); /* every lane has read step i's K (unit uk) */
+        load_v(i + 1, uk);
+        cp_async_wait<2>();
+        __syncwarp();
+#pragma unroll
+        for (int d = 0; d < DTC_D / 16; d++) {
+            uint32_t a[4];
+            ldsm_x4_trans(a, (v_ld + uv) ^ (32 * d));
+            mma16<T>(o[d], a, pb0, pb1);
+        }
+        /* step i + 1's K is in uf, its V in uk; step i's V unit is free next */
+        const uint32_t t = uk;
+        uk = uf;
+        uf = uv;
+        uv = t;
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 4);
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 8);
+        sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 16);
+    }
+    __syncthreads(); /* every warp is done with the rings: they hold the merge from here */
+    float *o_s = (float *)smem16;               /* [DTC_WARPS][HB][DTC_D] */
+    float *ml_s = o_s + DTC_WARPS * HB * DTC_D; /* [DTC_WARPS][HB][2]: max, sum */
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int h = 2 * t4 + e;
+        if (h < HB) {
+            float *dst = o_s + (warp * HB + h) * DTC_D + g8;
+#pragma unroll
+            for (int d = 0; d < DTC_D / 16; d++) {
+                dst[16 * d] = o[d][e];
+                dst[16 * d + 8] = o[d][2 + e];
+            }
+            if (g8 == 0) {
+                ml_s[2 * (warp * HB + h)] = mx[e];
+                ml_s[2 * (warp * HB + h) + 1] = sum[e];
+            }
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < HB * DTC_D; x += DTC_THREADS) {
+        const int h = x / DTC_D, d = x - h * DTC_D;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DTC_WARPS; w++)
+            m = fmaxf(m, ml_s[2 * (w * HB + h)]);
+        float den = 0.0f, v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DTC_WARPS; w++) { /* a warp without steps: max -inf, weight 0 */
+            const float f = ex2_ftz(ml_s[2 * (w * HB + h)] - m);
+            den = fmaf(f, ml_s[2 * (w * HB + h) + 1], den);
+            v = fmaf(f, o_s[(w * HB + h) * DTC_D + d], v);
+        }
+        const size_t head = job.tok * nh + h0 + h;
+        if (job.nparts == 1) {
+            out[((size_t)row * nh + h0 + h) * DTC_D + d] = from_f32<T>(v / den);
+        } else {
+            const size_t slot = head * max_parts + job.part;
+            ws_acc[slot * DTC_D + d] = v;
+            if (d == 0) { /* the combine's max is in units of the scaled scores */
+                ws_ml[2 * slot] = m * (float)M_LN2;
+                ws_ml[2 * slot + 1] = den;
+            }
+        }
+    }
+}
+
+bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg) {
+    return act == l->dtype && (act == DT_BF16 || act == DT_F16) && kg.D == DTC_D &&
+           kg.bs % 8 == 0 && kg.block_elems <= UINT32_MAX;
+}
+
+template <typename T, int HB> static void launch_tc(const DecodeLaunch &a) {
+    auto kern = decode_tc_kernel<T, HB>;
+    const size_t smem = DTC_RING_BYTES + ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
+    kc_set_smem(kern, smem);
+    kc_launch_pdl(kern, a.grid, dim3(DTC_THREADS), smem, a.stream, (T *)a.out, (const T *)a.q,
+                  (const T *)a.cache, a.kg, a.b->positions, a.b->query_start, a.b->num_seqs,
+                  a.b->block_tables, a.nh, a.G, a.part_len, a.scale * (float)M_LOG2E, a.ws_acc,
+                  a.ws_ml, a.max_parts);
+}
+
+void kc_decode_tc(const DecodeLaunch &a, DType act, int HB) {
+    const char *what = "k_cuda_attention_decode";
+    KC_DISPATCH_ACT(act, what, T, {
+        if constexpr (!std::is_same<T, float>::value) {
+            if (HB == 8)
+                launch_tc<T, 8>(a);
+            else if (HB == 4)
+                launch_tc<T, 4>(a);
+            else if (HB == 2)
+                launch_tc<T, 2>(a);
+            else
+                launch_tc<T, 1>(a);
+        }
+    });
+}
