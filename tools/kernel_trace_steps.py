@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 KINDS = [
-    ("attention", r"decode_kernel|decode_reduce"),
+    ("attention", r"decode_kernel|decode_tc_kernel|decode_reduce"),
     ("gemm", r"nvjet|gemm|xmma|cutlass|splitK|gemv"),
     ("norm", r"norm"),
     ("rope", r"rope"),
@@ -83,7 +83,7 @@ def main():
     steps = []
     for s, e in zip(starts, starts[1:]):
         ks = kernels[s:e]
-        attn = [k for k in ks if "decode_kernel" in k[3]]
+        attn = [k for k in ks if re.search(r"decode_(tc_)?kernel", k[3])]
         if attn and all(int(k[2].split("x")[1]) == a.rows for k in attn):
             steps.append((ks, kernels[e][0] - kernels[s][0]))
     steps = steps[a.skip:]
