@@ -55,11 +55,11 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
 
 /* What one decode block works on: grid (KV head x head group, row, partition). Heads h0 .. h0 +
  * HB - 1 of KV head g, row `row` (tok-th of the launch), positions [start, end) of its context
- * ctx (nparts partitions of part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose
+ * (nparts partitions of part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose
  * physical numbers decode_work copies to tab (then a __syncthreads is due). False: nothing to do
  * (a padding row, or a partition past the context). A row beyond its block tables traps. */
 typedef struct {
-    int g, h0, row, part, ctx, nparts, start, end, b0;
+    int g, h0, row, part, nparts, start, end, b0;
     size_t tok;
 } DecodeWork;
 
@@ -75,19 +75,19 @@ __device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
     w.part = blockIdx.z;
     if (w.row >= query_start[num_seqs])
         return false;
-    w.ctx = positions[w.row] + 1;
-    if (w.ctx > kg.max_blocks * kg.bs) {
+    const int ctx = positions[w.row] + 1;
+    if (ctx > kg.max_blocks * kg.bs) {
         if (w.part == 0 && blockIdx.x == 0 && threadIdx.x == 0)
             printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
                    "%d\n",
-                   w.row, w.ctx - 1, kg.max_blocks);
+                   w.row, ctx - 1, kg.max_blocks);
         __trap();
     }
-    w.nparts = (w.ctx + part_len - 1) / part_len;
+    w.nparts = (ctx + part_len - 1) / part_len;
     w.start = w.part * part_len;
-    if (w.start >= w.ctx)
+    if (w.start >= ctx)
         return false;
-    w.end = min(w.ctx, w.start + part_len);
+    w.end = min(ctx, w.start + part_len);
     const int32_t *table =
         block_tables + (size_t)seq_of_row(query_start, num_seqs, w.row) * kg.max_blocks;
     w.b0 = kv_block_of(kg, w.start);

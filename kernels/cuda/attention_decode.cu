@@ -27,7 +27,6 @@
  * (split-K; a block per head for many partitions, a warp for a few); when a row's context fits
  * one partition the block writes the output directly. */
 #include <math.h>
-#include <stdio.h>
 
 #include "attention.cuh"
 
@@ -584,37 +583,37 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     a.grid = dim3((unsigned)(kg.nkv * (G / HB)), (unsigned)b->num_tokens, (unsigned)parts);
     a.stream = kc_stream(stream);
     KC_DISPATCH_ATTN(act, l->dtype, what, {
-        switch (tc ? 0 : LPR * 8 + CPL) {
-            case 0:
-                kc_decode_tc(a, act, HB);
-                break;
-            case 1 * 8 + 1:
-                launch_decode_hb<TQ, TC, 1, 1>(a, HB);
-                break;
-            case 2 * 8 + 1:
-                launch_decode_hb<TQ, TC, 2, 1>(a, HB);
-                break;
-            case 4 * 8 + 1:
-                launch_decode_hb<TQ, TC, 4, 1>(a, HB);
-                break;
-            case 8 * 8 + 1:
-                launch_decode_hb<TQ, TC, 8, 1>(a, HB);
-                break;
-            case 16 * 8 + 1:
-                launch_decode_hb<TQ, TC, 16, 1>(a, HB);
-                break;
-            case 32 * 8 + 1:
-                launch_decode_hb<TQ, TC, 32, 1>(a, HB);
-                break;
-            case 32 * 8 + 2:
-                launch_decode_hb<TQ, TC, 32, 2>(a, HB);
-                break;
-            case 32 * 8 + 3:
-                launch_decode_hb<TQ, TC, 32, 3>(a, HB);
-                break;
-            default:
-                launch_decode_hb<TQ, TC, 32, 4>(a, HB);
-        }
+        if (tc)
+            kc_decode_tc(a, act, HB);
+        else
+            switch (LPR * 8 + CPL) {
+                case 1 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 1, 1>(a, HB);
+                    break;
+                case 2 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 2, 1>(a, HB);
+                    break;
+                case 4 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 4, 1>(a, HB);
+                    break;
+                case 8 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 8, 1>(a, HB);
+                    break;
+                case 16 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 16, 1>(a, HB);
+                    break;
+                case 32 * 8 + 1:
+                    launch_decode_hb<TQ, TC, 32, 1>(a, HB);
+                    break;
+                case 32 * 8 + 2:
+                    launch_decode_hb<TQ, TC, 32, 2>(a, HB);
+                    break;
+                case 32 * 8 + 3:
+                    launch_decode_hb<TQ, TC, 32, 3>(a, HB);
+                    break;
+                default:
+                    launch_decode_hb<TQ, TC, 32, 4>(a, HB);
+            }
         if (parts > RED_FEW_PARTS) {
             const int per_block = b->num_tokens >= RED_MANY_ROWS ? RED_HEADS : 1;
             dim3 rgrid((unsigned)b->num_tokens, (unsigned)((nh + per_block - 1) / per_block));

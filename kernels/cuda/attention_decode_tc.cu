@@ -30,7 +30,6 @@
  * 249.5 us instead of 251.8 us after 4 s of back-to-back launches (4.3 TB/s, the copy rate); the
  * same DRAM bytes and L2 sectors. */
 #include <math.h>
-#include <stdio.h>
 
 #include "attention.cuh"
 
@@ -115,6 +114,7 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
     /* this warp's steps: global steps warp, warp + DTC_WARPS, ... of the partition */
     const int nsteps = (end - start + DTC_STEP - 1) / DTC_STEP;
     const int mine = nsteps > warp ? (nsteps - warp + DTC_WARPS - 1) / DTC_WARPS : 0;
+    auto step_start = [&](int i) { return start + (warp + i * DTC_WARPS) * DTC_STEP; };
     /* The step being loaded: the lane's rows q and 8 + q of its K (each half-step of 8 rows lies in
      * one cache block: steps start at multiples of 16 and blocks at multiples of 8), and its
      * rows before the end, less q. */
@@ -136,7 +136,7 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
     };
     auto load_k = [&](int i, uint32_t unit) {
         if (i < mine) {
-            const int p0 = start + (warp + i * DTC_WARPS) * DTC_STEP;
+            const int p0 = step_start(i);
             left = end - p0 - cp_q;
             auto row_of = [&](int p) { /* past the end: p0's block, whose rows are zero-filled */
                                        const int pc = p < end ? p : p0, bi = kv_block_of(kg, pc);
@@ -179,7 +179,7 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++)
             s[e] = c[0][e] + c[1][e];
-        const int p0 = start + (warp + i * DTC_WARPS) * DTC_STEP;
+        const int p0 = step_start(i);
         if (p0 + DTC_STEP > end) { /* the partition's last step: positions past the end weigh 0 */
             if (p0 + g8 >= end)
                 s[0] = s[1] = -INFINITY;
@@ -275,11 +275,10 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
             den = fmaf(f, ml_s[2 * (w * HB + h) + 1], den);
             v = fmaf(f, o_s[(w * HB + h) * DTC_D + d], v);
         }
-        const size_t head = job.tok * nh + h0 + h;
         if (job.nparts == 1) {
             out[((size_t)row * nh + h0 + h) * DTC_D + d] = from_f32<T>(v / den);
         } else {
-            const size_t slot = head * max_parts + job.part;
+            const size_t slot = (job.tok * nh + h0 + h) * max_parts + job.part;
             ws_acc[slot * DTC_D + d] = v;
             if (d == 0) { /* the combine's max is in units of the scaled scores */
                 ws_ml[2 * slot] = m * (float)M_LN2;
