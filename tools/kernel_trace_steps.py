@@ -9,7 +9,11 @@ time is its own: from the later of its start and the end of every kernel before 
 (with programmatic dependent launch a kernel starts early and waits for the one before; that
 wait is the earlier kernel's time). The times add up to `busy`, the union of the spans.
 
-    python3 tools/kernel_trace_steps.py TRACE.csv --rows 256 [--skip 5]
+    python3 tools/kernel_trace_steps.py TRACE.csv --rows 256 [--skip 5] [--gaps 8]
+
+--gaps N also prints the N largest sources of idle GPU time in a step: the time between one
+kernel's end and the next kernel's start (nothing running), summed per pair of kernel names,
+the gap after a step's last kernel (up to the next step's first) included.
 """
 import argparse
 import csv
@@ -69,6 +73,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--rows", type=int, required=True, help="decode rows of the steps to keep")
     ap.add_argument("--skip", type=int, default=3, help="kept steps to drop first (warm-up)")
+    ap.add_argument("--gaps", type=int, default=0, help="print the N largest idle gaps' sources")
     a = ap.parse_args()
     kernels = []
     with open(a.trace, newline="") as f:
@@ -85,14 +90,22 @@ def main():
         ks = kernels[s:e]
         attn = [k for k in ks if re.search(r"decode_(tc_)?kernel", k[3])]
         if attn and all(int(k[2].split("x")[1]) == a.rows for k in attn):
-            steps.append((ks, kernels[e][0] - kernels[s][0]))
+            steps.append((ks + [kernels[e]], kernels[e][0] - kernels[s][0]))
     steps = steps[a.skip:]
     if not steps:
         sys.exit(f"{a.trace}: no decode steps of {a.rows} rows (after skipping {a.skip})")
     n = len(steps)
     per = {}
     busy = []
-    for ks, _ in steps:
+    gaps = {}
+    for ks_next, _ in steps:
+        ks = ks_next[:-1]
+        t_end = 0
+        for prev, nxt in zip(ks, ks_next[1:]):
+            t_end = max(t_end, prev[1])
+            if nxt[0] > t_end:
+                key = (short(prev[3]), short(nxt[3]))
+                gaps[key] = gaps.get(key, 0) + nxt[0] - t_end
         t_end, b = 0, 0
         gemms = [i for i, k in enumerate(ks) if kind_of(k[3]) == "gemm"]
         for i, (start, end, grid, name) in enumerate(ks):
@@ -116,6 +129,10 @@ def main():
               f"{key[2]}  {key[1]}")
     print("by kind (ms/step): " + ", ".join(
         f"{k} {v / n / 1e6:.3f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    if a.gaps:
+        print(f"idle GPU time, us per step, by the kernels either side (largest {a.gaps}):")
+        for (prev, nxt), t in sorted(gaps.items(), key=lambda kv: -kv[1])[:a.gaps]:
+            print(f"{t / n / 1e3:8.1f}  {prev} -> {nxt}")
 
 
 if __name__ == "__main__":
