@@ -192,6 +192,13 @@ typedef struct KernelOps {
                                   void *kv_cache, const KvLayout *l, int layer);
     void (*matmul_silu_mul)(void *out, void *gate_up, const void *x, const Tensor *w, int n);
 
+    /* Optional (NULL: the model makes the two calls): matmul(proj, x, w, NULL, n) then
+     * add_rmsnorm(residual, proj, normed, norm_w, n, w->shape[0], eps), a projection feeding
+     * the residual stream and the pre-norm after it. The same results up to the order in which
+     * the products over K are summed; proj is scratch, unspecified afterwards. */
+    void (*matmul_add_rmsnorm)(void *residual, void *normed, void *proj, const void *x,
+                               const Tensor *w, const Tensor *norm_w, int n, float eps);
+
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
     void (*gather_rows)(void *out, const void *in, const int32_t *rows, int n, int dim);
 

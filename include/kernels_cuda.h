@@ -227,6 +227,24 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream);
 
+/* residual += x w^T, then normed = rmsnorm(residual) * norm_w: k_cuda_matmul(proj, x, w) then
+ * k_cuda_add_rmsnorm(residual, proj, normed, norm_w, n, N), or, where it measured faster for
+ * the shape (16-bit activations and weights, 3 to 512 rows), K split into 2 or 4 fp32 partial
+ * products that the add + RMSNorm sums: the same results but for the order of the K sums.
+ * proj is scratch of [n, N] whose contents afterwards are unspecified. A KCudaProjNorm holds
+ * the partials buffer (allocated by the first eager call) and the per-shape choices; one per
+ * device and activation dtype, used by one thread at a time; run each shape eagerly before
+ * capturing it, as for k_cuda_matmul. (kernels/cuda/matmul_norm.cu) */
+typedef struct KCudaProjNorm KCudaProjNorm;
+KCudaProjNorm *k_cuda_proj_norm_create(void);
+void k_cuda_proj_norm_destroy(KCudaProjNorm *p); /* NULL: no-op */
+void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, void *normed,
+                               void *proj, const void *x, DType act, const Tensor *w,
+                               const Tensor *norm_w, int n, float eps, void *stream);
+/* For tests: every later call of p takes `splits` partials (2 or 4) where the call can, else
+ * the plain pair (0: always); -1 restores the measured choice. */
+void k_cuda_proj_norm_force(KCudaProjNorm *p, int splits);
+
 /* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
  * only where the GEMV can run, else cuBLASLt; KC_GEMM_CUBLASLT also turns the fused
  * projections into their two calls), and the GEMV's weight rows per warp (1, 2 or 4; 0 = the

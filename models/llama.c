@@ -278,15 +278,21 @@ static const Tensor *bias_or_null(const Tensor *b) {
     return b->data ? b : NULL;
 }
 
-/* residual += proj (summed over the ranks first when they hold partial sums); normed =
- * rmsnorm(residual) * w. */
-static void add_norm(Model *m, const Tensor *w, int n) {
+/* residual += x w^T (a row-parallel projection: summed over the ranks first when they hold
+ * partial sums), then normed = rmsnorm(residual) * norm; one op where the backend fuses them. */
+static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
     const ModelConfig *c = &m->local;
+    const KernelOps *ops = m->ops;
+    if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
+        ops->matmul_add_rmsnorm(m->residual, m->normed, m->proj, x, w, norm, n, c->rms_norm_eps);
+        return;
+    }
+    ops->matmul(m->proj, x, w, NULL, n);
     if (m->shard.size > 1)
-        m->ops->all_reduce_add_rmsnorm(m->residual, m->proj, m->normed, w, n, c->hidden_size,
-                                       c->rms_norm_eps);
+        ops->all_reduce_add_rmsnorm(m->residual, m->proj, m->normed, norm, n, c->hidden_size,
+                                    c->rms_norm_eps);
     else
-        m->ops->add_rmsnorm(m->residual, m->proj, m->normed, w, n, c->hidden_size, c->rms_norm_eps);
+        ops->add_rmsnorm(m->residual, m->proj, m->normed, norm, n, c->hidden_size, c->rms_norm_eps);
 }
 
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
@@ -351,17 +357,17 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
         const LayerWeights *lw = &m->w.layers[l];
         attention_input(m, lw, batch, kv_cache, kv_layout, l);
         ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
-        ops->matmul(m->proj, m->attn, &lw->wo, NULL, n); /* row-parallel: partial sums */
-        add_norm(m, &lw->mlp_norm, n);
+        project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
         mlp_activation(m, lw, n);
-        ops->matmul(m->proj, m->act, &lw->w_down, NULL, n);
-        /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted */
+        /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted
+         * (else nothing reads the last MLP's output) */
         if (l + 1 < c->num_layers)
-            add_norm(m, &m->w.layers[l + 1].attn_norm, n);
+            project_add_norm(m, &lw->w_down, m->act, &m->w.layers[l + 1].attn_norm, n);
+        else if (num_logits > 0)
+            project_add_norm(m, &lw->w_down, m->act, &m->w.final_norm, n);
     }
     if (num_logits == 0)
         return;
-    add_norm(m, &m->w.final_norm, n);
     ops->gather_rows(m->picked, m->normed, logits_rows, num_logits, hidden);
     if (m->shard.size > 1) {
         lm_head_parallel(m, num_logits, logits);

@@ -29,6 +29,13 @@ static inline cudaStream_t kc_stream(void *s) {
     return (cudaStream_t)s;
 }
 
+/* Whether work on `s` is being recorded into a CUDA graph (no allocation, no host sync). */
+static inline bool kc_capturing(cudaStream_t s) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(s, &cs));
+    return cs != cudaStreamCaptureStatusNone;
+}
+
 /* ---- element conversions (fp32 math everywhere; round to nearest even on the way down) ---- */
 
 __device__ __forceinline__ float to_f32(float x) {
@@ -256,11 +263,56 @@ static inline unsigned kc_blocks(size_t total, int threads) {
     return (unsigned)b;
 }
 
-/* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB. */
+/* ---- the pieces of k_cuda_matmul_add_rmsnorm (matmul_norm.cu) ---- */
+
+/* partials[i] = x[:, slice i] w[:, slice i]^T in fp32 for the `splits` (> 1) equal slices of K,
+ * each [n, N], split_stride elements apart (16-bit x and w of the same dtype, K % (8 splits)
+ * == 0); cuBLASLt, one strided-batched call (matmul.cu). */
+void kc_matmul_partials(KCudaGemm *g, float *partials, int64_t split_stride, const void *x,
+                        DType act, const Tensor *w, int n, int splits, cudaStream_t s);
+
+/* res_out = residual + delta rounded to act, out = rmsnorm(res_out) * w (norm.cu). delta is
+ * [n, dim] in act (splits 0), or `splits` (2 or 4) fp32 partials split_stride elements apart,
+ * summed and rounded to act first; res_out may be residual. The partials take the vector
+ * kernel only: kc_add_rmsnorm_partials_ok says whether it fits. */
+void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, int splits,
+                       size_t split_stride, void *out, DType act, const Tensor *w, int n, int dim,
+                       float eps, cudaStream_t s);
+bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const float *partials,
+                                size_t split_stride, DType act, const Tensor *w, int dim);
+
+/* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB.
+ * The attribute is per kernel and device, so each thread remembers the largest limit it set
+ * for each (kernel, device) and calls cudaFuncSetAttribute only when a launch needs more: an
+ * eager launch then costs no driver call (tensor-parallel ranks each drive their device from
+ * their own thread; a thread that has seen more kernels than the table holds just sets the
+ * attribute again). */
+struct KcSmemLimit {
+    const void *kernel;
+    int device;
+    size_t bytes;
+};
+enum { KC_SMEM_LIMITS = 32 };
+
 template <typename K> static inline void kc_set_smem(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (bytes <= 48 * 1024)
+        return;
+    static thread_local KcSmemLimit set[KC_SMEM_LIMITS];
+    static thread_local int num_set;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    KcSmemLimit *slot = NULL;
+    for (int i = 0; i < num_set && !slot; i++)
+        if (set[i].kernel == (const void *)kernel && set[i].device == device)
+            slot = &set[i];
+    if (slot && slot->bytes >= bytes)
+        return;
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (!slot && num_set < KC_SMEM_LIMITS)
+        slot = &set[num_set++];
+    if (slot)
+        *slot = KcSmemLimit{(const void *)kernel, device, bytes};
 }
 
 #endif

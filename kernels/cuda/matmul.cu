@@ -65,6 +65,7 @@ typedef struct {
     int mb, N, K;                  /* row bucket, output features, input features */
     int at, bt, ct;                /* cudaDataType of w, x, out */
     int bias;                      /* 1: CUBLASLT_EPILOGUE_BIAS */
+    int splits;                    /* > 1: K in that many slices, a batch of fp32 partials */
     int al_a, al_b, al_c, al_bias; /* pointer / leading-dimension alignment in bytes (<= 256) */
 } AlgoKey;
 
@@ -203,7 +204,11 @@ typedef struct {
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
 } LtProblem;
 
-static void lt_problem(LtProblem *p, const AlgoKey *k, const void *bias, int rows) {
+/* With k->splits S > 1 the problem is a strided batch of S: batch i multiplies the K / S
+ * columns from i K / S of w and x (both read in place, leading dimension K) into its own
+ * [rows, N] slice of d, `split_stride` elements after the previous one. */
+static void lt_problem(LtProblem *p, const AlgoKey *k, const void *bias, int rows,
+                       int64_t split_stride) {
     CUBLAS_CHECK(cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     CUBLAS_CHECK(
@@ -217,16 +222,28 @@ static void lt_problem(LtProblem *p, const AlgoKey *k, const void *bias, int row
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                     &bias, sizeof bias));
     }
-    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->la, (cudaDataType)k->at, k->K, k->N, k->K));
-    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lb, (cudaDataType)k->bt, k->K, rows, k->K));
+    const int kk = k->K / k->splits;
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->la, (cudaDataType)k->at, kk, k->N, k->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lb, (cudaDataType)k->bt, kk, rows, k->K));
     CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lc, (cudaDataType)k->ct, k->N, rows, k->N));
+    if (k->splits == 1)
+        return;
+    const int32_t count = k->splits;
+    const int64_t offset[3] = {kk, kk, split_stride};
+    cublasLtMatrixLayoutOpaque_t *l[3] = {&p->la, &p->lb, &p->lc};
+    for (int i = 0; i < 3; i++) {
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof count));
+        CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            l[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset[i], sizeof offset[i]));
+    }
 }
 
 /* cuBLASLt's heuristic offers for `rows` rows, best first, at most `max`; how many. */
 static int lt_offers(KCudaGemm *g, const AlgoKey *k, const void *bias, int rows,
-                     cublasLtMatmulHeuristicResult_t *res, int max) {
+                     int64_t split_stride, cublasLtMatmulHeuristicResult_t *res, int max) {
     LtProblem p;
-    lt_problem(&p, k, bias, rows);
+    lt_problem(&p, k, bias, rows, split_stride);
     cublasLtMatmulPreferenceOpaque_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&pref));
     uint64_t ws = g->workspace_bytes;
@@ -253,18 +270,12 @@ static int lt_offers(KCudaGemm *g, const AlgoKey *k, const void *bias, int rows,
 /* d = beta d + w x^T with `algo`, the problem set up for `rows` rows. */
 static cublasStatus_t lt_run(KCudaGemm *g, const AlgoKey *k, const cublasLtMatmulAlgo_t *algo,
                              void *d, const void *x, const void *w, const void *bias, int rows,
-                             float beta, cudaStream_t s) {
+                             int64_t split_stride, float beta, cudaStream_t s) {
     LtProblem p;
-    lt_problem(&p, k, bias, rows);
+    lt_problem(&p, k, bias, rows, split_stride);
     float alpha = 1.0f;
     return cublasLtMatmul(g->lt, &p.desc, &alpha, w, &p.la, x, &p.lb, &beta, d, &p.lc, d, &p.lc,
                           algo, g->workspace, g->workspace_bytes, s);
-}
-
-static int capturing(cudaStream_t s) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(s, &cs));
-    return cs != cudaStreamCaptureStatusNone;
 }
 
 /* The fastest of the offers on this call's operands (the output is overwritten, beta 0): each
@@ -272,17 +283,17 @@ static int capturing(cudaStream_t s) {
  * launch is skipped. Index into offers[]. */
 static int lt_fastest(KCudaGemm *g, const AlgoKey *k, const cublasLtMatmulHeuristicResult_t *offers,
                       int n, void *d, const void *x, const void *w, const void *bias, int rows,
-                      cudaStream_t s) {
+                      int64_t split_stride, cudaStream_t s) {
     cudaEvent_t ev[2 * GEMM_TUNE_CANDIDATES];
     int ran[GEMM_TUNE_CANDIDATES];
     for (int i = 0; i < 2 * n; i++)
         CUDA_CHECK(cudaEventCreate(&ev[i]));
     for (int i = 0; i < n; i++) {
-        ran[i] =
-            lt_run(g, k, &offers[i].algo, d, x, w, bias, rows, 0.0f, s) == CUBLAS_STATUS_SUCCESS;
+        ran[i] = lt_run(g, k, &offers[i].algo, d, x, w, bias, rows, split_stride, 0.0f, s) ==
+                 CUBLAS_STATUS_SUCCESS;
         CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
         for (int r = 0; ran[i] && r < GEMM_TUNE_REPS; r++)
-            CUBLAS_CHECK(lt_run(g, k, &offers[i].algo, d, x, w, bias, rows, 0.0f, s));
+            CUBLAS_CHECK(lt_run(g, k, &offers[i].algo, d, x, w, bias, rows, split_stride, 0.0f, s));
         CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
     }
     CUDA_CHECK(cudaEventSynchronize(ev[2 * n - 1]));
@@ -325,10 +336,12 @@ static AlgoEntry *cache_slot(KCudaGemm *g, const AlgoKey *key) {
     }
 }
 
-/* d[rows, N] (dt) = beta d + x[rows, K] (xt) w[N, K]^T (wt) (+ bias, in dt, when non-NULL). */
+/* d[rows, N] (dt) = beta d + x[rows, K] (xt) w[N, K]^T (wt) (+ bias, in dt, when non-NULL);
+ * with splits > 1 (no bias, beta 0), d holds that many partial products over K's slices, each
+ * [rows, N], split_stride elements apart (lt_problem). */
 static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, const void *w,
-                    DType wt, const void *bias, int rows, int N, int K, float beta,
-                    cudaStream_t s) {
+                    DType wt, const void *bias, int rows, int N, int K, float beta, int splits,
+                    int64_t split_stride, cudaStream_t s) {
     AlgoKey key;
     key.mb = bucket_of(rows);
     key.N = N;
@@ -337,26 +350,30 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
     key.bt = cuda_type(xt);
     key.ct = cuda_type(dt);
     key.bias = bias != NULL;
-    key.al_a = alignment(w, (size_t)K * pl_dtype_size(wt));
-    key.al_b = alignment(x, (size_t)K * pl_dtype_size(xt));
-    key.al_c = alignment(d, (size_t)N * pl_dtype_size(dt));
+    key.splits = splits;
+    /* every batch's operands start a slice (or a stride) after the first: aligned as those */
+    const size_t slice = splits > 1 ? (size_t)(K / splits) : 0;
+    const size_t stride_bytes = (size_t)split_stride * pl_dtype_size(dt);
+    key.al_a = alignment(w, ((size_t)K | slice) * pl_dtype_size(wt));
+    key.al_b = alignment(x, ((size_t)K | slice) * pl_dtype_size(xt));
+    key.al_c = alignment(d, (size_t)N * pl_dtype_size(dt) | stride_bytes);
     key.al_bias = bias ? alignment(bias, 0) : 0;
 
     AlgoEntry *e = cache_slot(g, &key);
     if (!e->valid) {
         cublasLtMatmulHeuristicResult_t offers[GEMM_TUNE_CANDIDATES];
-        int n = lt_offers(g, &key, bias, key.mb, offers, GEMM_TUNE_CANDIDATES);
+        int n = lt_offers(g, &key, bias, key.mb, split_stride, offers, GEMM_TUNE_CANDIDATES);
         if (n == 0)
-            n = lt_offers(g, &key, bias, rows, offers, GEMM_TUNE_CANDIDATES);
+            n = lt_offers(g, &key, bias, rows, split_stride, offers, GEMM_TUNE_CANDIDATES);
         if (n == 0)
             pl_fatal(__FILE__, __LINE__,
                      "k_cuda_matmul: cuBLASLt has no algorithm for [%d, %d] x [%d, %d]^T "
-                     "(%s x %s -> %s, bias %d, alignments %d/%d/%d)",
+                     "(%s x %s -> %s, bias %d, %d K slices, alignments %d/%d/%d)",
                      rows, K, N, K, pl_dtype_name(xt), pl_dtype_name(wt), pl_dtype_name(dt),
-                     key.bias, key.al_b, key.al_a, key.al_c);
+                     key.bias, splits, key.al_b, key.al_a, key.al_c);
         int pick = 0;
-        if (n > 1 && beta == 0.0f && key.mb <= GEMM_TUNE_MAX_ROWS && !capturing(s))
-            pick = lt_fastest(g, &key, offers, n, d, x, w, bias, rows, s);
+        if (n > 1 && beta == 0.0f && key.mb <= GEMM_TUNE_MAX_ROWS && !kc_capturing(s))
+            pick = lt_fastest(g, &key, offers, n, d, x, w, bias, rows, split_stride, s);
         if (g->cached >= GEMM_CACHE_SLOTS / 4 * 3) {
             memset(g->cache, 0, sizeof g->cache);
             g->cached = 0;
@@ -368,14 +385,14 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
         g->cached++;
     }
 
-    cublasStatus_t st = lt_run(g, &key, &e->algo, d, x, w, bias, rows, beta, s);
+    cublasStatus_t st = lt_run(g, &key, &e->algo, d, x, w, bias, rows, split_stride, beta, s);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
         /* the bucket's algorithm does not take this row count: ask for this exact size */
         cublasLtMatmulHeuristicResult_t exact;
-        if (!lt_offers(g, &key, bias, rows, &exact, 1))
+        if (!lt_offers(g, &key, bias, rows, split_stride, &exact, 1))
             pl_fatal(__FILE__, __LINE__, "k_cuda_matmul: cuBLASLt has no algorithm for %d rows",
                      rows);
-        st = lt_run(g, &key, &exact.algo, d, x, w, bias, rows, beta, s);
+        st = lt_run(g, &key, &exact.algo, d, x, w, bias, rows, split_stride, beta, s);
     }
     CUBLAS_CHECK(st);
 }
@@ -473,7 +490,7 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     const int fuse_bias = b && b->dtype == act && ((uintptr_t)b->data & 15) == 0;
     const void *ep_bias = fuse_bias ? b->data : NULL;
     if (!f32x16) {
-        lt_gemm(g, out, act, x, act, w->data, wt, ep_bias, n, N, K, 0.0f, s);
+        lt_gemm(g, out, act, x, act, w->data, wt, ep_bias, n, N, K, 0.0f, 1, 0, s);
     } else {
         KC_REQUIRE(g->max_rows_times_k >= (size_t)K,
                    "k_cuda_matmul: F32 activations with %s weights need scratch for a row of "
@@ -495,10 +512,23 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
                 split_kernel<f16>
                     <<<kc_blocks(total, 256), 256, 0, s>>>((f16 *)hi, (f16 *)lo, xr, total);
             CUDA_CHECK_LAUNCH();
-            lt_gemm(g, o, DT_F32, hi, wt, w->data, wt, ep_bias, rows, N, K, 0.0f, s);
-            lt_gemm(g, o, DT_F32, lo, wt, w->data, wt, NULL, rows, N, K, 1.0f, s);
+            lt_gemm(g, o, DT_F32, hi, wt, w->data, wt, ep_bias, rows, N, K, 0.0f, 1, 0, s);
+            lt_gemm(g, o, DT_F32, lo, wt, w->data, wt, NULL, rows, N, K, 1.0f, 1, 0, s);
         }
     }
     if (b && !fuse_bias)
         bias_add(out, act, b, n, N, s);
+}
+
+void kc_matmul_partials(KCudaGemm *g, float *partials, int64_t split_stride, const void *x,
+                        DType act, const Tensor *w, int n, int splits, cudaStream_t s) {
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    KC_REQUIRE((act == DT_BF16 || act == DT_F16) && w->dtype == act && splits > 1 &&
+                   K % (8 * splits) == 0 && split_stride >= (int64_t)n * N,
+               "kc_matmul_partials: %s x %s, K %d in %d slices, stride %lld for %d x %d",
+               pl_dtype_name(act), pl_dtype_name(w->dtype), K, splits, (long long)split_stride, n,
+               N);
+    if (n > 0)
+        lt_gemm(g, partials, DT_F32, x, act, w->data, act, NULL, n, N, K, 0.0f, splits,
+                split_stride, s);
 }

@@ -15,8 +15,9 @@
  * each table, the device copy of copy-on-write pairs, the NCCL communicator) is kept per
  * device, created on first use on that device and kept for the process: the ops act on the
  * calling thread's current device, so each tensor-parallel rank's thread drives its own GPU
- * through the same tables. Lazily grown state (gemm heuristics, the attention workspace) must
- * reach its working size before a capture, which the engine's warm-up does.
+ * through the same tables. Lazily grown state (gemm heuristics, the attention workspace, the fused
+ * projection + norm's partials) must reach its working size before a capture, which the engine's
+ * warm-up does.
  *
  * Tensor parallelism: all-reduces of up to a few MB (every decode step's) take the one-shot
  * kernel over peer memory (allreduce.cu), fused with the residual add + RMSNorm after it where
@@ -38,6 +39,7 @@
 /* Per-table state (index 0: F32, 1: BF16). */
 typedef struct {
     KCudaGemm *gemm;
+    KCudaProjNorm *proj_norm;
     void *attn_workspace;
     size_t attn_workspace_bytes;
 } ActState;
@@ -79,6 +81,8 @@ template <DType A> static ActState *state(void) {
     ActState *s = &dev()->act[A == DT_F32 ? 0 : A == DT_BF16 ? 1 : 2];
     if (!s->gemm)
         s->gemm = k_cuda_gemm_create(A == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
+    if (!s->proj_norm)
+        s->proj_norm = k_cuda_proj_norm_create();
     return s;
 }
 
@@ -214,6 +218,14 @@ static void ops_add_rmsnorm(void *residual, const void *delta, void *out, const 
 template <DType A>
 static void ops_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n) {
     k_cuda_matmul(state<A>()->gemm, out, x, A, w, bias, n, stream());
+}
+
+template <DType A>
+static void ops_matmul_add_rmsnorm(void *residual, void *normed, void *proj, const void *x,
+                                   const Tensor *w, const Tensor *norm_w, int n, float eps) {
+    ActState *s = state<A>();
+    k_cuda_matmul_add_rmsnorm(s->proj_norm, s->gemm, residual, normed, proj, x, A, w, norm_w, n,
+                              eps, stream());
 }
 
 template <DType A>
@@ -463,6 +475,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.silu_mul = ops_silu_mul<A>;
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;
+    o.matmul_add_rmsnorm = ops_matmul_add_rmsnorm<A>;
     o.gather_rows = ops_gather_rows<A>;
     o.to_f32 = ops_to_f32<A>;
     o.embedding_slice = ops_embedding_slice<A>;
