@@ -192,14 +192,6 @@ typedef struct KernelOps {
                                   void *kv_cache, const KvLayout *l, int layer);
     void (*matmul_silu_mul)(void *out, void *gate_up, const void *x, const Tensor *w, int n);
 
-    /* Optional (NULL: the model makes the calls): matmul_qkv_rope_cache (or matmul then
-     * qkv_rope_cache) of the normed rows x into q_out and the cache, then attention(out, q_out,
-     * ...) over the same batch, as one op (the backend may rotate q and store the new k and v
-     * inside its attention kernel). Same results; q_out and qkv are scratch. */
-    void (*qkv_attention)(void *out, void *q_out, void *qkv, const void *x, const Tensor *w,
-                          const Tensor *bias, int nh, const Rope *rope, void *kv_cache,
-                          const KvLayout *l, int layer, const AttnBatch *b, float scale);
-
     /* Optional (NULL: the model makes the two calls): matmul(proj, x, w, NULL, n) then
      * add_rmsnorm(residual, proj, normed, norm_w, n, w->shape[0], eps), a projection feeding
      * the residual stream and the pre-norm after it. The same results up to the order in which

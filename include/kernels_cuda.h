@@ -176,16 +176,6 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
                              const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                              void *workspace, size_t workspace_bytes, void *stream);
 
-/* k_cuda_qkv_rope_cache(q_out, qkv, ...) then k_cuda_attention_decode(out, q_out, ...) on a
- * batch of decode rows (b's positions and slot_mapping), as one kernel where the tensor-core
- * decode takes the batch (every row its sequence's only token): it rotates q as it loads it, and
- * the blocks holding a row's last position rotate and store its k and v first. The same results
- * either way; q_out and qkv are scratch whose contents afterwards are unspecified. */
-void k_cuda_qkv_attention_decode(void *out, void *q_out, void *qkv, DType act, const Rope *rope,
-                                 void *kv_cache, const KvLayout *l, int layer, const AttnBatch *b,
-                                 int nh, float scale, void *workspace, size_t workspace_bytes,
-                                 void *stream);
-
 void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *kv_cache,
                               const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                               void *stream);
@@ -236,10 +226,6 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
                                   void *kv_cache, const KvLayout *l, int layer, void *stream);
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream);
-/* Whether k_cuda_matmul_qkv_rope_cache takes its fused kernel for these operands. */
-int k_cuda_matmul_qkv_rope_cache_fuses(KCudaGemm *g, const void *x, DType act, const Tensor *w,
-                                       const Tensor *bias, int n, int nh, const Rope *rope,
-                                       const KvLayout *l, int layer);
 
 /* residual += x w^T, then normed = rmsnorm(residual) * norm_w: k_cuda_matmul(proj, x, w) then
  * k_cuda_add_rmsnorm(residual, proj, normed, norm_w, n, N), or, where it measured faster for

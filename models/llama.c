@@ -295,28 +295,21 @@ static void project_add_norm(Model *m, const Tensor *w, const void *x, const Ten
         ops->add_rmsnorm(m->residual, m->proj, m->normed, norm, n, c->hidden_size, c->rms_norm_eps);
 }
 
-/* The attention block from the normed rows to m->attn: the fused projection, q rotated into
- * m->q, k and v of layer l into the cache, attention (one op, or the projection and its RoPE as
- * one, where the backend fuses them). */
-static void attention_block(Model *m, const LayerWeights *lw, const AttnBatch *batch,
-                            void *kv_cache, const KvLayout *kv_layout, int l, float scale) {
+/* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
+ * fused op where the backend has it). */
+static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *batch,
+                            void *kv_cache, const KvLayout *kv_layout, int l) {
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
-    const Tensor *bias = bias_or_null(&lw->bqkv);
-    if (ops->qkv_attention) {
-        ops->qkv_attention(m->attn, m->q, m->qkv, m->normed, &lw->wqkv, bias, nh, &m->rope,
-                           kv_cache, kv_layout, l, batch, scale);
+    if (ops->matmul_qkv_rope_cache) {
+        ops->matmul_qkv_rope_cache(m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
+                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
+                                   kv_layout, l);
         return;
     }
-    if (ops->matmul_qkv_rope_cache) {
-        ops->matmul_qkv_rope_cache(m->q, m->qkv, m->normed, &lw->wqkv, bias, batch->positions,
-                                   batch->slot_mapping, n, nh, &m->rope, kv_cache, kv_layout, l);
-    } else {
-        ops->matmul(m->qkv, m->normed, &lw->wqkv, bias, n);
-        ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
-                            kv_cache, kv_layout, l);
-    }
-    ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, nh, scale);
+    ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
+    ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
+                        kv_cache, kv_layout, l);
 }
 
 /* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
@@ -362,7 +355,8 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     ops->rmsnorm(m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden, c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        attention_block(m, lw, batch, kv_cache, kv_layout, l, scale);
+        attention_input(m, lw, batch, kv_cache, kv_layout, l);
+        ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
         mlp_activation(m, lw, n);
         /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted

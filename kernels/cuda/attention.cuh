@@ -228,23 +228,11 @@ template <typename TC> __device__ __forceinline__ void stage8(float *dst, const 
     *(float4 *)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-/* The fused form of a decode launch (tensor-core kernel only): q, k and v of each row's own
- * token unrotated in the fused projection's rows (row_stride elements apart: q heads, k heads, v
- * heads), rotated by inv_freq at the row's position, k and v stored at slots[row] (-1: none).
- * rows NULL: q is rotated already and the token cached. */
-typedef struct {
-    const void *rows;
-    size_t row_stride;
-    const int64_t *slots;
-    const float *inv_freq;
-} DecodeQkv;
-
 /* One decode launch (attention_decode.cu): the grid is (KV head x head group, row, partition);
  * partitions of part_len positions write to ws_acc / ws_ml when a row has several. */
 typedef struct {
     void *out;
     const void *q, *cache;
-    DecodeQkv qkv;
     KvGeom kg;
     const AttnBatch *b;
     int nh, G, part_len, max_parts;

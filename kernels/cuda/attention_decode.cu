@@ -529,11 +529,9 @@ static void launch_decode_hb(const DecodeLaunch &a, int HB) {
         launch_kernel<TQ, TC, LPR, CPL, 1>(a);
 }
 
-/* k_cuda_attention_decode, or with qkv its fused form (the tensor-core kernel only: the caller
- * checked). */
-static void decode(void *out, const void *q, DType act, const void *kv_cache, const KvLayout *l,
-                   int layer, const AttnBatch *b, int nh, float scale, void *workspace,
-                   size_t workspace_bytes, void *stream, const DecodeQkv &qkv) {
+void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
+                             const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                             void *workspace, size_t workspace_bytes, void *stream) {
     const char *what = "k_cuda_attention_decode";
     KvGeom kg = kc_attn_check(l, layer, b, nh, what);
     if (b->num_tokens <= 0 || b->num_seqs <= 0)
@@ -572,7 +570,6 @@ static void decode(void *out, const void *q, DType act, const void *kv_cache, co
     DecodeLaunch a;
     a.out = out;
     a.q = q;
-    a.qkv = qkv;
     a.cache = kv_cache;
     a.kg = kg;
     a.b = b;
@@ -637,30 +634,4 @@ static void decode(void *out, const void *q, DType act, const void *kv_cache, co
                           nh, D, part_len, max_parts);
         }
     });
-}
-
-void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
-                             const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
-                             void *workspace, size_t workspace_bytes, void *stream) {
-    decode(out, q, act, kv_cache, l, layer, b, nh, scale, workspace, workspace_bytes, stream,
-           DecodeQkv{});
-}
-
-void k_cuda_qkv_attention_decode(void *out, void *q_out, void *qkv, DType act, const Rope *rope,
-                                 void *kv_cache, const KvLayout *l, int layer, const AttnBatch *b,
-                                 int nh, float scale, void *workspace, size_t workspace_bytes,
-                                 void *stream) {
-    KvGeom kg = kc_attn_check(l, layer, b, nh, "k_cuda_qkv_attention_decode");
-    const bool fused = b->num_tokens == b->num_seqs && kc_decode_tc_ok(act, l, kg) && rope &&
-                       rope->inv_freq && rope->head_dim == kg.D;
-    if (!fused) {
-        k_cuda_qkv_rope_cache(q_out, qkv, act, b->positions, b->slot_mapping, b->num_tokens, nh,
-                              rope, kv_cache, l, layer, stream);
-        decode(out, q_out, act, kv_cache, l, layer, b, nh, scale, workspace, workspace_bytes,
-               stream, DecodeQkv{});
-        return;
-    }
-    const DecodeQkv in = {qkv, (size_t)(nh + 2 * kg.nkv) * kg.D, b->slot_mapping, rope->inv_freq};
-    decode(out, NULL, act, kv_cache, l, layer, b, nh, scale, workspace, workspace_bytes, stream,
-           in);
 }

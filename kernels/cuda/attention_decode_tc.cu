@@ -24,26 +24,14 @@
  * shared memory (the drained ring); a row whose context fits one partition is written normalised,
  * else the partition's un-normalised sums and (max, sum) go to the workspace.
  *
- * Fused with the RoPE and cache store of the step's own token (DecodeQkv, a pure decode batch):
- * before the block's first barrier, 64 threads take the sine and cosine of the row's 64 angles
- * into shared memory (one accurate sincosf each) and, in a block whose partition holds the row's
- * last position, rotate that token's k and store it and v into the cache; after it, q is read
- * unrotated from the fused projection's rows and rotated from the table as it is loaded (a lane
- * holds both dims of each rotated pair, d and d + 64). The arithmetic is rope.cu's, so the bits
- * are the two calls' (test_qkv_attention_cuda). The barrier makes the store visible to the
- * block's own copies, and no other block reads that position (blocks of other head groups of the
- * same KV head store the same bytes).
- *
  * Measured on the H200 (bf16, batch 256 x 1024, 8 KV heads of 4 query heads, one layer), against
  * the kernel it replaced (8-position steps through the CUDA-core kernel's passes: scores to shared
  * memory, softmax, then P.V), same machine: 37.5 M warp instructions instead of 84.6 M (ncu),
  * 249.5 us instead of 251.8 us after 4 s of back-to-back launches (4.3 TB/s, the copy rate); the
  * same DRAM bytes and L2 sectors. */
 #include <math.h>
-#include <string.h>
 
 #include "attention.cuh"
-#include "rope.cuh"
 
 enum {
     DTC_D = 128,
@@ -55,8 +43,6 @@ enum {
     DTC_UNIT_BYTES = DTC_STEP * DTC_ROW_BYTES, /* 4096 */
     DTC_RING_BYTES = DTC_WARPS * DTC_UNITS * DTC_UNIT_BYTES
 };
-
-static_assert(DTC_THREADS == DTC_D, "rope_table_and_store: one element of v a thread");
 
 /* A step's max may pass the running max by this much (log2 units) before the sums are rescaled. */
 #define DTC_RESCALE_SLACK 8.0f
@@ -76,73 +62,16 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
     return t;
 }
 
-/* Threads 0..63: the sine and cosine of angle i = pos * inv_freq[i] into sc[2 i], sc[2 i + 1];
- * with `store`, also the row's own k of KV head g rotated and stored with v at its cache slot
- * (none for a padding row, slot -1), as rope.cu's kernel does. */
-template <typename T>
-__device__ __forceinline__ void rope_table_and_store(float *sc, const T *cache, const KvGeom &kg,
-                                                     const DecodeQkv &in, int row, int g, int nh,
-                                                     float pos, bool store) {
-    const int i = threadIdx.x;
-    float sn = 0.0f, cs = 0.0f;
-    if (i < DTC_D / 2) {
-        sincosf(pos * in.inv_freq[i], &sn, &cs);
-        sc[2 * i] = sn;
-        sc[2 * i + 1] = cs;
-    }
-    const int64_t slot = in.slots[row];
-    if (!store || slot < 0)
-        return;
-    T *dst = (T *)cache + (size_t)(slot / kg.bs) * kg.block_elems + kg.layer_off +
-             (size_t)(slot % kg.bs) * kg.row + (size_t)g * DTC_D;
-    const T *k = (const T *)in.rows + (size_t)row * in.row_stride + (size_t)(nh + g) * DTC_D;
-    const T *v = k + (size_t)kg.nkv * DTC_D;
-    if (i < DTC_D / 2) {
-        float x1 = to_f32(k[i]), x2 = to_f32(k[i + DTC_D / 2]);
-        rope_apply<T>(x1, x2, sn, cs);
-        dst[i] = from_f32<T>(x1);
-        dst[i + DTC_D / 2] = from_f32<T>(x2);
-    }
-    dst[kg.half + i] = v[i]; /* DTC_THREADS == DTC_D: one element of v a thread */
-}
-
-/* The B fragments of Q^T (see the kernel) rotated in place by the table sc as rope.cu does:
- * for c < 4, dims 16 c + 2 t4 + {0, 1, 8, 9} pair with the same slots of c + 4 (dim + 64). */
-template <typename T>
-__device__ __forceinline__ void rope_q_fragments(uint32_t (&qb)[DTC_D / 16][2], const float *sc,
-                                                 int t4) {
-#pragma unroll
-    for (int c = 0; c < DTC_D / 32; c++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            T lo[2], hi[2];
-            memcpy(lo, &qb[c][j], sizeof lo);
-            memcpy(hi, &qb[c + DTC_D / 32][j], sizeof hi);
-            float l2[2], h2[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int d = 16 * c + 2 * t4 + 8 * j + e;
-                l2[e] = to_f32(lo[e]);
-                h2[e] = to_f32(hi[e]);
-                rope_apply<T>(l2[e], h2[e], sc[2 * d], sc[2 * d + 1]);
-            }
-            qb[c][j] = pack16<T>(l2[0], l2[1]);
-            qb[c + DTC_D / 32][j] = pack16<T>(h2[0], h2[1]);
-        }
-}
-
 template <typename T, int HB>
 __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
     T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
-    int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts,
-    DecodeQkv qkv) {
+    int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
     kc_pdl_wait();
     kc_pdl_trigger();
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    float *rope_sc = (float *)((char *)smem16 + DTC_RING_BYTES); /* fused: sin, cos per pair */
-    int *tab = (int *)(rope_sc + DTC_D); /* the partition's physical blocks */
+    int *tab = (int *)((char *)smem16 + DTC_RING_BYTES); /* the partition's physical blocks */
     DecodeWork job;
     if (!decode_work(job, kg, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab))
         return;
@@ -152,26 +81,16 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
      * 2 t4 + 8, +9 of each 16; zero for heads past HB. */
     const int g8 = lane >> 2, t4 = lane & 3;
     uint32_t qb[DTC_D / 16][2];
-    const T *qh = qkv.rows ? (const T *)qkv.rows + (size_t)row * qkv.row_stride
-                           : q + (size_t)row * nh * DTC_D;
 #pragma unroll
     for (int c = 0; c < DTC_D / 16; c++) {
         qb[c][0] = qb[c][1] = 0u;
         if (g8 < HB) {
-            const T *qc = qh + (size_t)(h0 + g8) * DTC_D + 16 * c + 2 * t4;
-            qb[c][0] = *(const uint32_t *)qc;
-            qb[c][1] = *(const uint32_t *)(qc + 8);
+            const T *qh = q + ((size_t)row * nh + h0 + g8) * DTC_D + 16 * c + 2 * t4;
+            qb[c][0] = *(const uint32_t *)qh;
+            qb[c][1] = *(const uint32_t *)(qh + 8);
         }
     }
-    if (qkv.rows) { /* the fused form: the angle table and the new token, then q rotated */
-        const int pos = positions[row];
-        rope_table_and_store<T>(rope_sc, cache, kg, qkv, row, job.g, nh, (float)pos,
-                                end == pos + 1);
-        __syncthreads(); /* tab, the table, the new token's k and v */
-        rope_q_fragments<T>(qb, rope_sc, t4);
-    } else {
-        __syncthreads(); /* tab */
-    }
+    __syncthreads(); /* tab */
 
     /* copies: lane = 8 q + c copies 16-byte chunks c and c + 8 of the step's rows q, q + 4, q + 8
      * and q + 12, so that each copy instruction reads four whole 128-byte lines */
@@ -376,13 +295,12 @@ bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg) {
 
 template <typename T, int HB> static void launch_tc(const DecodeLaunch &a) {
     auto kern = decode_tc_kernel<T, HB>;
-    const size_t smem =
-        DTC_RING_BYTES + DTC_D * sizeof(float) + ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
+    const size_t smem = DTC_RING_BYTES + ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
     kc_set_smem(kern, smem);
     kc_launch_pdl(kern, a.grid, dim3(DTC_THREADS), smem, a.stream, (T *)a.out, (const T *)a.q,
                   (const T *)a.cache, a.kg, a.b->positions, a.b->query_start, a.b->num_seqs,
                   a.b->block_tables, a.nh, a.G, a.part_len, a.scale * (float)M_LOG2E, a.ws_acc,
-                  a.ws_ml, a.max_parts, a.qkv);
+                  a.ws_ml, a.max_parts);
 }
 
 void kc_decode_tc(const DecodeLaunch &a, DType act, int HB) {

@@ -113,9 +113,10 @@ static void launch_fused(DType act, DType wt, int n, int tasks, const void *x, c
     });
 }
 
-int k_cuda_matmul_qkv_rope_cache_fuses(KCudaGemm *g, const void *x, DType act, const Tensor *w,
-                                       const Tensor *bias, int n, int nh, const Rope *rope,
-                                       const KvLayout *l, int layer) {
+void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
+                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
+                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
+                                  void *kv_cache, const KvLayout *l, int layer, void *stream) {
     const Tensor *b = bias && bias->data ? bias : NULL;
     const int D = l->head_dim, nkv = l->num_kv_heads;
     /* anything the two calls would reject goes to them, for their error message */
@@ -125,16 +126,7 @@ int k_cuda_matmul_qkv_rope_cache_fuses(KCudaGemm *g, const void *x, DType act, c
         rope->inv_freq && rope->head_dim == D && l->dtype == act && layer >= 0 &&
         layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
-    return fits && fused_takes(g, act, w, x, n);
-}
-
-void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
-                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
-                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                  void *kv_cache, const KvLayout *l, int layer, void *stream) {
-    const Tensor *b = bias && bias->data ? bias : NULL;
-    const int D = l->head_dim, nkv = l->num_kv_heads;
-    if (!k_cuda_matmul_qkv_rope_cache_fuses(g, x, act, w, bias, n, nh, rope, l, layer)) {
+    if (!fits || !fused_takes(g, act, w, x, n)) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, kv_cache, l,
                               layer, stream);

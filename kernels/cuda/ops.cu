@@ -262,8 +262,9 @@ static void ops_matmul_silu_mul(void *out, void *gate_up, const void *x, const T
     k_cuda_matmul_silu_mul(state<A>()->gemm, out, gate_up, x, A, w, n, stream());
 }
 
-/* The decode-attention workspace, grown to what batch b needs. */
-template <DType A> static ActState *attention_state(const KvLayout *l, const AttnBatch *b, int nh) {
+template <DType A>
+static void attention_decode(void *out, const void *q, const void *kv_cache, const KvLayout *l,
+                             int layer, const AttnBatch *b, int nh, float scale) {
     ActState *s = state<A>();
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
     if (need > s->attn_workspace_bytes) {
@@ -272,13 +273,6 @@ template <DType A> static ActState *attention_state(const KvLayout *l, const Att
         s->attn_workspace_bytes = need;
         s->attn_workspace = k_cuda_malloc(need);
     }
-    return s;
-}
-
-template <DType A>
-static void attention_decode(void *out, const void *q, const void *kv_cache, const KvLayout *l,
-                             int layer, const AttnBatch *b, int nh, float scale) {
-    ActState *s = attention_state<A>(l, b, nh);
     k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, s->attn_workspace,
                             s->attn_workspace_bytes, stream());
 }
@@ -303,28 +297,6 @@ static void ops_attention(void *out, const void *q, const void *kv_cache, const 
         p.block_tables += (size_t)nd * b->max_blocks_per_seq;
         k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, stream());
     }
-}
-
-/* Decode rows whose projection is not the fused GEMV (which rotates and caches k in its
- * epilogue) go to the decode kernel with the projection's rows (k_cuda_qkv_attention_decode);
- * anything else makes the calls. */
-template <DType A>
-static void ops_qkv_attention(void *out, void *q_out, void *qkv, const void *x, const Tensor *w,
-                              const Tensor *bias, int nh, const Rope *rope, void *kv_cache,
-                              const KvLayout *l, int layer, const AttnBatch *b, float scale) {
-    const int n = b->num_tokens;
-    KCudaGemm *g = state<A>()->gemm;
-    if (n == b->num_seqs &&
-        !k_cuda_matmul_qkv_rope_cache_fuses(g, x, A, w, bias, n, nh, rope, l, layer)) {
-        k_cuda_matmul(g, qkv, x, A, w, bias, n, stream());
-        ActState *s = attention_state<A>(l, b, nh);
-        k_cuda_qkv_attention_decode(out, q_out, qkv, A, rope, kv_cache, l, layer, b, nh, scale,
-                                    s->attn_workspace, s->attn_workspace_bytes, stream());
-        return;
-    }
-    k_cuda_matmul_qkv_rope_cache(g, q_out, qkv, x, A, w, bias, b->positions, b->slot_mapping, n, nh,
-                                 rope, kv_cache, l, layer, stream());
-    ops_attention<A>(out, q_out, kv_cache, l, layer, b, nh, scale);
 }
 
 template <DType A> static void ops_silu_mul(void *out, const void *gate_up, int n, int dim) {
@@ -500,7 +472,6 @@ template <DType A> static KernelOps make_ops(void) {
     o.kv_write = ops_kv_write<A>;
     o.qkv_rope_cache = ops_qkv_rope_cache<A>;
     o.attention = ops_attention<A>;
-    o.qkv_attention = ops_qkv_attention<A>;
     o.silu_mul = ops_silu_mul<A>;
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;

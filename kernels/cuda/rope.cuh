@@ -54,21 +54,15 @@ static inline void rope_cache_geometry(RopeKv *a, const KvLayout *l, int layer) 
     a->bs = l->block_size;
 }
 
-/* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by the angle whose sine and cosine are sn, cs,
- * each result rounded to the activation dtype T and returned as fp32. */
-template <typename T>
-__device__ __forceinline__ void rope_apply(float &x1, float &x2, float sn, float cs) {
-    const float y1 = fmaf(x1, cs, -(x2 * sn)), y2 = fmaf(x2, cs, x1 * sn); /* no contraction */
-    x1 = to_f32(from_f32<T>(y1));
-    x2 = to_f32(from_f32<T>(y2));
-}
-
-/* The same, rotated by pos * inv_freq_i (accurate sincosf). */
+/* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by pos * inv_freq_i (accurate sincosf), each
+ * result rounded to the activation dtype T and returned as fp32. */
 template <typename T>
 __device__ __forceinline__ void rope_rotate(float &x1, float &x2, float pos, float inv_freq) {
     float sn, cs;
     sincosf(pos * inv_freq, &sn, &cs);
-    rope_apply<T>(x1, x2, sn, cs);
+    const float y1 = fmaf(x1, cs, -(x2 * sn)), y2 = fmaf(x2, cs, x1 * sn); /* no contraction */
+    x1 = to_f32(from_f32<T>(y1));
+    x2 = to_f32(from_f32<T>(y2));
 }
 
 #endif
