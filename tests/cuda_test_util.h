@@ -1,6 +1,7 @@
 /* cuda_test_util.h - (test-only) helpers shared by the CUDA tests: GPU discovery that
  * skips cleanly, a seeded random stream, dtype rounding and conversion, host<->device
- * copies, tolerance checks printing the first mismatches, and weights with a device twin.
+ * copies, poisoned scratch (whether a path wrote a buffer), tolerance checks printing the first
+ * mismatches, and weights with a device twin.
  * Included by tests/test_*_cuda.c after cmocka.h and kernels.h; in a build without the CUDA
  * backend it only defines SKIP_TEST. */
 #ifndef PAGELLM_TESTS_CUDA_TEST_UTIL_H
@@ -93,6 +94,20 @@ static inline void *to_dtype(const float *x, size_t n, DType dt) {
             ((uint16_t *)h)[i] = pl_f32_to_f16(x[i]);
     }
     return h;
+}
+
+/* The byte a test fills a scratch buffer with, to see afterwards whether a path wrote it. */
+enum { POISON = 0x7D };
+
+/* Whether every byte of device buffer d is still POISON. */
+static inline int still_poisoned(const void *d, size_t bytes) {
+    unsigned char *h = xmalloc(bytes);
+    k_cuda_memcpy(h, d, bytes);
+    size_t i = 0;
+    while (i < bytes && h[i] == POISON)
+        i++;
+    free(h);
+    return i == bytes;
 }
 
 static inline void *upload(const void *host, size_t bytes) {

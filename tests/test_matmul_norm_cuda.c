@@ -41,19 +41,8 @@ MATMUL_NORM_TESTS(SKIP_TEST)
 
 #else
 
-enum { POISON = 0x7D, MAX_ROWS = 512 };
+enum { MAX_ROWS = 512 };
 static const float EPS = 1e-5f, TOL = 2.0f / 256.0f;
-
-/* Whether every byte of d is POISON. */
-static int still_poisoned(const void *d, size_t bytes) {
-    unsigned char *h = xmalloc(bytes);
-    k_cuda_memcpy(h, d, bytes);
-    size_t i = 0;
-    while (i < bytes && h[i] == POISON)
-        i++;
-    free(h);
-    return i == bytes;
-}
 
 /* Whether a forced split runs for this call (matmul_norm.cu's contract). */
 static int expect_partials(DType act, int K, int n, int splits) {

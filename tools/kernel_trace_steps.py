@@ -100,12 +100,6 @@ def main():
     gaps = {}
     for ks_next, _ in steps:
         ks = ks_next[:-1]
-        t_end = 0
-        for prev, nxt in zip(ks, ks_next[1:]):
-            t_end = max(t_end, prev[1])
-            if nxt[0] > t_end:
-                key = (short(prev[3]), short(nxt[3]))
-                gaps[key] = gaps.get(key, 0) + nxt[0] - t_end
         t_end, b = 0, 0
         gemms = [i for i, k in enumerate(ks) if kind_of(k[3]) == "gemm"]
         for i, (start, end, grid, name) in enumerate(ks):
@@ -116,6 +110,10 @@ def main():
             per[key] = (calls + 1, total + own)
             b += own
             t_end = max(t_end, end)
+            nxt = ks_next[i + 1]  # nothing runs from t_end to the next kernel's start
+            if nxt[0] > t_end:
+                gap = (short(name), short(nxt[3]))
+                gaps[gap] = gaps.get(gap, 0) + nxt[0] - t_end
         busy.append(b)
     wall = statistics.median(w for _, w in steps) / 1e6
     print(f"{n} steps of {a.rows} rows: wall median {wall:.3f} ms, GPU busy median "

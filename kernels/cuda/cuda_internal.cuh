@@ -272,14 +272,15 @@ void kc_matmul_partials(KCudaGemm *g, float *partials, int64_t split_stride, con
                         DType act, const Tensor *w, int n, int splits, cudaStream_t s);
 
 /* res_out = residual + delta rounded to act, out = rmsnorm(res_out) * w (norm.cu). delta is
- * [n, dim] in act (splits 0), or `splits` (2 or 4) fp32 partials split_stride elements apart,
- * summed and rounded to act first; res_out may be residual. The partials take the vector
- * kernel only: kc_add_rmsnorm_partials_ok says whether it fits. */
+ * [n, dim] in act (splits 0), or `splits` (2 or 4) fp32 partials split_stride elements apart
+ * (a multiple of 4: each 16-byte aligned), summed and rounded to act first; res_out may be
+ * residual. The partials take the vector kernel only: kc_add_rmsnorm_partials_ok says whether
+ * the operands fit it. */
 void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, int splits,
                        size_t split_stride, void *out, DType act, const Tensor *w, int n, int dim,
                        float eps, cudaStream_t s);
 bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const float *partials,
-                                size_t split_stride, DType act, const Tensor *w, int dim);
+                                DType act, const Tensor *w, int dim);
 
 /* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB.
  * The attribute is per kernel and device, so each thread remembers the largest limit it set

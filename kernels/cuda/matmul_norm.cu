@@ -66,7 +66,7 @@ static unsigned candidates(const KCudaProjNorm *p, KCudaGemm *g, const void *res
     unsigned c = 1;
     if (!p->partials || N > p->N || n > PN_MAX_ROWS || w->dtype != act ||
         kc_gemv_takes(g, act, w, x, n) ||
-        !kc_add_rmsnorm_partials_ok(residual, normed, p->partials, p->split_stride, act, norm_w, N))
+        !kc_add_rmsnorm_partials_ok(residual, normed, p->partials, act, norm_w, N))
         return c;
     for (int s = 2; s <= PN_MAX_SPLITS; s *= 2)
         if (K % (8 * s) == 0)
@@ -133,8 +133,8 @@ void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, v
         return;
     cudaStream_t s = kc_stream(stream);
     const int N = (int)w->shape[0], K = (int)w->shape[1];
-    const bool eager = !kc_capturing(s);
-    if (!p->partials && eager && (act == DT_BF16 || act == DT_F16)) {
+    /* the capture status (a driver call) is asked only when allocating or timing */
+    if (!p->partials && (act == DT_BF16 || act == DT_F16) && !kc_capturing(s)) {
         p->N = N;
         p->split_stride = (size_t)PN_MAX_ROWS * (size_t)N;
         p->partials = (float *)k_cuda_malloc(PN_MAX_SPLITS * p->split_stride * sizeof(float));
@@ -151,7 +151,7 @@ void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, v
                 c = &p->choice[i];
         if (c && (cand >> c->splits & 1)) {
             splits = c->splits;
-        } else if (!c && eager && p->num_choices < PN_CHOICES) {
+        } else if (!c && p->num_choices < PN_CHOICES && !kc_capturing(s)) {
             splits = fastest(p, g, cand, residual, normed, proj, x, act, w, norm_w, n, eps, s);
             p->choice[p->num_choices++] = PnChoice{mb, N, K, splits};
         }

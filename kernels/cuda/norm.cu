@@ -3,7 +3,7 @@
  * op: out = w * (x * rsqrt(mean(x^2) + eps)), weight multiplied last; the sum of squares is a fp32
  * tree reduction. With a delta, residual + delta is rounded to the activation dtype, stored, and
  * that stored value is what gets normalised (as transformers does in bf16). The delta may also
- * come as S fp32 split-K partials of a projection (kc_add_rmsnorm_partials): their sum is
+ * come as S fp32 split-K partials of a projection (kc_add_rmsnorm_ex): their sum is
  * rounded to the activation dtype first, as the projection's own output would have been. */
 #include "cuda_internal.cuh"
 
@@ -162,9 +162,9 @@ void k_cuda_add_rmsnorm(void *residual, const void *delta, void *out, DType act,
 }
 
 bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const float *partials,
-                                size_t split_stride, DType act, const Tensor *w, int dim) {
+                                DType act, const Tensor *w, int dim) {
     return (act == DT_BF16 || act == DT_F16) && w->ndim == 1 && w->shape[0] == dim &&
-           norm_vec_ok(out, residual, partials, w, act, dim) && split_stride % 4 == 0;
+           norm_vec_ok(out, residual, partials, w, act, dim);
 }
 
 void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, int splits,
@@ -175,8 +175,8 @@ void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, i
         return;
     }
     const float *partials = (const float *)delta;
-    KC_REQUIRE(kc_add_rmsnorm_partials_ok(residual, out, partials, split_stride, act, w, dim) &&
-                   kc_aligned16(res_out),
+    KC_REQUIRE(kc_add_rmsnorm_partials_ok(residual, out, partials, act, w, dim) &&
+                   kc_aligned16(res_out) && split_stride % 4 == 0,
                "kc_add_rmsnorm_ex: shape, dtype or alignment the vector kernel does not take");
     if (n <= 0)
         return;
