@@ -610,6 +610,16 @@ def cuda_flags(cuda, args):
     return defines + includes, nvccflags + defines + includes, link
 
 
+def sm90a_flags(nvccflags, args):
+    """nvcc flags for the *_sm90a.cu files: their wgmma kernels need the sm_90a target, which runs
+    on compute capability 9.0 only; they define PAGELLM_SM90A so the host code knows. For any other
+    --cuda-arch they compile as the rest, without those kernels."""
+    if args.cuda_arch not in ("sm_90", "sm_90a"):
+        return nvccflags
+    return ["-gencode=arch=compute_90a,code=sm_90a" if f.startswith("-arch=") else f
+            for f in nvccflags] + ["-DPAGELLM_SM90A=1"]
+
+
 # ---------------------------------------------------------------------------------------
 # Sources
 
@@ -699,7 +709,10 @@ def compile_edges(w, srcs, folders):
     for src in srcs:
         rule = "nvcc" if src.endswith(".cu") else "cc"
         obj = object_path(src)
-        w.build([obj], rule, [src], variables={"includes": includes})
+        variables = {"includes": includes}
+        if src.endswith("_sm90a.cu"):
+            variables["nvccflags"] = "$nvccflags_sm90a"
+        w.build([obj], rule, [src], variables=variables)
         objs.append(obj)
     return objs
 
@@ -716,6 +729,7 @@ def write_variables(w, cfg):
     if cfg["nvcc"]:
         w.variable("nvcc", cfg["nvcc"])
         w.variable("nvccflags", esc_words(cfg["nvccflags"]))
+        w.variable("nvccflags_sm90a", esc_words(cfg["nvccflags_sm90a"]))
     w.newline()
 
 
@@ -887,6 +901,7 @@ def configure(args):
         "test_libs": test_link + cuda_link + ["-lm"],
         "nvcc": cuda.nvcc if cuda.on else None,
         "nvccflags": nvccflags,
+        "nvccflags_sm90a": sm90a_flags(nvccflags, args),
         "regen": regen_args(args, cc),
     }
     info("C compiler: %s: %s" % (cc, cc_version(cc)))

@@ -218,7 +218,8 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
  * 16-bit weights; for qkv also a cache in the act dtype), else the two calls; the same results
  * either way. k_cuda_matmul_qkv_rope_cache = k_cuda_matmul(qkv, x, w, bias) then
  * k_cuda_qkv_rope_cache(q_out, qkv, ...); k_cuda_matmul_silu_mul = k_cuda_matmul(gate_up, x,
- * w) then k_cuda_silu_mul(out, gate_up, n, N / 2). qkv and gate_up are scratch of the
+ * w) then k_cuda_silu_mul(out, gate_up, n, N / 2) (beyond the GEMV's rows also the own GEMM
+ * below, equal but for the order of the K sums). qkv and gate_up are scratch of the
  * projection's size whose contents afterwards are unspecified. (kernels/cuda/gemv_fused.cu) */
 void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
                                   const Tensor *w, const Tensor *bias, const int32_t *positions,
@@ -226,6 +227,25 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
                                   void *kv_cache, const KvLayout *l, int layer, void *stream);
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream);
+
+/* Beyond the GEMV's rows, on an sm_90a build and a compute capability 9.0 GPU,
+ * k_cuda_matmul_silu_mul can run as one own wgmma GEMM with SiLU times up in its epilogue
+ * (kernels/cuda/gemm_sm90a.cu; the same results but for the order of the K sums): its tile
+ * variants are timed against the pair on the first eager call of each row bucket (16-bit
+ * activations and weights, up to 512 rows) and the fastest is kept. Forcing a path (tests,
+ * benchmarks) skips the timing; a forced variant that does not take a call runs the pair.
+ * PAGELLM_WGMMA in the environment sets the path of a new gemm: 0 the pair, 112, 112c2, 128 or
+ * 128c2 a variant (BN weight rows a tile; c2: CTA pairs sharing x by multicast). */
+typedef enum {
+    KC_SILU_MUL_AUTO = -2,
+    KC_SILU_MUL_PAIR = -1,
+    KC_SILU_MUL_N224 = 0,
+    KC_SILU_MUL_N224_CLUSTER2,
+    KC_SILU_MUL_N224_CLUSTER4,
+    KC_SILU_MUL_N128_CLUSTER2,
+} KCudaSiluMulPath;
+void k_cuda_gemm_force_silu_mul(KCudaGemm *g, KCudaSiluMulPath path);
+int k_cuda_wgmma_available(void); /* 1: this build has the sm_90a kernels and the GPU runs them */
 
 /* residual += x w^T, then normed = rmsnorm(residual) * norm_w: k_cuda_matmul(proj, x, w) then
  * k_cuda_add_rmsnorm(residual, proj, normed, norm_w, n, N), or, where it measured faster for

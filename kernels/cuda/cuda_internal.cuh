@@ -282,6 +282,32 @@ void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, i
 bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const float *partials,
                                 DType act, const Tensor *w, int dim);
 
+/* ---- the own Hopper GEMM (gemm_sm90a.cu) ---- */
+
+/* Variants are KCudaSiluMulPath's KC_SILU_MUL_N112 ... (kernels_cuda.h). */
+enum { KC_WGMMA_VARIANTS = 4, KC_WGMMA_MAX_ROWS = 512 };
+
+/* Bit v set: variant v takes out[n, dim] = silu(x w_gate^T) * (x w_up^T) for these operands
+ * (16-bit act == w->dtype, w [2 dim, K] with K % 64 == 0, n <= KC_WGMMA_MAX_ROWS, x and w
+ * 16-byte aligned, out 4-byte aligned); 0 when none does. */
+unsigned kc_wgmma_silu_mul_variants(const void *out, const void *x, DType act, const Tensor *w,
+                                    int n);
+void kc_wgmma_silu_mul(int variant, void *out, const void *x, DType act, const Tensor *w, int n,
+                       cudaStream_t s);
+
+/* k_cuda_matmul_silu_mul beyond the GEMV's rows: runs the call on the own GEMM and returns true
+ * where that is the gemm's forced or measured path for it (kernels_cuda.h), false where the
+ * caller is to make the two calls. */
+bool kc_wgmma_silu_mul_try(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
+                           const Tensor *w, int n, cudaStream_t s);
+
+/* What the fused ops measured, memoized per gemm (matmul.cu): the choice stored for (op, row
+ * bucket, N, K), or KC_NO_CHOICE; kc_gemm_remember returns 0 when the table is full. */
+enum { KC_NO_CHOICE = -100, KC_OP_SILU_MUL = 1 };
+int kc_gemm_choice(const KCudaGemm *g, int op, int mb, int N, int K);
+int kc_gemm_remember(KCudaGemm *g, int op, int mb, int N, int K, int choice);
+KCudaSiluMulPath kc_gemm_silu_mul_path(const KCudaGemm *g); /* forced, or KC_SILU_MUL_AUTO */
+
 /* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB.
  * The attribute is per kernel and device, so each thread remembers the largest limit it set
  * for each (kernel, device) and calls cudaFuncSetAttribute only when a launch needs more: an

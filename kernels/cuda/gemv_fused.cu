@@ -8,7 +8,9 @@
  * k_cuda_silu_mul: the dot products are the GEMV's (gemv.cuh), rounded to the activation dtype
  * as the projection's output would be, then the same rope_rotate / silu_times. Where
  * k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned operands, a forced
- * path) or the cache's dtype differs from the activations', the two ops run as before. */
+ * path) or the cache's dtype differs from the activations', the two ops run as before, except
+ * that the gate-up projection first asks gemm_sm90a.cu's wgmma GEMM, which takes the call where
+ * it is the measured or forced path. */
 #include <type_traits>
 
 #include "gemv.cuh"
@@ -157,6 +159,8 @@ void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *
     const int dim = w && w->ndim == 2 ? (int)(w->shape[0] / 2) : 0;
     if (!g || dim <= 0 || w->shape[0] % 2 != 0 || w->shape[1] <= 0 ||
         !fused_takes(g, act, w, x, n)) {
+        if (g && dim > 0 && kc_wgmma_silu_mul_try(g, out, gate_up, x, act, w, n, kc_stream(stream)))
+            return;
         k_cuda_matmul(g, gate_up, x, act, w, NULL, n, stream);
         k_cuda_silu_mul(out, gate_up, act, n, dim, stream);
         return;

@@ -40,6 +40,7 @@
  * bucket a call makes no allocation and no heuristic query, and it can be captured in a CUDA
  * graph. */
 #include <cublasLt.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gemv.cuh"
@@ -75,6 +76,11 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } AlgoEntry;
 
+enum { FUSED_CHOICES = 64 }; /* a few shapes x the decode graphs' row buckets */
+typedef struct {
+    int op, mb, N, K, choice;
+} FusedChoice;
+
 struct KCudaGemm {
     cublasLtHandle_t lt;
     void *workspace;
@@ -85,7 +91,29 @@ struct KCudaGemm {
     int cached;     /* valid entries; the table is cleared when it is 3/4 full */
     int force_path; /* KCudaGemmPath */
     int force_rows; /* GEMV rows per warp when forced (0 = the table's) */
+    FusedChoice fused[FUSED_CHOICES];
+    int num_fused;
+    KCudaSiluMulPath silu_mul_path; /* forced, or KC_SILU_MUL_AUTO */
 };
+
+/* PAGELLM_WGMMA's path (kernels_cuda.h), KC_SILU_MUL_AUTO when unset; a bad value aborts. */
+static KCudaSiluMulPath silu_mul_path_from_env(void) {
+    static const struct {
+        const char *name;
+        KCudaSiluMulPath path;
+    } names[] = {{"0", KC_SILU_MUL_PAIR},
+                 {"224", KC_SILU_MUL_N224},
+                 {"224c2", KC_SILU_MUL_N224_CLUSTER2},
+                 {"224c4", KC_SILU_MUL_N224_CLUSTER4},
+                 {"128c2", KC_SILU_MUL_N128_CLUSTER2}};
+    const char *v = getenv("PAGELLM_WGMMA");
+    if (!v || !*v)
+        return KC_SILU_MUL_AUTO;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(v, names[i].name) == 0)
+            return names[i].path;
+    pl_fatal(__FILE__, __LINE__, "PAGELLM_WGMMA=%s: expected 0, 224, 224c2, 224c4 or 128c2", v);
+}
 
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
  * through > 150 MB so they come from HBM; tests/test_matmul_cuda.c test_matmul_timing, back-to-
@@ -423,6 +451,7 @@ KCudaGemm *k_cuda_gemm_create(size_t max_rows_times_k) {
     g->workspace_bytes = GEMM_WORKSPACE_BYTES;
     CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
     g->max_rows_times_k = max_rows_times_k;
+    g->silu_mul_path = silu_mul_path_from_env();
     if (max_rows_times_k)
         CUDA_CHECK(cudaMalloc(&g->scratch, 2 * max_rows_times_k * sizeof(uint16_t)));
     return g;
@@ -448,6 +477,32 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows) {
                "k_cuda_gemm_force: gemv_rows %d (0, 1, 2 or 4)", gemv_rows);
     g->force_path = (int)path;
     g->force_rows = gemv_rows;
+}
+
+void k_cuda_gemm_force_silu_mul(KCudaGemm *g, KCudaSiluMulPath path) {
+    KC_REQUIRE(g && path >= KC_SILU_MUL_AUTO && path <= KC_SILU_MUL_N128_CLUSTER2,
+               "k_cuda_gemm_force_silu_mul: path %d", (int)path);
+    g->silu_mul_path = path;
+}
+
+KCudaSiluMulPath kc_gemm_silu_mul_path(const KCudaGemm *g) {
+    return g->silu_mul_path;
+}
+
+int kc_gemm_choice(const KCudaGemm *g, int op, int mb, int N, int K) {
+    for (int i = 0; i < g->num_fused; i++) {
+        const FusedChoice *c = &g->fused[i];
+        if (c->op == op && c->mb == mb && c->N == N && c->K == K)
+            return c->choice;
+    }
+    return KC_NO_CHOICE;
+}
+
+int kc_gemm_remember(KCudaGemm *g, int op, int mb, int N, int K, int choice) {
+    if (g->num_fused == FUSED_CHOICES)
+        return 0;
+    g->fused[g->num_fused++] = FusedChoice{op, mb, N, K, choice};
+    return 1;
 }
 
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
