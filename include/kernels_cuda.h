@@ -234,15 +234,14 @@ void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *
  * variants are timed against the pair on the first eager call of each row bucket (16-bit
  * activations and weights, up to 512 rows) and the fastest is kept. Forcing a path (tests,
  * benchmarks) skips the timing; a forced variant that does not take a call runs the pair.
- * PAGELLM_WGMMA in the environment sets the path of a new gemm: 0 the pair, 112, 112c2, 128 or
- * 128c2 a variant (BN weight rows a tile; c2: CTA pairs sharing x by multicast). */
+ * PAGELLM_WGMMA in the environment sets the path of a new gemm: 0 the pair, 224 the own GEMM
+ * (tiles of 128 rows by 224 weight rows), 224c2 its CTA pairs (the two row tiles of a column
+ * tile share the weights by multicast; an even number of row tiles only). */
 typedef enum {
     KC_SILU_MUL_AUTO = -2,
     KC_SILU_MUL_PAIR = -1,
     KC_SILU_MUL_N224 = 0,
     KC_SILU_MUL_N224_CLUSTER2,
-    KC_SILU_MUL_N224_CLUSTER4,
-    KC_SILU_MUL_N128_CLUSTER2,
 } KCudaSiluMulPath;
 void k_cuda_gemm_force_silu_mul(KCudaGemm *g, KCudaSiluMulPath path);
 int k_cuda_wgmma_available(void); /* 1: this build has the sm_90a kernels and the GPU runs them */

@@ -3,23 +3,25 @@
  * for x [n, K] and the fused gate-up weight [2 dim, K] (gate rows first), 16-bit in and out,
  * fp32 accumulation.
  *
- * Why: at 129-256 rows cuBLASLt tiles the 8B gate-up GEMM [256 x 28672] as 224 tiles of 256x128
- * on 132 SMs (1.7 waves) and writes the [n, 2 dim] projection that a second kernel reads back
- * for SiLU times up. Here a tile is every row of x (BM = 256 or 128) by BN = 112 or 128 weight
- * rows, half gate and half up rows of the same output columns, so 14336 columns are 256 tiles
- * (1.94 waves), and each thread holds the gate and up sums of its output elements in registers:
- * the epilogue rounds both to the activation dtype (as the projection's output would be), applies
- * silu_times and stores out. The projection is never written.
+ * Why: cuBLASLt writes the [n, 2 dim] projection that a second kernel reads back for SiLU
+ * times up. Here a tile is 128 rows of x by 224 weight rows: the gate and the up rows of the same
+ * 112 output columns, so each thread holds the gate and up sums of its outputs in registers; the
+ * epilogue rounds both to the activation dtype (as the projection's output would be), applies
+ * silu_times and stores out. The projection is never written. (Measured on the H200, docs/
+ * PERFORMANCE.md session 18: so far no faster than the pair on the Llama-3-8B shapes, which the
+ * per-bucket timing therefore keeps; the next step is a persistent grid.)
  *
  * The kernel: one CTA of three warpgroups per tile. Warpgroup 0's first thread is the producer:
- * it streams K in 64-element slices through a STAGES-deep ring of shared memory with the tensor
- * copy engine (TMA, 128-byte swizzle), each stage completing on a `full` mbarrier. Warpgroups 1
- * and 2 each multiply half of the tile's rows with wgmma (m64 x BN x k16, both operands K-major
- * from shared memory), keep one group of MMAs in flight, and give a stage back on its `empty`
- * mbarrier (one arrival per consumer warp) when the group that read it has completed. With
- * CLUSTER = 2, two CTAs of adjacent column tiles share x: each loads half of the x slice and the
- * copy engine multicasts it into both, so x's L2 traffic halves; a stage is then free only when
- * the consumers of both CTAs have released it (they arrive on both CTAs' barriers).
+ * it streams K in 64-element slices through a ring of shared-memory stages (as many as fit,
+ * 5 of 44 KB) with the tensor copy engine (TMA, 128-byte swizzle), each stage completing on a
+ * `full` mbarrier. Warpgroups 1 and 2 each multiply 64 of the tile's rows with wgmma
+ * (m64n224k16, both operands K-major from shared memory), keep one group of MMAs in flight, and
+ * give a stage back on its `empty` mbarrier (one arrival per consumer warp) when the group that
+ * read it has completed. With CLUSTER = 2 the two row tiles of a column tile are one cluster:
+ * one CTA loads the gate rows, the other the up rows, and the copy engine multicasts each into
+ * both, so the weights leave HBM once and in one wave (without it the grid's second row tile
+ * runs a wave later and reads them again); a stage is then free only when the consumers of both
+ * CTAs have released it (they arrive on both CTAs' barriers).
  *
  * Built only for sm_90a (configure.py compiles this file with -gencode arch=compute_90a, and
  * defines PAGELLM_SM90A); elsewhere k_cuda_wgmma_available() is 0 and nothing here is launched.
@@ -154,9 +156,8 @@ template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R]) {
 #define WG_D8(i)                                                                                   \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_D32  WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-#define WG_D64  WG_D32, WG_D8(32), WG_D8(40), WG_D8(48), WG_D8(56)
-#define WG_D112 WG_D64, WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104)
+#define WG_D56  WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48)
+#define WG_D112 WG_D56, WG_D8(56), WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104)
 #define WG_REGS_64                                                                                 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "                       \
@@ -182,19 +183,13 @@ template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R]) {
     }
 WGMMA_DEFINE(224, bf16, WG_REGS_112, WG_D112, 112, 113, 114)
 WGMMA_DEFINE(224, f16, WG_REGS_112, WG_D112, 112, 113, 114)
-WGMMA_DEFINE(128, bf16, WG_REGS_64, WG_D64, 64, 65, 66)
-WGMMA_DEFINE(128, f16, WG_REGS_64, WG_D64, 64, 65, 66)
 
-template <int N, typename T>
-__device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-    if constexpr (N == 224 && std::is_same<T, bf16>::value)
+template <typename T>
+__device__ __forceinline__ void wgmma_n224(float (&d)[112], uint64_t da, uint64_t db, int scale_d) {
+    if constexpr (std::is_same<T, bf16>::value)
         wgmma_bf16_n224(d, da, db, scale_d);
-    else if constexpr (N == 224)
-        wgmma_f16_n224(d, da, db, scale_d);
-    else if constexpr (std::is_same<T, bf16>::value)
-        wgmma_bf16_n128(d, da, db, scale_d);
     else
-        wgmma_f16_n128(d, da, db, scale_d);
+        wgmma_f16_n224(d, da, db, scale_d);
 }
 
 template <typename T> struct Pair;
@@ -216,21 +211,20 @@ template <typename T> __device__ __forceinline__ float swiglu(float g, float u) 
     return silu_times(to_f32(from_f32<T>(g)), to_f32(from_f32<T>(u)));
 }
 
-/* The tile: rows [blockIdx.y BM, + BM) of x by output columns [blockIdx.x BN/2, + BN/2), whose
- * gate rows start at that column of w and up rows `dim` rows further. A cluster is CX column
- * tiles by CY row tiles: the CX CTAs of a row tile each load 1/CX of its x slice and multicast
- * it to the others, the CY CTAs of a column tile each load 1/CY of its weight rows (CY = 2: one
- * the gate rows, the other the up rows) likewise. */
-template <int BN, int CX, int CY, typename T>
+/* The tile: rows [blockIdx.y BM, + BM) of x by output columns [blockIdx.x HALF, + HALF), whose
+ * gate rows start at that column of w and up rows `dim` rows further. CLUSTER = 2: the two row
+ * tiles of a column tile are a cluster; rank 0 loads the gate rows, rank 1 the up rows, each
+ * multicast to both, so the weights are read once, in one wave. */
+template <int CLUSTER, typename T>
 __global__ void __launch_bounds__(THREADS, 1)
     swiglu_gemm_kernel(const __grid_constant__ CUtensorMap map_x,
                        const __grid_constant__ CUtensorMap map_w, T *__restrict__ out, int n,
                        int dim, int K) {
-    constexpr int BM = 128, WG_M = 64, HALF = BN / 2, CLUSTER = CX * CY;
+    constexpr int BM = 128, WG_M = 64, BN = 224, HALF = BN / 2;
     constexpr int X_BYTES = BM * ROW_BYTES, W_BYTES = BN * ROW_BYTES;
     constexpr int STAGE_BYTES = X_BYTES + W_BYTES, STAGES = stages_for(STAGE_BYTES);
-    static_assert(X_BYTES % (1024 * CX) == 0 && (HALF * ROW_BYTES) % 1024 == 0 &&
-                      (CY == 1 || CY == 2),
+    static_assert(X_BYTES % 1024 == 0 && (HALF * ROW_BYTES) % 1024 == 0 &&
+                      (CLUSTER == 1 || CLUSTER == 2),
                   "tiles on 1024-byte boundaries (128-byte swizzle)");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -238,7 +232,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const int col0 = blockIdx.x * HALF, row0 = blockIdx.y * BM, kb_count = K / BK;
-    const int cx = CX > 1 ? (int)(blockIdx.x % CX) : 0, cy = CY > 1 ? (int)(blockIdx.y % CY) : 0;
+    const int rank = CLUSTER > 1 ? (int)(blockIdx.y % CLUSTER) : 0;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -256,12 +250,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
     if (wg == 0) {
         if (tid == 0) {
-            /* cluster ranks are cx + cy CX: the CTAs of this row tile and of this column tile */
-            uint16_t row_mask = 0, col_mask = 0;
-            for (int i = 0; i < CX; i++)
-                row_mask |= (uint16_t)(1u << (cy * CX + i));
-            for (int j = 0; j < CY; j++)
-                col_mask |= (uint16_t)(1u << (cx + j * CX));
             /* x is re-read by every column tile: kept in L2; the weights by each row tile */
             const uint64_t keep = l2_policy_evict_last(), normal = l2_policy_evict_normal();
             for (int kb = 0; kb < kb_count; kb++) {
@@ -269,16 +257,10 @@ __global__ void __launch_bounds__(THREADS, 1)
                 uint8_t *xs = smem + s * STAGE_BYTES, *ws = xs + X_BYTES;
                 mbar_wait(&empty[s], ((kb / STAGES) & 1) ^ 1);
                 mbar_expect_tx(&full[s], STAGE_BYTES);
-                if constexpr (CX > 1) {
-                    constexpr int PART = BM / CX;
-                    tma_load_multicast(xs + cx * PART * ROW_BYTES, &map_x, kb * BK,
-                                       row0 + cx * PART, &full[s], row_mask);
-                } else {
-                    tma_load(xs, &map_x, kb * BK, row0, &full[s], keep);
-                }
-                if constexpr (CY > 1) {
-                    tma_load_multicast(ws + cy * HALF * ROW_BYTES, &map_w, kb * BK, cy * dim + col0,
-                                       &full[s], col_mask);
+                tma_load(xs, &map_x, kb * BK, row0, &full[s], keep);
+                if constexpr (CLUSTER > 1) {
+                    tma_load_multicast(ws + rank * HALF * ROW_BYTES, &map_w, kb * BK,
+                                       rank * dim + col0, &full[s], (uint16_t)3);
                 } else {
                     tma_load(ws, &map_w, kb * BK, col0, &full[s], normal);
                     tma_load(ws + HALF * ROW_BYTES, &map_w, kb * BK, dim + col0, &full[s], normal);
@@ -297,8 +279,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                wgmma<BN, T>(acc, dx + (uint64_t)(kk * 2), dw + (uint64_t)(kk * 2),
-                             kb > 0 || kk > 0);
+                wgmma_n224<T>(acc, dx + (uint64_t)(kk * 2), dw + (uint64_t)(kk * 2),
+                              kb > 0 || kk > 0);
             wgmma_commit();
             acc_fence(acc);
             wgmma_wait<1>();
@@ -364,21 +346,21 @@ CUtensorMap tensor_map(const void *base, DType dt, int rows, int cols, int ld, i
     return m;
 }
 
-template <int BN, int CX, int CY, typename T>
+template <int CLUSTER, typename T>
 void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStream_t s) {
-    constexpr int BM = 128, STAGE_BYTES = (BM + BN) * ROW_BYTES;
+    constexpr int BM = 128, BN = 224, STAGE_BYTES = (BM + BN) * ROW_BYTES;
     const int dim = (int)(w->shape[0] / 2), K = (int)w->shape[1];
     const size_t smem = 1024 + (size_t)stages_for(STAGE_BYTES) * STAGE_BYTES + 128;
-    auto kernel = swiglu_gemm_kernel<BN, CX, CY, T>;
+    auto kernel = swiglu_gemm_kernel<CLUSTER, T>;
     kc_set_smem(kernel, smem);
-    const CUtensorMap mx = tensor_map(x, act, n, K, K, BM / CX);
+    const CUtensorMap mx = tensor_map(x, act, n, K, K, BM);
     const CUtensorMap mw = tensor_map(w->data, act, 2 * dim, K, K, BN / 2);
     cudaLaunchAttribute attr[2];
     int na = 0;
-    if (CX * CY > 1) {
+    if (CLUSTER > 1) {
         attr[na].id = cudaLaunchAttributeClusterDimension;
-        attr[na].val.clusterDim.x = CX;
-        attr[na].val.clusterDim.y = CY;
+        attr[na].val.clusterDim.x = 1;
+        attr[na].val.clusterDim.y = CLUSTER;
         attr[na].val.clusterDim.z = 1;
         na++;
     }
@@ -400,16 +382,10 @@ void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStr
 template <typename T>
 void launch_variant(int variant, void *out, const void *x, DType act, const Tensor *w, int n,
                     cudaStream_t s) {
-    switch (variant) {
-        case KC_SILU_MUL_N224:
-            return launch<224, 1, 1, T>(out, x, act, w, n, s);
-        case KC_SILU_MUL_N224_CLUSTER2:
-            return launch<224, 1, 2, T>(out, x, act, w, n, s);
-        case KC_SILU_MUL_N224_CLUSTER4:
-            return launch<224, 2, 2, T>(out, x, act, w, n, s);
-        default:
-            return launch<128, 1, 2, T>(out, x, act, w, n, s);
-    }
+    if (variant == KC_SILU_MUL_N224_CLUSTER2)
+        launch<2, T>(out, x, act, w, n, s);
+    else
+        launch<1, T>(out, x, act, w, n, s);
 }
 
 } // namespace
@@ -436,14 +412,10 @@ unsigned kc_wgmma_silu_mul_variants(const void *out, const void *x, DType act, c
         !kc_aligned16(w->data) || ((uintptr_t)out & 3) != 0)
         return 0;
     const int64_t dim = w->shape[0] / 2, row_tiles = (n + 127) / 128;
-    /* CTA pairs along rows need an even number of row tiles, along columns of column tiles */
-    unsigned v = 0;
-    if (dim % 112 == 0)
-        v |= 1u << KC_SILU_MUL_N224 | (row_tiles % 2 == 0 ? 1u << KC_SILU_MUL_N224_CLUSTER2 : 0u) |
-             (row_tiles % 2 == 0 && dim / 112 % 2 == 0 ? 1u << KC_SILU_MUL_N224_CLUSTER4 : 0u);
-    if (dim % 64 == 0 && row_tiles % 2 == 0)
-        v |= 1u << KC_SILU_MUL_N128_CLUSTER2;
-    return v;
+    if (dim % 112 != 0)
+        return 0;
+    /* CTA pairs need an even number of row tiles */
+    return 1u << KC_SILU_MUL_N224 | (row_tiles % 2 == 0 ? 1u << KC_SILU_MUL_N224_CLUSTER2 : 0u);
 }
 
 void kc_wgmma_silu_mul(int variant, void *out, const void *x, DType act, const Tensor *w, int n,

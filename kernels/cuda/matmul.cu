@@ -101,18 +101,15 @@ static KCudaSiluMulPath silu_mul_path_from_env(void) {
     static const struct {
         const char *name;
         KCudaSiluMulPath path;
-    } names[] = {{"0", KC_SILU_MUL_PAIR},
-                 {"224", KC_SILU_MUL_N224},
-                 {"224c2", KC_SILU_MUL_N224_CLUSTER2},
-                 {"224c4", KC_SILU_MUL_N224_CLUSTER4},
-                 {"128c2", KC_SILU_MUL_N128_CLUSTER2}};
+    } names[] = {
+        {"0", KC_SILU_MUL_PAIR}, {"224", KC_SILU_MUL_N224}, {"224c2", KC_SILU_MUL_N224_CLUSTER2}};
     const char *v = getenv("PAGELLM_WGMMA");
     if (!v || !*v)
         return KC_SILU_MUL_AUTO;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(v, names[i].name) == 0)
             return names[i].path;
-    pl_fatal(__FILE__, __LINE__, "PAGELLM_WGMMA=%s: expected 0, 224, 224c2, 224c4 or 128c2", v);
+    pl_fatal(__FILE__, __LINE__, "PAGELLM_WGMMA=%s: expected 0, 224 or 224c2", v);
 }
 
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
@@ -480,7 +477,7 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows) {
 }
 
 void k_cuda_gemm_force_silu_mul(KCudaGemm *g, KCudaSiluMulPath path) {
-    KC_REQUIRE(g && path >= KC_SILU_MUL_AUTO && path <= KC_SILU_MUL_N128_CLUSTER2,
+    KC_REQUIRE(g && path >= KC_SILU_MUL_AUTO && path <= KC_SILU_MUL_N224_CLUSTER2,
                "k_cuda_gemm_force_silu_mul: path %d", (int)path);
     g->silu_mul_path = path;
 }
