@@ -288,14 +288,6 @@ bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const flo
  */
 enum { KC_WGMMA_VARIANTS = 2, KC_WGMMA_MAX_ROWS = 512 };
 
-/* Bit v set: variant v takes out[n, dim] = silu(x w_gate^T) * (x w_up^T) for these operands
- * (16-bit act == w->dtype, w [2 dim, K] with dim % 112 == 0, K % 64 == 0, n <= KC_WGMMA_MAX_ROWS, x
- * and w 16-byte aligned, out 4-byte aligned); 0 when none does. */
-unsigned kc_wgmma_silu_mul_variants(const void *out, const void *x, DType act, const Tensor *w,
-                                    int n);
-void kc_wgmma_silu_mul(int variant, void *out, const void *x, DType act, const Tensor *w, int n,
-                       cudaStream_t s);
-
 /* k_cuda_matmul_silu_mul beyond the GEMV's rows: runs the call on the own GEMM and returns true
  * where that is the gemm's forced or measured path for it (kernels_cuda.h), false where the
  * caller is to make the two calls. */

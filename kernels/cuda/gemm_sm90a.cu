@@ -1,7 +1,7 @@
 /* gemm_sm90a.cu - an own Hopper GEMM for decode-sized batches: the gate-up projection with
- * SiLU times up in its epilogue (kc_wgmma_silu_mul), out[n, dim] = silu(x w_gate^T) * (x w_up^T)
- * for x [n, K] and the fused gate-up weight [2 dim, K] (gate rows first), 16-bit in and out,
- * fp32 accumulation.
+ * SiLU times up in its epilogue (kc_wgmma_silu_mul_try), out[n, dim] = silu(x w_gate^T) * (x
+ * w_up^T) for x [n, K] and the fused gate-up weight [2 dim, K] (gate rows first), 16-bit in and
+ * out, fp32 accumulation.
  *
  * Why: cuBLASLt writes the [n, 2 dim] projection that a second kernel reads back for SiLU
  * times up. Here a tile is 128 rows of x by 224 weight rows: the gate and the up rows of the same
@@ -97,7 +97,7 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-/* The box at (k, row) of `map` into dst, completing on bar; multicast to the CTAs of `mask`. */
+/* The box at (k, row) of `map` into dst, completing on bar, with an L2 eviction policy. */
 __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int k, int row,
                                          uint64_t *bar, uint64_t policy) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -106,6 +106,7 @@ __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int 
                  : "memory");
 }
 
+/* The same into dst of every CTA of the cluster in `mask`, each completing on its own bar. */
 __device__ __forceinline__ void tma_load_multicast(void *dst, const CUtensorMap *map, int k,
                                                    int row, uint64_t *bar, uint16_t mask) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -342,7 +343,7 @@ CUtensorMap tensor_map(const void *base, DType dt, int rows, int cols, int ld, i
         (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    KC_REQUIRE(r == CUDA_SUCCESS, "kc_wgmma_silu_mul: cuTensorMapEncodeTiled failed (%d)", (int)r);
+    KC_REQUIRE(r == CUDA_SUCCESS, "gemm_sm90a: cuTensorMapEncodeTiled failed (%d)", (int)r);
     return m;
 }
 
@@ -404,8 +405,10 @@ int k_cuda_wgmma_available(void) {
     return available;
 }
 
-unsigned kc_wgmma_silu_mul_variants(const void *out, const void *x, DType act, const Tensor *w,
-                                    int n) {
+/* Bit v set: variant v takes out[n, dim] = silu(x w_gate^T) * (x w_up^T) for these operands
+ * (16-bit act == w->dtype, dim % 112 == 0, K % 64 == 0, n <= KC_WGMMA_MAX_ROWS, x and w 16-byte
+ * aligned, out 4-byte aligned); 0 when none does. */
+static unsigned variants_for(const void *out, const void *x, DType act, const Tensor *w, int n) {
     if (!k_cuda_wgmma_available() || (act != DT_BF16 && act != DT_F16) || !w || w->ndim != 2 ||
         w->dtype != act || n <= 0 || n > KC_WGMMA_MAX_ROWS || w->shape[0] % 2 != 0 ||
         w->shape[1] % BK != 0 || w->shape[0] > (1 << 30) || !kc_aligned16(x) ||
@@ -418,10 +421,9 @@ unsigned kc_wgmma_silu_mul_variants(const void *out, const void *x, DType act, c
     return 1u << KC_SILU_MUL_N224 | (row_tiles % 2 == 0 ? 1u << KC_SILU_MUL_N224_CLUSTER2 : 0u);
 }
 
-void kc_wgmma_silu_mul(int variant, void *out, const void *x, DType act, const Tensor *w, int n,
-                       cudaStream_t s) {
-    KC_REQUIRE(kc_wgmma_silu_mul_variants(out, x, act, w, n) >> variant & 1,
-               "kc_wgmma_silu_mul: variant %d does not take this call", variant);
+/* A variant that variants_for said takes the call. */
+static void launch_checked(int variant, void *out, const void *x, DType act, const Tensor *w, int n,
+                           cudaStream_t s) {
     if (act == DT_BF16)
         launch_variant<bf16>(variant, out, x, act, w, n, s);
     else
@@ -435,12 +437,12 @@ int k_cuda_wgmma_available(void) {
     return 0;
 }
 
-unsigned kc_wgmma_silu_mul_variants(const void *, const void *, DType, const Tensor *, int) {
+static unsigned variants_for(const void *, const void *, DType, const Tensor *, int) {
     return 0;
 }
 
-void kc_wgmma_silu_mul(int, void *, const void *, DType, const Tensor *, int, cudaStream_t) {
-    pl_fatal(__FILE__, __LINE__, "kc_wgmma_silu_mul: this build has no sm_90a code");
+static void launch_checked(int, void *, const void *, DType, const Tensor *, int, cudaStream_t) {
+    pl_fatal(__FILE__, __LINE__, "gemm_sm90a: this build has no sm_90a code");
 }
 
 #endif
@@ -453,7 +455,7 @@ enum { TIMING_REPS = 3 };
 static void run_choice(int choice, KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                        const Tensor *w, int n, cudaStream_t s) {
     if (choice >= 0) {
-        kc_wgmma_silu_mul(choice, out, x, act, w, n, s);
+        launch_checked(choice, out, x, act, w, n, s);
         return;
     }
     k_cuda_matmul(g, gate_up, x, act, w, NULL, n, s);
@@ -495,7 +497,7 @@ bool kc_wgmma_silu_mul_try(KCudaGemm *g, void *out, void *gate_up, const void *x
     const KCudaSiluMulPath forced = kc_gemm_silu_mul_path(g);
     if (forced == KC_SILU_MUL_PAIR)
         return false;
-    const unsigned v = kc_wgmma_silu_mul_variants(out, x, act, w, n);
+    const unsigned v = variants_for(out, x, act, w, n);
     if (!v)
         return false;
     int choice = forced;
@@ -511,6 +513,6 @@ bool kc_wgmma_silu_mul_try(KCudaGemm *g, void *out, void *gate_up, const void *x
     }
     if (choice < 0 || !(v >> choice & 1))
         return false;
-    kc_wgmma_silu_mul(choice, out, x, act, w, n, s);
+    launch_checked(choice, out, x, act, w, n, s);
     return true;
 }
