@@ -200,7 +200,8 @@ static void time_shape(KCudaGemm *g, int dim, int n, cudaEvent_t e0, cudaEvent_t
 }
 
 /* PAGELLM_WGMMA_TIMING set: the Llama-3-8B gate-up at 128-512 rows and one TP=2 rank's (dim
- * 7168) at 256, by every path. */
+ * 7168) at 256, by every path; set to a row count (say 256), only the shapes of that many rows
+ * (for a profiler). */
 static void test_wgmma_timing(void **state) {
     (void)state;
     const char *t = getenv("PAGELLM_WGMMA_TIMING");
@@ -215,8 +216,10 @@ static void test_wgmma_timing(void **state) {
     cudaEvent_t e0, e1;
     assert_int_equal(cudaEventCreate(&e0), cudaSuccess);
     assert_int_equal(cudaEventCreate(&e1), cudaSuccess);
+    const int only_rows = atoi(t) > 1 ? atoi(t) : 0; /* a row count: only its shapes */
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        time_shape(g, shapes[i][0], shapes[i][1], e0, e1);
+        if (!only_rows || shapes[i][1] == only_rows)
+            time_shape(g, shapes[i][0], shapes[i][1], e0, e1);
     k_cuda_gemm_destroy(g);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
