@@ -3,8 +3,8 @@
  * Not part of the build; on a GPU host:
  *
  *   nvcc -O3 -arch=sm_90 -std=c++17 -o /tmp/overlap_probe tools/overlap_probe.cu -lcublasLt -lcuda
- *   /tmp/overlap_probe [gemm|cold|overlap|pipe|power|partials|sustain|attnpower]
- *   (no argument: all eight, in this order)
+ *   /tmp/overlap_probe [gemm|cold|overlap|pipe|power|partials|sustain|attnpower|floor]
+ *   (no argument: all nine, in this order)
  *
  * GEMMs: cuBLASLt bf16 D [N, rows] = W [N, K] x X [K, rows] (W transposed, fp32 compute, 64 MiB
  * workspace) at qkv (N 6144, K 4096), o (4096, 4096), gate-up (28672, 4096), down (4096, 14336)
@@ -48,7 +48,11 @@
  * attnpower Where does a decode attention kernel's energy go? One layer's K/V (as overlap's)
  *          through ld.global, evict-first loads, a cp.async ring read back with ld.shared, with
  *          ldmatrix, ldmatrix feeding 8 mma per step (4 or 16 live A rows), and ld.global
- *          feeding the mma directly; each for 4 s as in power (nvidia-smi beside it). */
+ *          feeding the mma directly; each for 4 s as in power (nvidia-smi beside it).
+ * floor    The least a batch-256 decode step at context 1024 does, under the power limit: 32 x
+ *          (one layer's K/V read as attention-like does, 1.07 GB, then the layer's four GEMMs)
+ *          and the LM head, none of attention's math, norms, RoPE, SiLU or sampling; steps back
+ *          to back for 4 s, the time per step in the last second (nvidia-smi beside it). */
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -676,6 +680,51 @@ static void power_mode() {
         CK(cudaFree(p));
 }
 
+/* ---- floor: the least work of a batch-256 decode step, under the power limit ---- */
+
+static void floor_mode() {
+    constexpr int LAYERS = 32, STEPS_PER_BATCH = 2;
+    constexpr size_t kv_bytes = (size_t)BATCH * 1024 * 4096; /* one layer's K/V at context 1024 */
+    constexpr size_t chunk = kv_bytes / 16 / ATT_BLOCKS;
+    static const Shape *const layer[] = {&SHAPES[0], &SHAPES[1], &SHAPES[2], &SHAPES[3]};
+    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)BATCH * 28672 * 2);
+    void *logits = dev_alloc((size_t)BATCH * SHAPES[4].n * 2);
+    std::vector<const Gemm *> g;
+    std::vector<void *> w;
+    for (const Shape *s : layer) {
+        g.push_back(new Gemm(s->n, s->k, BATCH, s->k));
+        for (int c = 0; c < 2; c++)
+            w.push_back(dev_rand((size_t)s->n * s->k, 90 + (int)w.size()));
+    }
+    const Gemm lm(SHAPES[4].n, SHAPES[4].k, BATCH, SHAPES[4].k);
+    void *lm_w = dev_rand((size_t)SHAPES[4].n * SHAPES[4].k, 80);
+    uint4 *kv = (uint4 *)dev_rand(kv_bytes / 2, 11);
+    float *sink = (float *)dev_alloc(sizeof(float));
+    int call = 0;
+    auto step = [&] {
+        for (int l = 0; l < LAYERS; l++) {
+            attention_like<<<ATT_BLOCKS, ATT_THREADS>>>(kv, chunk, sink);
+            CK(cudaGetLastError());
+            const int c = call++ & 1;
+            for (size_t i = 0; i < g.size(); i++)
+                CK(g[i]->run(w[2 * i + c], x, d, 0));
+        }
+        CK(lm.run(lm_w, x, logits, 0));
+    };
+    sleep(2);
+    const Settled r = settle(4.0, 1.0, STEPS_PER_BATCH, step);
+    printf("floor step %.3f - %.3f: %zu batches of %d, first %.3f ms per step, last second "
+           "median %.3f ms (%d x (K/V read %.3f GB + qkv, o, gate-up, down) + lm-head, %d rows)\n",
+           r.t0, r.t1, r.batches, STEPS_PER_BATCH, r.first_us / 1e3, r.settled_us / 1e3, LAYERS,
+           kv_bytes / 1e9, BATCH);
+    for (const Gemm *p : g)
+        delete p;
+    for (void *p : w)
+        CK(cudaFree(p));
+    for (void *p : {x, d, logits, lm_w, (void *)kv, (void *)sink})
+        CK(cudaFree(p));
+}
+
 /* ---- attnpower: where a decode attention kernel's energy goes ---- */
 
 enum AttnPath { PATH_LDG, PATH_LDCS, PATH_SMEM, PATH_LDSM, PATH_MMA4, PATH_MMA16, PATH_REG_MMA4 };
@@ -953,16 +1002,17 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*run)();
-    } modes[] = {{"gemm", gemm_mode},       {"cold", cold_mode},
-                 {"overlap", overlap_mode}, {"pipe", pipe_mode},
-                 {"power", power_mode},     {"partials", partials_mode},
-                 {"sustain", sustain_mode}, {"attnpower", attnpower_mode}};
+    } modes[] = {
+        {"gemm", gemm_mode},       {"cold", cold_mode},           {"overlap", overlap_mode},
+        {"pipe", pipe_mode},       {"power", power_mode},         {"partials", partials_mode},
+        {"sustain", sustain_mode}, {"attnpower", attnpower_mode}, {"floor", floor_mode}};
     const char *only = argc > 1 ? argv[1] : nullptr;
     int chosen = 0;
     for (const auto &m : modes)
         chosen += !only || !strcmp(m.name, only);
     if (argc > 2 || !chosen) {
-        printf("usage: %s [gemm|cold|overlap|pipe|power|partials|sustain|attnpower]\n", argv[0]);
+        printf("usage: %s [gemm|cold|overlap|pipe|power|partials|sustain|attnpower|floor]\n",
+               argv[0]);
         return 2;
     }
     CK(cuInit(0));
