@@ -641,42 +641,56 @@ template <class F> static void sustained(const char *name, F body) {
     sleep(2);
 }
 
-static void power_mode() {
-    static const Shape *const layer[] = {&SHAPES[0], &SHAPES[1], &SHAPES[2], &SHAPES[3]};
-    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)BATCH * 28672 * 2);
+/* The layer's four GEMMs at BATCH rows (qkv, o, gate-up, down) on random bits, each weight in
+ * two copies used by turns (0.87 GB in all), so that every call reads its weights from HBM */
+struct LayerGemms {
     std::vector<const Gemm *> g;
     std::vector<void *> w;
-    for (const Shape *s : layer) {
-        g.push_back(new Gemm(s->n, s->k, BATCH, s->k));
-        for (int c = 0; c < 2; c++)
-            w.push_back(dev_rand((size_t)s->n * s->k, 90 + (int)w.size()));
+    void *x, *d;
+    int call = 0;
+
+    LayerGemms() : x(dev_rand((size_t)BATCH * 14336, 5)), d(dev_alloc((size_t)BATCH * 28672 * 2)) {
+        for (int i = 0; i < 4; i++) {
+            const Shape &s = SHAPES[i];
+            g.push_back(new Gemm(s.n, s.k, BATCH, s.k));
+            for (int c = 0; c < 2; c++)
+                w.push_back(dev_rand((size_t)s.n * s.k, 90 + (int)w.size()));
+        }
     }
+    LayerGemms(const LayerGemms &) = delete;
+    ~LayerGemms() {
+        for (const Gemm *p : g)
+            delete p;
+        for (void *p : w)
+            CK(cudaFree(p));
+        for (void *p : {x, d})
+            CK(cudaFree(p));
+    }
+    void run() {
+        const int c = call++ & 1;
+        for (size_t i = 0; i < g.size(); i++)
+            CK(g[i]->run(w[2 * i + c], x, d, 0));
+    }
+};
+
+static void power_mode() {
+    LayerGemms gemms;
     uint4 *kv = (uint4 *)dev_rand(KV_BYTES / 2, 11);
     float *sink = (float *)dev_alloc(sizeof(float));
-    int call = 0;
     auto attention = [&] {
         attention_like<<<ATT_BLOCKS, ATT_THREADS>>>(kv, ATT_CHUNK, sink);
         CK(cudaGetLastError());
     };
-    auto gemms = [&] {
-        const int c = call++ & 1;
-        for (size_t i = 0; i < g.size(); i++)
-            CK(g[i]->run(w[2 * i + c], x, d, 0));
-    };
     sleep(2);
     sustained("attention", attention);
-    sustained("gemms", gemms);
+    sustained("gemms", [&] { gemms.run(); });
     sustained("layer", [&] {
         attention();
-        gemms();
+        gemms.run();
     });
     printf("attention-like %.2f GB per call; GEMMs %.1f GFLOP per call\n", KV_BYTES / 1e9,
            2.0 * BATCH * (QKV_N + HIDDEN + 28672 + 14336) * (double)HIDDEN / 1e9);
-    for (const Gemm *p : g)
-        delete p;
-    for (void *p : w)
-        CK(cudaFree(p));
-    for (void *p : {x, d, (void *)kv, (void *)sink})
+    for (void *p : {(void *)kv, (void *)sink})
         CK(cudaFree(p));
 }
 
@@ -686,30 +700,19 @@ static void floor_mode() {
     constexpr int LAYERS = 32, STEPS_PER_BATCH = 2;
     constexpr size_t kv_bytes = (size_t)BATCH * 1024 * 4096; /* one layer's K/V at context 1024 */
     constexpr size_t chunk = kv_bytes / 16 / ATT_BLOCKS;
-    static const Shape *const layer[] = {&SHAPES[0], &SHAPES[1], &SHAPES[2], &SHAPES[3]};
-    void *x = dev_rand((size_t)BATCH * 14336, 5), *d = dev_alloc((size_t)BATCH * 28672 * 2);
-    void *logits = dev_alloc((size_t)BATCH * SHAPES[4].n * 2);
-    std::vector<const Gemm *> g;
-    std::vector<void *> w;
-    for (const Shape *s : layer) {
-        g.push_back(new Gemm(s->n, s->k, BATCH, s->k));
-        for (int c = 0; c < 2; c++)
-            w.push_back(dev_rand((size_t)s->n * s->k, 90 + (int)w.size()));
-    }
+    LayerGemms gemms;
     const Gemm lm(SHAPES[4].n, SHAPES[4].k, BATCH, SHAPES[4].k);
     void *lm_w = dev_rand((size_t)SHAPES[4].n * SHAPES[4].k, 80);
+    void *logits = dev_alloc((size_t)BATCH * SHAPES[4].n * 2);
     uint4 *kv = (uint4 *)dev_rand(kv_bytes / 2, 11);
     float *sink = (float *)dev_alloc(sizeof(float));
-    int call = 0;
     auto step = [&] {
         for (int l = 0; l < LAYERS; l++) {
             attention_like<<<ATT_BLOCKS, ATT_THREADS>>>(kv, chunk, sink);
             CK(cudaGetLastError());
-            const int c = call++ & 1;
-            for (size_t i = 0; i < g.size(); i++)
-                CK(g[i]->run(w[2 * i + c], x, d, 0));
+            gemms.run();
         }
-        CK(lm.run(lm_w, x, logits, 0));
+        CK(lm.run(lm_w, gemms.x, logits, 0));
     };
     sleep(2);
     const Settled r = settle(4.0, 1.0, STEPS_PER_BATCH, step);
@@ -717,11 +720,7 @@ static void floor_mode() {
            "median %.3f ms (%d x (K/V read %.3f GB + qkv, o, gate-up, down) + lm-head, %d rows)\n",
            r.t0, r.t1, r.batches, STEPS_PER_BATCH, r.first_us / 1e3, r.settled_us / 1e3, LAYERS,
            kv_bytes / 1e9, BATCH);
-    for (const Gemm *p : g)
-        delete p;
-    for (void *p : w)
-        CK(cudaFree(p));
-    for (void *p : {x, d, logits, lm_w, (void *)kv, (void *)sink})
+    for (void *p : {lm_w, logits, (void *)kv, (void *)sink})
         CK(cudaFree(p));
 }
 
