@@ -216,7 +216,7 @@ static void test_wgmma_timing(void **state) {
     cudaEvent_t e0, e1;
     assert_int_equal(cudaEventCreate(&e0), cudaSuccess);
     assert_int_equal(cudaEventCreate(&e1), cudaSuccess);
-    const int only_rows = atoi(t) > 1 ? atoi(t) : 0; /* a row count: only its shapes */
+    const int rows = atoi(t), only_rows = rows > 1 ? rows : 0; /* a row count: its shapes */
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (!only_rows || shapes[i][1] == only_rows)
             time_shape(g, shapes[i][0], shapes[i][1], e0, e1);

@@ -8,8 +8,6 @@
 
 #include <stdio.h>
 
-#include <type_traits>
-
 #include "cuda_internal.cuh"
 
 enum { ATTN_MAX_HEAD_DIM = 1024 };
@@ -103,10 +101,6 @@ __device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
 
 /* ---- cp.async: 16-byte global -> shared copies that bypass registers ---- */
 
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
 /* 16 bytes global -> shared, zero-filled when !valid (src is then not read). */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -146,19 +140,6 @@ __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t 
                      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two fp32 values rounded to T and packed into one 32-bit register (lo in the low half). */
-template <typename T> __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-    uint32_t r;
-    if constexpr (std::is_same<T, bf16>::value) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-        r = *(uint32_t *)&h;
-    } else {
-        __half2 h = __floats2half2_rn(lo, hi);
-        r = *(uint32_t *)&h;
-    }
-    return r;
 }
 
 /* c[16x8] += a[16x8] b[8x8] (m16n8k8), 16-bit inputs, fp32 accumulators. */

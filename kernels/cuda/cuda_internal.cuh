@@ -1,5 +1,6 @@
 /* cuda_internal.cuh - (internal to kernels/cuda/) what the .cu files share: element types and
- * their fp32 conversions, 8-element vector loads, warp reductions, the dtype dispatch that
+ * their fp32 conversions, 8-element vector loads, 16-bit pairs packed into a register,
+ * shared-memory addresses, warp reductions, the dtype dispatch that
  * turns a DType into a template argument (with a loud error for anything else), and the
  * launch checks. */
 #ifndef PAGELLM_KERNELS_CUDA_INTERNAL_CUH
@@ -9,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "kernels_cuda.h"
 
@@ -118,6 +121,25 @@ __device__ __forceinline__ void store8(f16 *p, const float v[8]) {
     for (int i = 0; i < 4; i++)
         h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
     *(uint4 *)p = u;
+}
+
+/* Two fp32 values rounded to T and packed into one 32-bit register (lo in the low half). */
+template <typename T> __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+    uint32_t r;
+    if constexpr (std::is_same<T, bf16>::value) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        r = *(uint32_t *)&h;
+    } else {
+        __half2 h = __floats2half2_rn(lo, hi);
+        r = *(uint32_t *)&h;
+    }
+    return r;
+}
+
+/* The shared-memory address of a generic pointer into shared memory (for cp.async, ldmatrix,
+ * mbarrier and TMA operands). */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -294,11 +316,37 @@ enum { KC_WGMMA_VARIANTS = 2, KC_WGMMA_MAX_ROWS = 512 };
 bool kc_wgmma_silu_mul_try(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                            const Tensor *w, int n, cudaStream_t s);
 
-/* What the fused ops measured, memoized per gemm (matmul.cu): the choice stored for (op, row
- * bucket, N, K), or KC_NO_CHOICE; kc_gemm_remember returns 0 when the table is full. */
-enum { KC_NO_CHOICE = -100, KC_OP_SILU_MUL = 1 };
-int kc_gemm_choice(const KCudaGemm *g, int op, int mb, int N, int K);
-int kc_gemm_remember(KCudaGemm *g, int op, int mb, int N, int K, int choice);
+/* ---- what a fused op measured fastest, per (op, row bucket, N, K) ---- */
+
+/* A fused op times its forms on the first eager call of a shape and keeps the fastest here;
+ * once the table is full, new shapes take the op's default form untimed. */
+enum { KC_NO_CHOICE = -100, KC_CHOICES_MAX = 256, KC_OP_SILU_MUL = 1, KC_OP_ADD_RMSNORM = 2 };
+typedef struct {
+    int op, mb, N, K, choice;
+} KcChoice;
+typedef struct {
+    KcChoice entry[KC_CHOICES_MAX];
+    int count;
+} KcChoices;
+
+/* The choice stored for the shape, or KC_NO_CHOICE. */
+static inline int kc_choice_find(const KcChoices *t, int op, int mb, int N, int K) {
+    for (int i = 0; i < t->count; i++) {
+        const KcChoice *c = &t->entry[i];
+        if (c->op == op && c->mb == mb && c->N == N && c->K == K)
+            return c->choice;
+    }
+    return KC_NO_CHOICE;
+}
+static inline bool kc_choice_full(const KcChoices *t) {
+    return t->count == KC_CHOICES_MAX;
+}
+/* Only when !kc_choice_full(t). */
+static inline void kc_choice_add(KcChoices *t, int op, int mb, int N, int K, int choice) {
+    t->entry[t->count++] = KcChoice{op, mb, N, K, choice};
+}
+
+KcChoices *kc_gemm_choices(KCudaGemm *g);                   /* the gemm's table (matmul.cu) */
 KCudaSiluMulPath kc_gemm_silu_mul_path(const KCudaGemm *g); /* forced, or KC_SILU_MUL_AUTO */
 
 /* Raise a kernel's dynamic shared-memory limit once it asks for more than the default 48 KB.

@@ -30,14 +30,11 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <pthread.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda_internal.cuh"
 
 #if PAGELLM_SM90A
 #include <cooperative_groups.h>
-#include <type_traits>
 
 namespace {
 
@@ -54,10 +51,6 @@ __host__ __device__ constexpr int stages_for(int stage_bytes) {
 }
 
 /* ---- shared memory, mbarriers and the tensor copy engine ---- */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
 
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
@@ -193,20 +186,6 @@ __device__ __forceinline__ void wgmma_n224(float (&d)[112], uint64_t da, uint64_
         wgmma_f16_n224(d, da, db, scale_d);
 }
 
-template <typename T> struct Pair;
-template <> struct Pair<bf16> {
-    typedef __nv_bfloat162 type;
-    static __device__ __forceinline__ type make(float a, float b) {
-        return __floats2bfloat162_rn(a, b);
-    }
-};
-template <> struct Pair<f16> {
-    typedef __half2 type;
-    static __device__ __forceinline__ type make(float a, float b) {
-        return __floats2half2_rn(a, b);
-    }
-};
-
 /* silu(g) * u of sums rounded to T first, as the projection's stored output would be. */
 template <typename T> __device__ __forceinline__ float swiglu(float g, float u) {
     return silu_times(to_f32(from_f32<T>(g)), to_f32(from_f32<T>(u)));
@@ -297,17 +276,16 @@ __global__ void __launch_bounds__(THREADS, 1)
         acc_fence(acc);
         /* fragment layout of m64nN: element 4j + 2h + e of a thread is row warp*16 + lane/4 +
          * 8h, column 8j + 2 (lane % 4) + e; gate column j pairs with up column j + HALF / 8 */
-        typedef typename Pair<T>::type T2;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = row0 + c * WG_M + warp * 16 + lane / 4 + 8 * h;
             if (row >= n)
                 continue;
-            T2 *o = (T2 *)(out + (size_t)row * dim + col0 + 2 * (lane % 4));
+            uint32_t *o = (uint32_t *)(out + (size_t)row * dim + col0 + 2 * (lane % 4));
 #pragma unroll
             for (int j = 0; j < HALF / 8; j++) {
                 const float *g = &acc[4 * j + 2 * h], *u = &acc[4 * (j + HALF / 8) + 2 * h];
-                o[4 * j] = Pair<T>::make(swiglu<T>(g[0], u[0]), swiglu<T>(g[1], u[1]));
+                o[4 * j] = pack16<T>(swiglu<T>(g[0], u[0]), swiglu<T>(g[1], u[1]));
             }
         }
     }
@@ -503,12 +481,13 @@ bool kc_wgmma_silu_mul_try(KCudaGemm *g, void *out, void *gate_up, const void *x
     int choice = forced;
     if (forced == KC_SILU_MUL_AUTO) {
         const int mb = (n + 15) / 16 * 16, N = (int)w->shape[0], K = (int)w->shape[1];
-        choice = kc_gemm_choice(g, KC_OP_SILU_MUL, mb, N, K);
+        KcChoices *memo = kc_gemm_choices(g);
+        choice = kc_choice_find(memo, KC_OP_SILU_MUL, mb, N, K);
         if (choice == KC_NO_CHOICE) {
-            if (kc_capturing(s))
+            if (kc_choice_full(memo) || kc_capturing(s))
                 return false;
             choice = fastest(v, g, out, gate_up, x, act, w, n, s);
-            kc_gemm_remember(g, KC_OP_SILU_MUL, mb, N, K, choice);
+            kc_choice_add(memo, KC_OP_SILU_MUL, mb, N, K, choice);
         }
     }
     if (choice < 0 || !(v >> choice & 1))

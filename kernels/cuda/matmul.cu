@@ -76,11 +76,6 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
 } AlgoEntry;
 
-enum { FUSED_CHOICES = 64 }; /* a few shapes x the decode graphs' row buckets */
-typedef struct {
-    int op, mb, N, K, choice;
-} FusedChoice;
-
 struct KCudaGemm {
     cublasLtHandle_t lt;
     void *workspace;
@@ -88,11 +83,10 @@ struct KCudaGemm {
     void *scratch; /* hi and lo halves, max_rows_times_k 16-bit elements each */
     size_t max_rows_times_k;
     AlgoEntry cache[GEMM_CACHE_SLOTS];
-    int cached;     /* valid entries; the table is cleared when it is 3/4 full */
-    int force_path; /* KCudaGemmPath */
-    int force_rows; /* GEMV rows per warp when forced (0 = the table's) */
-    FusedChoice fused[FUSED_CHOICES];
-    int num_fused;
+    int cached;                     /* valid entries; the table is cleared when it is 3/4 full */
+    int force_path;                 /* KCudaGemmPath */
+    int force_rows;                 /* GEMV rows per warp when forced (0 = the table's) */
+    KcChoices fused;                /* the fused ops' measured forms (gemm_sm90a.cu) */
     KCudaSiluMulPath silu_mul_path; /* forced, or KC_SILU_MUL_AUTO */
 };
 
@@ -486,20 +480,8 @@ KCudaSiluMulPath kc_gemm_silu_mul_path(const KCudaGemm *g) {
     return g->silu_mul_path;
 }
 
-int kc_gemm_choice(const KCudaGemm *g, int op, int mb, int N, int K) {
-    for (int i = 0; i < g->num_fused; i++) {
-        const FusedChoice *c = &g->fused[i];
-        if (c->op == op && c->mb == mb && c->N == N && c->K == K)
-            return c->choice;
-    }
-    return KC_NO_CHOICE;
-}
-
-int kc_gemm_remember(KCudaGemm *g, int op, int mb, int N, int K, int choice) {
-    if (g->num_fused == FUSED_CHOICES)
-        return 0;
-    g->fused[g->num_fused++] = FusedChoice{op, mb, N, K, choice};
-    return 1;
+KcChoices *kc_gemm_choices(KCudaGemm *g) {
+    return &g->fused;
 }
 
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,

@@ -22,21 +22,15 @@
 enum {
     PN_MAX_ROWS = 512, /* above this, enough output tiles: the plain pair */
     PN_MAX_SPLITS = 4,
-    PN_CHOICES = 256, /* cached decisions (a few shapes x the decode graphs' buckets) */
     PN_REPS = 3,
 };
-
-typedef struct {
-    int mb, N, K, splits; /* splits 0: the plain pair */
-} PnChoice;
 
 struct KCudaProjNorm {
     float *partials;
     size_t split_stride; /* elements between partials: PN_MAX_ROWS x N */
     int N;               /* the N the buffer was sized for */
-    PnChoice choice[PN_CHOICES];
-    int num_choices;
-    int forced; /* k_cuda_proj_norm_force: -1 none */
+    KcChoices choices;   /* splits per shape, 0 the plain pair */
+    int forced;          /* k_cuda_proj_norm_force: -1 none */
 };
 
 KCudaProjNorm *k_cuda_proj_norm_create(void) {
@@ -145,15 +139,12 @@ void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, v
         splits = cand >> p->forced & 1 ? p->forced : 0;
     } else if (cand != 1) {
         const int mb = (n + 15) / 16 * 16;
-        PnChoice *c = NULL;
-        for (int i = 0; i < p->num_choices && !c; i++)
-            if (p->choice[i].mb == mb && p->choice[i].N == N && p->choice[i].K == K)
-                c = &p->choice[i];
-        if (c && (cand >> c->splits & 1)) {
-            splits = c->splits;
-        } else if (!c && p->num_choices < PN_CHOICES && !kc_capturing(s)) {
+        const int c = kc_choice_find(&p->choices, KC_OP_ADD_RMSNORM, mb, N, K);
+        if (c != KC_NO_CHOICE && (cand >> c & 1)) {
+            splits = c;
+        } else if (c == KC_NO_CHOICE && !kc_choice_full(&p->choices) && !kc_capturing(s)) {
             splits = fastest(p, g, cand, residual, normed, proj, x, act, w, norm_w, n, eps, s);
-            p->choice[p->num_choices++] = PnChoice{mb, N, K, splits};
+            kc_choice_add(&p->choices, KC_OP_ADD_RMSNORM, mb, N, K, splits);
         }
     }
     run(p, g, splits, residual, residual, normed, proj, x, act, w, norm_w, n, eps, s);
