@@ -81,6 +81,10 @@ enum { MODE_DECODE = 1, MODE_PREFILL = 2, MODE_SPLIT = 4 };
 /* Queries are drawn from [-q_range, q_range] (the cache from [-1, 1]). */
 static float q_range = 4.0f;
 
+/* The block tables' width at least this many blocks (0: one past the longest sequence's), as
+ * when max-model-len is far above every context. */
+static int min_table_blocks = 0;
+
 /* One batch: sequences `specs` (decodes first), pad_rows padding rows after the last one.
  * The cache holds random values in every position (the step's own K/V included, as after
  * kv_write); the block tables are a random permutation of the pool. The CPU attention over an
@@ -99,6 +103,8 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
         if (specs[s].qlen == 1 && nd == s)
             nd++;
     }
+    if (max_blocks < min_table_blocks)
+        max_blocks = min_table_blocks;
     int rows = T + pad_rows, nblocks = used + 3;
     KvLayout l = {
         .num_layers = L, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
@@ -318,7 +324,7 @@ static void test_attention_shapes(void **state) {
 /* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
  * chunk continuing a 4000-token prefix, a chunk continuing a 32k prefix) for f32 and bf16,
  * block sizes 16 and 32, 256 decode rows of 32 query heads (decode's long partitions) and 64
- * rows beyond one partition. */
+ * rows beyond one partition, and block tables far wider than every context. */
 static void test_attention_long(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -350,6 +356,19 @@ static void test_attention_long(void **state) {
         deep[s] = (SeqSpec){2000 + rnd_int(2000), 1};
     bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, deep, 64, 0, MODE_DECODE);
     bad += attention_case(128, 8, 4, 16, DT_F16, DT_F16, deep, 64, 0, MODE_DECODE);
+    /* block tables of 131072 positions (64 partitions of 2048) far past every context: 255 short
+     * rows and one of 20000 positions, whose partitions fall to a run of blocks among the short
+     * rows' (each block takes its share of the launch's items); tensor cores and CUDA cores */
+    min_table_blocks = 131072 / 16;
+    SeqSpec sparse[256];
+    for (int s = 0; s < 256; s++)
+        sparse[s] = (SeqSpec){rnd_int(300), 1};
+    sparse[100].prefix = 20000;
+    bad += attention_case(128, 4, 4, 16, DT_BF16, DT_BF16, sparse, 256, 2, MODE_DECODE);
+    bad += attention_case(128, 4, 4, 16, DT_F32, DT_F32, sparse, 256, 0, MODE_DECODE);
+    SeqSpec lone[1] = {{5000, 1}}; /* one row: its 3 partitions among 64 blocks per head */
+    bad += attention_case(128, 4, 4, 16, DT_BF16, DT_BF16, lone, 1, 1, MODE_DECODE);
+    min_table_blocks = 0;
     assert_int_equal(bad, 0);
 }
 
@@ -546,11 +565,12 @@ static void test_attention_timing(void **state) {
      * decode graph the engine's max-model-len, which sets the partitions), 1: f16 q and cache
      * (the cache's bf16 bits read as f16, finite)} */
     const int dec[][5] = {
-        {1, 128, 128, 128},      {1, 1024, 1024, 1024},    {1, 4096, 4096, 4096},
-        {1, 8192, 8192, 8192},   {1, 32768, 32768, 32768}, {8, 1024, 1024, 1024},
-        {64, 1024, 1024, 1024},  {256, 128, 128, 128},     {256, 512, 512, 512},
-        {256, 1024, 1024, 1024}, {256, 2048, 2048, 2048},  {256, 1024, 1120, 2048},
-        {384, 1000, 2000, 4096}, {1, 1024, 1024, 1024, 1}, {256, 1024, 1024, 1024, 1}};
+        {1, 128, 128, 128},      {1, 1024, 1024, 1024},     {1, 4096, 4096, 4096},
+        {1, 8192, 8192, 8192},   {1, 32768, 32768, 32768},  {8, 1024, 1024, 1024},
+        {64, 1024, 1024, 1024},  {256, 128, 128, 128},      {256, 512, 512, 512},
+        {256, 1024, 1024, 1024}, {256, 2048, 2048, 2048},   {256, 1024, 1120, 2048},
+        {384, 1000, 2000, 4096}, {1, 1024, 1024, 1024, 1},  {256, 1024, 1024, 1024, 1},
+        {256, 128, 192, 131072}, {256, 1024, 1120, 131072}, {1, 1024, 1024, 131072}};
     /* PAGELLM_ATTN_TIMING=BATCHxCTX or BATCHxFROMxTOxBOUND: that bf16 decode case alone, listed
      * above or not (for a profiler or a sweep), no prefill */
     const char *only = getenv("PAGELLM_ATTN_TIMING");

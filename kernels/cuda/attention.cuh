@@ -51,28 +51,134 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
     return g;
 }
 
-/* What one decode block works on: grid (KV head x head group, row, partition). Heads h0 .. h0 +
- * HB - 1 of KV head g, row `row` (tok-th of the launch), positions [start, end) of its context
- * (nparts partitions of part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose
- * physical numbers decode_work copies to tab (then a __syncthreads is due). False: nothing to do
- * (a padding row, or a partition past the context). A row beyond its block tables traps. */
+/* ---- decode work: items (row, partition) ----
+ * A decode launch's work is its rows' partitions of part_len positions, ctx / part_len rounded up
+ * per row, numbered row by row: N items in all. Block (x, y) takes its contiguous share of them
+ * (N / Y or one more, Y = gridDim.y) in turn, so that rows of any mix of lengths spread
+ * evenly over a grid sized for the parallelism wanted rather than for the block tables' bound (a
+ * grid of bound / part_len partitions per row spends most of its blocks on partitions past every
+ * context: at max-model-len 131072, a batch-256 decode step of the 8B shape took 14.0 ms instead
+ * of 9.4 on the H200). With one partition per row (max_parts 1) item y is row y, no scan. */
+typedef struct {
+    int row, part, nparts; /* the next item: partition `part` of the row's nparts */
+    int left;              /* items left to this block */
+} DecodeItems;
+
+/* Partitions of the row at `pos`, at most max_parts + 1 (a row past the block tables traps in
+ * decode_work; the bound keeps N within int). */
+__device__ __forceinline__ int decode_nparts(int pos, int part_len, int max_parts) {
+    return min(pos / part_len + 1, max_parts + 1);
+}
+
+/* Block y's share of `total` items: its first and count, the first blocks taking one more
+ * (fewer items than blocks: item y to block y, the first blocks the GPU starts). */
+__device__ __forceinline__ void decode_share(int total, int *first, int *left) {
+    const int y = blockIdx.y, each = total / gridDim.y, more = total % gridDim.y;
+    *first = y * each + min(y, more);
+    *left = each + (y < more);
+}
+
+/* This block's first item and count (the same in every thread). One row (batch 1, where the
+ * latency counts): no scan; up to a row per thread: one scan; more: a pass for the total, then
+ * tiles of a row per thread until the first item's. */
+template <int WARPS>
+__device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_t *positions,
+                                                   const int32_t *query_start, int num_seqs,
+                                                   int part_len, int max_parts) {
+    constexpr int threads = WARPS * 32;
+    __shared__ int scratch[WARPS + 3]; /* block_scan's WARPS + 1, then the row and part found */
+    const int r0 = query_start[0], rows = query_start[num_seqs] - r0, y = blockIdx.y;
+    if (max_parts == 1) {
+        it = {r0 + y, 0, 1, y < rows};
+        return;
+    }
+    int first = 0, total = 0;
+    if (rows <= 1) {
+        total = rows ? decode_nparts(positions[r0], part_len, max_parts) : 0;
+        decode_share(total, &first, &it.left);
+        it.row = r0;
+        it.part = first;
+        it.nparts = total;
+        return;
+    }
+    if (rows > threads) {
+        int n = 0;
+        for (int i = threadIdx.x; i < rows; i += threads)
+            n += decode_nparts(positions[r0 + i], part_len, max_parts);
+        block_scan<WARPS>(n, &total, scratch);
+        decode_share(total, &first, &it.left);
+        if (it.left == 0)
+            return;
+    }
+    /* the row holding item `first`: prefix sums over tiles of a row per thread */
+    for (int t0 = 0, before = 0; t0 < rows; t0 += threads) {
+        const int i = t0 + threadIdx.x;
+        const int np = i < rows ? decode_nparts(positions[r0 + i], part_len, max_parts) : 0;
+        int tile = 0;
+        const int from = before + block_scan<WARPS>(np, &tile, scratch);
+        if (rows <= threads) { /* one tile: its sum is the total */
+            decode_share(tile, &first, &it.left);
+            if (it.left == 0)
+                return;
+        }
+        if (np && first >= from && first < from + np) { /* exactly one thread */
+            scratch[WARPS + 1] = i;
+            scratch[WARPS + 2] = first - from;
+        }
+        __syncthreads();
+        if (first < before + tile) {
+            it.row = r0 + scratch[WARPS + 1];
+            it.part = scratch[WARPS + 2];
+            it.nparts = decode_nparts(positions[it.row], part_len, max_parts);
+            return;
+        }
+        before += tile;
+    }
+}
+
+/* Past the item just done to the next (of the same row, or the next row's first). */
+__device__ __forceinline__ void decode_items_next(DecodeItems &it, const int32_t *positions,
+                                                  int part_len, int max_parts) {
+    if (--it.left > 0 && ++it.part == it.nparts) {
+        it.row++;
+        it.part = 0;
+        it.nparts = decode_nparts(positions[it.row], part_len, max_parts);
+    }
+}
+
+/* item(it) for each of this block's items in turn (every thread calls it; shared memory is
+ * free again between items), in a block of WARPS warps. */
+template <int WARPS, typename Item>
+__device__ __forceinline__ void decode_items_run(const int32_t *positions,
+                                                 const int32_t *query_start, int num_seqs,
+                                                 int part_len, int max_parts, Item item) {
+    DecodeItems it;
+    decode_items_begin<WARPS>(it, positions, query_start, num_seqs, part_len, max_parts);
+    for (; it.left > 0; decode_items_next(it, positions, part_len, max_parts)) {
+        item(it);
+        __syncthreads(); /* the next item reuses the block's shared memory */
+    }
+}
+
+/* What a decode block does for item `it`: heads h0 .. h0 + HB - 1 of KV head g (from blockIdx.x),
+ * row it.row (tok-th of the launch), positions [start, end) of its context (nparts partitions of
+ * part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose physical numbers are
+ * copied to tab (then a __syncthreads is due). A row beyond its block tables traps. */
 typedef struct {
     int g, h0, row, part, nparts, start, end, b0;
     size_t tok;
 } DecodeWork;
 
-__device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
+__device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, const DecodeItems &it,
                                             const int32_t *positions, const int32_t *query_start,
                                             int num_seqs, const int32_t *block_tables, int G,
                                             int HB, int part_len, int *tab) {
     const int groups = G / HB;
     w.g = blockIdx.x / groups;
     w.h0 = w.g * G + (blockIdx.x - w.g * groups) * HB;
-    w.row = query_start[0] + blockIdx.y;
-    w.tok = blockIdx.y;
-    w.part = blockIdx.z;
-    if (w.row >= query_start[num_seqs])
-        return false;
+    w.row = it.row;
+    w.tok = (size_t)(it.row - query_start[0]);
+    w.part = it.part;
     const int ctx = positions[w.row] + 1;
     if (ctx > kg.max_blocks * kg.bs) {
         if (w.part == 0 && blockIdx.x == 0 && threadIdx.x == 0)
@@ -81,10 +187,8 @@ __device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
                    w.row, ctx - 1, kg.max_blocks);
         __trap();
     }
-    w.nparts = (ctx + part_len - 1) / part_len;
+    w.nparts = it.nparts;
     w.start = w.part * part_len;
-    if (w.start >= ctx)
-        return false;
     w.end = min(ctx, w.start + part_len);
     const int32_t *table =
         block_tables + (size_t)seq_of_row(query_start, num_seqs, w.row) * kg.max_blocks;
@@ -92,7 +196,6 @@ __device__ __forceinline__ bool decode_work(DecodeWork &w, const KvGeom &kg,
     const int nb = kv_block_of(kg, w.end - 1) - w.b0 + 1;
     for (int i = threadIdx.x; i < nb; i += blockDim.x)
         tab[i] = table[w.b0 + i];
-    return true;
 }
 
 /* Both dtypes at once: body runs with TQ (activations) and TC (cache) bound. */
@@ -209,7 +312,7 @@ template <typename TC> __device__ __forceinline__ void stage8(float *dst, const 
     *(float4 *)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-/* One decode launch (attention_decode.cu): the grid is (KV head x head group, row, partition);
+/* One decode launch (attention_decode.cu): the grid is (KV head x head group, item blocks);
  * partitions of part_len positions write to ws_acc / ws_ml when a row has several. */
 typedef struct {
     void *out;

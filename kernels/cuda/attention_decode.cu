@@ -4,9 +4,10 @@
  * this file holds the CUDA-core kernel for every other case, the launcher and the combine of
  * partitions.
  *
- * Grid (KV head x head group, row, partition of part_len positions). A block of 4 warps takes
- * HB query heads of one KV head (all G of them unless G is odd or large), so every K and V row
- * is read from the cache once for the whole group. A row of D elements is LPR lanes' 16-byte
+ * Grid (KV head x head group, items): an item is one row's partition of part_len positions, and
+ * each block takes its share of the launch's items in turn (attention.cuh). A block of 4 warps
+ * takes HB query heads of one KV head (all G of them unless G is odd or large), so every K and V
+ * row is read from the cache once for the whole group. A row of D elements is LPR lanes' 16-byte
  * chunks (8 elements each, CPL chunks per lane when D > 256), 32 / LPR rows per warp, U rows
  * per lane per step (when the block size is a multiple of a step's rows, a step lies in one
  * cache block: one block-table lookup per step, a row stride after it). Each warp streams its
@@ -33,7 +34,8 @@
 /* DEC_PART: the partition length the workspace is sized for (longer and shorter ones are
  * chosen per launch, from DEC_MAX_PART (tensor cores) or DEC_CHUNK (CUDA cores, whose shared
  * memory holds a partition's scores) down); DEC_TARGET_BLOCKS: grid size below which partitions
- * are shortened. */
+ * are shortened; DEC_GRID_BLOCKS: blocks a launch with several partitions a row aims at (each
+ * takes its share of the items, attention.cuh). */
 enum {
     DEC_THREADS = 128,
     DEC_WARPS = DEC_THREADS / 32,
@@ -42,7 +44,8 @@ enum {
     DEC_CHUNK = 1024,
     DEC_MIN_PART = 32,
     DEC_WS_FLOOR = 256,
-    DEC_TARGET_BLOCKS = 512
+    DEC_TARGET_BLOCKS = 512,
+    DEC_GRID_BLOCKS = 1024
 };
 
 /* 8 cache elements from a stage of the ring (16-byte units, unit `i` of a lane at
@@ -98,13 +101,13 @@ template <typename TC, int CPL, int HB> __host__ __device__ inline int dec_regio
     return ring > red ? ring : red;
 }
 
+/* One item (a row's partition) of the block: every thread of it. */
 template <typename TQ, typename TC, int LPR, int CPL, int HB>
-__global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
-    TQ *__restrict__ out, const TQ *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
-    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
-    int nh, int G, int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
+__device__ __forceinline__ void
+decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ q,
+            const TC *__restrict__ cache, const KvGeom &kg, const int32_t *positions,
+            const int32_t *query_start, int num_seqs, const int32_t *block_tables, int nh, int G,
+            int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
     using R = DecRing<TC, CPL>;
     constexpr int U = R::U, UNITS = R::UNITS, SLOT = R::SLOT, S = R::S;
     constexpr int RPW = 32 / LPR, N = HB * U, STEP = RPW * U;
@@ -117,8 +120,7 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     float *ml = logits + HB * part_len;                             /* [2][HB] max, sum */
     int *tab = (int *)(ml + 2 * HB); /* the partition's physical blocks */
     DecodeWork job;
-    if (!decode_work(job, kg, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab))
-        return;
+    decode_work(job, kg, it, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab);
     const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* lane = r * LPR + sub: row r of the warp's rows, chunks sub + k * LPR of 8 elements */
@@ -327,6 +329,21 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
         ws_ml[2 * i] = ml[tid];
         ws_ml[2 * i + 1] = ml[HB + tid];
     }
+}
+
+template <typename TQ, typename TC, int LPR, int CPL, int HB>
+__global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
+    TQ *__restrict__ out, const TQ *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
+    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
+    int nh, int G, int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    decode_items_run<DEC_WARPS>(
+        positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
+            decode_item<TQ, TC, LPR, CPL, HB>(it, out, q, cache, kg, positions, query_start,
+                                              num_seqs, block_tables, nh, G, part_len, scale,
+                                              ws_acc, ws_ml, max_parts);
+        });
 }
 
 /* Combining the partitions of (row, head): out = sum_p w_p acc_p / sum_p w_p l_p,
@@ -580,7 +597,18 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     a.scale = scale;
     a.ws_acc = (float *)workspace;
     a.ws_ml = a.ws_acc ? a.ws_acc + (size_t)b->num_tokens * nh * max_parts * D : NULL;
-    a.grid = dim3((unsigned)(kg.nkv * (G / HB)), (unsigned)b->num_tokens, (unsigned)parts);
+    /* Items (a row's partition) spread over Y blocks per head group: one row each when a row
+     * has one partition; else enough blocks for DEC_GRID_BLOCKS in all, at least a row's worth
+     * each, at most an item each (attention.cuh) */
+    const size_t gx = (size_t)kg.nkv * (G / HB);
+    size_t rows_y = (size_t)b->num_tokens;
+    if (parts > 1) {
+        const size_t want = (DEC_GRID_BLOCKS + gx - 1) / gx;
+        rows_y = want > rows_y ? want : rows_y;
+        if (rows_y > (size_t)b->num_tokens * parts)
+            rows_y = (size_t)b->num_tokens * parts;
+    }
+    a.grid = dim3((unsigned)gx, (unsigned)rows_y, 1);
     a.stream = kc_stream(stream);
     KC_DISPATCH_ATTN(act, l->dtype, what, {
         if (tc)

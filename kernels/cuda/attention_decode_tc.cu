@@ -2,16 +2,17 @@
  * queries and a cache of the same type, head_dim 128 (k_cuda_attention_decode sends everything
  * else to the CUDA-core kernel and combines the partitions this kernel writes).
  *
- * Grid (KV head x head group, row, partition), as the CUDA-core kernel: a block of 4 warps takes
- * the HB query heads of one KV head for one row's partition, and warp w its steps w, w + 4, ...
- * of 16 positions. A step's K rows and then its V rows are two units of a per-warp cp.async ring
- * of 3 units in shared memory. Each copy instruction of a warp reads four whole 128-byte lines
- * (16 bytes a lane) and writes each to one aligned 128 bytes of shared memory, swizzled within
- * (chunk c of row p at c ^ (p % 8), so that the 8 rows an ldmatrix phase reads fall in 8 bank
- * groups; with rows padded instead, lines landing across 128-byte boundaries cost 1.5x the L2
- * sectors and 2.6x the requests, ncu on the H200). A half-step of 8 rows lies in one cache block
- * (block sizes that are multiples of 8), so a step takes two block-table lookups. A __syncwarp
- * orders the lanes' copies before the warp reads them, so no block barrier guards the ring.
+ * Grid (KV head x head group, items), as the CUDA-core kernel: a block of 4 warps takes the HB
+ * query heads of one KV head for each of its items (a row's partition) in turn, and warp w its
+ * steps w, w + 4, ... of 16 positions. A step's K rows and then its V rows are two units of a
+ * per-warp cp.async ring of 3 units in shared memory. Each copy instruction of a warp reads four
+ * whole 128-byte lines (16 bytes a lane) and writes each to one aligned 128 bytes of shared memory,
+ * swizzled within (chunk c of row p at c ^ (p % 8), so that the 8 rows an ldmatrix phase reads fall
+ * in 8 bank groups; with rows padded instead, lines landing across 128-byte boundaries cost 1.5x
+ * the L2 sectors and 2.6x the requests, ncu on the H200). A half-step of 8 rows lies in one cache
+ * block (block sizes that are multiples of 8), so a step takes two block-table lookups. A
+ * __syncwarp orders the lanes' copies before the warp reads them, so no block barrier guards the
+ * ring.
  *
  * Per step, in registers: S^T = K Q^T by 8 mma m16n8k16 (K the 16-row operand straight from
  * ldmatrix, Q^T held as B fragments for the whole partition, heads past HB zero); an online
@@ -62,19 +63,18 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
     return t;
 }
 
+/* One item (a row's partition) of the block: every thread of it. */
 template <typename T, int HB>
-__global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
-    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
-    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
-    int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
+__device__ __forceinline__ void
+decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__ q,
+               const T *__restrict__ cache, const KvGeom &kg, const int32_t *positions,
+               const int32_t *query_start, int num_seqs, const int32_t *block_tables, int nh, int G,
+               int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int *tab = (int *)((char *)smem16 + DTC_RING_BYTES); /* the partition's physical blocks */
     DecodeWork job;
-    if (!decode_work(job, kg, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab))
-        return;
+    decode_work(job, kg, it, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab);
     const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* mma fragments: lane = 4 g8 + t4. Q^T as B (16 dims x 8 heads): head g8, dims 2 t4, +1 and
@@ -286,6 +286,21 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
             }
         }
     }
+}
+
+template <typename T, int HB>
+__global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
+    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
+    const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
+    int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    decode_items_run<DTC_WARPS>(
+        positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
+            decode_tc_item<T, HB>(it, out, q, cache, kg, positions, query_start, num_seqs,
+                                  block_tables, nh, G, part_len, scale_log2, ws_acc, ws_ml,
+                                  max_parts);
+        });
 }
 
 bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg) {

@@ -168,6 +168,36 @@ __device__ __forceinline__ float block_sum(float v, float *scratch) {
     return warp_sum(v);
 }
 
+/* Exclusive prefix sum of x over a block of WARPS warps (its whole size) in thread order;
+ * *total gets the block's sum. `scratch` holds WARPS + 1 entries; reusable after the call. */
+template <int WARPS, typename V>
+__device__ __forceinline__ V block_scan(V x, V *total, V *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    V incl = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        V y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o)
+            incl += y;
+    }
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 31)
+        scratch[warp] = incl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        V run = 0;
+        for (int w = 0; w < WARPS; w++) {
+            V t = scratch[w];
+            scratch[w] = run;
+            run += t;
+        }
+        scratch[WARPS] = run;
+    }
+    __syncthreads();
+    *total = scratch[WARPS];
+    return scratch[warp] + incl - x;
+}
+
 /* Row index of the sequence holding query row `row`: the last s with query_start[s] <= row. */
 __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_seqs, int row) {
     int lo = 0, hi = num_seqs - 1;

@@ -288,8 +288,8 @@ __device__ BinHit find_bin(const SampleCtx &c, const unsigned *cnt, const u64 *m
         lc += cnt[b0 + j];
         lm += mass[b0 + j];
     }
-    u64 nc = before_cnt + block_scan_u64(lc, &tot, c.scratch);
-    u64 nm = before_mass + block_scan_u64(lm, &tot, c.scratch);
+    u64 nc = before_cnt + block_scan<SAMPLE_WARPS>(lc, &tot, c.scratch);
+    u64 nm = before_mass + block_scan<SAMPLE_WARPS>(lm, &tot, c.scratch);
     for (int j = 0; j < per; j++) {
         u64 ac = nc + cnt[b0 + j], am = nm + mass[b0 + j];
         if ((by_count ? nc : nm) < T && (by_count ? ac : am) >= T)
@@ -394,7 +394,7 @@ __device__ Hit gather_select(const SampleCtx &c, const Plan &pl, bool by_count, 
         u64 local = 0, tot;
         for (int e = lo; e < hi; e++)
             local += fixed_of(c, weight_of(c.lmax - desc_key_value((unsigned)(c.keys[e] >> 32))));
-        u64 mass = pl.before_mass + block_scan_u64(local, &tot, c.scratch);
+        u64 mass = pl.before_mass + block_scan<SAMPLE_WARPS>(local, &tot, c.scratch);
         u64 *cum = c.keys + SAMPLE_CAP / 2;
         if (keep && threadIdx.x == 0)
             c.sh->cached = (unsigned)m;
@@ -447,7 +447,7 @@ __device__ int nth_with_key(const SampleCtx &c, unsigned key, u64 j) {
         unsigned mine = 0;
         for (int u = 0; u < 8; u++)
             mine += i0 + u < c.V && desc_key(value_of(c, c.row[i0 + u])) == key;
-        u64 ex = seen + block_scan_u64(mine, &tot, c.scratch);
+        u64 ex = seen + block_scan<SAMPLE_WARPS>((u64)mine, &tot, c.scratch);
         if (ex < j && j <= ex + mine) {
             u64 need = j - ex;
             for (int u = 0; u < 8; u++)

@@ -99,38 +99,9 @@ __device__ __forceinline__ ArgMax block_argmax(ArgMax a, ArgMax *scratch) {
     return r;
 }
 
-/* Exclusive prefix sum over the block in thread order; *total gets the sum. `scratch` holds
- * SAMPLE_WARPS + 1 entries and may be reused after the call. */
-__device__ __forceinline__ u64 block_scan_u64(u64 x, u64 *total, u64 *scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u64 incl = x;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        u64 y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o)
-            incl += y;
-    }
-    __syncthreads(); /* scratch may still be read by a previous call */
-    if (lane == 31)
-        scratch[warp] = incl;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u64 run = 0;
-        for (int w = 0; w < SAMPLE_WARPS; w++) {
-            u64 t = scratch[w];
-            scratch[w] = run;
-            run += t;
-        }
-        scratch[SAMPLE_WARPS] = run;
-    }
-    __syncthreads();
-    *total = scratch[SAMPLE_WARPS];
-    return scratch[warp] + incl - x;
-}
-
 __device__ __forceinline__ u64 block_sum_u64(u64 x, u64 *scratch) {
     u64 total;
-    block_scan_u64(x, &total, scratch);
+    block_scan<SAMPLE_WARPS>(x, &total, scratch);
     return total;
 }
 
