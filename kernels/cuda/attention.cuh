@@ -60,14 +60,14 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
  * context: at max-model-len 131072, a batch-256 decode step of the 8B shape took 14.0 ms instead
  * of 9.4 on the H200). With one partition per row (max_parts 1) item y is row y, no scan. */
 typedef struct {
-    int row, part, nparts; /* the next item: partition `part` of the row's nparts */
-    int left;              /* items left to this block */
+    int row, part, ctx; /* the next item: partition `part` of row `row`, of ctx positions */
+    int left;           /* items left to this block */
 } DecodeItems;
 
-/* Partitions of the row at `pos`, at most max_parts + 1 (a row past the block tables traps in
- * decode_work; the bound keeps N within int). */
-__device__ __forceinline__ int decode_nparts(int pos, int part_len, int max_parts) {
-    return min(pos / part_len + 1, max_parts + 1);
+/* Partitions of a row of ctx positions, at most max_parts + 1 (a row past the block tables
+ * traps in decode_work; the bound keeps N within int). */
+__device__ __forceinline__ int decode_nparts(int ctx, int part_len, int max_parts) {
+    return min((ctx - 1) / part_len + 1, max_parts + 1);
 }
 
 /* Block y's share of `total` items: its first and count, the first blocks taking one more
@@ -86,25 +86,26 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
                                                    const int32_t *query_start, int num_seqs,
                                                    int part_len, int max_parts) {
     constexpr int threads = WARPS * 32;
-    __shared__ int scratch[WARPS + 3]; /* block_scan's WARPS + 1, then the row and part found */
+    /* block_scan's WARPS + 1, then the row, part and context found */
+    __shared__ int scratch[WARPS + 4];
     const int r0 = query_start[0], rows = query_start[num_seqs] - r0, y = blockIdx.y;
     if (max_parts == 1) {
-        it = {r0 + y, 0, 1, y < rows};
+        it = {r0 + y, 0, y < rows ? positions[r0 + y] + 1 : 0, y < rows};
         return;
     }
     int first = 0, total = 0;
     if (rows <= 1) {
-        total = rows ? decode_nparts(positions[r0], part_len, max_parts) : 0;
+        it.ctx = rows ? positions[r0] + 1 : 0;
+        total = rows ? decode_nparts(it.ctx, part_len, max_parts) : 0;
         decode_share(total, &first, &it.left);
         it.row = r0;
         it.part = first;
-        it.nparts = total;
         return;
     }
     if (rows > threads) {
         int n = 0;
         for (int i = threadIdx.x; i < rows; i += threads)
-            n += decode_nparts(positions[r0 + i], part_len, max_parts);
+            n += decode_nparts(positions[r0 + i] + 1, part_len, max_parts);
         block_scan<WARPS>(n, &total, scratch);
         decode_share(total, &first, &it.left);
         if (it.left == 0)
@@ -112,8 +113,8 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
     }
     /* the row holding item `first`: prefix sums over tiles of a row per thread */
     for (int t0 = 0, before = 0; t0 < rows; t0 += threads) {
-        const int i = t0 + threadIdx.x;
-        const int np = i < rows ? decode_nparts(positions[r0 + i], part_len, max_parts) : 0;
+        const int i = t0 + threadIdx.x, ctx = i < rows ? positions[r0 + i] + 1 : 0;
+        const int np = ctx ? decode_nparts(ctx, part_len, max_parts) : 0;
         int tile = 0;
         const int from = before + block_scan<WARPS>(np, &tile, scratch);
         if (rows <= threads) { /* one tile: its sum is the total */
@@ -124,12 +125,13 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
         if (np && first >= from && first < from + np) { /* exactly one thread */
             scratch[WARPS + 1] = i;
             scratch[WARPS + 2] = first - from;
+            scratch[WARPS + 3] = ctx;
         }
         __syncthreads();
         if (first < before + tile) {
             it.row = r0 + scratch[WARPS + 1];
             it.part = scratch[WARPS + 2];
-            it.nparts = decode_nparts(positions[it.row], part_len, max_parts);
+            it.ctx = scratch[WARPS + 3];
             return;
         }
         before += tile;
@@ -139,10 +141,10 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
 /* Past the item just done to the next (of the same row, or the next row's first). */
 __device__ __forceinline__ void decode_items_next(DecodeItems &it, const int32_t *positions,
                                                   int part_len, int max_parts) {
-    if (--it.left > 0 && ++it.part == it.nparts) {
+    if (--it.left > 0 && ++it.part == decode_nparts(it.ctx, part_len, max_parts)) {
         it.row++;
         it.part = 0;
-        it.nparts = decode_nparts(positions[it.row], part_len, max_parts);
+        it.ctx = positions[it.row] + 1;
     }
 }
 
@@ -170,16 +172,16 @@ typedef struct {
 } DecodeWork;
 
 __device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, const DecodeItems &it,
-                                            const int32_t *positions, const int32_t *query_start,
-                                            int num_seqs, const int32_t *block_tables, int G,
-                                            int HB, int part_len, int *tab) {
+                                            const int32_t *query_start, int num_seqs,
+                                            const int32_t *block_tables, int G, int HB,
+                                            int part_len, int *tab) {
     const int groups = G / HB;
     w.g = blockIdx.x / groups;
     w.h0 = w.g * G + (blockIdx.x - w.g * groups) * HB;
     w.row = it.row;
     w.tok = (size_t)(it.row - query_start[0]);
     w.part = it.part;
-    const int ctx = positions[w.row] + 1;
+    const int ctx = it.ctx;
     if (ctx > kg.max_blocks * kg.bs) {
         if (w.part == 0 && blockIdx.x == 0 && threadIdx.x == 0)
             printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
@@ -187,7 +189,7 @@ __device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, con
                    w.row, ctx - 1, kg.max_blocks);
         __trap();
     }
-    w.nparts = it.nparts;
+    w.nparts = (ctx + part_len - 1) / part_len;
     w.start = w.part * part_len;
     w.end = min(ctx, w.start + part_len);
     const int32_t *table =

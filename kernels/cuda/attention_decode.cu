@@ -105,9 +105,9 @@ template <typename TC, int CPL, int HB> __host__ __device__ inline int dec_regio
 template <typename TQ, typename TC, int LPR, int CPL, int HB>
 __device__ __forceinline__ void
 decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ q,
-            const TC *__restrict__ cache, const KvGeom &kg, const int32_t *positions,
-            const int32_t *query_start, int num_seqs, const int32_t *block_tables, int nh, int G,
-            int part_len, float scale, float *ws_acc, float *ws_ml, int max_parts) {
+            const TC *__restrict__ cache, const KvGeom &kg, const int32_t *query_start,
+            int num_seqs, const int32_t *block_tables, int nh, int G, int part_len, float scale,
+            float *ws_acc, float *ws_ml, int max_parts) {
     using R = DecRing<TC, CPL>;
     constexpr int U = R::U, UNITS = R::UNITS, SLOT = R::SLOT, S = R::S;
     constexpr int RPW = 32 / LPR, N = HB * U, STEP = RPW * U;
@@ -120,7 +120,7 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
     float *ml = logits + HB * part_len;                             /* [2][HB] max, sum */
     int *tab = (int *)(ml + 2 * HB); /* the partition's physical blocks */
     DecodeWork job;
-    decode_work(job, kg, it, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab);
+    decode_work(job, kg, it, query_start, num_seqs, block_tables, G, HB, part_len, tab);
     const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* lane = r * LPR + sub: row r of the warp's rows, chunks sub + k * LPR of 8 elements */
@@ -340,9 +340,9 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     kc_pdl_trigger();
     decode_items_run<DEC_WARPS>(
         positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
-            decode_item<TQ, TC, LPR, CPL, HB>(it, out, q, cache, kg, positions, query_start,
-                                              num_seqs, block_tables, nh, G, part_len, scale,
-                                              ws_acc, ws_ml, max_parts);
+            decode_item<TQ, TC, LPR, CPL, HB>(it, out, q, cache, kg, query_start, num_seqs,
+                                              block_tables, nh, G, part_len, scale, ws_acc, ws_ml,
+                                              max_parts);
         });
 }
 

@@ -67,14 +67,14 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
 template <typename T, int HB>
 __device__ __forceinline__ void
 decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__ q,
-               const T *__restrict__ cache, const KvGeom &kg, const int32_t *positions,
-               const int32_t *query_start, int num_seqs, const int32_t *block_tables, int nh, int G,
-               int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
+               const T *__restrict__ cache, const KvGeom &kg, const int32_t *query_start,
+               int num_seqs, const int32_t *block_tables, int nh, int G, int part_len,
+               float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int *tab = (int *)((char *)smem16 + DTC_RING_BYTES); /* the partition's physical blocks */
     DecodeWork job;
-    decode_work(job, kg, it, positions, query_start, num_seqs, block_tables, G, HB, part_len, tab);
+    decode_work(job, kg, it, query_start, num_seqs, block_tables, G, HB, part_len, tab);
     const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* mma fragments: lane = 4 g8 + t4. Q^T as B (16 dims x 8 heads): head g8, dims 2 t4, +1 and
@@ -297,9 +297,8 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
     kc_pdl_trigger();
     decode_items_run<DTC_WARPS>(
         positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
-            decode_tc_item<T, HB>(it, out, q, cache, kg, positions, query_start, num_seqs,
-                                  block_tables, nh, G, part_len, scale_log2, ws_acc, ws_ml,
-                                  max_parts);
+            decode_tc_item<T, HB>(it, out, q, cache, kg, query_start, num_seqs, block_tables, nh, G,
+                                  part_len, scale_log2, ws_acc, ws_ml, max_parts);
         });
 }
 
