@@ -251,10 +251,34 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     emit(e, r, d->index, token, arena_put(e, text), FINISH_NONE, lp);
 }
 
+/* The k most likely tokens of a row of `vocab` logits into ids/vals (best first); returns
+ * how many (k, or vocab when smaller). k must be at least 1. */
+static int row_top_k(const float *row, int vocab, int k, int32_t *ids, float *vals) {
+    PL_CHECK(k >= 1 && vocab >= 1);
+    if (k > vocab)
+        k = vocab;
+    int n = 0;
+    for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
+        if (n == k && row[i] <= vals[k - 1])
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < row[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = row[i];
+        ids[j] = i;
+    }
+    return n;
+}
+
 /* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
- * likely tokens (best first) for the events. */
+ * likely tokens (best first; none for k = 0, the chosen token's logprob alone) for the
+ * events. */
 static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k, RowLogprobs *lp) {
     PL_CHECK((size_t)(slot + 1) * vocab <= e->raw_cap); /* sized by sample_and_emit */
+    PL_CHECK(k >= 0);
     float *raw = e->raw_rows + (size_t)slot * vocab;
     memcpy(raw, row, (size_t)vocab * sizeof(float));
     float max = raw[0];
@@ -266,26 +290,10 @@ static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k
     lp->wanted = 1;
     lp->raw = raw;
     lp->lse = max + (float)log(sum);
-    if (k > vocab)
-        k = vocab;
     size_t at = eng_top_reserve(e, (size_t)k);
-    int32_t *ids = e->top_ids + at;
-    float *vals = e->top_vals + at;
-    int n = 0;
-    for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
-        if (n == k && raw[i] <= vals[k - 1])
-            continue;
-        int j = n < k ? n++ : k - 1;
-        while (j > 0 && vals[j - 1] < raw[i]) {
-            vals[j] = vals[j - 1];
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        vals[j] = raw[i];
-        ids[j] = i;
-    }
+    int n = k > 0 ? row_top_k(raw, vocab, k, e->top_ids + at, e->top_vals + at) : 0;
     for (int i = 0; i < n; i++)
-        vals[i] -= lp->lse;
+        e->top_vals[at + i] -= lp->lse;
     lp->top_at = at;
     lp->num_top = n;
     e->top_len = at + (size_t)n; /* give back what the row did not fill */

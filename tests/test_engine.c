@@ -585,6 +585,41 @@ static void test_logprobs_and_stop_token_ids(void **state) {
     eng_destroy(e);
 }
 
+/* logprobs with no top alternatives (top_logprobs 0), alone and with forked samples (n > 1,
+ * whose first tokens are drawn on the host from the parent's row): every token carries its
+ * logprob and no top list. */
+static void test_logprobs_without_top_alternatives(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    int32_t prompt[] = {1, 403, 407, 261, 378};
+    for (int n = 1; n <= 3; n += 2) {
+        GenerateParams gp = {.sampling = sampling_params_default(),
+                             .max_tokens = 4,
+                             .n = n,
+                             .logprobs = 1,
+                             .top_logprobs = 0};
+        gp.sampling.temperature = 1.0f;
+        gp.sampling.seed = 5;
+        EngRequest r = {.prompt = prompt, .num_prompt = 5, .params = gp};
+        assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+        const EngEvent *ev;
+        int tokens = 0;
+        while (eng_has_work(e)) {
+            int k = eng_step(e, &ev);
+            for (int i = 0; i < k; i++) {
+                if (ev[i].token < 0)
+                    continue;
+                tokens++;
+                assert_int_equal(ev[i].num_top, 0);
+                assert_true(ev[i].logprob <= 0 && ev[i].logprob > -100);
+            }
+        }
+        assert_int_equal(tokens, 4 * n);
+    }
+    eng_destroy(e);
+}
+
 /* A backend whose memory runs out: loading says so in one line instead of crashing. */
 static size_t budget_left;
 static void *limited_alloc(size_t bytes) {
@@ -631,6 +666,7 @@ int main(void) {
         cmocka_unit_test(test_impossible_requests_are_rejected),
         cmocka_unit_test(test_unsupported_settings_are_errors),
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
+        cmocka_unit_test(test_logprobs_without_top_alternatives),
         cmocka_unit_test(test_out_of_backend_memory_is_an_error),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
