@@ -8,10 +8,14 @@ a folder of unpacked Debian packages given with --deps-prefix) and CUDA (nvcc pl
 cuBLASLt and cudart; NCCL when present), then writes build.ninja at the repository root.
 Everything it builds goes under build/:
 
-    build/lib<folder>.a      one static library per source folder, so that the linker
-                             enforces the layering (a lower layer cannot call a higher one)
+    build/lib<name>.a        one static library per layer of LAYERS (its source folders)
     build/pagellm            cli/*.c linked with the libraries in layer order
-    build/tests/test_<name>  one cmocka binary per tests/test_<name>.c
+    build/tests/test_<name>  one cmocka binary per tests/test_<name>.c, linked with only the
+                             libraries of the layer it tests and below (TEST_LAYERS)
+
+LAYERS, below, is the layer table: which library may call which. Link lines come from it, and
+tools/check_layers.py (run by `ninja test` through tests/test_layers.sh, and by .ci/run)
+checks every library's undefined symbols against it.
 
 build.ninja reruns this script, with the same options, whenever configure.py changes or a
 file is added to or removed from a source folder. Python 3 standard library only.
@@ -43,26 +47,114 @@ TEST_LIBRARIES = {"cmocka": "libcmocka-dev"}
 # Another package that satisfies the same need (libcurl comes in three TLS flavours).
 ALTERNATIVES = {"libcurl4-openssl-dev": ["libcurl4-gnutls-dev", "libcurl4-nss-dev"]}
 # Command -> Debian package that provides it.
-TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils"}
+TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils",
+         "nm": "binutils"}
 # Commands that only some tests and features need: the end-to-end suite (tests/e2e/run.sh,
 # run by `ninja test`) and `bench serve --sweep-rates` plots (gnuplot). Only --install-deps
 # looks at them: without them those parts are skipped, not the build.
 OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox"}
 E2E_SCRIPT = "tests/e2e/run.sh"
 
-# Library folders in link order: each may call only the ones after it. kernels_cuda
-# (kernels/cuda/*.cu) goes right after kernels.
+# The layers, lowest first, as data: (library, its source folders, the libraries it may call).
+# Each entry but PROGRAM is built as build/lib<library>.a; every link line is derived from this
+# table (a program or test links the libraries it may call, theirs in turn, and nothing else,
+# highest first), and tools/check_layers.py fails on any call from one library into another
+# (an undefined symbol of one archive that another defines) that the table does not list. A
+# library may call only libraries listed before it, so there are no cycles. The kernels layer
+# is two libraries: kernels (kernels.c and the CPU backend) and kernels_cuda (kernels/cuda/*.cu,
+# built only where nvcc is found); the scheduler never sees kernels or models.
 LAYERS = [
-    ("bench", ["bench"]),
-    ("server", ["server"]),
-    ("engine", ["engine"]),
-    ("scheduler", ["scheduler"]),
-    ("models", ["models"]),
-    ("kernels", ["kernels/cpu", "kernels"]),
-    ("common", ["common"]),
+    ("common", ["common"], []),
+    ("kernels", ["kernels/cpu", "kernels"], ["common"]),
+    ("kernels_cuda", ["kernels/cuda"], ["kernels", "common"]),
+    ("tokenizer", ["tokenizer"], ["common"]),
+    ("models", ["models"], ["kernels", "common"]),
+    ("scheduler", ["scheduler"], ["common"]),
+    ("engine", ["engine"],
+     ["models", "scheduler", "kernels", "kernels_cuda", "tokenizer", "common"]),
+    ("server", ["server"], ["engine", "tokenizer", "kernels", "common"]),
+    ("bench", ["bench"], ["engine", "tokenizer", "kernels", "common"]),
+    ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer",
+                      "kernels_cuda", "kernels", "common"]),
 ]
-SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "models", "scheduler",
-                  "engine", "server", "bench", "cli", "tests", "tests/support"]
+PROGRAM = "cli"  # built as build/pagellm (its own folder's objects + what it may call)
+# Edges allowed for some symbols only (fnmatch patterns): the server and the bench take just
+# the sampling defaults (include/sampling.h, kernels/kernels.c) from kernels.
+NARROW_EDGES = {("server", "kernels"): ["sampling_*"], ("bench", "kernels"): ["sampling_*"]}
+# Libraries whose every exported symbol has one of these prefixes (checked with the layers).
+EXPORT_PREFIXES = {"tokenizer": ["tok_"]}
+# Folders whose private headers stay private: tests do not get -I for them either.
+SEALED_FOLDERS = ["tokenizer"]
+# The libraries each test binary exercises: it links those and what they may call, nothing
+# above. A tests/test_*.c missing here is linked like PROGRAM (configure.py says so).
+TEST_LAYERS = {
+    "test_tokenizer": ["tokenizer"],
+    "test_kernels_cpu": ["kernels"],
+    "test_sampling": ["kernels"],
+    "test_attention_cuda": ["kernels_cuda"],
+    "test_gemm_sm90a_cuda": ["kernels_cuda"],
+    "test_gemv_fused_cuda": ["kernels_cuda"],
+    "test_matmul_cuda": ["kernels_cuda"],
+    "test_matmul_norm_cuda": ["kernels_cuda"],
+    "test_sample_cuda": ["kernels_cuda"],
+    "test_kernels_cuda": ["kernels_cuda", "models"],  # dummy weights from models/weights.c
+    "test_checkpoint": ["models"],
+    "test_config": ["models"],
+    "test_tensor_parallel": ["models"],
+    "test_block_manager": ["scheduler"],
+    "test_scheduler": ["scheduler"],
+    "test_engine": ["engine"],
+    "test_golden": ["engine"],
+    "test_tp_cuda": ["engine"],
+    "test_api": ["server"],
+    "test_config_file": ["server"],
+    "test_deadline": ["server"],
+    "test_metrics": ["server"],
+    "test_bench": ["bench"],
+    "test_cli": ["cli"],  # runs build/pagellm
+}
+# Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
+SCRIPT_TESTS = ["tests/test_layers.sh"]
+SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "models",
+                  "scheduler", "engine", "server", "bench", "cli", "tests", "tests/support"]
+
+
+def layer_uses(name):
+    """The libraries `name` may call (its own entry's list)."""
+    for lib, _, uses in LAYERS:
+        if lib == name:
+            return uses
+    raise KeyError(name)
+
+
+def link_closure(names):
+    """The libraries a program using `names` links: those, what they may call, and so on,
+    in link order (highest layer first)."""
+    seen, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += layer_uses(name)
+    return [lib for lib, _, _ in reversed(LAYERS) if lib in seen]
+
+
+def check_layer_table():
+    """The table's own rules: known names, calls only downward (no cycles)."""
+    order = [lib for lib, _, _ in LAYERS]
+    for i, (lib, _, uses) in enumerate(LAYERS):
+        for dep in uses:
+            if dep not in order[:i]:
+                die("configure.py LAYERS: %s may call %s, which is not listed before it"
+                    % (lib, dep))
+    for user, dep in NARROW_EDGES:
+        if dep not in layer_uses(user):
+            die("configure.py NARROW_EDGES: %s -> %s is not in LAYERS" % (user, dep))
+    for test, libs in TEST_LAYERS.items():
+        for lib in libs:
+            if lib not in order:
+                die("configure.py TEST_LAYERS: %s names no library %s" % (test, lib))
+
 
 ASAN_FLAGS = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
               "-fno-sanitize-recover=undefined"]
@@ -633,14 +725,13 @@ def object_path(src):
 
 
 def library_plan(cuda):
-    """[(library name, sources)] in link order, empty folders left out."""
+    """[(library name, sources)] in LAYERS order, lowest first; libraries without sources
+    (kernels_cuda without nvcc) left out."""
     plan = []
-    for name, folders in LAYERS:
-        srcs = sources(folders, ".c")
-        if srcs:
+    for name, folders, _ in LAYERS:
+        srcs = sources(folders, ".c") + (sources(folders, ".cu") if cuda.on else [])
+        if srcs and name != PROGRAM:
             plan.append((name, srcs))
-        if name == "kernels" and cuda.on and sources(["kernels/cuda"], ".cu"):
-            plan.append(("kernels_cuda", sources(["kernels/cuda"], ".cu")))
     return plan
 
 
@@ -744,36 +835,49 @@ def write_rules(w, cfg):
 
 
 def write_libraries(w, plan):
-    archives = []
+    """One archive per library; returns {library name: archive path}."""
+    archives = {}
     for name, srcs in plan:
-        w.comment("lib%s.a" % name)
+        w.comment("lib%s.a (may call: %s)" % (name, ", ".join(layer_uses(name)) or "nothing"))
         folder = srcs[0].split("/")[0]
         objs = compile_edges(w, srcs, [folder])
         archive = "build/lib%s.a" % name
         w.build([archive], "ar", objs)
         w.newline()
-        archives.append(archive)
+        archives[name] = archive
     return archives
 
 
+def link_archives(archives, names):
+    """The archives a program using the libraries `names` links, in link order."""
+    return [archives[lib] for lib in link_closure(names) if lib in archives]
+
+
 def write_programs(w, archives, plan):
-    """build/pagellm and the test binaries; returns (pagellm or None, tests). Tests may
-    include any module's private headers (white-box unit tests)."""
+    """build/pagellm and the test binaries; returns (pagellm or None, tests). Each links only
+    the libraries of its layer and below (LAYERS, TEST_LAYERS). Tests may include the private
+    headers of every folder but SEALED_FOLDERS (white-box unit tests)."""
     pagellm = None
-    cli = sources(["cli"], ".c")
+    cli = sources([PROGRAM], ".c")
     if cli:
         w.comment("build/pagellm")
-        objs = compile_edges(w, cli, ["cli"])
+        objs = compile_edges(w, cli, [PROGRAM])
         pagellm = "build/pagellm"
-        w.build([pagellm], "link", objs + archives)
+        w.build([pagellm], "link", objs + link_archives(archives, [PROGRAM]))
         w.newline()
-    test_includes = ["tests"] + dedup([srcs[0].split("/")[0] for _, srcs in plan])
+    folders = dedup([srcs[0].split("/")[0] for _, srcs in plan])
+    test_includes = ["tests"] + [f for f in folders if f not in SEALED_FOLDERS]
     support = compile_edges(w, sources(["tests/support"], ".c"), test_includes)
     tests = []
     for src in sorted(glob.glob("tests/test_*.c")):
+        name = os.path.splitext(os.path.basename(src))[0]
+        if name not in TEST_LAYERS:
+            info("note: %s is not in configure.py's TEST_LAYERS: linked with every library"
+                 % src)
         obj = compile_edges(w, [src], test_includes)
-        binary = "build/tests/" + os.path.splitext(os.path.basename(src))[0]
-        w.build([binary], "link", obj + support + archives,
+        binary = "build/tests/" + name
+        w.build([binary], "link",
+                obj + support + link_archives(archives, TEST_LAYERS.get(name, [PROGRAM])),
                 variables={"libs": "$test_libs"})
         tests.append(binary)
     return pagellm, tests
@@ -801,16 +905,18 @@ def write_ninja(cfg, plan):
     archives = write_libraries(w, plan)
     pagellm, tests = write_programs(w, archives, plan)
     w.newline()
-    w.comment("`ninja test`: every test binary, then the end-to-end suite, through "
-              "tests/run_tests.sh")
+    w.comment("`ninja test`: every test binary, the script tests (tests/test_layers.sh: the "
+              "layering check), then the end-to-end suite, through tests/run_tests.sh")
+    scripts = [t for t in SCRIPT_TESTS if os.path.isfile(t)]
     e2e = [E2E_SCRIPT] if pagellm and os.path.isfile(E2E_SCRIPT) else []
-    w.build(["test"], "test", tests + e2e, implicit=[pagellm] if pagellm else [])
+    w.build(["test"], "test", tests + scripts + e2e,
+            implicit=([pagellm] if pagellm else []) + list(archives.values()))
     w.newline()
     w.comment("Regenerate when configure.py changes or a source folder gains or loses a file.")
     w.build(["build.ninja"], "configure", implicit=["configure.py"] + watched_folders())
     w.newline()
     w.lines.append("default " + " ".join(map(esc_path, ([pagellm] if pagellm else [])
-                                             + tests + archives)))
+                                             + tests + list(archives.values()))))
     # build/ first: ninja would create it, changing the mtime of the folder "." (watched
     # while a source folder is missing) after build.ninja's, and so regenerate once more.
     os.makedirs("build", exist_ok=True)
@@ -909,6 +1015,7 @@ def configure(args):
     info("libraries%s: %s" % (where, libs.describe(list(LIBRARIES) + list(TEST_LIBRARIES))))
     info("CUDA: %s (%s)" % ("on" if cuda.on else "off", cuda.why))
     probe(cfg)
+    check_layer_table()
     plan = library_plan(cuda)
     pagellm, tests = write_ninja(cfg, plan)
     mode = ("debug" if args.debug else "release") + (" + asan" if args.asan else "")

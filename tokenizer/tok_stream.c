@@ -102,7 +102,7 @@ TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n) {
         append(s, back[--nb]);
     decode_window(s, DECODE_STREAM);
     s->sent = s->text.n; /* a truncated character at the end of the prompt is sent when done */
-    tb_put(&s->piece, "", 0);
+    tok_buf_put(&s->piece, "", 0);
     return s;
 }
 
@@ -114,7 +114,7 @@ static const char *emit(TokStream *s) {
         from = s->text.n;
     while (from < s->text.n && ((unsigned char)s->text.p[from] & 0xc0) == 0x80)
         from++;
-    tb_put(&s->piece, s->text.p + from, s->text.n - from);
+    tok_buf_put(&s->piece, s->text.p + from, s->text.n - from);
     if (s->text.n > s->sent)
         s->sent = s->text.n;
     return s->piece.p;
@@ -146,8 +146,8 @@ void tok_stream_destroy(TokStream *s) {
     if (!s)
         return;
     free(s->ids);
-    tb_free(&s->text);
-    tb_free(&s->piece);
-    decctx_free(&s->dc);
+    tok_buf_free(&s->text);
+    tok_buf_free(&s->piece);
+    tok_decctx_free(&s->dc);
     free(s);
 }

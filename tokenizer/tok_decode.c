@@ -15,7 +15,7 @@ Status tok_parse_decoder(const json_t *j, Decoder **out, const char *path) {
     *out = NULL;
     if (!j || json_is_null(j))
         return PL_OK;
-    const char *type = jstr(j, "type");
+    const char *type = tok_jstr(j, "type");
     if (!type)
         return pl_error_set(PL_ERR_FORMAT, "%s: decoder without a \"type\"", path);
     Decoder *d = pl_xcalloc(1, sizeof *d);
@@ -44,14 +44,14 @@ Status tok_parse_decoder(const json_t *j, Decoder **out, const char *path) {
         d->str_len = json_string_length(v);
         d->str = pl_xmalloc(d->str_len + 1);
         memcpy(d->str, json_string_value(v), d->str_len + 1);
-        st = jpattern(json_object_get(j, "pattern"), &d->pat, path, "decoder Replace");
+        st = tok_jpattern(json_object_get(j, "pattern"), &d->pat, path, "decoder Replace");
     } else if (!strcmp(type, "ByteFallback")) {
         d->type = DEC_BYTEFALLBACK;
     } else if (!strcmp(type, "Fuse")) {
         d->type = DEC_FUSE;
     } else if (!strcmp(type, "Strip")) {
         d->type = DEC_STRIP;
-        const char *c = jstr(j, "content");
+        const char *c = tok_jstr(j, "content");
         if (!c || !*c)
             c = " ";
         int32_t cp;
@@ -64,18 +64,19 @@ Status tok_parse_decoder(const json_t *j, Decoder **out, const char *path) {
         d->type = DEC_BYTELEVEL;
     } else if (!strcmp(type, "Metaspace")) {
         d->type = DEC_METASPACE;
-        const char *r = jstr(j, "replacement");
+        const char *r = tok_jstr(j, "replacement");
         if (!r || !*r)
             r = "\xe2\x96\x81";
         int32_t cp;
         d->repl_len = tok_utf8_next((const unsigned char *)r, strlen(r), &cp);
         memcpy(d->repl, r, (size_t)d->repl_len);
-        const char *ps = jstr(j, "prepend_scheme");
-        d->prepend_scheme = ps ? (!strcmp(ps, "never") ? PREPEND_NEVER : PREPEND_ALWAYS)
-                               : (jbool(j, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER);
+        const char *ps = tok_jstr(j, "prepend_scheme");
+        d->prepend_scheme =
+            ps ? (!strcmp(ps, "never") ? PREPEND_NEVER : PREPEND_ALWAYS)
+               : (tok_jbool(j, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER);
     } else if (!strcmp(type, "BPEDecoder")) {
         d->type = DEC_BPE_SUFFIX;
-        const char *sfx = jstr(j, "suffix");
+        const char *sfx = tok_jstr(j, "suffix");
         d->str = pl_xstrdup(sfx ? sfx : "</w>");
         d->str_len = strlen(d->str);
     } else {
@@ -98,16 +99,16 @@ void tok_free_decoder(Decoder *d) {
         tok_free_decoder(d->kids[i]);
     free(d->kids);
     free(d->str);
-    pattern_free(&d->pat);
+    tok_pattern_free(&d->pat);
     free(d);
 }
 
-void decctx_free(DecCtx *dc) {
-    tb_free(&dc->a.text);
-    tb_free(&dc->b.text);
+void tok_decctx_free(DecCtx *dc) {
+    tok_buf_free(&dc->a.text);
+    tok_buf_free(&dc->b.text);
     free(dc->a.o);
     free(dc->b.o);
-    tb_free(&dc->bytes);
+    tok_buf_free(&dc->bytes);
     if (dc->md)
         pcre2_match_data_free(dc->md);
     memset(dc, 0, sizeof *dc);
@@ -133,7 +134,7 @@ static void tl_end(TList *l) {
 }
 static void tl_push(TList *l, const char *s, size_t n) {
     tl_begin(l);
-    tb_put(&l->text, s, n);
+    tok_buf_put(&l->text, s, n);
     tl_end(l);
 }
 #define TOK(l, i)  ((l)->text.p + (l)->o[2 * (i)])
@@ -163,10 +164,10 @@ static void flush_bytes(DecCtx *dc, TList *out, int mode, int at_end) {
     tl_begin(out);
     if (mode == DECODE_HF) {
         if (tok_utf8_is_valid(b->p, b->n))
-            tb_put(&out->text, b->p, b->n);
+            tok_buf_put(&out->text, b->p, b->n);
         else
             for (size_t i = 0; i < b->n; i++)
-                tb_put(&out->text, "\xef\xbf\xbd", 3);
+                tok_buf_put(&out->text, "\xef\xbf\xbd", 3);
     } else {
         size_t hold = 0;
         tok_utf8_lossy(&out->text, b->p, b->n, mode == DECODE_STREAM && at_end ? &hold : NULL);
@@ -190,7 +191,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                 const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t n = TLEN(src, i), prev = 0, pos = 0, a, b;
                 tl_begin(dst);
-                while (pos <= n && pattern_find(&d->pat, s, n, pos, dc->md, &a, &b)) {
+                while (pos <= n && tok_pattern_find(&d->pat, s, n, pos, dc->md, &a, &b)) {
                     if (b == a) { /* empty match: replace nothing, step one character */
                         int32_t cp;
                         if (a >= n)
@@ -198,11 +199,11 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                         pos = a + (size_t)tok_utf8_next((const unsigned char *)s + a, n - a, &cp);
                         continue;
                     }
-                    tb_put(&dst->text, s + prev, a - prev);
-                    tb_put(&dst->text, d->str, d->str_len);
+                    tok_buf_put(&dst->text, s + prev, a - prev);
+                    tok_buf_put(&dst->text, d->str, d->str_len);
                     prev = pos = b;
                 }
-                tb_put(&dst->text, s + prev, n - prev);
+                tok_buf_put(&dst->text, s + prev, n - prev);
                 tl_end(dst);
             }
             break;
@@ -211,7 +212,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             for (int i = 0; i < src->n; i++) {
                 int v = byte_token(TOK(src, i), TLEN(src, i));
                 if (v >= 0) {
-                    tb_putc(&dc->bytes, (char)v);
+                    tok_buf_putc(&dc->bytes, (char)v);
                     continue;
                 }
                 flush_bytes(dc, dst, mode, 0);
@@ -222,7 +223,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
         case DEC_FUSE:
             tl_begin(dst);
             for (int i = 0; i < src->n; i++)
-                tb_put(&dst->text, TOK(src, i), TLEN(src, i));
+                tok_buf_put(&dst->text, TOK(src, i), TLEN(src, i));
             tl_end(dst);
             break;
         case DEC_STRIP:
@@ -249,12 +250,12 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                     int byte = tok_cp_to_byte(cp);
                     if (byte < 0)
                         break;
-                    tb_putc(raw, (char)byte);
+                    tok_buf_putc(raw, (char)byte);
                     j += (size_t)k;
                 }
                 if (j < n) { /* not all chars are byte chars: the token's own bytes */
                     raw->n = start;
-                    tb_put(raw, s, n);
+                    tok_buf_put(raw, s, n);
                 }
             }
             tl_begin(dst);
@@ -274,10 +275,10 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                 for (size_t j = 0; j < n;) {
                     if (n - j >= rl && !memcmp(s + j, d->repl, rl)) {
                         if (!drop)
-                            tb_putc(&dst->text, ' ');
+                            tok_buf_putc(&dst->text, ' ');
                         j += rl;
                     } else
-                        tb_putc(&dst->text, s[j++]);
+                        tok_buf_putc(&dst->text, s[j++]);
                 }
                 tl_end(dst);
             }
@@ -290,10 +291,10 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                 while (j < n) {
                     if (d->str_len && n - j >= d->str_len && !memcmp(s + j, d->str, d->str_len)) {
                         if (i != src->n - 1)
-                            tb_putc(&dst->text, ' ');
+                            tok_buf_putc(&dst->text, ' ');
                         j += d->str_len;
                     } else
-                        tb_putc(&dst->text, s[j++]);
+                        tok_buf_putc(&dst->text, s[j++]);
                 }
                 tl_end(dst);
             }
@@ -325,17 +326,17 @@ size_t tok_decode_into(const Tokenizer *t, const int32_t *ids, int n, int skip_s
     if (t->dec)
         apply(t->dec, dc, &in, &spare, mode);
     out->n = 0;
-    tb_reserve(out, in->text.n + (size_t)in->n);
+    tok_buf_reserve(out, in->text.n + (size_t)in->n);
     out->p[0] = 0;
     for (int i = 0; i < in->n; i++) {
         if (i && !t->dec)
-            tb_putc(out, ' ');
-        tb_put(out, TOK(in, i), TLEN(in, i));
+            tok_buf_putc(out, ' ');
+        tok_buf_put(out, TOK(in, i), TLEN(in, i));
     }
     if (!tok_utf8_is_valid(out->p, out->n)) { /* cannot happen with sane decoders; stay valid */
         TBuf fixed = {0};
         tok_utf8_lossy(&fixed, out->p, out->n, NULL);
-        tb_free(out);
+        tok_buf_free(out);
         *out = fixed;
     }
     return dc->held;

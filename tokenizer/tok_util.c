@@ -38,7 +38,7 @@ void tok_big_free(void *p, size_t n) {
 }
 
 /* ---- TBuf ------------------------------------------------------------------------------- */
-void tb_reserve(TBuf *b, size_t extra) {
+void tok_buf_reserve(TBuf *b, size_t extra) {
     size_t need = b->n + extra + 1;
     if (need <= b->cap)
         return;
@@ -49,15 +49,15 @@ void tb_reserve(TBuf *b, size_t extra) {
     b->cap = cap;
 }
 
-void tb_put(TBuf *b, const void *s, size_t n) {
-    tb_reserve(b, n);
+void tok_buf_put(TBuf *b, const void *s, size_t n) {
+    tok_buf_reserve(b, n);
     if (n)
         memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
 }
 
-void tb_free(TBuf *b) {
+void tok_buf_free(TBuf *b) {
     free(b->p);
     b->p = NULL;
     b->n = b->cap = 0;
@@ -70,7 +70,7 @@ struct ArenaBlock {
     char data[];
 };
 
-char *arena_strndup(Arena *a, const char *s, size_t n) {
+char *tok_arena_strndup(Arena *a, const char *s, size_t n) {
     size_t need = (4 + n + 1 + 3) & ~(size_t)3; /* length prefix, bytes, NUL; 4-aligned */
     ArenaBlock *b = a->head;
     if (!b || b->cap - b->used < need) {
@@ -91,7 +91,7 @@ char *arena_strndup(Arena *a, const char *s, size_t n) {
     return p + 4;
 }
 
-void arena_free(Arena *a) {
+void tok_arena_free(Arena *a) {
     ArenaBlock *b = a->head;
     while (b) {
         ArenaBlock *next = b->next;
@@ -135,16 +135,16 @@ static uint32_t table_size(size_t expected) {
     return cap;
 }
 
-void strmap_init(StrMap *m, size_t expected) {
+void tok_strmap_init(StrMap *m, size_t expected) {
     uint32_t cap = table_size(expected);
     m->slots = tok_big_alloc((size_t)cap * sizeof *m->slots);
     m->mask = cap - 1;
     m->count = 0;
 }
 
-static void strmap_grow(StrMap *m) {
+static void tok_strmap_grow(StrMap *m) {
     StrMap nm;
-    strmap_init(&nm, (size_t)(m->mask + 1));
+    tok_strmap_init(&nm, (size_t)(m->mask + 1));
     for (uint32_t i = 0; i <= m->mask; i++) {
         StrSlot *s = &m->slots[i];
         if (!s->key)
@@ -155,14 +155,14 @@ static void strmap_grow(StrMap *m) {
         nm.slots[j] = *s;
         nm.count++;
     }
-    strmap_free(m);
+    tok_strmap_free(m);
     *m = nm;
 }
 
-void strmap_put(StrMap *m, const char *key, int32_t val) {
+void tok_strmap_put(StrMap *m, const char *key, int32_t val) {
     if ((m->count + 1) * 2 > m->mask + 1)
-        strmap_grow(m);
-    uint32_t len = arena_len(key);
+        tok_strmap_grow(m);
+    uint32_t len = tok_arena_len(key);
     uint32_t h = tok_hash_bytes(key, len);
     uint32_t j = h & m->mask;
     for (;; j = (j + 1) & m->mask) {
@@ -174,14 +174,14 @@ void strmap_put(StrMap *m, const char *key, int32_t val) {
             m->count++;
             return;
         }
-        if (s->hash == h && arena_len(s->key) == len && memcmp(s->key, key, len) == 0) {
+        if (s->hash == h && tok_arena_len(s->key) == len && memcmp(s->key, key, len) == 0) {
             s->val = val;
             return;
         }
     }
 }
 
-int32_t strmap_get(const StrMap *m, const char *key, size_t len) {
+int32_t tok_strmap_get(const StrMap *m, const char *key, size_t len) {
     if (!m->slots)
         return -1;
     uint32_t h = tok_hash_bytes(key, len);
@@ -189,18 +189,18 @@ int32_t strmap_get(const StrMap *m, const char *key, size_t len) {
         const StrSlot *s = &m->slots[j];
         if (!s->key)
             return -1;
-        if (s->hash == h && arena_len(s->key) == len && memcmp(s->key, key, len) == 0)
+        if (s->hash == h && tok_arena_len(s->key) == len && memcmp(s->key, key, len) == 0)
             return s->val;
     }
 }
 
-void strmap_free(StrMap *m) {
+void tok_strmap_free(StrMap *m) {
     if (m->slots)
         tok_big_free(m->slots, (size_t)(m->mask + 1) * sizeof *m->slots);
     m->slots = NULL;
 }
 
-void u64map_init(U64Map *m, size_t expected) {
+void tok_u64map_init(U64Map *m, size_t expected) {
     uint32_t cap = table_size(expected);
     m->keys = tok_big_alloc((size_t)cap * sizeof *m->keys);
     memset(m->keys, 0xff, (size_t)cap * sizeof *m->keys);
@@ -209,19 +209,19 @@ void u64map_init(U64Map *m, size_t expected) {
     m->count = 0;
 }
 
-static void u64map_grow(U64Map *m) {
+static void tok_u64map_grow(U64Map *m) {
     U64Map nm;
-    u64map_init(&nm, (size_t)(m->mask + 1));
+    tok_u64map_init(&nm, (size_t)(m->mask + 1));
     for (uint32_t i = 0; i <= m->mask; i++)
         if (m->keys[i] != UINT64_MAX)
-            u64map_put(&nm, m->keys[i], m->vals[i]);
-    u64map_free(m);
+            tok_u64map_put(&nm, m->keys[i], m->vals[i]);
+    tok_u64map_free(m);
     *m = nm;
 }
 
-void u64map_put(U64Map *m, uint64_t key, uint64_t val) {
+void tok_u64map_put(U64Map *m, uint64_t key, uint64_t val) {
     if ((m->count + 1) * 2 > m->mask + 1)
-        u64map_grow(m);
+        tok_u64map_grow(m);
     for (uint32_t j = (uint32_t)mix64(key) & m->mask;; j = (j + 1) & m->mask) {
         if (m->keys[j] == key) {
             m->vals[j] = val;
@@ -236,7 +236,7 @@ void u64map_put(U64Map *m, uint64_t key, uint64_t val) {
     }
 }
 
-int u64map_get(const U64Map *m, uint64_t key, uint64_t *val) {
+int tok_u64map_get(const U64Map *m, uint64_t key, uint64_t *val) {
     if (!m->keys)
         return 0;
     for (uint32_t j = (uint32_t)mix64(key) & m->mask;; j = (j + 1) & m->mask) {
@@ -249,7 +249,7 @@ int u64map_get(const U64Map *m, uint64_t key, uint64_t *val) {
     }
 }
 
-void u64map_free(U64Map *m) {
+void tok_u64map_free(U64Map *m) {
     if (m->keys) {
         tok_big_free(m->keys, (size_t)(m->mask + 1) * sizeof *m->keys);
         tok_big_free(m->vals, (size_t)(m->mask + 1) * sizeof *m->vals);
@@ -258,19 +258,19 @@ void u64map_free(U64Map *m) {
 }
 
 /* ---- pieces ----------------------------------------------------------------------------- */
-void pl_reset(PieceList *l) {
+void tok_pieces_reset(PieceList *l) {
     l->n = 0;
     l->text.n = 0;
 }
 
-void pl_free_list(PieceList *l) {
-    tb_free(&l->text);
+void tok_pieces_free(PieceList *l) {
+    tok_buf_free(&l->text);
     free(l->v);
     l->v = NULL;
     l->n = l->cap = 0;
 }
 
-static Piece *pl_add(PieceList *l) {
+static Piece *tok_pieces_add(PieceList *l) {
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 32;
         l->v = pl_xrealloc(l->v, (size_t)l->cap * sizeof *l->v);
@@ -278,27 +278,27 @@ static Piece *pl_add(PieceList *l) {
     return &l->v[l->n++];
 }
 
-void pl_push_text(PieceList *l, const char *s, size_t n, uint32_t flags) {
+void tok_pieces_push_text(PieceList *l, const char *s, size_t n, uint32_t flags) {
     if (!n)
         return;
-    Piece *p = pl_add(l);
+    Piece *p = tok_pieces_add(l);
     p->off = (uint32_t)l->text.n;
     p->len = (uint32_t)n;
     p->id = -1;
     p->flags = flags;
-    tb_put(&l->text, s, n);
+    tok_buf_put(&l->text, s, n);
 }
 
-void pl_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags) {
+void tok_pieces_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags) {
     if (!n)
         return;
-    tb_reserve(&l->text, 2 * n); /* every byte becomes one char of U+0021..U+0143 */
+    tok_buf_reserve(&l->text, 2 * n); /* every byte becomes one char of U+0021..U+0143 */
     char *o = l->text.p + l->text.n;
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         k += (size_t)tok_utf8_encode(tok_byte_to_cp[(unsigned char)s[i]], o + k);
     o[k] = 0;
-    Piece *p = pl_add(l);
+    Piece *p = tok_pieces_add(l);
     p->off = (uint32_t)l->text.n;
     p->len = (uint32_t)k;
     p->id = -1;
@@ -306,36 +306,36 @@ void pl_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags) {
     l->text.n += k;
 }
 
-void pl_push_id(PieceList *l, int32_t id) {
-    Piece *p = pl_add(l);
+void tok_pieces_push_id(PieceList *l, int32_t id) {
+    Piece *p = tok_pieces_add(l);
     p->off = p->len = 0;
     p->id = id;
     p->flags = 0;
 }
 
-void tokctx_init(TokCtx *cx) {
+void tok_ctx_init(TokCtx *cx) {
     memset(cx, 0, sizeof *cx);
     cx->md = pcre2_match_data_create(1, NULL);
     PL_CHECK(cx->md != NULL);
 }
 
-void tokctx_free(TokCtx *cx) {
+void tok_ctx_free(TokCtx *cx) {
     pcre2_match_data_free(cx->md);
     free(cx->mv.v);
-    tb_free(&cx->tmp);
-    tb_free(&cx->tmp2);
+    tok_buf_free(&cx->tmp);
+    tok_buf_free(&cx->tmp2);
     free(cx->segs);
     free(cx->sym);
     free(cx->heap);
 }
 
 /* ---- JSON helpers ----------------------------------------------------------------------- */
-const char *jstr(const json_t *obj, const char *key) {
+const char *tok_jstr(const json_t *obj, const char *key) {
     json_t *v = json_object_get(obj, key);
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-int jbool(const json_t *obj, const char *key, int dflt) {
+int tok_jbool(const json_t *obj, const char *key, int dflt) {
     json_t *v = json_object_get(obj, key);
     return json_is_boolean(v) ? json_is_true(v) : dflt;
 }

@@ -44,13 +44,13 @@ static Status parse_added(Tokenizer *t, const json_t *arr, const char *path) {
                                 path, i);
         AddedTok *a = &t->added[t->nadded++];
         a->len = (uint32_t)json_string_length(c);
-        a->content = arena_strndup(&t->arena, json_string_value(c), a->len);
+        a->content = tok_arena_strndup(&t->arena, json_string_value(c), a->len);
         a->id = (int32_t)json_integer_value(id);
-        a->special = (uint8_t)jbool(o, "special", 0);
-        a->single_word = (uint8_t)jbool(o, "single_word", 0);
-        a->lstrip = (uint8_t)jbool(o, "lstrip", 0);
-        a->rstrip = (uint8_t)jbool(o, "rstrip", 0);
-        a->normalized = (uint8_t)jbool(o, "normalized", !a->special);
+        a->special = (uint8_t)tok_jbool(o, "special", 0);
+        a->single_word = (uint8_t)tok_jbool(o, "single_word", 0);
+        a->lstrip = (uint8_t)tok_jbool(o, "lstrip", 0);
+        a->rstrip = (uint8_t)tok_jbool(o, "rstrip", 0);
+        a->normalized = (uint8_t)tok_jbool(o, "normalized", !a->special);
         if (a->id + 1 > t->vocab_size)
             t->vocab_size = a->id + 1;
     }
@@ -61,14 +61,14 @@ static Status parse_added(Tokenizer *t, const json_t *arr, const char *path) {
 static const char WORD_RE[] = "[\\p{L}\\p{M}\\p{Nd}\\p{Pc}]";
 
 static int32_t lookup_token(const Tokenizer *t, const char *s, size_t n) {
-    int32_t id = strmap_get(&t->added_map, s, n);
-    return id >= 0 ? id : strmap_get(&t->vocab, s, n);
+    int32_t id = tok_strmap_get(&t->added_map, s, n);
+    return id >= 0 ? id : tok_strmap_get(&t->vocab, s, n);
 }
 
 /* ---- post-processor: flattened to ids with -1 for the sequence --------------------------- */
 static Status parse_post(Tokenizer *t, const json_t *j, int32_t **tm, int *n, const char *path,
                          int *is_template) {
-    const char *type = jstr(j, "type");
+    const char *type = tok_jstr(j, "type");
     if (!type)
         return pl_error_set(PL_ERR_FORMAT, "%s: post_processor without a \"type\"", path);
     *tm = pl_xmalloc(sizeof **tm);
@@ -92,7 +92,7 @@ static Status parse_post(Tokenizer *t, const json_t *j, int32_t **tm, int *n, co
                 (*tm)[(*n)++] = -1;
                 continue;
             }
-            const char *name = jstr(st, "id");
+            const char *name = tok_jstr(st, "id");
             json_t *ids = json_object_get(json_object_get(sp, name ? name : ""), "ids");
             if (!name || !json_is_array(ids))
                 return pl_error_set(PL_ERR_FORMAT, "%s: TemplateProcessing token \"%s\" has no ids",
@@ -152,7 +152,7 @@ static const char *token_name(const json_t *v) {
     if (json_is_string(v))
         return json_string_value(v);
     if (json_is_object(v))
-        return jstr(v, "content");
+        return tok_jstr(v, "content");
     return NULL;
 }
 
@@ -185,21 +185,21 @@ static Status build(Tokenizer *t, const TokJson *tj, const char *path) {
         return st;
     if (!json_is_object(model))
         return pl_error_set(PL_ERR_FORMAT, "%s: no \"model\" object", path);
-    const char *type = jstr(model, "type");
+    const char *type = tok_jstr(model, "type");
     if (type && strcmp(type, "BPE")) /* no "type" (GPT-2's file) means BPE */
         return pl_error_set(PL_ERR_UNSUPPORTED, "%s: model type \"%s\" is not supported (BPE only)",
                             path, type);
-    if ((st = tok_json_vocab(t, tj, path)) || (st = bpe_options(t, model, path)) ||
+    if ((st = tok_json_vocab(t, tj, path)) || (st = tok_bpe_options(t, model, path)) ||
         (st = tok_json_merges(t, tj, path)))
         return st;
     tok_reserve_ids(t, t->vocab_size);
-    strmap_init(&t->added_map, (size_t)t->nadded);
+    tok_strmap_init(&t->added_map, (size_t)t->nadded);
     for (int i = 0; i < t->nadded; i++) {
         AddedTok *a = &t->added[i];
         t->toks[a->id] = a->content;
         t->tok_len[a->id] = a->len;
         t->tok_flags[a->id] |= TOKF_ADDED | (a->special ? TOKF_SPECIAL : 0);
-        strmap_put(&t->added_map, a->content, a->id);
+        tok_strmap_put(&t->added_map, a->content, a->id);
     }
     if ((st = tok_parse_normalizer(json_object_get(root, "normalizer"), &t->norm, path)) ||
         (st = tok_parse_pretok(json_object_get(root, "pre_tokenizer"), &t->pretok, path)) ||
@@ -211,28 +211,28 @@ static Status build(Tokenizer *t, const TokJson *tj, const char *path) {
         if ((st = parse_post(t, pp, &t->post.tmpl, &t->post.ntmpl, path, &t->post.is_template)))
             return st;
     }
-    if ((st = pattern_compile_regex(&t->re_space, "\\s", 2, path, "space")) ||
-        (st = pattern_compile_regex(&t->re_word, WORD_RE, strlen(WORD_RE), path, "word")))
+    if ((st = tok_pattern_compile_regex(&t->re_space, "\\s", 2, path, "space")) ||
+        (st = tok_pattern_compile_regex(&t->re_word, WORD_RE, strlen(WORD_RE), path, "word")))
         return st;
 
     /* added-token tries; normalized ones are matched in normalized text, so normalize them */
-    trie_init(&t->trie_raw);
-    trie_init(&t->trie_norm);
+    tok_trie_init(&t->trie_raw);
+    tok_trie_init(&t->trie_norm);
     TokCtx cx;
-    tokctx_init(&cx);
+    tok_ctx_init(&cx);
     for (int i = 0; i < t->nadded; i++) {
         AddedTok *a = &t->added[i];
         if (!a->normalized || !t->norm) {
-            trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, a->content, a->len, i);
+            tok_trie_add(a->normalized ? &t->trie_norm : &t->trie_raw, a->content, a->len, i);
             continue;
         }
         tok_normalize(t->norm, a->content, a->len, &cx.tmp, &cx);
-        trie_add(&t->trie_norm, cx.tmp.p, cx.tmp.n, i);
+        tok_trie_add(&t->trie_norm, cx.tmp.p, cx.tmp.n, i);
         /* HF then knows the id by its normalized content (id_to_token, decode) */
-        t->toks[a->id] = arena_strndup(&t->arena, cx.tmp.p, cx.tmp.n);
+        t->toks[a->id] = tok_arena_strndup(&t->arena, cx.tmp.p, cx.tmp.n);
         t->tok_len[a->id] = (uint32_t)cx.tmp.n;
     }
-    tokctx_free(&cx);
+    tok_ctx_free(&cx);
     return PL_OK;
 }
 
@@ -278,18 +278,18 @@ void tok_destroy(Tokenizer *t) {
     free(t->toks);
     free(t->tok_len);
     free(t->tok_flags);
-    strmap_free(&t->vocab);
-    strmap_free(&t->added_map);
-    u64map_free(&t->merges);
+    tok_strmap_free(&t->vocab);
+    tok_strmap_free(&t->added_map);
+    tok_u64map_free(&t->merges);
     free(t->added);
-    trie_free(&t->trie_raw);
-    trie_free(&t->trie_norm);
+    tok_trie_free(&t->trie_raw);
+    tok_trie_free(&t->trie_norm);
     tok_free_normalizer(t->norm);
     tok_free_pretok(t->pretok);
     tok_free_decoder(t->dec);
     free(t->post.tmpl);
-    pattern_free(&t->re_space);
-    pattern_free(&t->re_word);
-    arena_free(&t->arena);
+    tok_pattern_free(&t->re_space);
+    tok_pattern_free(&t->re_word);
+    tok_arena_free(&t->arena);
     free(t);
 }

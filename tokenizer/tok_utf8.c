@@ -84,7 +84,7 @@ void tok_utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
     size_t i = 0, run = 0; /* run: start of pending valid bytes */
     if (hold)
         *hold = 0;
-    tb_reserve(out, n);
+    tok_buf_reserve(out, n);
     while (i < n) {
         if (u[i] < 0x80) {
             i++;
@@ -95,16 +95,16 @@ void tok_utf8_lossy(TBuf *out, const char *s, size_t n, size_t *hold) {
             i += (size_t)k;
             continue;
         }
-        tb_put(out, s + run, i - run);
+        tok_buf_put(out, s + run, i - run);
         if (k == 0 && hold) {
             *hold = n - i;
             return;
         }
-        tb_put(out, "\xef\xbf\xbd", 3);
+        tok_buf_put(out, "\xef\xbf\xbd", 3);
         i += k == 0 ? n - i : (size_t)(-k);
         run = i;
     }
-    tb_put(out, s + run, i - run);
+    tok_buf_put(out, s + run, i - run);
 }
 
 int tok_utf8_is_valid(const char *s, size_t n) {

@@ -15,7 +15,7 @@ static const char PUNCT_RE[] = "[\\p{P}!-/:-@\\[-`{-~]";
 
 static int parse_behavior(const json_t *j, const char *key, SplitBehavior dflt, SplitBehavior *out,
                           const char *path) {
-    const char *b = jstr(j, key);
+    const char *b = tok_jstr(j, key);
     *out = dflt;
     if (!b)
         return 0;
@@ -31,18 +31,18 @@ static int parse_behavior(const json_t *j, const char *key, SplitBehavior dflt, 
 }
 
 static int prepend_scheme(const json_t *j) {
-    const char *s = jstr(j, "prepend_scheme");
+    const char *s = tok_jstr(j, "prepend_scheme");
     if (s)
         return !strcmp(s, "first")   ? PREPEND_FIRST
                : !strcmp(s, "never") ? PREPEND_NEVER
                                      : PREPEND_ALWAYS;
-    return jbool(j, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER; /* legacy key */
+    return tok_jbool(j, "add_prefix_space", 1) ? PREPEND_ALWAYS : PREPEND_NEVER; /* legacy key */
 }
 
 static int metaspace_char(const json_t *j, char *out) {
-    const char *r = jstr(j, "replacement");
+    const char *r = tok_jstr(j, "replacement");
     if (!r)
-        r = jstr(j, "str_rep");
+        r = tok_jstr(j, "str_rep");
     if (!r || !*r)
         r = "\xe2\x96\x81"; /* U+2581 */
     int32_t cp;
@@ -55,7 +55,7 @@ Status tok_parse_pretok(const json_t *j, PreTok **out, const char *path) {
     *out = NULL;
     if (!j || json_is_null(j))
         return PL_OK;
-    const char *type = jstr(j, "type");
+    const char *type = tok_jstr(j, "type");
     if (!type)
         return pl_error_set(PL_ERR_FORMAT, "%s: pre_tokenizer without a \"type\"", path);
     PreTok *p = pl_xcalloc(1, sizeof *p);
@@ -77,24 +77,25 @@ Status tok_parse_pretok(const json_t *j, PreTok **out, const char *path) {
         }
     } else if (!strcmp(type, "ByteLevel")) {
         p->type = PT_BYTELEVEL;
-        p->add_prefix_space = jbool(j, "add_prefix_space", 1);
-        p->use_regex = jbool(j, "use_regex", 1);
+        p->add_prefix_space = tok_jbool(j, "add_prefix_space", 1);
+        p->use_regex = tok_jbool(j, "use_regex", 1);
         if (p->use_regex &&
-            (st = pattern_compile_regex(&p->pat, GPT2_RE, strlen(GPT2_RE), path, "ByteLevel")))
+            (st = tok_pattern_compile_regex(&p->pat, GPT2_RE, strlen(GPT2_RE), path, "ByteLevel")))
             goto fail;
     } else if (!strcmp(type, "Split")) {
         p->type = PT_SPLIT;
-        if ((st = jpattern(json_object_get(j, "pattern"), &p->pat, path, "pre_tokenizer Split")))
+        if ((st =
+                 tok_jpattern(json_object_get(j, "pattern"), &p->pat, path, "pre_tokenizer Split")))
             goto fail;
         if (parse_behavior(j, "behavior", SPLIT_ISOLATED, &p->behavior, path)) {
             st = PL_ERR_UNSUPPORTED;
             goto fail;
         }
-        p->invert = jbool(j, "invert", 0);
+        p->invert = tok_jbool(j, "invert", 0);
     } else if (!strcmp(type, "Digits")) {
         p->type = PT_DIGITS;
-        p->behavior = jbool(j, "individual_digits", 0) ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
-        if ((st = pattern_compile_regex(&p->pat, "\\p{N}", 5, path, "Digits")))
+        p->behavior = tok_jbool(j, "individual_digits", 0) ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
+        if ((st = tok_pattern_compile_regex(&p->pat, "\\p{N}", 5, path, "Digits")))
             goto fail;
     } else if (!strcmp(type, "Punctuation")) {
         p->type = PT_PUNCT;
@@ -102,34 +103,35 @@ Status tok_parse_pretok(const json_t *j, PreTok **out, const char *path) {
             st = PL_ERR_UNSUPPORTED;
             goto fail;
         }
-        if ((st = pattern_compile_regex(&p->pat, PUNCT_RE, strlen(PUNCT_RE), path, "Punctuation")))
+        if ((st = tok_pattern_compile_regex(&p->pat, PUNCT_RE, strlen(PUNCT_RE), path,
+                                            "Punctuation")))
             goto fail;
     } else if (!strcmp(type, "Metaspace")) {
         p->type = PT_METASPACE;
         p->repl_len = metaspace_char(j, p->repl);
         p->prepend_scheme = prepend_scheme(j);
-        p->split = jbool(j, "split", 1);
-        pattern_set_literal(&p->pat, p->repl, (size_t)p->repl_len);
+        p->split = tok_jbool(j, "split", 1);
+        tok_pattern_set_literal(&p->pat, p->repl, (size_t)p->repl_len);
     } else if (!strcmp(type, "Whitespace")) {
         p->type = PT_WHITESPACE;
         static const char ws_re[] = "\\w+|[^\\w\\s]+";
-        st = pattern_compile_regex(&p->pat, ws_re, strlen(ws_re), path, "Whitespace");
+        st = tok_pattern_compile_regex(&p->pat, ws_re, strlen(ws_re), path, "Whitespace");
     } else if (!strcmp(type, "WhitespaceSplit")) {
         p->type = PT_WSPLIT;
-        st = pattern_compile_regex(&p->pat, "\\s", 2, path, "WhitespaceSplit");
+        st = tok_pattern_compile_regex(&p->pat, "\\s", 2, path, "WhitespaceSplit");
     } else if (!strcmp(type, "BertPreTokenizer")) {
         p->type = PT_BERT;
-        if (!(st = pattern_compile_regex(&p->pat, "\\s", 2, path, "BertPreTokenizer")))
-            st = pattern_compile_regex(&p->pat2, PUNCT_RE, strlen(PUNCT_RE), path,
-                                       "BertPreTokenizer");
+        if (!(st = tok_pattern_compile_regex(&p->pat, "\\s", 2, path, "BertPreTokenizer")))
+            st = tok_pattern_compile_regex(&p->pat2, PUNCT_RE, strlen(PUNCT_RE), path,
+                                           "BertPreTokenizer");
     } else if (!strcmp(type, "CharDelimiterSplit")) {
         p->type = PT_CHARDELIM;
-        const char *d = jstr(j, "delimiter");
+        const char *d = tok_jstr(j, "delimiter");
         if (!d || !*d) {
             st = pl_error_set(PL_ERR_FORMAT, "%s: CharDelimiterSplit without \"delimiter\"", path);
             goto fail;
         }
-        pattern_set_literal(&p->pat, d, strlen(d));
+        tok_pattern_set_literal(&p->pat, d, strlen(d));
     } else {
         st = pl_error_set(PL_ERR_UNSUPPORTED, "%s: pre_tokenizer type \"%s\" is not supported",
                           path, type);
@@ -149,8 +151,8 @@ void tok_free_pretok(PreTok *p) {
     for (int i = 0; i < p->nkids; i++)
         tok_free_pretok(p->kids[i]);
     free(p->kids);
-    pattern_free(&p->pat);
-    pattern_free(&p->pat2);
+    tok_pattern_free(&p->pat);
+    tok_pattern_free(&p->pat2);
     free(p);
 }
 
@@ -168,15 +170,15 @@ static void seg_push(TokCtx *cx, size_t a, size_t b, int m) {
 
 static void push_mapped(PieceList *out, const char *s, size_t n, uint32_t flags, int byte_map) {
     if (byte_map)
-        pl_push_bytelevel(out, s, n, flags);
+        tok_pieces_push_bytelevel(out, s, n, flags);
     else
-        pl_push_text(out, s, n, flags);
+        tok_pieces_push_text(out, s, n, flags);
 }
 
 /* HF NormalizedString::split(pattern, behavior) on s[0..n), pushing the parts to out. */
 static void split_text(const char *s, size_t n, uint32_t flags, const Pattern *pat,
                        SplitBehavior beh, int invert, int byte_map, PieceList *out, TokCtx *cx) {
-    pattern_find_all(pat, s, n, cx->md, &cx->mv);
+    tok_pattern_find_all(pat, s, n, cx->md, &cx->mv);
     cx->nsegs = 0;
     size_t prev = 0;
     for (int i = 0; i < cx->mv.n; i++) {
@@ -249,8 +251,8 @@ static void pretok_piece(const PreTok *pt, const char *s, size_t n, uint32_t fla
             const char *src = s;
             if (pt->add_prefix_space && s[0] != ' ') {
                 cx->tmp.n = 0;
-                tb_putc(&cx->tmp, ' ');
-                tb_put(&cx->tmp, s, n);
+                tok_buf_putc(&cx->tmp, ' ');
+                tok_buf_put(&cx->tmp, s, n);
                 src = cx->tmp.p;
                 n = cx->tmp.n;
             }
@@ -282,17 +284,17 @@ static void pretok_piece(const PreTok *pt, const char *s, size_t n, uint32_t fla
                 starts = 1;
             if (!starts && (pt->prepend_scheme == PREPEND_ALWAYS ||
                             (pt->prepend_scheme == PREPEND_FIRST && (flags & PIECE_AT_START))))
-                tb_put(t, pt->repl, (size_t)pt->repl_len);
+                tok_buf_put(t, pt->repl, (size_t)pt->repl_len);
             for (size_t i = 0; i < n; i++) {
                 if (s[i] == ' ')
-                    tb_put(t, pt->repl, (size_t)pt->repl_len);
+                    tok_buf_put(t, pt->repl, (size_t)pt->repl_len);
                 else
-                    tb_putc(t, s[i]);
+                    tok_buf_putc(t, s[i]);
             }
             if (pt->split)
                 split_text(t->p, t->n, flags, &pt->pat, SPLIT_MERGED_NEXT, 0, 0, out, cx);
             else
-                pl_push_text(out, t->p, t->n, flags);
+                tok_pieces_push_text(out, t->p, t->n, flags);
             break;
         }
         case PT_BERT:
@@ -303,11 +305,11 @@ static void pretok_piece(const PreTok *pt, const char *s, size_t n, uint32_t fla
 }
 
 static void pretok_list(const PreTok *pt, PieceList *in, PieceList *out, TokCtx *cx) {
-    pl_reset(out);
+    tok_pieces_reset(out);
     for (int i = 0; i < in->n; i++) {
         const Piece *pc = &in->v[i];
         if (pc->id >= 0)
-            pl_push_id(out, pc->id);
+            tok_pieces_push_id(out, pc->id);
         else
             pretok_piece(pt, in->text.p + pc->off, pc->len, pc->flags, out, cx);
     }

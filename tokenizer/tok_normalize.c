@@ -17,7 +17,7 @@ Status tok_parse_normalizer(const json_t *j, Normalizer **out, const char *path)
     *out = NULL;
     if (json_is_null(j) || !j)
         return PL_OK;
-    const char *type = jstr(j, "type");
+    const char *type = tok_jstr(j, "type");
     if (!type)
         return pl_error_set(PL_ERR_FORMAT, "%s: normalizer without a \"type\"", path);
     Normalizer *n = pl_xcalloc(1, sizeof *n);
@@ -55,7 +55,7 @@ Status tok_parse_normalizer(const json_t *j, Normalizer **out, const char *path)
         }
         n->str_len = json_string_length(v);
         n->str = pl_xstrdup(json_string_value(v));
-        if ((st = jpattern(json_object_get(j, "pattern"), &n->pat, path, "normalizer Replace")))
+        if ((st = tok_jpattern(json_object_get(j, "pattern"), &n->pat, path, "normalizer Replace")))
             goto fail;
     } else if (!strcmp(type, "NFC")) {
         n->type = NORM_NFC;
@@ -63,9 +63,9 @@ Status tok_parse_normalizer(const json_t *j, Normalizer **out, const char *path)
         n->type = NORM_LOWERCASE;
     } else if (!strcmp(type, "Strip")) {
         n->type = NORM_STRIP;
-        n->left = jbool(j, "strip_left", 1);
-        n->right = jbool(j, "strip_right", 1);
-        if ((st = pattern_compile_regex(&n->pat, "\\s", 2, path, "Strip")))
+        n->left = tok_jbool(j, "strip_left", 1);
+        n->right = tok_jbool(j, "strip_right", 1);
+        if ((st = tok_pattern_compile_regex(&n->pat, "\\s", 2, path, "Strip")))
             goto fail;
     } else {
         st = pl_error_set(PL_ERR_UNSUPPORTED, "%s: normalizer type \"%s\" is not supported", path,
@@ -86,22 +86,22 @@ void tok_free_normalizer(Normalizer *n) {
         tok_free_normalizer(n->kids[i]);
     free(n->kids);
     free(n->str);
-    pattern_free(&n->pat);
+    tok_pattern_free(&n->pat);
     free(n);
 }
 
 /* Replace every non-overlapping match of pat in s with rep. */
 static void replace_all(const Pattern *pat, const char *s, size_t n, const char *rep,
                         size_t rep_len, TBuf *out, TokCtx *cx) {
-    pattern_find_all(pat, s, n, cx->md, &cx->mv);
+    tok_pattern_find_all(pat, s, n, cx->md, &cx->mv);
     size_t prev = 0;
     for (int i = 0; i < cx->mv.n; i++) {
         size_t a = cx->mv.v[2 * i], b = cx->mv.v[2 * i + 1];
-        tb_put(out, s + prev, a - prev);
-        tb_put(out, rep, rep_len);
+        tok_buf_put(out, s + prev, a - prev);
+        tok_buf_put(out, rep, rep_len);
         prev = b;
     }
-    tb_put(out, s + prev, n - prev);
+    tok_buf_put(out, s + prev, n - prev);
 }
 
 static locale_t utf8_locale;
@@ -118,11 +118,11 @@ static void lowercase(const char *s, size_t n, TBuf *out) {
         int k = tok_utf8_next(u + i, n - i, &cp);
         if (cp < 0x80) { /* ASCII or an invalid byte: keep the byte, lowercase ASCII */
             char c = (char)u[i];
-            tb_putc(out, (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c);
+            tok_buf_putc(out, (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c);
         } else {
             wint_t lc = utf8_locale ? towlower_l((wint_t)cp, utf8_locale) : (wint_t)cp;
             char e[4];
-            tb_put(out, e, (size_t)tok_utf8_encode((uint32_t)lc, e));
+            tok_buf_put(out, e, (size_t)tok_utf8_encode((uint32_t)lc, e));
         }
         i += (size_t)k;
     }
@@ -131,7 +131,7 @@ static void lowercase(const char *s, size_t n, TBuf *out) {
 static void strip(const Normalizer *nz, const char *s, size_t n, TBuf *out, TokCtx *cx) {
     size_t a = 0, b = n;
     if (nz->left)
-        while (a < b && pattern_match_char(&nz->pat, s + a, b - a, cx->md)) {
+        while (a < b && tok_pattern_match_char(&nz->pat, s + a, b - a, cx->md)) {
             int32_t cp;
             a += (size_t)tok_utf8_next((const unsigned char *)s + a, b - a, &cp);
         }
@@ -140,19 +140,19 @@ static void strip(const Normalizer *nz, const char *s, size_t n, TBuf *out, TokC
             size_t c = b - 1; /* start of the last character */
             while (c > a && b - c < 4 && ((unsigned char)s[c] & 0xc0) == 0x80)
                 c--;
-            if (!pattern_match_char(&nz->pat, s + c, b - c, cx->md))
+            if (!tok_pattern_match_char(&nz->pat, s + c, b - c, cx->md))
                 break;
             b = c;
         }
-    tb_put(out, s + a, b - a);
+    tok_buf_put(out, s + a, b - a);
 }
 
 static void apply1(const Normalizer *nz, const char *s, size_t n, TBuf *out, TokCtx *cx) {
     switch (nz->type) {
         case NORM_PREPEND:
             if (n)
-                tb_put(out, nz->str, nz->str_len);
-            tb_put(out, s, n);
+                tok_buf_put(out, nz->str, nz->str_len);
+            tok_buf_put(out, s, n);
             break;
         case NORM_REPLACE:
             replace_all(&nz->pat, s, n, nz->str, nz->str_len, out, cx);
@@ -175,7 +175,7 @@ static void apply1(const Normalizer *nz, const char *s, size_t n, TBuf *out, Tok
 void tok_normalize(const Normalizer *nz, const char *s, size_t n, TBuf *out, TokCtx *cx) {
     out->n = 0;
     if (!nz) {
-        tb_put(out, s, n);
+        tok_buf_put(out, s, n);
         return;
     }
     if (nz->type != NORM_SEQUENCE) {
@@ -183,7 +183,7 @@ void tok_normalize(const Normalizer *nz, const char *s, size_t n, TBuf *out, Tok
         return;
     }
     /* Sequence: ping-pong between out and cx->tmp2 */
-    tb_put(out, s, n);
+    tok_buf_put(out, s, n);
     for (int i = 0; i < nz->nkids; i++) {
         TBuf *src = out, *dst = &cx->tmp2;
         dst->n = 0;
@@ -192,11 +192,11 @@ void tok_normalize(const Normalizer *nz, const char *s, size_t n, TBuf *out, Tok
             TBuf sub = {0};
             cx->tmp2 = (TBuf){0};
             tok_normalize(nz->kids[i], src->p, src->n, &sub, cx);
-            tb_free(&cx->tmp2);
+            tok_buf_free(&cx->tmp2);
             cx->tmp2 = saved;
             src->n = 0;
-            tb_put(src, sub.p, sub.n);
-            tb_free(&sub);
+            tok_buf_put(src, sub.p, sub.n);
+            tok_buf_free(&sub);
             continue;
         }
         apply1(nz->kids[i], src->p, src->n, dst, cx);

@@ -65,13 +65,13 @@ static int string(Scan *s, const char **out, size_t *len) {
         return 1;
     }
     s->str.n = 0;
-    tb_put(&s->str, start, (size_t)(q - start));
+    tok_buf_put(&s->str, start, (size_t)(q - start));
     while (q < s->end && *q != '"') {
         unsigned char c = (unsigned char)*q;
         if (c < 0x20)
             return 0;
         if (c != '\\') {
-            tb_putc(&s->str, (char)c);
+            tok_buf_putc(&s->str, (char)c);
             q++;
             continue;
         }
@@ -82,7 +82,7 @@ static int string(Scan *s, const char **out, size_t *len) {
         const char *simple = strchr("\"\\/bfnrt", e);
         if (e && simple) {
             static const char map[] = "\"\\/\b\f\n\r\t";
-            tb_putc(&s->str, map[simple - "\"\\/bfnrt"]);
+            tok_buf_putc(&s->str, map[simple - "\"\\/bfnrt"]);
             continue;
         }
         if (e != 'u' || s->end - q < 4)
@@ -100,7 +100,7 @@ static int string(Scan *s, const char **out, size_t *len) {
         } else if (cp >= 0xdc00 && cp <= 0xdfff)
             return 0;
         char enc[4];
-        tb_put(&s->str, enc, (size_t)tok_utf8_encode(cp, enc));
+        tok_buf_put(&s->str, enc, (size_t)tok_utf8_encode(cp, enc));
     }
     if (q >= s->end)
         return 0;
@@ -254,14 +254,14 @@ static void json_remainder(const TokJson *tj, TBuf *out) {
     }
     const char *pos = tj->data;
     for (int i = 0; i < nc; i++) {
-        tb_put(out, pos, (size_t)(cut[i][0] - pos));
-        tb_put(out, *cut[i][0] == '{' ? "{}" : "[]", 2);
+        tok_buf_put(out, pos, (size_t)(cut[i][0] - pos));
+        tok_buf_put(out, *cut[i][0] == '{' ? "{}" : "[]", 2);
         for (const char *q = cut[i][0]; q < cut[i][1]; q++)
             if (*q == '\n')
-                tb_putc(out, '\n');
+                tok_buf_putc(out, '\n');
         pos = cut[i][1];
     }
-    tb_put(out, pos, (size_t)(tj->data + tj->len - pos));
+    tok_buf_put(out, pos, (size_t)(tj->data + tj->len - pos));
 }
 
 Status tok_json_open(const char *path, TokJson *tj) {
@@ -288,13 +288,13 @@ Status tok_json_open(const char *path, TokJson *tj) {
     }
     Scan s = {tj->data, tj->data + tj->len, {0}};
     int fast = scan_top(&s, tj);
-    tb_free(&s.str);
+    tok_buf_free(&s.str);
     json_error_t err;
     if (fast) {
         TBuf rest = {0};
         json_remainder(tj, &rest);
         tj->root = json_loadb(rest.p, rest.n, JSON_ALLOW_NUL, &err);
-        tb_free(&rest);
+        tok_buf_free(&rest);
     } else {
         tj->span[0] = tj->span[1] = tj->span[2] = tj->span[3] = NULL;
         tj->root = json_loadb(tj->data, tj->len, JSON_ALLOW_NUL, &err);
@@ -335,19 +335,19 @@ Status tok_json_vocab(Tokenizer *t, const TokJson *tj, const char *path) {
     if (!tj->span[0]) {
         if (!json_is_object(vocab))
             return pl_error_set(PL_ERR_FORMAT, "%s: model.vocab is missing or not an object", path);
-        bpe_vocab_init(t, json_object_size(vocab));
+        tok_bpe_vocab_init(t, json_object_size(vocab));
         for (void *it = json_object_iter(vocab); it; it = json_object_iter_next(vocab, it)) {
             json_t *v = json_object_iter_value(it);
             json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-            Status st = bpe_vocab_add(t, json_object_iter_key(it), json_object_iter_key_len(it),
-                                      id < 0 || id > (1 << 30) ? -1 : (long)id, path);
+            Status st = tok_bpe_vocab_add(t, json_object_iter_key(it), json_object_iter_key_len(it),
+                                          id < 0 || id > (1 << 30) ? -1 : (long)id, path);
             if (st)
                 return st;
         }
         return PL_OK;
     }
     Scan s = {tj->span[0] + 1, tj->span[1], {0}};
-    bpe_vocab_init(t, count_entries(tj->span[0], tj->span[1]));
+    tok_bpe_vocab_init(t, count_entries(tj->span[0], tj->span[1]));
     Status st = PL_OK;
     ws(&s);
     if (s.p < s.end && *s.p == '}')
@@ -373,11 +373,11 @@ Status tok_json_vocab(Tokenizer *t, const TokJson *tj, const char *path) {
                               (int)(kl > 100 ? 100 : kl), k);
             break;
         }
-        if ((st = bpe_vocab_add(t, k, kl, id, path)))
+        if ((st = tok_bpe_vocab_add(t, k, kl, id, path)))
             break;
         s.p++;
     }
-    tb_free(&s.str);
+    tok_buf_free(&s.str);
     return st;
 }
 
@@ -387,15 +387,16 @@ Status tok_json_merges(Tokenizer *t, const TokJson *tj, const char *path) {
     if (!tj->span[2]) {
         if (merges && !json_is_null(merges) && !json_is_array(merges))
             return pl_error_set(PL_ERR_FORMAT, "%s: model.merges is not an array", path);
-        bpe_merges_init(t, json_array_size(merges));
+        tok_bpe_merges_init(t, json_array_size(merges));
         for (size_t i = 0; !st && i < json_array_size(merges); i++) {
             json_t *m = json_array_get(merges, i), *a = json_array_get(m, 0),
                    *b = json_array_get(m, 1);
             if (json_is_string(m))
-                st = bpe_merge_add(t, json_string_value(m), json_string_length(m), NULL, -1, path);
+                st = tok_bpe_merge_add(t, json_string_value(m), json_string_length(m), NULL, -1,
+                                       path);
             else if (json_array_size(m) == 2 && json_is_string(a) && json_is_string(b))
-                st = bpe_merge_add(t, json_string_value(a), json_string_length(a),
-                                   json_string_value(b), (long)json_string_length(b), path);
+                st = tok_bpe_merge_add(t, json_string_value(a), json_string_length(a),
+                                       json_string_value(b), (long)json_string_length(b), path);
             else
                 st = pl_error_set(PL_ERR_FORMAT,
                                   "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", path, i);
@@ -406,7 +407,7 @@ Status tok_json_merges(Tokenizer *t, const TokJson *tj, const char *path) {
     TBuf first = {0};
     ws(&s);
     size_t commas = count_entries(tj->span[2], tj->span[3]);
-    bpe_merges_init(t, *s.p == '[' ? commas / 2 + 1 : commas); /* pairs have 2 commas each */
+    tok_bpe_merges_init(t, *s.p == '[' ? commas / 2 + 1 : commas); /* pairs have 2 commas each */
     if (s.p < s.end && *s.p == ']')
         s.p = s.end;
     while (!st && s.p < s.end) {
@@ -417,14 +418,14 @@ Status tok_json_merges(Tokenizer *t, const TokJson *tj, const char *path) {
             if (!string(&s, &a, &al))
                 st = span_error(tj, &s, "model.merges", path);
             else
-                st = bpe_merge_add(t, a, al, NULL, -1, path);
+                st = tok_bpe_merge_add(t, a, al, NULL, -1, path);
         } else if (*s.p == '[') {
             s.p++;
             ws(&s);
             int ok = string(&s, &a, &al);
             if (ok) {
                 first.n = 0;
-                tb_put(&first, a, al); /* s.str is reused by the next string */
+                tok_buf_put(&first, a, al); /* s.str is reused by the next string */
                 ws(&s);
                 ok = s.p < s.end && *s.p++ == ',';
             }
@@ -436,7 +437,7 @@ Status tok_json_merges(Tokenizer *t, const TokJson *tj, const char *path) {
                 ws(&s);
                 ok = s.p < s.end && *s.p++ == ']';
             }
-            st = ok ? bpe_merge_add(t, first.p, first.n, b, (long)bl, path)
+            st = ok ? tok_bpe_merge_add(t, first.p, first.n, b, (long)bl, path)
                     : span_error(tj, &s, "model.merges", path);
         } else
             st = span_error(tj, &s, "model.merges (a merge is \"a b\" or [\"a\", \"b\"])", path);
@@ -444,7 +445,7 @@ Status tok_json_merges(Tokenizer *t, const TokJson *tj, const char *path) {
         if (s.p < s.end)
             s.p++; /* ',' or the closing ']' */
     }
-    tb_free(&first);
-    tb_free(&s.str);
+    tok_buf_free(&first);
+    tok_buf_free(&s.str);
     return st;
 }

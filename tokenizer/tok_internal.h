@@ -1,4 +1,4 @@
-/* tok_internal.h - private structures shared by the tokenizer's engine/tok_*.c files.
+/* tok_internal.h - private structures shared by the tokenizer's source files (tokenizer/).
  *
  * The pipeline mirrors Hugging Face `tokenizers`: added tokens are cut out of the raw input,
  * the rest is normalized, pre-tokenized into pieces, and each piece is run through the BPE
@@ -16,18 +16,18 @@
 
 #include "tokenizer.h"
 
-/* ---- growable byte buffer (always NUL-terminated after tb_* calls) -------------------- */
+/* ---- growable byte buffer (always NUL-terminated after tok_buf_* calls) ---------------- */
 typedef struct {
     char *p;
     size_t n, cap;
 } TBuf;
 
-void tb_reserve(TBuf *b, size_t extra);
-void tb_put(TBuf *b, const void *s, size_t n);
-void tb_free(TBuf *b);
-static inline void tb_putc(TBuf *b, char c) {
+void tok_buf_reserve(TBuf *b, size_t extra);
+void tok_buf_put(TBuf *b, const void *s, size_t n);
+void tok_buf_free(TBuf *b);
+static inline void tok_buf_putc(TBuf *b, char c) {
     if (b->n + 2 > b->cap)
-        tb_reserve(b, 1);
+        tok_buf_reserve(b, 1);
     b->p[b->n++] = c;
     b->p[b->n] = 0;
 }
@@ -37,14 +37,14 @@ typedef struct ArenaBlock ArenaBlock;
 typedef struct {
     ArenaBlock *head;
 } Arena;
-/* NUL-terminated copy, preceded by its length as a uint32 (see arena_len) */
-char *arena_strndup(Arena *a, const char *s, size_t n);
-static inline uint32_t arena_len(const char *p) {
+/* NUL-terminated copy, preceded by its length as a uint32 (see tok_arena_len) */
+char *tok_arena_strndup(Arena *a, const char *s, size_t n);
+static inline uint32_t tok_arena_len(const char *p) {
     uint32_t n;
     memcpy(&n, p - 4, 4);
     return n;
 }
-void arena_free(Arena *a);
+void tok_arena_free(Arena *a);
 /* Zeroed memory; >= 1 MiB comes pre-faulted from mmap. Free with the same size. */
 void *tok_big_alloc(size_t n);
 void tok_big_free(void *p, size_t n);
@@ -60,20 +60,21 @@ typedef struct {
     uint32_t mask, count;
 } StrMap;
 uint32_t tok_hash_bytes(const void *p, size_t n);
-void strmap_init(StrMap *m, size_t expected);
-void strmap_put(StrMap *m, const char *key, int32_t val); /* key from arena_strndup; replaces */
-int32_t strmap_get(const StrMap *m, const char *key, size_t len); /* -1 if absent */
-void strmap_free(StrMap *m);
+void tok_strmap_init(StrMap *m, size_t expected);
+/* key from tok_arena_strndup; replaces */
+void tok_strmap_put(StrMap *m, const char *key, int32_t val);
+int32_t tok_strmap_get(const StrMap *m, const char *key, size_t len); /* -1 if absent */
+void tok_strmap_free(StrMap *m);
 
 /* ---- uint64 -> uint64 open-addressing hash (key UINT64_MAX is reserved) --------------- */
 typedef struct {
     uint64_t *keys, *vals;
     uint32_t mask, count;
 } U64Map;
-void u64map_init(U64Map *m, size_t expected);
-void u64map_put(U64Map *m, uint64_t key, uint64_t val); /* replaces */
-int u64map_get(const U64Map *m, uint64_t key, uint64_t *val);
-void u64map_free(U64Map *m);
+void tok_u64map_init(U64Map *m, size_t expected);
+void tok_u64map_put(U64Map *m, uint64_t key, uint64_t val); /* replaces */
+int tok_u64map_get(const U64Map *m, uint64_t key, uint64_t *val);
+void tok_u64map_free(U64Map *m);
 
 /* ---- UTF-8 ---------------------------------------------------------------------------- */
 /* Length of the well-formed sequence at s (n bytes left): >0 valid, else -k where k >= 1
@@ -100,30 +101,30 @@ typedef struct {
     pcre2_code *re; /* regex, or NULL */
 } Pattern;
 
-Status pattern_compile_regex(Pattern *p, const char *src, size_t len, const char *path,
-                             const char *what);
-void pattern_set_literal(Pattern *p, const char *s, size_t n);
-void pattern_free(Pattern *p);
+Status tok_pattern_compile_regex(Pattern *p, const char *src, size_t len, const char *path,
+                                 const char *what);
+void tok_pattern_set_literal(Pattern *p, const char *s, size_t n);
+void tok_pattern_free(Pattern *p);
 /* Next match starting at or after `from`; 1 with [*ms, *me) or 0. md may be NULL for
  * literals. Empty matches are reported (callers decide). */
-int pattern_find(const Pattern *p, const char *s, size_t n, size_t from, pcre2_match_data *md,
-                 size_t *ms, size_t *me);
+int tok_pattern_find(const Pattern *p, const char *s, size_t n, size_t from, pcre2_match_data *md,
+                     size_t *ms, size_t *me);
 /* All non-overlapping matches as HF's find_iter does (empty matches right after a previous
  * match are skipped). Appends [start,end) pairs to *v (size_t pairs, count in *nv). */
 typedef struct {
     size_t *v; /* pairs */
     int n, cap;
 } MatchVec;
-void pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_data *md,
-                      MatchVec *out);
+void tok_pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_data *md,
+                          MatchVec *out);
 /* Does the (single) char at s match? (anchored) */
-int pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_data *md);
+int tok_pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_data *md);
 
 /* ---- JSON helpers --------------------------------------------------------------------- */
-const char *jstr(const json_t *obj, const char *key); /* string value or NULL */
-int jbool(const json_t *obj, const char *key, int dflt);
+const char *tok_jstr(const json_t *obj, const char *key); /* string value or NULL */
+int tok_jbool(const json_t *obj, const char *key, int dflt);
 /* Parse HF's {"String": s} / {"Regex": r} pattern object. */
-Status jpattern(const json_t *obj, Pattern *out, const char *path, const char *what);
+Status tok_jpattern(const json_t *obj, Pattern *out, const char *path, const char *what);
 
 /* ---- pieces: the text being tokenized, split into parts -------------------------------- */
 enum { PIECE_AT_START = 1 }; /* piece begins at original offset 0 (Metaspace "first") */
@@ -137,12 +138,12 @@ typedef struct {
     Piece *v;
     int n, cap;
 } PieceList;
-void pl_reset(PieceList *l);
-void pl_free_list(PieceList *l);
-void pl_push_text(PieceList *l, const char *s, size_t n, uint32_t flags); /* skips empty */
-void pl_push_id(PieceList *l, int32_t id);
+void tok_pieces_reset(PieceList *l);
+void tok_pieces_free(PieceList *l);
+void tok_pieces_push_text(PieceList *l, const char *s, size_t n, uint32_t flags); /* skips empty */
+void tok_pieces_push_id(PieceList *l, int32_t id);
 /* Push s mapped through the GPT-2 byte map (ByteLevel). */
-void pl_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags);
+void tok_pieces_push_bytelevel(PieceList *l, const char *s, size_t n, uint32_t flags);
 
 /* per-encode scratch */
 typedef struct {
@@ -321,26 +322,26 @@ void tok_json_close(TokJson *tj);
 
 /* BPE model building (tok_bpe.c), fed by tok_json.c */
 void tok_reserve_ids(Tokenizer *t, int n); /* grow the per-id arrays to n entries */
-void bpe_vocab_init(Tokenizer *t, size_t expected);
-Status bpe_vocab_add(Tokenizer *t, const char *s, size_t n, long id, const char *path);
-Status bpe_options(Tokenizer *t, const json_t *model, const char *path); /* after the vocab */
-void bpe_merges_init(Tokenizer *t, size_t expected);
+void tok_bpe_vocab_init(Tokenizer *t, size_t expected);
+Status tok_bpe_vocab_add(Tokenizer *t, const char *s, size_t n, long id, const char *path);
+Status tok_bpe_options(Tokenizer *t, const json_t *model, const char *path); /* after the vocab */
+void tok_bpe_merges_init(Tokenizer *t, size_t expected);
 /* bl < 0: a is an "x y" line split on its one ASCII space */
-Status bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long bl,
-                     const char *path);
+Status tok_bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long bl,
+                         const char *path);
 /* Encode one pre-token with the BPE model, appending ids to *ids (count *n, capacity *cap). */
 void tok_bpe_word(const Tokenizer *t, const char *w, size_t n, TokCtx *cx, int32_t **ids, int *nids,
                   int *cap);
 
-void trie_init(Trie *tr);
-void trie_add(Trie *tr, const char *s, size_t n, int32_t idx);
-void trie_free(Trie *tr);
+void tok_trie_init(Trie *tr);
+void tok_trie_add(Trie *tr, const char *s, size_t n, int32_t idx);
+void tok_trie_free(Trie *tr);
 /* Cut added tokens out of s: pushes text pieces and id pieces to out (HF find_matches). */
 void tok_split_added(const Tokenizer *t, const Trie *tr, const char *s, size_t n, uint32_t flags,
                      PieceList *out, TokCtx *cx);
 
-void tokctx_init(TokCtx *cx);
-void tokctx_free(TokCtx *cx);
+void tok_ctx_init(TokCtx *cx);
+void tok_ctx_free(TokCtx *cx);
 
 /* Decode modes: HF exactness, or streaming (a truncated UTF-8 tail is held back, and byte
  * fallback runs are converted per character so earlier text never changes). */
@@ -356,7 +357,7 @@ typedef struct {
     pcre2_match_data *md;
     size_t held;
 } DecCtx;
-void decctx_free(DecCtx *dc);
+void tok_decctx_free(DecCtx *dc);
 /* Decode ids into out (cleared). Returns the number of bytes held back (DECODE_STREAM). */
 size_t tok_decode_into(const Tokenizer *t, const int32_t *ids, int n, int skip_special, int mode,
                        DecCtx *dc, TBuf *out);

@@ -119,7 +119,7 @@ void tok_nfc(const char *s, size_t n, TBuf *out) {
     while (i < n && u[i] < 0xCC) /* every char below U+0300 is stable under NFC */
         i++;
     if (i == n) {
-        tb_put(out, s, n);
+        tok_buf_put(out, s, n);
         return;
     }
     pthread_once(&once, init_pairs);
@@ -168,10 +168,10 @@ void tok_nfc(const char *s, size_t n, TBuf *out) {
     }
     for (size_t r = 0; r < w; r++) {
         if (c.v[r] & RAW)
-            tb_putc(out, (char)(c.v[r] & 0xff));
+            tok_buf_putc(out, (char)(c.v[r] & 0xff));
         else {
             char e[4];
-            tb_put(out, e, (size_t)tok_utf8_encode(c.v[r], e));
+            tok_buf_put(out, e, (size_t)tok_utf8_encode(c.v[r], e));
         }
     }
     free(c.v);

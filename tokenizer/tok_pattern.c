@@ -16,24 +16,24 @@ static char *rewrite_space(const char *src, size_t len, size_t *out_len) {
         if (c == '\\' && i + 1 < len) {
             char d = src[i + 1];
             if (d == 's')
-                tb_put(&b, in_class ? "\\s\\x{85}" : "[\\s\\x{85}]", in_class ? 8 : 10);
+                tok_buf_put(&b, in_class ? "\\s\\x{85}" : "[\\s\\x{85}]", in_class ? 8 : 10);
             else if (d == 'S' && !in_class)
-                tb_put(&b, "[^\\s\\x{85}]", 11);
+                tok_buf_put(&b, "[^\\s\\x{85}]", 11);
             else
-                tb_put(&b, src + i, 2);
+                tok_buf_put(&b, src + i, 2);
             i++;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = 1;
-            tb_putc(&b, c);
+            tok_buf_putc(&b, c);
             /* a ']' right after '[' or '[^' is literal */
             if (i + 1 < len && src[i + 1] == '^') {
-                tb_putc(&b, '^');
+                tok_buf_putc(&b, '^');
                 i++;
             }
             if (i + 1 < len && src[i + 1] == ']') {
-                tb_putc(&b, ']');
+                tok_buf_putc(&b, ']');
                 i++;
             }
             continue;
@@ -42,23 +42,23 @@ static char *rewrite_space(const char *src, size_t len, size_t *out_len) {
             const char *end = memchr(src + i + 2, ']', len - i - 2);
             if (end) {
                 size_t k = (size_t)(end - (src + i)) + 1;
-                tb_put(&b, src + i, k);
+                tok_buf_put(&b, src + i, k);
                 i += k - 1;
                 continue;
             }
         }
         if (in_class && c == ']')
             in_class = 0;
-        tb_putc(&b, c);
+        tok_buf_putc(&b, c);
     }
     if (!b.p)
-        tb_reserve(&b, 0);
+        tok_buf_reserve(&b, 0);
     *out_len = b.n;
     return b.p;
 }
 
-Status pattern_compile_regex(Pattern *p, const char *src, size_t len, const char *path,
-                             const char *what) {
+Status tok_pattern_compile_regex(Pattern *p, const char *src, size_t len, const char *path,
+                                 const char *what) {
     memset(p, 0, sizeof *p);
     size_t rlen;
     char *rsrc = rewrite_space(src, len, &rlen);
@@ -77,7 +77,7 @@ Status pattern_compile_regex(Pattern *p, const char *src, size_t len, const char
     return PL_OK;
 }
 
-void pattern_set_literal(Pattern *p, const char *s, size_t n) {
+void tok_pattern_set_literal(Pattern *p, const char *s, size_t n) {
     memset(p, 0, sizeof *p);
     p->lit = pl_xmalloc(n + 1);
     memcpy(p->lit, s, n);
@@ -85,7 +85,7 @@ void pattern_set_literal(Pattern *p, const char *s, size_t n) {
     p->lit_len = n;
 }
 
-void pattern_free(Pattern *p) {
+void tok_pattern_free(Pattern *p) {
     free(p->lit);
     pcre2_code_free(p->re);
     p->lit = NULL;
@@ -115,8 +115,8 @@ static int re_match(const pcre2_code *re, const char *s, size_t n, size_t from, 
     return rc;
 }
 
-int pattern_find(const Pattern *p, const char *s, size_t n, size_t from, pcre2_match_data *md,
-                 size_t *ms, size_t *me) {
+int tok_pattern_find(const Pattern *p, const char *s, size_t n, size_t from, pcre2_match_data *md,
+                     size_t *ms, size_t *me) {
     if (from > n)
         return 0;
     if (p->lit) {
@@ -152,13 +152,13 @@ static void mv_push(MatchVec *v, size_t a, size_t b) {
     v->n++;
 }
 
-void pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_data *md,
-                      MatchVec *out) {
+void tok_pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_data *md,
+                          MatchVec *out) {
     out->n = 0;
     size_t pos = 0, last_end = (size_t)-1;
     while (pos <= n) {
         size_t a, b;
-        if (!pattern_find(p, s, n, pos, md, &a, &b))
+        if (!tok_pattern_find(p, s, n, pos, md, &a, &b))
             break;
         if (a == b && a == last_end) {
             /* no empty match right after the previous match: step one character */
@@ -181,7 +181,7 @@ void pattern_find_all(const Pattern *p, const char *s, size_t n, pcre2_match_dat
     }
 }
 
-int pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_data *md) {
+int tok_pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_data *md) {
     if (!n || !p->re)
         return 0;
     int32_t cp;
@@ -189,15 +189,16 @@ int pattern_match_char(const Pattern *p, const char *s, size_t n, pcre2_match_da
     return re_match(p->re, s, k, 0, PCRE2_ANCHORED, md) >= 0;
 }
 
-Status jpattern(const json_t *obj, Pattern *out, const char *path, const char *what) {
+Status tok_jpattern(const json_t *obj, Pattern *out, const char *path, const char *what) {
     memset(out, 0, sizeof *out);
     json_t *v;
     if (json_is_object(obj) && json_is_string(v = json_object_get(obj, "String"))) {
-        pattern_set_literal(out, json_string_value(v), json_string_length(v));
+        tok_pattern_set_literal(out, json_string_value(v), json_string_length(v));
         return PL_OK;
     }
     if (json_is_object(obj) && json_is_string(v = json_object_get(obj, "Regex")))
-        return pattern_compile_regex(out, json_string_value(v), json_string_length(v), path, what);
+        return tok_pattern_compile_regex(out, json_string_value(v), json_string_length(v), path,
+                                         what);
     return pl_error_set(PL_ERR_FORMAT,
                         "%s: %s pattern must be {\"String\": ...} or {\"Regex\": ...}", path, what);
 }

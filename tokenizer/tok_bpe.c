@@ -48,48 +48,48 @@ void tok_reserve_ids(Tokenizer *t, int n) {
     t->tok_cap = cap;
 }
 
-void bpe_vocab_init(Tokenizer *t, size_t expected) {
-    strmap_init(&t->vocab, expected);
+void tok_bpe_vocab_init(Tokenizer *t, size_t expected) {
+    tok_strmap_init(&t->vocab, expected);
     tok_reserve_ids(t, t->vocab_size > (int)expected ? t->vocab_size : (int)expected);
 }
 
-Status bpe_vocab_add(Tokenizer *t, const char *s, size_t n, long id, const char *path) {
+Status tok_bpe_vocab_add(Tokenizer *t, const char *s, size_t n, long id, const char *path) {
     if (id < 0 || id > (1 << 30))
         return pl_error_set(PL_ERR_FORMAT, "%s: model.vocab[\"%.*s\"] is not a valid id", path,
                             (int)(n > 100 ? 100 : n), s);
     tok_reserve_ids(t, (int)id + 1);
-    char *k = arena_strndup(&t->arena, s, n);
+    char *k = tok_arena_strndup(&t->arena, s, n);
     t->toks[id] = k;
     t->tok_len[id] = (uint32_t)n;
-    strmap_put(&t->vocab, k, (int32_t)id);
+    tok_strmap_put(&t->vocab, k, (int32_t)id);
     if (id + 1 > t->vocab_size)
         t->vocab_size = (int)id + 1;
     return PL_OK;
 }
 
-Status bpe_options(Tokenizer *t, const json_t *model, const char *path) {
+Status tok_bpe_options(Tokenizer *t, const json_t *model, const char *path) {
     t->unk_id = -1;
     size_t ulen;
     const char *unk = opt_str(model, "unk_token", &ulen);
     if (unk)
-        t->unk_id = strmap_get(&t->vocab, unk, ulen);
-    t->byte_fallback = jbool(model, "byte_fallback", 0);
-    t->fuse_unk = jbool(model, "fuse_unk", 0);
-    t->ignore_merges = jbool(model, "ignore_merges", 0);
+        t->unk_id = tok_strmap_get(&t->vocab, unk, ulen);
+    t->byte_fallback = tok_jbool(model, "byte_fallback", 0);
+    t->fuse_unk = tok_jbool(model, "fuse_unk", 0);
+    t->ignore_merges = tok_jbool(model, "ignore_merges", 0);
     const char *s;
     size_t sl;
     if ((s = opt_str(model, "continuing_subword_prefix", &sl))) {
-        t->cont_prefix = arena_strndup(&t->arena, s, sl);
+        t->cont_prefix = tok_arena_strndup(&t->arena, s, sl);
         t->cont_prefix_len = sl;
     }
     if ((s = opt_str(model, "end_of_word_suffix", &sl))) {
-        t->eow_suffix = arena_strndup(&t->arena, s, sl);
+        t->eow_suffix = tok_arena_strndup(&t->arena, s, sl);
         t->eow_suffix_len = sl;
     }
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
-        t->byte_ids[b] = strmap_get(&t->vocab, name, 6);
+        t->byte_ids[b] = tok_strmap_get(&t->vocab, name, 6);
     }
     /* If no token has U+2581 right after another character, no merge can join a character to a
      * following "\u2581": a word may then be cut before each run of U+2581 and merged in
@@ -108,13 +108,13 @@ Status bpe_options(Tokenizer *t, const json_t *model, const char *path) {
     return PL_OK;
 }
 
-void bpe_merges_init(Tokenizer *t, size_t expected) {
-    u64map_init(&t->merges, expected);
+void tok_bpe_merges_init(Tokenizer *t, size_t expected) {
+    tok_u64map_init(&t->merges, expected);
     t->merge_rank = 0;
 }
 
-Status bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long blen,
-                     const char *path) {
+Status tok_bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long blen,
+                         const char *path) {
     size_t bl = (size_t)blen;
     if (blen < 0) { /* "a b" line, split on the one ASCII space (tokens may hold U+00A0) */
         if (al >= 8 && !memcmp(a, "#version", 8))
@@ -128,14 +128,14 @@ Status bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long
         bl = al - (size_t)(b - a);
         al = (size_t)(sp - a);
     }
-    int32_t ia = strmap_get(&t->vocab, a, al), ib = strmap_get(&t->vocab, b, bl);
+    int32_t ia = tok_strmap_get(&t->vocab, a, al), ib = tok_strmap_get(&t->vocab, b, bl);
     /* the merged token: a + b without b's continuing_subword_prefix, as HF */
     size_t skip = t->cont_prefix_len < bl ? t->cont_prefix_len : bl;
     char small[256];
     char *cat = al + bl - skip <= sizeof small ? small : pl_xmalloc(al + bl - skip);
     memcpy(cat, a, al);
     memcpy(cat + al, b + skip, bl - skip);
-    int32_t inew = strmap_get(&t->vocab, cat, al + bl - skip);
+    int32_t inew = tok_strmap_get(&t->vocab, cat, al + bl - skip);
     if (cat != small)
         free(cat);
     if (ia < 0 || ib < 0 || inew < 0)
@@ -145,8 +145,8 @@ Status bpe_merge_add(Tokenizer *t, const char *a, size_t al, const char *b, long
             ia < 0   ? "first"
             : ib < 0 ? "second"
                      : "merged");
-    u64map_put(&t->merges, (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib,
-               (uint64_t)t->merge_rank << 32 | (uint32_t)inew);
+    tok_u64map_put(&t->merges, (uint64_t)(uint32_t)ia << 32 | (uint32_t)ib,
+                   (uint64_t)t->merge_rank << 32 | (uint32_t)inew);
     t->merge_rank++;
     return PL_OK;
 }
@@ -201,7 +201,7 @@ static Cand heap_pop(Cand *h, int *n) {
 static inline int lookup_merge(const Tokenizer *t, int32_t a, int32_t b, uint32_t *rank,
                                int32_t *nid) {
     uint64_t v;
-    if (!u64map_get(&t->merges, (uint64_t)(uint32_t)a << 32 | (uint32_t)b, &v))
+    if (!tok_u64map_get(&t->merges, (uint64_t)(uint32_t)a << 32 | (uint32_t)b, &v))
         return 0;
     *rank = (uint32_t)(v >> 32);
     *nid = (int32_t)(uint32_t)v;
@@ -216,7 +216,7 @@ void tok_bpe_word(const Tokenizer *t, const char *w, size_t n, TokCtx *cx, int32
     if (!n)
         return;
     if (t->ignore_merges) { /* Llama 3: a pre-token that is a whole vocab entry is taken as is */
-        int32_t id = strmap_get(&t->vocab, w, n);
+        int32_t id = tok_strmap_get(&t->vocab, w, n);
         if (id >= 0) {
             push_id(ids, nids, cap, id);
             return;
@@ -263,13 +263,13 @@ static void bpe_part(const Tokenizer *t, const char *w, size_t n, TokCtx *cx, in
         if ((t->cont_prefix && i > 0) || (t->eow_suffix && i + k == n)) {
             key->n = 0;
             if (t->cont_prefix && i > 0)
-                tb_put(key, t->cont_prefix, t->cont_prefix_len);
-            tb_put(key, w + i, k);
+                tok_buf_put(key, t->cont_prefix, t->cont_prefix_len);
+            tok_buf_put(key, w + i, k);
             if (t->eow_suffix && i + k == n)
-                tb_put(key, t->eow_suffix, t->eow_suffix_len);
-            id = strmap_get(&t->vocab, key->p, key->n);
+                tok_buf_put(key, t->eow_suffix, t->eow_suffix_len);
+            id = tok_strmap_get(&t->vocab, key->p, key->n);
         } else
-            id = strmap_get(&t->vocab, w + i, k);
+            id = tok_strmap_get(&t->vocab, w + i, k);
         if (id >= 0) {
             if (unk >= 0) {
                 ADD_SYM(unk, unk_len);

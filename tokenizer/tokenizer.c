@@ -28,8 +28,8 @@ const char *tok_id_to_token(const Tokenizer *t, int id) {
 
 int tok_token_to_id(const Tokenizer *t, const char *token) {
     size_t n = strlen(token);
-    int32_t id = strmap_get(&t->added_map, token, n);
-    return id >= 0 ? id : strmap_get(&t->vocab, token, n);
+    int32_t id = tok_strmap_get(&t->added_map, token, n);
+    return id >= 0 ? id : tok_strmap_get(&t->vocab, token, n);
 }
 
 int tok_is_special(const Tokenizer *t, int id) {
@@ -100,7 +100,7 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
     if (!text)
         text = "";
     TokCtx cx;
-    tokctx_init(&cx);
+    tok_ctx_init(&cx);
     PieceList a = {0}, b = {0};
 
     /* 1. added tokens matched in the raw text */
@@ -109,7 +109,7 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
     for (int i = 0; i < a.n; i++) {
         const Piece *p = &a.v[i];
         if (p->id >= 0) {
-            pl_push_id(&b, p->id);
+            tok_pieces_push_id(&b, p->id);
             continue;
         }
         const char *s = a.text.p + p->off;
@@ -133,9 +133,9 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
         else
             tok_bpe_word(t, b.text.p + p->off, p->len, &cx, &ids, &nids, &cap);
     }
-    pl_free_list(&a);
-    pl_free_list(&b);
-    tokctx_free(&cx);
+    tok_pieces_free(&a);
+    tok_pieces_free(&b);
+    tok_ctx_free(&cx);
     /* 5. post-processor */
     if (add_special)
         post_process(t, &ids, &nids, &cap);
@@ -150,7 +150,7 @@ char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special
     DecCtx dc = {0};
     TBuf out = {0};
     tok_decode_into(t, ids, n, skip_special, DECODE_HF, &dc, &out);
-    decctx_free(&dc);
+    tok_decctx_free(&dc);
     if (!out.p)
         return pl_xstrdup("");
     return out.p;
