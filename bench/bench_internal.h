@@ -160,8 +160,17 @@ char *bench_request_body(const BenchClient *c, const BenchPrompt *p);
  * n / rate); all 0 for an infinite rate. */
 void bench_arrivals(double *t, int n, double rate, double burstiness, uint64_t seed);
 
-/* GET {base}/v1/models: the first model id (malloc'd), or NULL with *err set (malloc'd). */
-char *bench_first_model(const char *base_url, char **err);
+/* GET {base}/v1/models: the first model id (malloc'd), or NULL with *err set (malloc'd).
+ * *max_model_len (when not NULL) gets the max_model_len the server lists for `model` (for the
+ * first model when `model` is NULL), 0 when it lists none. */
+char *bench_first_model(const char *base_url, const char *model, int *max_model_len, char **err);
+
+/* Fit the random dataset's lengths into a server's max_model_len (prompt + max_tokens, at
+ * the top of --random-range-ratio, with the prefix): the input length is lowered first, the
+ * output length too when it alone takes more than half. Returns 1 when a length changed, with
+ * a one-line note naming the flags in note; 0 when everything fits, the dataset is not random
+ * or max_model_len is unknown (<= 0). */
+int bench_fit_model_len(BenchDatasetOptions *o, int max_model_len, char *note, size_t size);
 
 /* ---- sweep.c: --sweep-rates summary, data file and gnuplot PNG -------------------------- */
 

@@ -196,7 +196,9 @@ int bench_client_run(const BenchClient *c, const BenchDataset *ds, double reques
     return 0;
 }
 
-char *bench_first_model(const char *base_url, char **err) {
+char *bench_first_model(const char *base_url, const char *model, int *max_model_len, char **err) {
+    if (max_model_len)
+        *max_model_len = 0;
     char url[4096];
     snprintf(url, sizeof url, "%s/v1/models", base_url);
     CURL *e = curl_easy_init();
@@ -223,12 +225,22 @@ char *bench_first_model(const char *base_url, char **err) {
         snprintf(msg, sizeof msg, "HTTP %ld", status);
     } else {
         json_t *j = json_loadb(body.p ? body.p : "", body.len, 0, NULL);
-        const char *s =
-            json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+        json_t *data = json_object_get(j, "data");
+        const char *s = json_string_value(json_object_get(json_array_get(data, 0), "id"));
         if (s)
             id = pl_xstrdup(s);
         else
             snprintf(msg, sizeof msg, "the answer lists no model (no data[0].id)");
+        for (size_t i = 0; max_model_len && i < json_array_size(data); i++) {
+            json_t *m = json_array_get(data, i);
+            const char *mid = json_string_value(json_object_get(m, "id"));
+            json_t *len = json_object_get(m, "max_model_len");
+            if (mid && (model ? !strcmp(mid, model) : i == 0) && json_is_integer(len) &&
+                json_integer_value(len) > 0 && json_integer_value(len) <= INT32_MAX) {
+                *max_model_len = (int)json_integer_value(len);
+                break;
+            }
+        }
         json_decref(j);
     }
     free(body.p);

@@ -41,7 +41,7 @@ static char *decode_to_target(const Tokenizer *t, int32_t **seq, int *len, int t
                               int *mismatch) {
     *mismatch = 0;
     for (int tries = 10;; tries--) {
-        char *text = tok_decode(t, *seq, *len, 0);
+        char *text = tok_decode(t, *seq, *len, 0, NULL);
         int32_t *ids;
         int n;
         if (tok_encode(t, text, strlen(text), 0, &ids, &n) != PL_OK) {
@@ -175,4 +175,36 @@ char *bench_utf8_copy(const char *s, size_t n) {
     }
     *o = '\0';
     return out;
+}
+
+/* Tokens of the longest request the random dataset makes: prefix, input and output at the
+ * top of the range ratio (the special tokens are inside the input length). */
+static long long random_longest(const BenchDatasetOptions *o, int in, int out) {
+    double g = 1 + o->range_ratio;
+    return (long long)o->prefix_len + (long long)ceil(in * g) + (long long)ceil(out * g);
+}
+
+int bench_fit_model_len(BenchDatasetOptions *o, int max_model_len, char *note, size_t size) {
+    if (max_model_len <= 0 || o->kind != BENCH_DS_RANDOM ||
+        random_longest(o, o->input_len, o->output_len) <= max_model_len)
+        return 0;
+    double g = 1 + o->range_ratio;
+    int room = max_model_len - o->prefix_len; /* for input and output */
+    int in = o->input_len, out = o->output_len;
+    if (ceil(out * g) > room / 2) /* the output alone takes more than half: halve it */
+        out = (int)floor(room / 2 / g);
+    out = out > 1 ? out : 1;
+    in = (int)floor((room - ceil(out * g)) / g);
+    while (in > 1 && random_longest(o, in, out) > max_model_len)
+        in--;
+    in = in > 1 ? in : 1;
+    int n = snprintf(note, size,
+                     "the server's max_model_len is %d tokens (prompt + output): "
+                     "--random-input-len %d -> %d",
+                     max_model_len, o->input_len, in);
+    if (out != o->output_len && n >= 0 && (size_t)n < size)
+        snprintf(note + n, size - (size_t)n, ", --random-output-len %d -> %d", o->output_len, out);
+    o->input_len = in;
+    o->output_len = out;
+    return 1;
 }

@@ -108,15 +108,26 @@ int bench_serve_run(const BenchServeOptions *o) {
     char *model = o->model ? pl_xstrdup(o->model) : NULL, *err = NULL;
     Tokenizer *tok = NULL;
     BenchDataset ds = {0};
+    BenchDatasetOptions data = o->data;
+    int max_model_len = 0; /* the server's, from /v1/models; 0 = not listed */
     if (!model) {
         printf("Model not specified, fetching first model from server...\n");
-        if (!(model = bench_first_model(base, &err))) {
+        if (!(model = bench_first_model(base, NULL, &max_model_len, &err))) {
             fprintf(stderr, "pagellm bench serve: cannot list the models (give --model): %s\n",
                     err);
             goto done;
         }
         printf("First model name: %s\n", model);
+    } else { /* only for max_model_len: a server without /v1/models is fine */
+        free(bench_first_model(base, model, &max_model_len, &err));
+        free(err);
+        err = NULL;
     }
+    /* Requests longer than the model's context all fail (vLLM's defaults, 1024-token prompts,
+     * on a 512-token model): shorten the random lengths to fit, and say so. */
+    char note[256];
+    if (bench_fit_model_len(&data, max_model_len, note, sizeof note))
+        fprintf(stderr, "pagellm bench serve: %s\n", note);
     if (!o->tokenizer) {
         fprintf(stderr, "pagellm bench serve: --tokenizer DIR is needed to count tokens\n");
         goto done;
@@ -126,10 +137,18 @@ int bench_serve_run(const BenchServeOptions *o) {
         goto done;
     }
     printf("Tokenizer: %s\n", o->tokenizer);
-    if (bench_dataset_load(&o->data, tok, 0, &ds) != PL_OK) {
+    if (bench_dataset_load(&data, tok, 0, &ds) != PL_OK) {
         fprintf(stderr, "pagellm bench serve: %s\n", pl_error());
         goto done;
     }
+    int too_long = 0;
+    for (int i = 0; max_model_len > 0 && i < ds.n; i++)
+        too_long += ds.items[i].prompt_len + ds.items[i].output_len > max_model_len;
+    if (too_long)
+        fprintf(stderr,
+                "pagellm bench serve: %d of %d requests are longer (prompt + output tokens) than "
+                "the server's max_model_len %d: expect them to fail\n",
+                too_long, ds.n, max_model_len);
     BenchClient c = {.url = url, .model = model, .chat = chat, .opt = o};
     BenchRunInfo info = {.backend = chat ? "openai-chat" : "openai",
                          .model_id = model,

@@ -157,10 +157,10 @@ static Prompt *read_prompt_file(const char *path, int *count) {
 }
 
 /* Streaming sink: print each piece as it arrives. */
-static int print_piece(void *ctx, int32_t token, const char *text) {
+static int print_piece(void *ctx, int32_t token, const char *text, size_t len) {
     (void)ctx;
     (void)token;
-    fputs(text, stdout);
+    fwrite(text, 1, len, stdout);
     fflush(stdout);
     return 0;
 }

@@ -228,12 +228,21 @@ static void print_budget(const Engine *e, double free_before_kv) {
             "%.1f MiB free before the KV cache\n",
             e->ops->name, pl_dtype_name(e->ops->act), model_weight_bytes(e->model) / mib,
             model_activation_bytes(e->model) / mib, free_before_kv / mib);
+    /* size_pools caps swap-space (and kv-cache-memory) to the blocks max-num-seqs
+     * full-length sequences can use: say so rather than show a smaller pool unexplained */
+    double swap_asked = e->cfg.swap_space_gib * PL_GIB / (double)e->block_bytes;
+    char capped[160] = "";
+    if (swap_asked >= e->num_cpu_blocks + 1.0)
+        snprintf(capped, sizeof capped,
+                 "; swap-space %g GiB capped to what max-num-seqs (%d) sequences of full length "
+                 "can use",
+                 e->cfg.swap_space_gib, e->cfg.max_num_seqs);
     fprintf(stderr,
             "pagellm: KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens), "
-            "swap: %d blocks (%.1f MiB); max-model-len %d\n",
+            "swap: %d blocks (%.1f MiB%s); max-model-len %d\n",
             e->num_gpu_blocks, e->cfg.block_size, e->num_gpu_blocks * (double)e->block_bytes / mib,
             e->num_gpu_blocks * e->cfg.block_size, e->num_cpu_blocks,
-            e->num_cpu_blocks * (double)e->block_bytes / mib, e->max_model_len);
+            e->num_cpu_blocks * (double)e->block_bytes / mib, capped, e->max_model_len);
     if (e->num_graphs)
         fprintf(stderr, "pagellm: %d decode graphs (batch 1 to %d) captured in %.2f s\n",
                 e->num_graphs, e->graph_size[e->num_graphs - 1], e->graph_seconds);
@@ -332,6 +341,7 @@ void eng_request_free(Engine *e, Request *r) {
     free(r->data);
     free(r->prompt);
     free(r->stop_ids);
+    free(r->bias);
     free(r);
 }
 
@@ -362,6 +372,7 @@ void eng_destroy(Engine *e) {
     free(e->top_ids);
     free(e->top_vals);
     free(e->raw_rows);
+    free(e->edits);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     free(e);
@@ -422,6 +433,25 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
     if (r->params.top_logprobs < 0 || r->params.top_logprobs > 64)
         return pl_error_set(PL_ERR_INVALID, "top_logprobs = %d is not in [0, 64]",
                             r->params.top_logprobs);
+    if (r->params.min_tokens < 0 || r->params.min_tokens > r->params.max_tokens)
+        return pl_error_set(PL_ERR_INVALID, "min_tokens = %d is not in [0, max_tokens = %d]",
+                            r->params.min_tokens, r->params.max_tokens);
+    if (r->params.num_logit_bias < 0 || r->params.num_logit_bias > vocab ||
+        (r->params.num_logit_bias > 0 && !r->params.logit_bias))
+        return pl_error_set(PL_ERR_INVALID, "logit_bias has %d entries; at most %d (the vocabulary)",
+                            r->params.num_logit_bias, vocab);
+    for (int i = 0; i < r->params.num_logit_bias; i++) {
+        const LogitBias *b = &r->params.logit_bias[i];
+        if (b->token < 0 || b->token >= vocab || !(b->bias >= -100.0f && b->bias <= 100.0f))
+            return pl_error_set(PL_ERR_INVALID,
+                                "logit_bias entry %d (token %d, bias %g) is not a token of the "
+                                "vocabulary [0, %d) with a bias in [-100, 100]",
+                                i, b->token, (double)b->bias, vocab);
+    }
+    for (int i = 0; i < r->params.num_stop_token_ids; i++)
+        if (r->params.stop_token_ids[i] < 0 || r->params.stop_token_ids[i] >= vocab)
+            return pl_error_set(PL_ERR_INVALID, "stop token id %d is outside the vocabulary [0, %d)",
+                                r->params.stop_token_ids[i], vocab);
     if (r->params.n < 0 || r->params.n > e->cfg.max_num_seqs)
         return pl_error_set(PL_ERR_INVALID, "n = %d is not in [1, max-num-seqs = %d]", r->params.n,
                             e->cfg.max_num_seqs);
@@ -450,6 +480,11 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
         q->stop_ids = memcpy(pl_xmalloc(bytes), r->params.stop_token_ids, bytes);
     }
     q->params.stop_token_ids = q->stop_ids;
+    if (r->params.num_logit_bias > 0) {
+        size_t bytes = (size_t)r->params.num_logit_bias * sizeof(LogitBias);
+        q->bias = memcpy(pl_xmalloc(bytes), r->params.logit_bias, bytes);
+    }
+    q->params.logit_bias = q->bias;
     q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
     q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
     pthread_mutex_lock(&e->mu);

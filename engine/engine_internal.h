@@ -48,11 +48,12 @@ struct Request {
     int32_t *prompt;
     int num_prompt;
     int32_t *stop_ids; /* copy of params.stop_token_ids */
+    LogitBias *bias;   /* copy of params.logit_bias */
     int n;             /* samples wanted */
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
     int aborted;
-    int sync_sampling;  /* penalties or logprobs: its steps are not overlapped */
+    int sync_sampling;  /* penalties, logprobs, logit edits: its steps are not overlapped */
     double t_added;     /* eng_add_request */
     double t_scheduled; /* first step that computed any of it (0 = not yet) */
     Sequence **seqs;    /* [n] */
@@ -105,6 +106,7 @@ typedef struct {
     float *d_lse, *h_lse;                   /* [max_num_seqs] */
     int32_t *d_top_ids, *h_top_ids;         /* [max_num_seqs, DEVICE_MAX_TOP_LOGPROBS] */
     float *d_top_vals, *h_top_vals;
+    LogitEdit *d_edits; /* [DEVICE_EDITS_CAP] */
     void *workspace;
     size_t workspace_bytes;
 } DeviceSampler;
@@ -222,6 +224,8 @@ struct Engine {
     size_t top_len, top_cap;
     float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
     size_t raw_cap;
+    LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
+    size_t edits_cap;
 
     /* time of pure-decode steps by phase (EngineStats) */
     int64_t decode_steps;
@@ -262,6 +266,17 @@ int eng_has_penalty(const SamplingParams *p);
 
 /* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
 size_t eng_top_reserve(Engine *e, size_t k);
+
+/* ---- logit_edits.c: logit_bias and min_tokens ---- */
+
+/* The i-th token that ends a sample of r (its stop_token_ids, then unless ignore_eos the
+ * model's EOS ids and the tokenizer's), -1 past the last. */
+int32_t eng_stop_token(const Engine *e, const Request *r, int i);
+
+/* Logit edits of the next token of each sample rows[i] (logits row i): how many, and the
+ * same written to e->edits (grown as needed). */
+int eng_count_edits(const Engine *e, const SeqData *const *rows, int n);
+int eng_collect_edits(Engine *e, const SeqData *const *rows, int n);
 
 /* ---- step.c, for overlap.c ---- */
 

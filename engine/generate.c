@@ -30,8 +30,8 @@ Status eng_generate(Engine *e, const int32_t *prompt, int n, const GenerateParam
             if (ev[i].token >= 0 && res->num_generated_tokens++ == 0)
                 res->prefill_seconds = pl_now() - t0;
             int stop = 0;
-            if (on_token && (ev[i].token >= 0 || ev[i].text[0]))
-                stop = on_token(ctx, ev[i].token, ev[i].text);
+            if (on_token && (ev[i].token >= 0 || ev[i].text_len))
+                stop = on_token(ctx, ev[i].token, ev[i].text, ev[i].text_len);
             if (stop && !aborting) {
                 eng_abort(e, id);
                 aborting = 1;

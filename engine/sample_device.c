@@ -13,6 +13,10 @@
 /* Packed history capacity: every running sequence at full length, within reason. */
 #define HISTORY_CAP_MAX ((size_t)16 << 20)
 
+/* Logit edits (logit_bias, min_tokens masks) one step may send to the device; a step with
+ * more samples on the host. */
+#define DEVICE_EDITS_CAP ((size_t)1 << 16)
+
 Status eng_device_sampler_init(Engine *e) {
     const KernelOps *ops = e->ops;
     DeviceSampler *ds = &e->ds;
@@ -34,6 +38,7 @@ Status eng_device_sampler_init(Engine *e) {
              {(void **)&ds->d_lse, s * sizeof(float)},
              {(void **)&ds->d_top_ids, top * sizeof(int32_t)},
              {(void **)&ds->d_top_vals, top * sizeof(float)},
+             {(void **)&ds->d_edits, DEVICE_EDITS_CAP * sizeof(LogitEdit)},
              {&ds->workspace, ds->workspace_bytes}};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (!(*d[i].p = ops->alloc(d[i].bytes)))
@@ -50,8 +55,8 @@ Status eng_device_sampler_init(Engine *e) {
 
 void eng_device_sampler_free(Engine *e) {
     DeviceSampler *ds = &e->ds;
-    void *d[] = {ds->d_rows, ds->d_history, ds->d_tokens,   ds->d_token_logits,
-                 ds->d_lse,  ds->d_top_ids, ds->d_top_vals, ds->workspace};
+    void *d[] = {ds->d_rows,     ds->d_history, ds->d_tokens, ds->d_token_logits, ds->d_lse,
+                 ds->d_top_ids,  ds->d_top_vals, ds->d_edits, ds->workspace};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             e->ops->free(d[i]);
@@ -72,7 +77,7 @@ int eng_has_penalty(const SamplingParams *p) {
 int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
     if (!e->ds.d_rows)
         return 0;
-    size_t history = 0;
+    size_t history = 0, edits = 0;
     for (int i = 0; i < o->num_seqs; i++) {
         if (!o->seqs[i].sample)
             continue;
@@ -84,8 +89,9 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
             return 0;
         if (eng_has_penalty(&d->sampling))
             history += (size_t)seq->num_tokens;
+        edits += (size_t)eng_count_edits(e, &d, 1);
     }
-    return history <= e->ds.history_cap;
+    return history <= e->ds.history_cap && edits <= DEVICE_EDITS_CAP;
 }
 
 size_t eng_top_reserve(Engine *e, size_t k) {
@@ -108,12 +114,14 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     int vocab = model_config(e->model)->vocab_size;
     int n = 0, argmax_only = 1, penalties = 0, kmax = 0, want_lp = 0;
     size_t hist = 0;
+    const SeqData *datas[o->num_seqs > 0 ? o->num_seqs : 1];
     for (int i = 0; i < o->num_seqs; i++) {
         if (!o->seqs[i].sample)
             continue;
         const Sequence *seq = o->seqs[i].seq;
         const SeqData *d = seq->owner;
         const SamplingParams *p = &d->sampling;
+        datas[n] = d;
         DeviceSampleRow *row = &ds->h_rows[n];
         *row = (DeviceSampleRow){.temperature = p->temperature,
                                  .top_p = p->top_p,
@@ -150,6 +158,12 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     if (want_lp)
         ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->ranks[0].d.logits, n, vocab,
                       kmax);
+    int edits = eng_collect_edits(e, datas, n); /* after the raw logprobs */
+    if (edits) {
+        PL_CHECK((size_t)edits <= DEVICE_EDITS_CAP); /* eng_device_sample_ok */
+        ops->to_device(ds->d_edits, e->edits, (size_t)edits * sizeof(LogitEdit));
+        ops->logits_add(e->ranks[0].d.logits, vocab, ds->d_edits, edits);
+    }
     int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (argmax_only ? SAMPLE_ARGMAX_ONLY : 0);
     ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->ranks[0].d.logits, n,
                      vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,

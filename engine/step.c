@@ -12,20 +12,28 @@
 
 _Static_assert(sizeof(BlockCopy) == 2 * sizeof(int32_t), "BlockCopy is a (src, dst) pair");
 
-/* Copy `s` into the step's text arena; returns its offset (events store offsets until the
- * step ends, since the arena may move while it grows). */
-static size_t arena_put(Engine *e, const char *s) {
-    size_t n = strlen(s), at = e->text_len;
+/* Copy s[0..n) (which may hold NUL characters) into the step's text arena and terminate it;
+ * returns its offset (events store offsets until the step ends, since the arena may move
+ * while it grows). */
+static size_t arena_put(Engine *e, const char *s, size_t n) {
+    size_t at = e->text_len;
     if (at + n + 1 > e->text_cap) {
         e->text_cap = (at + n + 1) * 2;
         e->text = pl_xrealloc(e->text, e->text_cap);
     }
-    memcpy(e->text + at, s, n + 1);
+    memcpy(e->text + at, s, n);
+    e->text[at + n] = '\0';
     e->text_len += n + 1;
     return at;
 }
 
-static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at,
+/* Append s[0..n) to the text put last. */
+static void arena_extend(Engine *e, const char *s, size_t n) {
+    e->text_len--; /* over its terminator */
+    arena_put(e, s, n);
+}
+
+static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at, size_t text_len,
                  FinishReason finish, const RowLogprobs *lp) {
     if (e->events_n == e->events_cap) {
         e->events_cap = e->events_cap ? 2 * e->events_cap : 64;
@@ -37,6 +45,7 @@ static void emit(Engine *e, Request *r, int index, int32_t token, size_t text_at
                    .index = index,
                    .token = token,
                    .text = (const char *)(uintptr_t)text_at,
+                   .text_len = text_len,
                    .finish = finish,
                    .num_prompt_tokens = r->num_prompt,
                    .num_generated = r->data[index].num_generated,
@@ -64,26 +73,21 @@ static void start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
 
 /* End one sample: flush held-back text, emit its last event, release its blocks. */
 static void finish_sequence(Engine *e, Sequence *seq, FinishReason why, int32_t token,
-                            const char *text, const RowLogprobs *lp) {
+                            const char *text, size_t len, const RowLogprobs *lp) {
     SeqData *d = seq->owner;
     Request *r = d->req;
     /* The stream's buffer holding `text` is reused by tok_stream_finish: copy it first. */
-    size_t at = arena_put(e, text);
+    size_t at = arena_put(e, text, len);
     if (d->stream) {
-        const char *rest = tok_stream_finish(d->stream);
-        if (rest[0]) {
-            e->text_len--; /* drop the NUL and append the rest */
-            size_t n = strlen(rest);
-            if (e->text_len + n + 1 > e->text_cap) {
-                e->text_cap = (e->text_len + n + 1) * 2;
-                e->text = pl_xrealloc(e->text, e->text_cap);
-            }
-            memcpy(e->text + e->text_len, rest, n + 1);
-            e->text_len += n + 1;
+        size_t rest_len;
+        const char *rest = tok_stream_finish(d->stream, &rest_len);
+        if (rest_len) {
+            arena_extend(e, rest, rest_len);
+            len += rest_len;
         }
     }
     d->finish = why;
-    emit(e, r, d->index, token, at, why, lp);
+    emit(e, r, d->index, token, at, len, why, lp);
     sched_remove(e->sched, seq);
     r->num_finished++;
 }
@@ -95,10 +99,10 @@ static void abort_request(Engine *e, Request *r) {
     r->aborted = 1;
     for (int j = 0; j < r->num_started; j++)
         if (r->data[j].finish == FINISH_NONE)
-            finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "", NULL);
+            finish_sequence(e, r->seqs[j], FINISH_ABORT, -1, "", 0, NULL);
     /* samples not forked yet will never start: they end here too */
     for (int j = r->num_started; j < r->n; j++)
-        emit(e, r, j, -1, arena_put(e, ""), FINISH_ABORT, NULL);
+        emit(e, r, j, -1, arena_put(e, "", 0), 0, FINISH_ABORT, NULL);
     r->num_finished += r->n - r->num_started;
 }
 
@@ -121,7 +125,10 @@ static void take_inbox(Engine *e) {
             seq_create(e->next_seq_id++, r->prompt, r->num_prompt, r->params.max_tokens);
         start_sequence(e, r, 0, seq);
         PL_CHECK(sched_add(e->sched, seq) == PL_OK); /* validated by eng_add_request */
-        r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling);
+        /* logit edits: min_tokens' masks follow each token, so the host must have seen the
+         * last one; and only waiting steps fall back to the host when they are too many */
+        r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling) ||
+                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0;
         e->num_sync_requests += r->sync_sampling || r->n > 1;
         if (e->active_n == e->active_cap) {
             e->active_cap = e->active_cap ? 2 * e->active_cap : 16;
@@ -215,17 +222,16 @@ static SampleRequest sample_request(const Sequence *seq) {
                            .num_output = seq->num_tokens - seq->num_prompt};
 }
 
-static int is_stop_token(const Engine *e, const Request *r, int32_t t) {
-    for (int i = 0; i < r->params.num_stop_token_ids; i++)
-        if (r->stop_ids[i] == t)
-            return 1;
-    if (r->params.ignore_eos)
+/* Whether `t` ends sample d now: a stop token, once min_tokens are generated (before that
+ * they are masked out of the logits; this holds even if every other token was masked too). */
+static int is_stop_token(const Engine *e, const SeqData *d, int32_t t) {
+    if (d->num_generated < d->req->params.min_tokens)
         return 0;
-    const ModelConfig *mc = model_config(e->model);
-    for (int i = 0; i < mc->num_eos; i++)
-        if (mc->eos_token_ids[i] == t)
+    int32_t s;
+    for (int i = 0; (s = eng_stop_token(e, d->req, i)) >= 0; i++)
+        if (s == t)
             return 1;
-    return e->tok && t == tok_eos_id(e->tok);
+    return 0;
 }
 
 /* Record a sampled token on its sequence (in place of its placeholder when `placeholder`):
@@ -236,19 +242,20 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     Request *r = d->req;
     if (placeholder) /* the last token stands for this one */
         seq->num_tokens--;
-    if (is_stop_token(e, r, token)) {
-        finish_sequence(e, seq, FINISH_STOP, -1, "", NULL);
+    if (is_stop_token(e, d, token)) {
+        finish_sequence(e, seq, FINISH_STOP, -1, "", 0, NULL);
         return;
     }
     seq_append(seq, token);
     d->num_generated++;
     e->generated_tokens++;
-    const char *text = d->stream ? tok_stream_push(d->stream, token) : "";
+    size_t len = 0;
+    const char *text = d->stream ? tok_stream_push(d->stream, token, &len) : "";
     if (d->num_generated >= r->params.max_tokens || seq->num_tokens >= e->max_model_len) {
-        finish_sequence(e, seq, FINISH_LENGTH, token, text, lp);
+        finish_sequence(e, seq, FINISH_LENGTH, token, text, len, lp);
         return;
     }
-    emit(e, r, d->index, token, arena_put(e, text), FINISH_NONE, lp);
+    emit(e, r, d->index, token, arena_put(e, text, len), len, FINISH_NONE, lp);
 }
 
 /* The k most likely tokens of a row of `vocab` logits into ids/vals (best first); returns
@@ -347,6 +354,10 @@ void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, Ro
         lps[k] = (RowLogprobs){0};
         if (r->params.logprobs)
             row_logprobs(e, row, vocab, num_raw++, r->params.top_logprobs, &lps[k]);
+        const SeqData *d = seq->owner;
+        int edits = eng_collect_edits(e, &d, 1);
+        if (edits) /* after the raw logprobs, before forks copy the row */
+            k_cpu_ops()->logits_add(row, vocab, e->edits, edits);
         if (r->n > r->num_started) /* before sampling modifies the row in place */
             fork_samples(e, seq, row, vocab, &lps[k]);
         e->sample_reqs[k++] = sample_request(seq);

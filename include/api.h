@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "sampling.h"
 
 #define API_MAX_STOP 16
 
@@ -34,7 +35,9 @@ typedef struct {
 
 /* One prompt: text, or token ids (exactly one of the two set). */
 typedef struct {
-    char *text;   /* NUL-terminated, owned; NULL for token ids */
+    char *text; /* owned, NUL-terminated; NULL for token ids. It may hold NUL
+                 * characters itself (JSON's \u0000): text_len is its length */
+    size_t text_len;
     int32_t *ids; /* owned; NULL for text */
     int num_ids;
 } ApiPrompt;
@@ -54,10 +57,15 @@ typedef struct {
     float repetition_penalty;                  /* default 1, > 0 */
     int has_seed;
     uint64_t seed;
-    char *stop[API_MAX_STOP]; /* owned */
+    char *stop[API_MAX_STOP]; /* owned; may hold NUL characters: */
+    size_t stop_len[API_MAX_STOP];
     int num_stop;
     int32_t *stop_token_ids; /* owned */
     int num_stop_token_ids;
+    int min_tokens;           /* default 0: stop tokens and EOS masked until this many */
+    int32_t *logit_bias_ids;  /* owned [num_logit_bias]: logit_bias keys */
+    float *logit_bias_values; /* owned [num_logit_bias]: in [-100, 100] */
+    int num_logit_bias;
     int stream;
     int include_usage; /* stream_options.include_usage */
     int logprobs;      /* -1 = none; else top-k alternatives per token (0 = chosen only) */
@@ -102,7 +110,8 @@ const char *api_chat_template_name(ChatTemplate t);
 /* One chat message as the renderer sees it (borrowed strings). */
 typedef struct {
     const char *role;    /* "system", "user" or "assistant" */
-    const char *content; /* text parts already joined */
+    const char *content; /* text parts already joined; may hold NUL characters */
+    size_t content_len;
 } ApiChatMessage;
 
 /* Render `msgs` with family `tmpl` exactly as the family's Hugging Face template does with
@@ -110,9 +119,10 @@ typedef struct {
  * the token texts the template writes; NULL gives the family's usual one ("<s>" / "</s>",
  * "<|begin_of_text|>"). Returns a malloc'd string, or NULL with *err filled (400, param
  * "messages"): unknown role, Llama-2 roles not alternating user/assistant after an optional
- * system message, CHAT_NONE. */
+ * system message, CHAT_NONE. The string is NUL-terminated and *len (not NULL) its length,
+ * which counts any NUL characters of the contents. */
 char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs, const char *bos,
-                      const char *eos, ApiError *err);
+                      const char *eos, size_t *len, ApiError *err);
 
 /* Parse a chat body: messages [{role: system|user|assistant, content: string or list of
  * {type: text, text} parts (joined with "\n", as vLLM does)}] rendered by api_chat_render
@@ -123,6 +133,10 @@ char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msg
  * chat template". */
 Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTemplate tmpl,
                       const char *bos, const char *eos, ApiRequest *req, ApiError *err);
+
+/* The sampling fields of `req` into *sp (temperature, top_p, top_k, min_p, the penalties, and
+ * the seed when the request has one; sp->seed is left as it is otherwise). */
+void api_sampling_params(const ApiRequest *req, SamplingParams *sp);
 
 /* Free what `req` owns and zero it (safe to call twice). */
 void api_request_free(ApiRequest *req);

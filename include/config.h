@@ -45,17 +45,21 @@ typedef struct {
      * engine.device is static ("auto", "cpu", "cuda"). */
     EngineConfig engine;
 
-    char *model;               /* owned; the model folder; NULL = the caller's default */
-    char *served_model_name;   /* owned; name in the API; NULL = the model folder */
-    char *host;                /* owned; listen address, default "127.0.0.1" */
-    int port;                  /* listen port, default 8000 */
-    char *api_key;             /* owned; NULL = no authentication */
-    int max_queue_len;         /* requests waiting at most; more get 503; default 1024 */
-    int max_request_bytes;     /* largest HTTP request body; default 1 MiB */
-    double request_timeout;    /* seconds a request may take end to end; 0 = no limit; 60 */
-    const char *log_level;     /* static; "debug", "info", "warning", "error"; default "info" */
-    const char *chat_template; /* static; "chatml", "llama3", "llama2"; NULL = the model's
-                                * tokenizer_config.json decides */
+    char *model;                /* owned; the model folder; NULL = the caller's default */
+    char *served_model_name;    /* owned; name in the API; NULL = the model folder */
+    char *host;                 /* owned; listen address, default "127.0.0.1" */
+    int port;                   /* listen port, default 8000 */
+    char *api_key;              /* owned; NULL = no authentication */
+    int max_queue_len;          /* sequences (prompts x best_of of each request) admitted and
+                                 * not finished at most; more get 503; default 1024 */
+    int max_seqs_per_request;   /* prompts x best_of of one request at most; more get 400; 256 */
+    int max_connections_per_ip; /* open connections from one client address; 0 = no limit;
+                                 * default 1024 */
+    int max_request_bytes;      /* largest HTTP request body; default 1 MiB */
+    double request_timeout;     /* seconds a request may take end to end; 0 = no limit; 60 */
+    const char *log_level;      /* static; "debug", "info", "warning", "error"; default "info" */
+    const char *chat_template;  /* static; "chatml", "llama3", "llama2"; NULL = the model's
+                                 * tokenizer_config.json decides */
 } Config;
 
 /* ---- the key table -------------------------------------------------------------------- */

@@ -88,6 +88,14 @@ typedef struct {
     int32_t num_prompt;
 } DeviceSampleRow;
 
+/* One change to a logit before sampling: logits[row, token] += add (a request's logit_bias,
+ * or -inf to forbid a token, e.g. EOS before min_tokens). */
+typedef struct {
+    int32_t row;
+    int32_t token;
+    float add;
+} LogitEdit;
+
 /* sample_rows flags: promises about every row that let the backend skip work. */
 enum {
     SAMPLE_NO_PENALTIES = 1, /* no row has a penalty: the history is not read */
@@ -229,6 +237,10 @@ typedef struct KernelOps {
                         void *workspace, size_t workspace_bytes);
     void (*logprobs)(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
                      int vocab, int k);
+
+    /* Apply edits[n] (backend memory; rows and tokens in range, the same entry may appear
+     * twice: the additions sum) to logits[rows, vocab] in backend memory. */
+    void (*logits_add)(float *logits, int vocab, const LogitEdit *edits, int n);
 
     /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
      * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as

@@ -330,6 +330,10 @@ void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, i
 void k_cuda_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
                      int vocab, int k, void *stream);
 
+/* logits[edits[i].row, edits[i].token] += edits[i].add for i < n (edits in device memory;
+ * entries for the same logit sum, in any order). Capturable; never allocates. */
+void k_cuda_logits_add(float *logits, int vocab, const LogitEdit *edits, int n, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

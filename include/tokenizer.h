@@ -37,8 +37,9 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
                   int *n);
 
 /* Decode ids to a malloc'd NUL-terminated string, as HF decode(ids, skip_special_tokens).
- * Out-of-range ids are skipped. */
-char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special);
+ * Out-of-range ids are skipped. The text may hold NUL characters (a <0x00> byte token): *len
+ * (when len is not NULL) gets its length. */
+char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len);
 
 /* The vocabulary string of an id (e.g. "\u2581time", "<0x0A>", "\u0120the"), or NULL. */
 const char *tok_id_to_token(const Tokenizer *t, int id);
@@ -58,10 +59,11 @@ typedef struct TokStream TokStream;
 
 TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n);
 /* Append one token; returns the new text (owned by the stream, valid until the next call;
- * "" when nothing is complete yet). */
-const char *tok_stream_push(TokStream *s, int32_t id);
-/* Text still held back at the end of the sequence ("" if none). */
-const char *tok_stream_finish(TokStream *s);
+ * "" when nothing is complete yet; NUL-terminated, and *len, when len is not NULL, its length,
+ * which counts NUL characters of the text itself). */
+const char *tok_stream_push(TokStream *s, int32_t id, size_t *len);
+/* Text still held back at the end of the sequence ("" if none); *len as for push. */
+const char *tok_stream_finish(TokStream *s, size_t *len);
 void tok_stream_destroy(TokStream *s);
 
 #endif

@@ -5,7 +5,9 @@
  * Every refusal is a 400 invalid_request_error whose param is the offending field and whose
  * message names it. Types are strict: booleans are not numbers, strings are not numbers;
  * an integer field takes a JSON integer or a real with an integral value (16.0). null means
- * "absent" for every optional field. Unknown fields are ignored. */
+ * "absent" for every optional field. Unknown fields are ignored. Text (prompts, message
+ * contents, stop strings) may hold NUL characters (JSON's \u0000), so it travels with its
+ * length; names (model, roles) may not. */
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -161,13 +163,28 @@ static int opt_bool(json_t *o, const char *key, const char *param, int *out, Api
     return 1;
 }
 
+/* A copy of JSON string v, NUL characters included; its length in *len. */
+static char *text_dup(const json_t *v, size_t *len) {
+    *len = json_string_length(v);
+    char *s = pl_xmalloc(*len + 1);
+    memcpy(s, json_string_value(v), *len + 1);
+    return s;
+}
+
+/* 1 when JSON string v holds a NUL character. */
+static int has_nul(const json_t *v) {
+    return strlen(json_string_value(v)) != json_string_length(v);
+}
+
 static int opt_str(json_t *o, const char *key, char **out, ApiError *err) {
     json_t *v = field(o, key);
     if (!v)
         return 0;
     if (!json_is_string(v))
         return bad(err, key, "'%s' must be a string", key);
-    *out = pl_xstrdup(json_string_value(v));
+    if (has_nul(v) && !strcmp(key, "model")) /* a name: a cut copy could match another */
+        return bad(err, key, "'%s' must not contain the character \\u0000", key);
+    *out = pl_xstrdup(json_string_value(v)); /* user: kept, never read */
     return 1;
 }
 
@@ -265,7 +282,7 @@ static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
     if (json_is_string(p)) {
         r->prompts = pl_xcalloc(1, sizeof *r->prompts);
         r->num_prompts = 1;
-        r->prompts[0].text = pl_xstrdup(json_string_value(p));
+        r->prompts[0].text = text_dup(p, &r->prompts[0].text_len);
         return 0;
     }
     if (!json_is_array(p))
@@ -288,7 +305,7 @@ static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         json_t *e = json_array_get(p, i);
         r->num_prompts++;
         if (json_is_string(first) && json_is_string(e))
-            r->prompts[i].text = pl_xstrdup(json_string_value(e));
+            r->prompts[i].text = text_dup(e, &r->prompts[i].text_len);
         else if (json_is_array(first) && json_is_array(e)) {
             if (prompt_ids(e, lim, &r->prompts[i], err))
                 return -1;
@@ -303,8 +320,10 @@ static int parse_stop(json_t *o, ApiRequest *r, ApiError *err) {
     if (!v)
         return 0;
     if (json_is_string(v)) {
-        if (json_string_length(v) > 0)
-            r->stop[r->num_stop++] = pl_xstrdup(json_string_value(v));
+        if (json_string_length(v) > 0) {
+            r->stop[r->num_stop] = text_dup(v, &r->stop_len[r->num_stop]);
+            r->num_stop++;
+        }
         return 0;
     }
     if (!json_is_array(v))
@@ -318,7 +337,8 @@ static int parse_stop(json_t *o, ApiRequest *r, ApiError *err) {
             continue;
         if (r->num_stop == API_MAX_STOP)
             return bad(err, "stop", "'stop' must have at most %d entries", API_MAX_STOP);
-        r->stop[r->num_stop++] = pl_xstrdup(json_string_value(e));
+        r->stop[r->num_stop] = text_dup(e, &r->stop_len[r->num_stop]);
+        r->num_stop++;
     }
     return 0;
 }
@@ -340,6 +360,81 @@ static int parse_stop_ids(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiErr
     }
     return 0;
 }
+
+/* logit_bias: {"<token id>": bias in [-100, 100], ...}, as OpenAI and vLLM. */
+static int parse_logit_bias(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    json_t *v = field(o, "logit_bias");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return bad(err, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    size_t n = json_object_size(v);
+    if (n > (size_t)limit_or(lim->vocab_size, 1 << 20))
+        return bad(err, "logit_bias", "'logit_bias' has more entries than the vocabulary");
+    r->logit_bias_ids = pl_xmalloc((n ? n : 1) * sizeof(int32_t));
+    r->logit_bias_values = pl_xmalloc((n ? n : 1) * sizeof(float));
+    const char *key;
+    json_t *bias;
+    json_object_foreach(v, key, bias) {
+        char *end;
+        long long id = strtoll(key, &end, 10);
+        if (!key[0] || *end || key[0] == '+' || key[0] == ' ')
+            return bad(err, "logit_bias", "'logit_bias' keys must be token ids, got '%.40s'", key);
+        if (id < 0 || id >= limit_or(lim->vocab_size, INT32_MAX))
+            return bad(err, "logit_bias",
+                       "token id %lld in 'logit_bias' is out of vocabulary (vocab size %d)", id,
+                       lim->vocab_size);
+        if (!json_is_number(bias))
+            return bad(err, "logit_bias", "'logit_bias' values must be numbers");
+        double b = json_number_value(bias);
+        if (!(b >= -100 && b <= 100))
+            return bad(err, "logit_bias",
+                       "'logit_bias' values must be between -100 and 100, got %g for token %lld", b,
+                       id);
+        r->logit_bias_ids[r->num_logit_bias] = (int32_t)id;
+        r->logit_bias_values[r->num_logit_bias++] = (float)b;
+    }
+    return 0;
+}
+
+/* Fields that OpenAI or vLLM define and pagellm does not implement: present and not null
+ * (nor the value that means "off"), they are a 400 naming the field rather than being
+ * silently ignored. */
+static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err) {
+    for (; *names; names++) {
+        json_t *v = field(o, *names);
+        if (!v)
+            continue;
+        const char *s = json_string_value(v);
+        json_t *type = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if ((!strcmp(*names, "tool_choice") && s && !strcmp(s, "none")) ||
+            (!strcmp(*names, "response_format") && json_is_string(type) &&
+             !strcmp(json_string_value(type), "text")) ||
+            (!strcmp(*names, "add_generation_prompt") && json_is_true(v)) ||
+            (!strcmp(*names, "continue_final_message") && json_is_false(v)) ||
+            (!strcmp(*names, "suffix") && s && !s[0]))
+            continue;
+        return bad(err, *names, "'%s' is not supported by this server", *names);
+    }
+    return 0;
+}
+
+static const char *const UNSUPPORTED_COMMON[] = {
+    "response_format",    "guided_json",     "guided_regex",      "guided_choice", "guided_grammar",
+    "structured_outputs", "prompt_logprobs", "allowed_token_ids", "bad_words",     NULL};
+static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
+static const char *const UNSUPPORTED_CHAT[] = {"tools",
+                                               "tool_choice",
+                                               "functions",
+                                               "function_call",
+                                               "audio",
+                                               "prediction",
+                                               "chat_template",
+                                               "chat_template_kwargs",
+                                               "documents",
+                                               "add_generation_prompt",
+                                               "continue_final_message",
+                                               NULL};
 
 /* Fields both endpoints share. */
 static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
@@ -366,8 +461,14 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
             r->seed = (uint64_t)seed;
     }
     if (parse_stop(o, r, err) || parse_stop_ids(o, lim, r, err) ||
+        parse_logit_bias(o, lim, r, err) ||
+        opt_int_in(o, "min_tokens", 0, INT_MAX, &r->min_tokens, err) < 0 ||
+        refuse_unsupported(o, UNSUPPORTED_COMMON, err) ||
         opt_bool(o, "stream", "stream", &r->stream, err) < 0)
         return -1;
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
+        return bad(err, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)",
+                   r->min_tokens, r->max_tokens);
     if ((so = field(o, "stream_options"))) {
         if (!r->stream)
             return bad(err, "stream_options",
@@ -396,7 +497,7 @@ static void defaults(ApiRequest *r, int max_tokens) {
 
 static json_t *load(const char *body, size_t len, ApiError *err) {
     json_error_t je;
-    json_t *o = json_loadb(body ? body : "", body ? len : 0, JSON_DECODE_ANY, &je);
+    json_t *o = json_loadb(body ? body : "", body ? len : 0, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!o) {
         bad(err, NULL, "invalid JSON in the request body: %s (line %d, column %d, byte %d)",
             je.text, je.line, je.column, je.position);
@@ -424,7 +525,8 @@ Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, 
     int got_best_of = 0;
     if (parse_prompt(o, lim, req, err) ||
         parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
-        parse_common(o, lim, req, err) || (got_best_of = opt_int(o, "best_of", &best_of, err)) < 0)
+        refuse_unsupported(o, UNSUPPORTED_COMPLETION, err) || parse_common(o, lim, req, err) ||
+        (got_best_of = opt_int(o, "best_of", &best_of, err)) < 0)
         goto fail;
     req->best_of = req->n;
     if (got_best_of) {
@@ -453,16 +555,18 @@ fail:
 
 /* ---- chat -------------------------------------------------------------------------------- */
 
-/* The text of messages[i].content: a string, or text parts joined with "\n" (as vLLM). */
-static int message_text(json_t *m, int i, char **out, ApiError *err) {
+/* The text of messages[i].content: a string, or text parts joined with "\n" (as vLLM); its
+ * length in *len. */
+static int message_text(json_t *m, int i, char **out, size_t *len_out, ApiError *err) {
     json_t *c = field(m, "content");
     const char *role = json_string_value(json_object_get(m, "role"));
     if (!c && strcmp(role, "assistant") == 0) { /* OpenAI allows it (tool calls) */
         *out = pl_xstrdup("");
+        *len_out = 0;
         return 0;
     }
     if (c && json_is_string(c)) {
-        *out = pl_xstrdup(json_string_value(c));
+        *out = text_dup(c, len_out);
         return 0;
     }
     if (!c || !json_is_array(c))
@@ -492,6 +596,7 @@ static int message_text(json_t *m, int i, char **out, ApiError *err) {
     }
     *p = 0;
     *out = s;
+    *len_out = (size_t)(p - s);
     return 0;
 }
 
@@ -513,11 +618,11 @@ static int parse_messages(json_t *o, ApiChatMessage **msgs, int *num, ApiError *
         if (!json_is_object(m))
             return bad(err, "messages", "'messages[%zu]' must be an object", i);
         json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role))
-            return bad(err, "messages", "'messages[%zu].role' must be a string", i);
+        if (!json_is_string(role) || has_nul(role))
+            return bad(err, "messages", "'messages[%zu].role' must be a string without \\u0000", i);
         (*msgs)[i].role = json_string_value(role);
         char *text = NULL;
-        if (message_text(m, (int)i, &text, err))
+        if (message_text(m, (int)i, &text, &(*msgs)[i].content_len, err))
             return -1;
         (*msgs)[i].content = text;
         *num = (int)i + 1;
@@ -552,14 +657,17 @@ Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTe
     if (parse_messages(o, &msgs, &num, err) ||
         parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
         parse_max_tokens(o, "max_completion_tokens", lim, &req->max_tokens, err) < 0 ||
-        parse_common(o, lim, req, err) || parse_chat_logprobs(o, lim, req, err))
+        refuse_unsupported(o, UNSUPPORTED_CHAT, err) || parse_common(o, lim, req, err) ||
+        parse_chat_logprobs(o, lim, req, err))
         goto done;
     req->best_of = req->n;
-    char *text = api_chat_render(tmpl, msgs, num, bos, eos, err);
+    size_t text_len;
+    char *text = api_chat_render(tmpl, msgs, num, bos, eos, &text_len, err);
     if (!text)
         goto done;
     req->prompts = pl_xcalloc(1, sizeof *req->prompts);
     req->prompts[0].text = text;
+    req->prompts[0].text_len = text_len;
     req->num_prompts = 1;
     req->is_chat = 1;
     st = PL_OK;
@@ -589,8 +697,16 @@ int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tok
         err->code = "context_length_exceeded";
         return -1;
     }
+    int max_tokens = req->max_tokens < 0 ? L - prompt_tokens : req->max_tokens;
+    if (req->min_tokens > max_tokens) {
+        bad(err, "min_tokens",
+            "'min_tokens' (%d) is more than the %d tokens the completion may have (max-model-len "
+            "%d, %d in the %s)",
+            req->min_tokens, max_tokens, L, prompt_tokens, what);
+        return -1;
+    }
     if (req->max_tokens < 0)
-        return L - prompt_tokens;
+        return max_tokens;
     if ((long long)prompt_tokens + req->max_tokens > L) {
         bad(err, "max_tokens",
             "This model's maximum context length is %d tokens. However, you requested %lld "
@@ -602,6 +718,18 @@ int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tok
         return -1;
     }
     return req->max_tokens;
+}
+
+void api_sampling_params(const ApiRequest *req, SamplingParams *sp) {
+    sp->temperature = req->temperature;
+    sp->top_p = req->top_p;
+    sp->top_k = req->top_k;
+    sp->min_p = req->min_p;
+    sp->presence_penalty = req->presence_penalty;
+    sp->frequency_penalty = req->frequency_penalty;
+    sp->repetition_penalty = req->repetition_penalty;
+    if (req->has_seed)
+        sp->seed = req->seed;
 }
 
 void api_request_free(ApiRequest *req) {
@@ -616,6 +744,8 @@ void api_request_free(ApiRequest *req) {
     for (int i = 0; i < req->num_stop; i++)
         free(req->stop[i]);
     free(req->stop_token_ids);
+    free(req->logit_bias_ids);
+    free(req->logit_bias_values);
     free(req->user);
     memset(req, 0, sizeof *req);
 }

@@ -59,10 +59,10 @@ static unsigned utf8_at(const unsigned char *s, size_t *n) {
            ((s[0] & 0x07u) << 18) | ((s[1] & 0x3fu) << 12) | ((s[2] & 0x3fu) << 6) | (s[3] & 0x3f);
 }
 
-/* Append s with Python-whitespace stripped from both ends. */
-static void put_stripped(Buf *b, const char *s) {
+/* Append s[0..len) with Python-whitespace stripped from both ends. */
+static void put_stripped(Buf *b, const char *s, size_t len) {
     const unsigned char *u = (const unsigned char *)s;
-    size_t a = 0, z = strlen(s), n;
+    size_t a = 0, z = len, n;
     while (a < z && py_space(utf8_at(u + a, &n)))
         a += n;
     while (z > a) {
@@ -97,18 +97,18 @@ static char *render_llama2(Buf *b, const ApiChatMessage *m, int n, const char *b
         Buf c = {0};
         if (i == first && first) {
             puts_(&c, "<<SYS>>\n");
-            puts_(&c, m[0].content);
+            put(&c, m[0].content, m[0].content_len);
             puts_(&c, "\n<</SYS>>\n\n");
         }
-        puts_(&c, m[i].content);
+        put(&c, m[i].content, m[i].content_len);
         if (user) {
             puts_(b, bos);
             puts_(b, "[INST] ");
-            put_stripped(b, c.p);
+            put_stripped(b, c.p, c.len);
             puts_(b, " [/INST]");
         } else {
             puts_(b, " ");
-            put_stripped(b, c.p);
+            put_stripped(b, c.p, c.len);
             puts_(b, " ");
             puts_(b, eos);
         }
@@ -118,9 +118,10 @@ static char *render_llama2(Buf *b, const ApiChatMessage *m, int n, const char *b
 }
 
 char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs, const char *bos,
-                      const char *eos, ApiError *err) {
+                      const char *eos, size_t *len, ApiError *err) {
     Buf b = {0};
     put(&b, "", 0); /* an empty conversation still gives a string */
+    *len = 0;
     for (int i = 0; i < num_msgs; i++)
         if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") &&
             strcmp(msgs[i].role, "assistant")) {
@@ -136,35 +137,37 @@ char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msg
                 puts_(&b, "<|im_start|>");
                 puts_(&b, msgs[i].role);
                 puts_(&b, "\n");
-                puts_(&b, msgs[i].content);
+                put(&b, msgs[i].content, msgs[i].content_len);
                 puts_(&b, "<|im_end|>\n");
             }
             puts_(&b, "<|im_start|>assistant\n");
-            return b.p;
+            return *len = b.len, b.p;
         case CHAT_LLAMA3:
             puts_(&b, bos ? bos : "<|begin_of_text|>");
             for (int i = 0; i < num_msgs; i++) {
                 puts_(&b, "<|start_header_id|>");
                 puts_(&b, msgs[i].role);
                 puts_(&b, "<|end_header_id|>\n\n");
-                put_stripped(&b, msgs[i].content);
+                put_stripped(&b, msgs[i].content, msgs[i].content_len);
                 puts_(&b, "<|eot_id|>");
             }
             puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-            return b.p;
+            return *len = b.len, b.p;
         case CHAT_LLAMA2:
-            return render_llama2(&b, msgs, num_msgs, bos ? bos : "<s>", eos ? eos : "</s>", err);
+            if (!render_llama2(&b, msgs, num_msgs, bos ? bos : "<s>", eos ? eos : "</s>", err))
+                return NULL;
+            return *len = b.len, b.p;
         case CHAT_ZEPHYR:
             for (int i = 0; i < num_msgs; i++) {
                 puts_(&b, "<|");
                 puts_(&b, msgs[i].role);
                 puts_(&b, "|>\n");
-                puts_(&b, msgs[i].content);
+                put(&b, msgs[i].content, msgs[i].content_len);
                 puts_(&b, eos ? eos : "</s>");
                 puts_(&b, "\n");
             }
             puts_(&b, "<|assistant|>\n");
-            return b.p;
+            return *len = b.len, b.p;
         case CHAT_NONE:
             break;
     }

@@ -17,14 +17,14 @@
 /* Bytes of SSE a streaming request may have waiting for a client that does not read. */
 #define STREAM_BUFFER_LIMIT (4u << 20)
 
-static void choice_append(Choice *ch, const char *text) {
-    size_t n = strlen(text);
+static void choice_append(Choice *ch, const char *text, size_t n) {
     if (ch->len + n + 1 > ch->cap) {
         ch->cap = (ch->len + n + 1) * 2;
         ch->text = pl_xrealloc(ch->text, ch->cap);
     }
-    memcpy(ch->text + ch->len, text, n + 1);
+    memcpy(ch->text + ch->len, text, n);
     ch->len += n;
+    ch->text[ch->len] = '\0';
 }
 
 /* Append to the streaming buffer in amortised O(n): what was sent is dropped only once it is
@@ -61,6 +61,7 @@ static void unref(CompletionReq *cr) {
             free(ch->top_json[t]);
         }
         free(ch->tok_text);
+        free(ch->tok_len);
         free(ch->tok_logprob);
         free(ch->top_json);
         free(ch->tok_offset);
@@ -68,6 +69,7 @@ static void unref(CompletionReq *cr) {
     for (int i = 0; i < cr->req.num_prompts; i++)
         free(cr->prompt_text ? cr->prompt_text[i] : NULL);
     free(cr->prompt_text);
+    free(cr->prompt_len);
     free(cr->choices);
     free(cr->runs);
     free(cr->out);
@@ -82,10 +84,10 @@ static const char *finish_str(FinishReason r) {
 
 /* ---- JSON pieces ---------------------------------------------------------------- */
 
-static json_t *bytes_of(const char *s) {
+static json_t *bytes_of(const char *s, size_t n) {
     json_t *a = json_array();
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        json_array_append_new(a, json_integer(*p));
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)s[i]));
     return a;
 }
 
@@ -96,26 +98,27 @@ static json_t *logprobs_json(const CompletionReq *cr, const Choice *ch, int from
     if (cr->req.is_chat) {
         json_t *content = json_array();
         for (int t = from; t < to; t++) {
-            json_t *top = json_array(), *obj = json_loads(ch->top_json[t], 0, NULL);
+            json_t *top = json_array(), *obj = json_loads(ch->top_json[t], JSON_ALLOW_NUL, NULL);
             const char *k;
+            size_t klen;
             json_t *v;
-            json_object_foreach(obj, k, v) {
-                json_array_append_new(top, json_pack("{s:s, s:O, s:o}", "token", k, "logprob", v,
-                                                     "bytes", bytes_of(k)));
+            json_object_keylen_foreach(obj, k, klen, v) {
+                json_array_append_new(top, json_pack("{s:s#, s:O, s:o}", "token", k, klen,
+                                                     "logprob", v, "bytes", bytes_of(k, klen)));
             }
             json_decref(obj);
-            json_array_append_new(content,
-                                  json_pack("{s:s, s:f, s:o, s:o}", "token", ch->tok_text[t],
-                                            "logprob", (double)ch->tok_logprob[t], "bytes",
-                                            bytes_of(ch->tok_text[t]), "top_logprobs", top));
+            json_array_append_new(
+                content, json_pack("{s:s#, s:f, s:o, s:o}", "token", ch->tok_text[t],
+                                   ch->tok_len[t], "logprob", (double)ch->tok_logprob[t], "bytes",
+                                   bytes_of(ch->tok_text[t], ch->tok_len[t]), "top_logprobs", top));
         }
         return json_pack("{s:o}", "content", content);
     }
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     for (int t = from; t < to; t++) {
-        json_array_append_new(tokens, json_string(ch->tok_text[t]));
+        json_array_append_new(tokens, json_stringn(ch->tok_text[t], ch->tok_len[t]));
         json_array_append_new(lps, json_real(ch->tok_logprob[t]));
-        json_array_append_new(tops, json_loads(ch->top_json[t], 0, NULL));
+        json_array_append_new(tops, json_loads(ch->top_json[t], JSON_ALLOW_NUL, NULL));
         json_array_append_new(offs, json_integer((json_int_t)ch->tok_offset[t]));
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
@@ -171,12 +174,11 @@ static char *final_json(CompletionReq *cr) {
                               "logprobs", logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason",
                               fin);
             } else {
-                const char *echo = q->echo ? cr->prompt_text[p] : "";
-                char *text = pl_xmalloc(strlen(echo) + ch->len + 1);
-                strcpy(text, echo);
-                memcpy(text + strlen(echo), ch->text ? ch->text : "", ch->len);
-                text[strlen(echo) + ch->len] = '\0';
-                c = json_pack("{s:i, s:s, s:o, s:s?}", "index", p * q->n + r, "text", text,
+                size_t echo = q->echo ? cr->prompt_len[p] : 0, len = echo + ch->len;
+                char *text = pl_xmalloc(len + 1);
+                memcpy(text, cr->prompt_text[p], echo);
+                memcpy(text + echo, ch->text ? ch->text : "", ch->len);
+                c = json_pack("{s:i, s:s#, s:o, s:s?}", "index", p * q->n + r, "text", text, len,
                               "logprobs", logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason",
                               fin);
                 free(text);
@@ -252,8 +254,8 @@ static void buf_json_string(Buf *b, const char *s, size_t n) {
 /* The common streaming chunk (no logprobs), written directly: the engine thread formats one
  * per token, and building it through jansson objects cost several times more. The bytes are
  * those json_dumps(JSON_COMPACT) gives for stream_chunk's objects. */
-static void stream_chunk_plain(CompletionReq *cr, int index, const Choice *ch, size_t from,
-                               size_t to, const char *finish) {
+static void stream_chunk_plain(CompletionReq *cr, int index, Choice *ch, size_t from, size_t to,
+                               const char *finish) {
     const ApiRequest *q = &cr->req;
     Buf b = {0};
     char num[64];
@@ -270,9 +272,9 @@ static void stream_chunk_plain(CompletionReq *cr, int index, const Choice *ch, s
     const char *text = ch->text ? ch->text + from : "";
     if (q->is_chat) {
         buf_str(&b, "\"delta\":{");
-        if (!cr->sent_role) {
+        if (!ch->sent_role) {
             buf_str(&b, "\"role\":\"assistant\"");
-            cr->sent_role = 1;
+            ch->sent_role = 1;
             if (to > from || !finish)
                 buf_str(&b, ",");
         }
@@ -297,8 +299,8 @@ static void stream_chunk_plain(CompletionReq *cr, int index, const Choice *ch, s
 }
 
 /* One streaming chunk for choice `index` carrying text [from, to) and tokens [t0, t1). */
-static void stream_chunk(CompletionReq *cr, int index, const Choice *ch, size_t from, size_t to,
-                         int t0, int t1, const char *finish) {
+static void stream_chunk(CompletionReq *cr, int index, Choice *ch, size_t from, size_t to, int t0,
+                         int t1, const char *finish) {
     const ApiRequest *q = &cr->req;
     if (q->logprobs < 0) {
         stream_chunk_plain(cr, index, ch, from, to, finish);
@@ -308,9 +310,9 @@ static void stream_chunk(CompletionReq *cr, int index, const Choice *ch, size_t 
     json_t *c;
     if (q->is_chat) {
         json_t *delta = json_object();
-        if (!cr->sent_role) {
+        if (!ch->sent_role) {
             json_object_set_new(delta, "role", json_string("assistant"));
-            cr->sent_role = 1;
+            ch->sent_role = 1;
         }
         if (to > from || !finish)
             json_object_set_new(delta, "content", json_stringn(ch->text + from, to - from));
@@ -334,8 +336,8 @@ static size_t streamable(const CompletionReq *cr, const Choice *ch) {
         return ch->len;
     size_t hold = 0;
     for (int i = 0; i < cr->req.num_stop; i++)
-        if (strlen(cr->req.stop[i]) > hold + 1)
-            hold = strlen(cr->req.stop[i]) - 1;
+        if (cr->req.stop_len[i] > hold + 1)
+            hold = cr->req.stop_len[i] - 1;
     if (ch->len <= hold)
         return ch->sent;
     size_t end = ch->len - hold;
@@ -348,9 +350,10 @@ static size_t streamable(const CompletionReq *cr, const Choice *ch) {
 static int apply_stop_strings(const CompletionReq *cr, Choice *ch, size_t old_len) {
     size_t best = (size_t)-1;
     for (int i = 0; i < cr->req.num_stop; i++) {
-        size_t n = strlen(cr->req.stop[i]);
+        size_t n = cr->req.stop_len[i];
         size_t from = old_len >= n ? old_len - n + 1 : 0;
-        char *hit = ch->len >= from ? strstr(ch->text + from, cr->req.stop[i]) : NULL;
+        char *hit =
+            ch->len >= from ? memmem(ch->text + from, ch->len - from, cr->req.stop[i], n) : NULL;
         if (hit && (size_t)(hit - ch->text) < best)
             best = (size_t)(hit - ch->text);
     }
@@ -362,14 +365,18 @@ static int apply_stop_strings(const CompletionReq *cr, Choice *ch, size_t old_le
 }
 
 /* The text of token `id` right after token `prev`, as it reads in the sequence (a
- * SentencePiece word start keeps its space, which decoding it alone would strip). */
-static char *token_text_after(const Tokenizer *tok, int32_t prev, int32_t id) {
+ * SentencePiece word start keeps its space, which decoding it alone would strip); its length
+ * in *len. */
+static char *token_text_after(const Tokenizer *tok, int32_t prev, int32_t id, size_t *len) {
     if (prev < 0)
-        return tok_decode(tok, &id, 1, 0);
+        return tok_decode(tok, &id, 1, 0, len);
     int32_t pair[2] = {prev, id};
-    char *both = tok_decode(tok, pair, 2, 0), *head = tok_decode(tok, &prev, 1, 0);
-    size_t n = strlen(head);
-    char *out = pl_xstrdup(strncmp(both, head, n) == 0 ? both + n : both);
+    size_t nb, nh;
+    char *both = tok_decode(tok, pair, 2, 0, &nb), *head = tok_decode(tok, &prev, 1, 0, &nh);
+    size_t skip = nh <= nb && memcmp(both, head, nh) == 0 ? nh : 0;
+    *len = nb - skip;
+    char *out = pl_xmalloc(*len + 1);
+    memcpy(out, both + skip, *len + 1);
     free(both);
     free(head);
     return out;
@@ -380,19 +387,23 @@ static void record_logprobs(CompletionReq *cr, Choice *ch, const EngEvent *ev, s
     if (t >= ch->lp_cap) {
         ch->lp_cap = ch->lp_cap ? 2 * ch->lp_cap : 16;
         ch->tok_text = pl_xrealloc(ch->tok_text, (size_t)ch->lp_cap * sizeof(char *));
+        ch->tok_len = pl_xrealloc(ch->tok_len, (size_t)ch->lp_cap * sizeof(size_t));
         ch->tok_logprob = pl_xrealloc(ch->tok_logprob, (size_t)ch->lp_cap * sizeof(float));
         ch->top_json = pl_xrealloc(ch->top_json, (size_t)ch->lp_cap * sizeof(char *));
         ch->tok_offset = pl_xrealloc(ch->tok_offset, (size_t)ch->lp_cap * sizeof(size_t));
     }
-    ch->tok_text[t] = pl_xstrdup(ev->text);
+    ch->tok_text[t] = pl_xmalloc(ev->text_len + 1);
+    memcpy(ch->tok_text[t], ev->text, ev->text_len + 1);
+    ch->tok_len[t] = ev->text_len;
     ch->tok_logprob[t] = ev->logprob;
     ch->tok_offset[t] = offset;
     const Tokenizer *tok = eng_tokenizer(cr->srv->engine);
     json_t *top = json_object();
     int k = cr->req.logprobs > 0 ? cr->req.logprobs : 0;
     for (int i = 0; i < ev->num_top && i < k; i++) {
-        char *s = token_text_after(tok, ch->prev_token, ev->top_ids[i]);
-        json_object_set_new(top, s, json_real(ev->top_logprobs[i]));
+        size_t n;
+        char *s = token_text_after(tok, ch->prev_token, ev->top_ids[i], &n);
+        json_object_setn_new(top, s, n, json_real(ev->top_logprobs[i]));
         free(s);
     }
     ch->top_json[t] = json_dumps(top, JSON_COMPACT);
@@ -455,19 +466,26 @@ void completion_on_event(Server *s, const EngEvent *ev) {
                 record_logprobs(cr, ch, ev, old_len);
             ch->prev_token = ev->token;
         }
-        choice_append(ch, ev->text);
-        if (apply_stop_strings(cr, ch, old_len)) {
+        choice_append(ch, ev->text, ev->text_len);
+        /* stop strings, like stop tokens, act once min_tokens are generated (vLLM) */
+        if (ch->num_tokens >= q->min_tokens && apply_stop_strings(cr, ch, old_len)) {
             ch->finish = FINISH_STOP;
             ch->stopped_by_string = 1;
         } else if (ev->finish != FINISH_NONE) {
             ch->finish = ev->finish;
         }
         if (q->stream) {
+            int index = run->prompt_index * q->n + ev->index;
+            if (q->echo && !ch->echoed) { /* the prompt first, in a chunk of its own */
+                int p = run->prompt_index;
+                Choice prompt = {.text = cr->prompt_text[p], .len = cr->prompt_len[p]};
+                stream_chunk_plain(cr, index, &prompt, 0, prompt.len, NULL);
+                ch->echoed = 1;
+            }
             size_t end = streamable(cr, ch);
             const char *fin = finish_str(ch->finish);
             if (end > sent_before || fin || (q->logprobs >= 0 && ch->num_tokens > t0))
-                stream_chunk(cr, run->prompt_index * q->n + ev->index, ch, sent_before, end, t0,
-                             ch->num_tokens, fin);
+                stream_chunk(cr, index, ch, sent_before, end, t0, ch->num_tokens, fin);
             ch->sent = end;
             if (cr->out_len - cr->out_sent > STREAM_BUFFER_LIMIT && !cr->client_gone) {
                 /* the client does not read: stop generating for it rather than buffer
@@ -506,6 +524,7 @@ void completion_on_event(Server *s, const EngEvent *ev) {
     }
     pthread_mutex_unlock(&cr->mu);
     if (all_engine_done) {
+        atomic_fetch_sub(&s->in_flight_seqs, cr->num_choices);
         atomic_fetch_sub(&s->in_flight, 1);
         unref(cr); /* the engine side lets go */
     }
@@ -545,15 +564,20 @@ enum MHD_Result completion_resume(CompletionReq *cr, struct MHD_Connection *conn
     return srv_send_json(cr->srv, conn, 200, body);
 }
 
-void completion_release_http(CompletionReq *cr, int completed_ok) {
+void completion_abandon(CompletionReq *cr) {
     pthread_mutex_lock(&cr->mu);
-    int abort_runs = !cr->done && !completed_ok;
+    int abort_runs = !cr->done;
     if (abort_runs)
         cr->client_gone = 1;
     pthread_mutex_unlock(&cr->mu);
     if (abort_runs) /* the client left: free its KV blocks at the next step */
         for (int i = 0; i < cr->req.num_prompts; i++)
             eng_abort(cr->srv->engine, cr->runs[i].engine_id);
+}
+
+void completion_release_http(CompletionReq *cr, int completed_ok) {
+    if (!completed_ok)
+        completion_abandon(cr);
     unref(cr);
 }
 
@@ -569,7 +593,7 @@ static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids,
                           "the model has no tokenizer: send token ids");
             return 0;
         }
-        if (tok_encode(tok, ap->text, strlen(ap->text), !q->is_chat, ids, n) != PL_OK) {
+        if (tok_encode(tok, ap->text, ap->text_len, !q->is_chat, ids, n) != PL_OK) {
             api_error_set(err, 400, "invalid_request_error", "prompt", "%s", pl_error());
             return 0;
         }
@@ -589,8 +613,13 @@ static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids,
     return 0;
 }
 
-static GenerateParams engine_params(const ApiRequest *q, int max_tokens) {
+/* The engine's parameters of one prompt of q; `bias` holds q's logit_bias (the engine copies
+ * it). */
+static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const LogitBias *bias) {
     GenerateParams gp = {.max_tokens = max_tokens,
+                         .min_tokens = q->min_tokens,
+                         .logit_bias = bias,
+                         .num_logit_bias = q->num_logit_bias,
                          .ignore_eos = q->ignore_eos,
                          .n = q->best_of,
                          .logprobs = q->logprobs >= 0 || q->best_of > q->n,
@@ -599,16 +628,8 @@ static GenerateParams engine_params(const ApiRequest *q, int max_tokens) {
                          .num_stop_token_ids = q->num_stop_token_ids,
                          .sampling = sampling_params_default()};
     SamplingParams *sp = &gp.sampling;
-    sp->temperature = q->temperature;
-    sp->top_p = q->top_p;
-    sp->top_k = q->top_k;
-    sp->min_p = q->min_p;
-    sp->presence_penalty = q->presence_penalty;
-    sp->frequency_penalty = q->frequency_penalty;
-    sp->repetition_penalty = q->repetition_penalty;
-    if (q->has_seed) {
-        sp->seed = q->seed;
-    } else { /* an unseeded request still needs its own random stream */
+    api_sampling_params(q, sp);
+    if (!q->has_seed) { /* an unseeded request still needs its own random stream */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         sp->seed = ((uint64_t)ts.tv_sec * 1000000007ULL) ^ (uint64_t)ts.tv_nsec ^
@@ -634,10 +655,41 @@ static CompletionReq *new_request(Server *s, struct MHD_Connection *conn, ApiReq
     cr->queue_seconds = -1;
     cr->runs = pl_xcalloc((size_t)cr->req.num_prompts, sizeof *cr->runs);
     cr->prompt_text = pl_xcalloc((size_t)cr->req.num_prompts, sizeof(char *));
+    cr->prompt_len = pl_xcalloc((size_t)cr->req.num_prompts, sizeof(size_t));
     cr->num_choices = cr->req.num_prompts * cr->req.best_of;
     cr->choices = pl_xcalloc((size_t)cr->num_choices, sizeof *cr->choices);
     cr->refs = 1; /* HTTP side */
     return cr;
+}
+
+/* Admission by sequences (issue 34): a request runs prompts x best_of of them. One above
+ * max-seqs-per-request, or above max-queue-len (it could never be admitted), is refused with
+ * 400 naming the field that makes it large; one that does not fit beside the sequences in
+ * flight gets 503. The sequences are reserved here; the engine side releases them when its
+ * last run ends (completion_on_event), or completion_start when nothing reached the engine. */
+static int check_sequences(Server *s, const ApiRequest *q, ApiError *err) {
+    long long seqs = (long long)q->num_prompts * q->best_of;
+    int per_request = s->cfg->max_seqs_per_request, queue = s->cfg->max_queue_len;
+    int cap = per_request < queue ? per_request : queue;
+    if (seqs > cap) {
+        const char *field = q->best_of > q->n ? "best_of" : q->n > 1 ? "n" : "prompt";
+        api_error_set(err, 400, "invalid_request_error", field,
+                      "the request runs %lld sequences (%d prompts x best_of %d), more than "
+                      "%s (%d)",
+                      seqs, q->num_prompts, q->best_of,
+                      cap == per_request ? "max-seqs-per-request" : "max-queue-len", cap);
+        return 0;
+    }
+    int cur = atomic_load(&s->in_flight_seqs);
+    do {
+        if (cur + seqs > queue) {
+            api_error_set(err, 503, "server_error", NULL,
+                          "the server is at capacity (max-queue-len %d sequences); retry later",
+                          queue);
+            return 0;
+        }
+    } while (!atomic_compare_exchange_weak(&s->in_flight_seqs, &cur, cur + (int)seqs));
+    return 1;
 }
 
 static int check_request(Server *s, const ApiRequest *q, ApiError *err) {
@@ -656,13 +708,7 @@ static int check_request(Server *s, const ApiRequest *q, ApiError *err) {
                       "echo together with logprobs is not supported");
         return 0;
     }
-    if (atomic_load(&s->in_flight) >= s->cfg->max_queue_len) {
-        api_error_set(err, 503, "server_error", NULL,
-                      "the server is at capacity (max-queue-len %d); retry later",
-                      s->cfg->max_queue_len);
-        return 0;
-    }
-    return 1;
+    return check_sequences(s, q, err);
 }
 
 enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_chat,
@@ -698,12 +744,21 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
         const Tokenizer *tok = eng_tokenizer(s->engine);
         for (int p = 0; p < np; p++) {
             const ApiPrompt *ap = &cr->req.prompts[p];
-            cr->prompt_text[p] = ap->text ? pl_xstrdup(ap->text)
-                                 : tok    ? tok_decode(tok, ap->ids, ap->num_ids, 1)
-                                          : pl_xstrdup("");
+            if (ap->text) {
+                cr->prompt_len[p] = ap->text_len;
+                cr->prompt_text[p] =
+                    memcpy(pl_xmalloc(ap->text_len + 1), ap->text, ap->text_len + 1);
+            } else {
+                cr->prompt_text[p] =
+                    tok ? tok_decode(tok, ap->ids, ap->num_ids, 1, &cr->prompt_len[p])
+                        : pl_xstrdup("");
+            }
         }
         cr->refs++; /* the engine side */
         atomic_fetch_add(&s->in_flight, 1);
+        LogitBias *bias = pl_xmalloc((size_t)(cr->req.num_logit_bias + 1) * sizeof *bias);
+        for (int i = 0; i < cr->req.num_logit_bias; i++)
+            bias[i] = (LogitBias){cr->req.logit_bias_ids[i], cr->req.logit_bias_values[i]};
         for (int p = 0; p < np && ok; p++) {
             PromptRun *run = &cr->runs[p];
             run->cr = cr;
@@ -713,7 +768,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
                 cr->choices[p * cr->req.best_of + c].prev_token = ids[p][lens[p] - 1];
             EngRequest er = {.prompt = ids[p],
                              .num_prompt = lens[p],
-                             .params = engine_params(&cr->req, max_tokens[p]),
+                             .params = engine_params(&cr->req, max_tokens[p], bias),
                              .user = run};
             if (eng_add_request(s->engine, &er, &run->engine_id) != PL_OK) {
                 api_error_set(&err, 400, "invalid_request_error", "prompt", "%s", pl_error());
@@ -725,11 +780,13 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
                 for (int r = 0; r < p; r++)
                     eng_abort(s->engine, cr->runs[r].engine_id);
                 if (p == 0) {
+                    atomic_fetch_sub(&s->in_flight_seqs, cr->num_choices);
                     atomic_fetch_sub(&s->in_flight, 1);
                     cr->refs--;
                 }
             }
         }
+        free(bias);
     }
     for (int p = 0; p < np; p++)
         free(ids[p]);
@@ -737,6 +794,8 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
     free(lens);
     free(max_tokens);
     if (!ok) {
+        if (!cr) /* nothing reached the engine: its sequences are not in flight */
+            atomic_fetch_sub(&s->in_flight_seqs, q.num_prompts * q.best_of);
         api_request_free(&q);
         if (cr) {
             cr->done = 1;

@@ -116,7 +116,12 @@ static const CfgKey keys[] = {
      .help = "random seed (dummy weights)"},
     /* HTTP server */
     KEY_INT("max-queue-len", max_queue_len, 1, NO_MAX, "N",
-            "waiting requests at most; more get 503", NULL),
+            "sequences (prompts x best_of of each request) in the engine at most; more get 503",
+            NULL),
+    KEY_INT("max-seqs-per-request", max_seqs_per_request, 1, NO_MAX, "N",
+            "prompts x best_of of one request at most; more get 400", NULL),
+    KEY_INT("max-connections-per-ip", max_connections_per_ip, 0, NO_MAX, "N",
+            "open connections from one client address at most; 0 = no limit", NULL),
     KEY_INT("max-request-bytes", max_request_bytes, 1, NO_MAX, "N",
             "largest request body, bytes; larger get 413", NULL),
     KEY_DOUBLE(
@@ -258,6 +263,8 @@ void cfg_init(Config *c) {
     c->host = pl_xstrdup("127.0.0.1");
     c->port = 8000;
     c->max_queue_len = 1024;
+    c->max_seqs_per_request = 256;
+    c->max_connections_per_ip = 1024;
     c->max_request_bytes = 1 << 20;
     c->request_timeout = 60;
     c->log_level = "info";

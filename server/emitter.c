@@ -39,7 +39,7 @@ static EmitBatch *copy_batch(const EngEvent *ev, int n) {
     size_t arrays = 0, texts = 0;
     for (int i = 0; i < n; i++) {
         arrays += (size_t)ev[i].num_top * (sizeof(int32_t) + sizeof(float));
-        texts += strlen(ev[i].text ? ev[i].text : "") + 1;
+        texts += (ev[i].text ? ev[i].text_len : 0) + 1;
     }
     size_t head = round_up(sizeof(EmitBatch) + (size_t)n * sizeof(EngEvent), alignof(max_align_t));
     EmitBatch *b = pl_xmalloc(head + arrays + texts);
@@ -58,10 +58,10 @@ static EmitBatch *copy_batch(const EngEvent *ev, int n) {
             e->top_ids = (const int32_t *)arr;
             arr += k * sizeof(int32_t);
         }
-        size_t len = strlen(ev[i].text ? ev[i].text : "") + 1;
-        memcpy(txt, ev[i].text ? ev[i].text : "", len);
+        e->text_len = ev[i].text ? ev[i].text_len : 0;
+        memcpy(txt, ev[i].text ? ev[i].text : "", e->text_len + 1); /* NUL-terminated */
         e->text = txt;
-        txt += len;
+        txt += e->text_len + 1;
     }
     return b;
 }

@@ -1,6 +1,8 @@
 /* server.c - the HTTP daemon (libmicrohttpd, epoll, internal thread pool, suspend/resume),
  * routing of every endpoint, authentication, body limits (a declared oversized body is refused
- * before it is read), the engine thread and shutdown. */
+ * before it is read), framing checks (Content-Length / Transfer-Encoding), the per-address
+ * connection limit, the watcher that aborts the requests of clients that left, the engine
+ * thread and shutdown (draining: /health answers 503). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
@@ -11,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,7 +33,138 @@ typedef struct {
     size_t len, cap;
     int too_big;
     CompletionReq *cr; /* set once a completion was submitted */
+    uint64_t watch;    /* its watch (see below), 0 = none */
 } ConnCtx;
+
+/* ---- clients that leave mid-request --------------------------------------------------
+ *
+ * A suspended connection (a non-streaming request waits for its whole answer so, and a
+ * streaming one between tokens) is outside libmicrohttpd's event loop: a client that closes
+ * its socket is noticed only when the answer is written, for a non-streaming request at the
+ * end of the whole generation (an abandoned n = 64 x 400-token request kept the engine busy
+ * to the end). So every connection with a completion in flight is also in an epoll set of
+ * the watcher's own, for EPOLLRDHUP only (the client's FIN, a reset or an error: never the
+ * data of a pipelined next request), and the watcher thread abandons the request of a
+ * connection whose client has gone (completion_abandon: its engine runs are aborted and
+ * their KV blocks freed at the next step; the answer then fails to be written and
+ * libmicrohttpd closes the connection). A watch is removed (on_completed) before
+ * libmicrohttpd closes its fd and before the request's HTTP reference is let go, and epoll
+ * events carry the watch's serial number, not a pointer, so a late event of a removed watch
+ * finds nothing. */
+typedef struct {
+    uint64_t id;
+    int fd;
+    CompletionReq *cr;
+} Watch;
+
+struct Watcher {
+    pthread_mutex_t mu;
+    int epfd, wake; /* the epoll set; an eventfd that stops the thread */
+    Watch *w;
+    int n, cap;
+    uint64_t next_id;
+    pthread_t thread;
+    int started;
+};
+
+static void *watcher_loop(void *arg) {
+    struct Watcher *wt = arg;
+    struct epoll_event ev[64];
+    for (;;) {
+        int n = epoll_wait(wt->epfd, ev, 64, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return NULL;
+        pthread_mutex_lock(&wt->mu);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].data.u64 == 0) { /* the wake-up: stop */
+                pthread_mutex_unlock(&wt->mu);
+                return NULL;
+            }
+            for (int k = 0; k < wt->n; k++) {
+                if (wt->w[k].id != ev[i].data.u64)
+                    continue;
+                completion_abandon(wt->w[k].cr);
+                epoll_ctl(wt->epfd, EPOLL_CTL_DEL, wt->w[k].fd, NULL);
+                wt->w[k] = wt->w[--wt->n];
+                break;
+            }
+        }
+        pthread_mutex_unlock(&wt->mu);
+    }
+}
+
+static struct Watcher *watcher_start(void) {
+    struct Watcher *wt = pl_xcalloc(1, sizeof *wt);
+    pthread_mutex_init(&wt->mu, NULL);
+    wt->epfd = epoll_create1(EPOLL_CLOEXEC);
+    wt->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
+    if (wt->epfd < 0 || wt->wake < 0 || epoll_ctl(wt->epfd, EPOLL_CTL_ADD, wt->wake, &ev) != 0 ||
+        pthread_create(&wt->thread, NULL, watcher_loop, wt) != 0)
+        pl_fatal(__FILE__, __LINE__, "cannot start the connection watcher: %s", strerror(errno));
+    wt->started = 1;
+    return wt;
+}
+
+/* Stop the thread; the set stays usable (watches are removed until the daemon stops). */
+static void watcher_stop_thread(struct Watcher *wt) {
+    if (!wt || !wt->started)
+        return;
+    uint64_t one = 1;
+    if (write(wt->wake, &one, sizeof one) != sizeof one)
+        pl_fatal(__FILE__, __LINE__, "cannot stop the connection watcher");
+    pthread_join(wt->thread, NULL);
+    wt->started = 0;
+}
+
+static void watcher_destroy(struct Watcher *wt) {
+    if (!wt)
+        return;
+    watcher_stop_thread(wt);
+    close(wt->epfd);
+    close(wt->wake);
+    free(wt->w);
+    pthread_mutex_destroy(&wt->mu);
+    free(wt);
+}
+
+/* Watch the connection of request cr; returns the watch's id (0 if it cannot be watched). */
+static uint64_t watch_add(struct Watcher *wt, struct MHD_Connection *conn, CompletionReq *cr) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!wt || !ci)
+        return 0;
+    pthread_mutex_lock(&wt->mu);
+    uint64_t id = ++wt->next_id;
+    struct epoll_event ev = {.events = EPOLLRDHUP, .data.u64 = id};
+    if (epoll_ctl(wt->epfd, EPOLL_CTL_ADD, ci->connect_fd, &ev) != 0) {
+        pthread_mutex_unlock(&wt->mu);
+        return 0;
+    }
+    if (wt->n == wt->cap) {
+        wt->cap = wt->cap ? 2 * wt->cap : 64;
+        wt->w = pl_xrealloc(wt->w, (size_t)wt->cap * sizeof *wt->w);
+    }
+    wt->w[wt->n++] = (Watch){.id = id, .fd = ci->connect_fd, .cr = cr};
+    pthread_mutex_unlock(&wt->mu);
+    return id;
+}
+
+static void watch_remove(struct Watcher *wt, uint64_t id) {
+    if (!wt || !id)
+        return;
+    pthread_mutex_lock(&wt->mu);
+    for (int k = 0; k < wt->n; k++) {
+        if (wt->w[k].id != id)
+            continue;
+        epoll_ctl(wt->epfd, EPOLL_CTL_DEL, wt->w[k].fd, NULL);
+        wt->w[k] = wt->w[--wt->n];
+        break;
+    }
+    pthread_mutex_unlock(&wt->mu);
+}
 
 static ConnClock *clock_of(struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *ci =
@@ -45,6 +181,66 @@ static int declared_too_big(const Server *s, struct MHD_Connection *conn) {
     errno = 0;
     unsigned long long n = strtoull(cl, &end, 10);
     return end != cl && (errno == ERANGE || n > (unsigned long long)s->cfg->max_request_bytes);
+}
+
+/* Request smuggling behind a proxy (issue 34): libmicrohttpd 0.9.75 takes the first of two
+ * Content-Length headers and lets Transfer-Encoding: chunked override a Content-Length, where a
+ * proxy in front may have framed the body by the other one; and it waits for the end of a body
+ * in a transfer coding it does not know. Such requests are refused before the body is read:
+ * 400 for two different Content-Length values, two Transfer-Encoding headers, or both headers;
+ * 501 for a Transfer-Encoding other than chunked. */
+typedef struct {
+    int num_cl, num_te, cl_differ;
+    unsigned long long cl;
+    const char *te;
+} Framing;
+
+static int parse_length(const char *v, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    *out = strtoull(v, &end, 10);
+    return v[0] >= '0' && v[0] <= '9' && end != v && !*end && errno == 0;
+}
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+    (void)kind;
+    Framing *f = cls;
+    unsigned long long n = 0;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        int ok = value && parse_length(value, &n);
+        if (f->num_cl++ ? !ok || n != f->cl : 0)
+            f->cl_differ = 1;
+        f->cl = n;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        f->num_te++;
+        f->te = value ? value : "";
+    }
+    return MHD_YES;
+}
+
+/* 0 when the request's framing is fine, else the status to refuse it with (err filled). */
+static int bad_framing(struct MHD_Connection *conn, ApiError *err) {
+    Framing f = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+    const char *why = NULL;
+    if (f.cl_differ)
+        why = "two different Content-Length headers";
+    else if (f.num_te > 1)
+        why = "more than one Transfer-Encoding header";
+    else if (f.num_te && f.num_cl)
+        why = "both Content-Length and Transfer-Encoding";
+    if (why) {
+        api_error_set(err, 400, "invalid_request_error", NULL,
+                      "the request has %s: its body's length is ambiguous", why);
+        return 400;
+    }
+    if (f.num_te && strcasecmp(f.te, "chunked") != 0) {
+        api_error_set(err, 501, "invalid_request_error", NULL,
+                      "Transfer-Encoding '%.64s' is not supported (only chunked)", f.te);
+        return 501;
+    }
+    return 0;
 }
 
 /* Queue `body` (malloc'd, taken) with a content type and at most one extra header. */
@@ -86,11 +282,27 @@ static int authorized(const Server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
+/* The model folder's last name ("stories260K" for /srv/models/stories260K/): /v1/models says
+ * which model this is without telling clients the server's file system. */
+static void model_root(const char *dir, char *out, size_t size) {
+    size_t end = strlen(dir);
+    while (end > 1 && dir[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && dir[start - 1] != '/')
+        start--;
+    snprintf(out, size, "%.*s", (int)(end - start), dir + start);
+}
+
+/* vLLM's model card: id (served name), root (the model, here by its folder's name only, never
+ * a path), parent, max_model_len (the effective one, after any cap to the KV cache). */
 static enum MHD_Result models(Server *s, struct MHD_Connection *conn) {
-    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:s, s:i}", "id", s->model_name, "object", "model",
-                          "created", (json_int_t)time(NULL), "owned_by", "pagellm", "root",
-                          s->cfg->engine.model_dir, "max_model_len",
-                          s->engine ? eng_max_model_len(s->engine) : 0);
+    char root[1024];
+    model_root(s->cfg->engine.model_dir, root, sizeof root);
+    json_t *m =
+        json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", s->model_name, "object", "model",
+                  "created", (json_int_t)time(NULL), "owned_by", "pagellm", "root", root, "parent",
+                  "max_model_len", s->engine ? eng_max_model_len(s->engine) : 0);
     json_t *list = json_pack("{s:s, s:[o]}", "object", "list", "data", m);
     char *body = json_dumps(list, JSON_COMPACT);
     json_decref(list);
@@ -159,8 +371,12 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
     dl_set_receiving(s->deadlines, clock_of(conn), 0); /* complete: the answer is owed */
     if (rt->needs_model && !atomic_load(&s->ready))
         return fail(s, conn, 503, "server_error", "%s", "the model is still loading");
-    if (!strcmp(url, "/health"))
+    if (!strcmp(url, "/health")) {
+        /* draining after SIGTERM: a load balancer's health check sees it and stops sending */
+        if (atomic_load(&s->stopping))
+            return fail(s, conn, 503, "server_error", "%s", "the server is shutting down");
         return respond(s, conn, 200, "text/plain", pl_xstrdup(""), NULL, NULL);
+    }
     if (!strcmp(url, "/version"))
         return srv_send_json(s, conn, 200, pl_xstrdup("{\"version\": \"" PAGELLM_VERSION "\"}"));
     if (!strcmp(url, "/v1/models"))
@@ -169,7 +385,11 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
         return metrics(s, conn);
     if (atomic_load(&s->stopping))
         return fail(s, conn, 503, "server_error", "%s", "the server is shutting down");
-    return completion_start(s, conn, rt->completion == 2, c->body ? c->body : "", c->len, &c->cr);
+    enum MHD_Result ret =
+        completion_start(s, conn, rt->completion == 2, c->body ? c->body : "", c->len, &c->cr);
+    if (c->cr) /* before on_completed can run: this thread handles the connection */
+        c->watch = watch_add(s->watcher, conn, c->cr);
+    return ret;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -179,6 +399,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     ConnCtx *c = *con_cls;
     if (!c) {
         *con_cls = c = pl_xcalloc(1, sizeof *c);
+        ApiError err;
+        if (bad_framing(conn, &err)) /* refused before its body is read; the connection closes */
+            return respond(s, conn, err.status, "application/json", api_error_json(&err),
+                           MHD_HTTP_HEADER_CONNECTION, "close");
         /* Refuse a declared oversized body at once (401/404/405 first, as for any request):
          * libmicrohttpd then closes the connection without reading the body. */
         if (declared_too_big(s, conn)) {
@@ -215,6 +439,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     dl_set_receiving(s->deadlines, clock_of(conn), 1); /* a next request may arrive */
     if (!c)
         return;
+    watch_remove(s->watcher, c->watch);
     if (c->cr)
         completion_release_http(c->cr, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     free(c->body);
@@ -223,14 +448,32 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* libmicrohttpd's own messages: while the daemon starts, the last one is kept (the start-up
- * error names the cause in its one line); afterwards each is one "pagellm: http:" line. */
+ * error names the cause in its one line); afterwards each is one "pagellm: http:" line, but
+ * a message repeated within 10 s of its last printing is only counted, the count printed
+ * before the next message (a client refused by max-connections-per-ip thousands of times must
+ * not flood the log). */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     Server *s = cls;
     char msg[sizeof s->mhd_error];
     vsnprintf(msg, sizeof msg, fmt, ap);
     msg[strcspn(msg, "\r\n")] = '\0';
     if (atomic_load(&s->listening)) {
-        fprintf(stderr, "pagellm: http: %s\n", msg);
+        static char last[sizeof msg];
+        static double last_time;
+        static long repeats;
+        pthread_mutex_lock(&s->stats_mu);
+        double now = pl_now();
+        if (!strcmp(msg, last) && now - last_time < 10) {
+            repeats++;
+        } else {
+            if (repeats)
+                fprintf(stderr, "pagellm: http: (the message above %ld more times)\n", repeats);
+            fprintf(stderr, "pagellm: http: %s\n", msg);
+            memcpy(last, msg, sizeof msg);
+            last_time = now;
+            repeats = 0;
+        }
+        pthread_mutex_unlock(&s->stats_mu);
         return;
     }
     pthread_mutex_lock(&s->stats_mu); /* its worker threads may log while it starts */
@@ -325,10 +568,14 @@ Status srv_start(const Config *cfg, Server **out) {
      * whole seconds), and deadline.c one that has not sent its whole request in that time */
     unsigned timeout = cfg->request_timeout > 0 ? (unsigned)ceil(cfg->request_timeout) : 0;
     s->deadlines = dl_create(cfg->request_timeout);
+    s->watcher = watcher_start();
+    /* max-connections-per-ip: libmicrohttpd closes a connection past it as soon as it is
+     * accepted, counting per address over all its threads */
     s->daemon = MHD_start_daemon(
         MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
         (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_LIMIT, 8192u,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
         MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_LISTEN_BACKLOG_SIZE, 4096u,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
         s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
@@ -394,6 +641,7 @@ void srv_destroy(Server *s) {
     if (!s)
         return;
     atomic_store(&s->stopping, 1);
+    watcher_stop_thread(s->watcher); /* its watches are still removed as connections end */
     if (s->daemon)
         MHD_quiesce_daemon(s->daemon);
     if (s->engine_thread_started) {
@@ -404,6 +652,7 @@ void srv_destroy(Server *s) {
     if (s->daemon)
         MHD_stop_daemon(s->daemon);
     dl_destroy(s->deadlines);
+    watcher_destroy(s->watcher);
     eng_destroy(s->engine);
     met_destroy(s->metrics);
     free(s->bos_text);

@@ -46,6 +46,11 @@ struct Server {
     atomic_int ready;     /* model loaded */
     atomic_int stopping;  /* engine thread should exit once idle */
     atomic_int in_flight; /* completion requests admitted and not yet finished */
+
+    /* issue 34: their sequences (prompts x best_of), counted against max-queue-len; and
+     * server.c's watcher of the connections whose client may leave mid-request */
+    atomic_int in_flight_seqs;
+    struct Watcher *watcher;
     pthread_t engine_thread;
     int engine_thread_started;
     pthread_mutex_t stats_mu;
@@ -55,7 +60,7 @@ struct Server {
 
 /* One choice of a completion response. */
 typedef struct {
-    char *text; /* generated text (prompt excluded) */
+    char *text; /* generated text (prompt excluded); may hold NUL characters */
     size_t len, cap;
     size_t sent; /* bytes of text already streamed */
     int num_tokens;
@@ -63,8 +68,11 @@ typedef struct {
     double cum_logprob;
     FinishReason finish;
     int stopped_by_string; /* finished early on a stop string */
+    int echoed;            /* streaming with echo: the prompt's chunk was sent */
+    int sent_role;         /* chat streaming: its first delta carried the role */
     /* logprobs (when asked): one entry per token */
     char **tok_text;
+    size_t *tok_len; /* of tok_text (NUL characters count) */
     float *tok_logprob;
     char **top_json; /* serialised top_logprobs object per token */
     size_t *tok_offset;
@@ -93,6 +101,7 @@ struct CompletionReq {
     long created;
     PromptRun *runs;    /* [num_prompts] */
     char **prompt_text; /* [num_prompts] decoded prompts (for echo) */
+    size_t *prompt_len; /* [num_prompts] their lengths (NUL characters count) */
     Choice *choices;    /* [num_prompts * best_of] */
     int num_choices;
     int num_done; /* choices finished */
@@ -103,7 +112,6 @@ struct CompletionReq {
     int status;                        /* HTTP status of a non-streaming reply */
     double t_arrival, t_first_token, t_last_token;
     double queue_seconds; /* reported by the engine; -1 until known */
-    int sent_role;        /* chat streaming: the first delta carries the role */
 };
 
 /* POST /v1/completions and /v1/chat/completions, body complete: validate, tokenize, submit.
@@ -120,6 +128,10 @@ void completion_on_event(Server *s, const EngEvent *ev);
 
 /* The HTTP side is done with the request (connection closed or answered). */
 void completion_release_http(CompletionReq *cr, int completed_ok);
+
+/* The client went away before the answer was complete: abort the request's engine runs (its
+ * KV blocks are freed at the next step). Safe to call more than once. */
+void completion_abandon(CompletionReq *cr);
 
 /* Send an OpenAI-shaped error. */
 enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err);

@@ -282,7 +282,6 @@ static void test_bad_json(void **state) {
     /* invalid UTF-8 (a lone continuation byte, an overlong '/') and an escaped NUL */
     bad("{\"prompt\": \"a\x80\"}", "", "invalid JSON");
     bad("{\"prompt\": \"\xc0\xaf\"}", "", "invalid JSON");
-    bad("{\"prompt\": \"a\\u0000b\"}", "", "invalid JSON");
     /* NULL body */
     ApiRequest r;
     ApiError e;
@@ -383,6 +382,76 @@ static void test_bad_other_types(void **state) {
         "stream_options", "'stream_options.include_usage' must be a boolean");
     bad("{\"prompt\": \"p\", \"echo\": \"x\"}", "echo", "'echo' must be a boolean");
     bad("{\"prompt\": \"p\", \"ignore_eos\": 1}", "ignore_eos", "'ignore_eos' must be a boolean");
+}
+
+/* logit_bias and min_tokens are parsed and range-checked; fields that are defined by OpenAI
+ * or vLLM but not implemented are refused by name, unless absent, null or "off". */
+static void test_logit_bias_min_tokens_and_unsupported(void **state) {
+    (void)state;
+    ApiRequest r;
+    ApiError e;
+    assert_int_equal(
+        comp(
+            "{\"prompt\": \"x\", \"logit_bias\": {\"7\": -100, \"31999\": 2.5}, \"min_tokens\": 3}",
+            &r, &e),
+        PL_OK);
+    assert_int_equal(r.num_logit_bias, 2);
+    assert_int_equal(r.logit_bias_ids[0], 7);
+    assert_float_equal(r.logit_bias_values[0], -100, 0);
+    assert_int_equal(r.logit_bias_ids[1], 31999);
+    assert_float_equal(r.logit_bias_values[1], 2.5, 0);
+    assert_int_equal(r.min_tokens, 3);
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"x\", \"logit_bias\": {}, \"suffix\": null, "
+                          "\"response_format\": {\"type\": \"text\"}}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.num_logit_bias, 0);
+    api_request_free(&r);
+    bad("{\"prompt\": \"x\", \"logit_bias\": [1]}", "logit_bias", "must be an object");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", "logit_bias", "token ids");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"\": 1}}", "logit_bias", "token ids");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", "logit_bias", "out of vocabulary");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"32000\": 1}}", "logit_bias", "out of vocabulary");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"5\": 100.5}}", "logit_bias", "between -100");
+    bad("{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", "logit_bias", "numbers");
+    bad("{\"prompt\": \"x\", \"min_tokens\": -1}", "min_tokens", "between 0");
+    bad("{\"prompt\": \"x\", \"min_tokens\": 1.5}", "min_tokens", "integer");
+    bad("{\"prompt\": \"x\", \"max_tokens\": 4, \"min_tokens\": 5}", "min_tokens",
+        "must not exceed");
+    bad("{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix", "not supported");
+    bad("{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", "response_format",
+        "not supported");
+    bad("{\"prompt\": \"x\", \"guided_regex\": \"a+\"}", "guided_regex", "not supported");
+    const char *chat_ok = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                          "\"tool_choice\": \"none\", \"tools\": null, \"logit_bias\": {\"1\": 1}}";
+    assert_int_equal(chat(CHAT_CHATML, chat_ok, &r, &e), PL_OK);
+    assert_int_equal(r.num_logit_bias, 1);
+    api_request_free(&r);
+    bad_chat(CHAT_CHATML,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": "
+             "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+             "tools", "not supported");
+    bad_chat(CHAT_CHATML,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tool_choice\": "
+             "\"required\"}",
+             "tool_choice", "not supported");
+    bad_chat(CHAT_CHATML,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+             "\"response_format\": {\"type\": \"json_schema\"}}",
+             "response_format", "not supported");
+    /* chat's max_tokens defaults to what is left of the context: min_tokens is checked then */
+    assert_int_equal(chat(CHAT_CHATML,
+                          "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                          "\"min_tokens\": 100}",
+                          &r, &e),
+                     PL_OK);
+    ApiLimits small = {.max_model_len = 64};
+    assert_int_equal(api_check_length(&small, &r, 10, &e), -1);
+    assert_string_equal(e.param, "min_tokens");
+    small.max_model_len = 200;
+    assert_int_equal(api_check_length(&small, &r, 10, &e), 190);
+    api_request_free(&r);
 }
 
 static void test_unchecked_limits(void **state) {
@@ -833,17 +902,55 @@ static void test_template_names(void **state) {
 /* The renderer straight, as the server could call it for a /tokenize-style endpoint. */
 static void test_render_direct(void **state) {
     ApiError e;
-    ApiChatMessage m[] = {{"user", "hi"}};
-    char *s = api_chat_render(CHAT_LLAMA2, m, 1, "<s>", "</s>", &e);
+    ApiChatMessage m[] = {{"user", "hi", 2}};
+    size_t len;
+    char *s = api_chat_render(CHAT_LLAMA2, m, 1, "<s>", "</s>", &len, &e);
     assert_string_equal(s, "<s>[INST] hi [/INST]");
     free(s);
-    assert_null(api_chat_render(CHAT_NONE, m, 1, NULL, NULL, &e));
+    assert_null(api_chat_render(CHAT_NONE, m, 1, NULL, NULL, &len, &e));
     assert_int_equal(e.status, 400);
     assert_string_equal(e.param, "");
-    assert_null(api_chat_render(CHAT_LLAMA2, m, 0, NULL, NULL, &e));
-    s = api_chat_render(CHAT_CHATML, m, 0, NULL, NULL, &e);
+    assert_null(api_chat_render(CHAT_LLAMA2, m, 0, NULL, NULL, &len, &e));
+    s = api_chat_render(CHAT_CHATML, m, 0, NULL, NULL, &len, &e);
     assert_string_equal(s, "<|im_start|>assistant\n");
     free(s);
+}
+
+/* NUL characters (JSON's \u0000) are text like any other: prompts, message contents and stop
+ * strings keep them and carry their length; names refuse them. */
+static void test_nul_characters(void **state) {
+    (void)state;
+    ApiRequest r;
+    ApiError e;
+    const char *body = "{\"prompt\": [\"a\\u0000b\", \"\\u0000\"], \"stop\": \"x\\u0000\", "
+                       "\"user\": \"u\\u0000v\"}";
+    assert_int_equal(comp(body, &r, &e), PL_OK);
+    assert_int_equal(r.prompts[0].text_len, 3);
+    assert_memory_equal(r.prompts[0].text, "a\0b", 4);
+    assert_int_equal(r.prompts[1].text_len, 1);
+    assert_int_equal(r.prompts[1].text[0], 0);
+    assert_int_equal(r.stop_len[0], 2);
+    assert_memory_equal(r.stop[0], "x\0", 3);
+    api_request_free(&r);
+    body = "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b\"}, {\"role\": "
+           "\"user\", \"content\": [{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}";
+    assert_int_equal(chat(CHAT_CHATML, body, &r, &e), PL_OK);
+    static const char want[] = "<|im_start|>user\na\0b<|im_end|>\n<|im_start|>user\n\0<|im_end|>\n"
+                               "<|im_start|>assistant\n";
+    assert_int_equal(r.prompts[0].text_len, sizeof want - 1);
+    assert_memory_equal(r.prompts[0].text, want, sizeof want);
+    api_request_free(&r);
+    ApiChatMessage m[] = {{"user", " a\0 ", 4}};
+    size_t len;
+    char *s = api_chat_render(CHAT_LLAMA3, m, 1, NULL, NULL, &len, &e);
+    static const char llama3[] = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\na\0"
+                                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    assert_int_equal(len, sizeof llama3 - 1);
+    assert_memory_equal(s, llama3, sizeof llama3);
+    free(s);
+    bad("{\"prompt\": \"a\", \"model\": \"m\\u0000\"}", "model", "u0000");
+    bad_chat(CHAT_CHATML, "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"a\"}]}",
+             "messages", "role");
 }
 
 int main(void) {
@@ -857,6 +964,7 @@ int main(void) {
         cmocka_unit_test(test_bad_prompt),
         cmocka_unit_test(test_bad_numbers),
         cmocka_unit_test(test_bad_other_types),
+        cmocka_unit_test(test_logit_bias_min_tokens_and_unsupported),
         cmocka_unit_test(test_unchecked_limits),
         cmocka_unit_test(test_check_length),
         cmocka_unit_test(test_error_json),
@@ -871,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_template_names),
         cmocka_unit_test(test_render_direct),
+        cmocka_unit_test(test_nul_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1024,6 +1024,68 @@ static void test_datasets(void **state) {
     tok_destroy(tok);
 }
 
+/* Issue 34: vLLM's defaults (1024-token random prompts) on a model of 512 tokens failed every
+ * request. The lengths are fitted to the server's max_model_len (GET /v1/models) and stderr
+ * says so; the fit keeps every request within it at the top of the range ratio. */
+static void test_fit_to_max_model_len(void **state) {
+    (void)state;
+    char note[256];
+    BenchDatasetOptions o = bench_dataset_options_default();
+    assert_int_equal(bench_fit_model_len(&o, 512, note, sizeof note), 1);
+    assert_int_equal(o.input_len, 384); /* the output (128) is kept */
+    assert_int_equal(o.output_len, 128);
+    assert_non_null(strstr(note, "--random-input-len 1024 -> 384"));
+    assert_null(strstr(note, "--random-output-len"));
+    assert_int_equal(bench_fit_model_len(&o, 512, note, sizeof note), 0); /* fits now */
+    o = bench_dataset_options_default();
+    assert_int_equal(bench_fit_model_len(&o, 0, note, sizeof note), 0); /* not listed */
+    assert_int_equal(o.input_len, 1024);
+    o.kind = BENCH_DS_JSONL;
+    assert_int_equal(bench_fit_model_len(&o, 512, note, sizeof note), 0);
+    /* a range ratio, a prefix and an output over half of the context */
+    const int lens[] = {64, 100, 512, 1500};
+    for (int k = 0; k < 4; k++) {
+        o = bench_dataset_options_default();
+        o.range_ratio = 0.5;
+        o.prefix_len = 5;
+        o.output_len = 300;
+        assert_int_equal(bench_fit_model_len(&o, lens[k], note, sizeof note), 1);
+        assert_true(o.input_len >= 1 && o.output_len >= 1);
+        assert_true(5 + ceil(o.input_len * 1.5) + ceil(o.output_len * 1.5) <= lens[k]);
+        if (lens[k] <= 512)
+            assert_non_null(strstr(note, "--random-output-len 300 -> "));
+    }
+    /* the dataset made from fitted lengths stays within them */
+    Tokenizer *tok;
+    assert_int_equal(tok_load(MODEL_DIR, &tok), PL_OK);
+    o = bench_dataset_options_default();
+    o.num_prompts = 20;
+    o.range_ratio = 0.25;
+    assert_int_equal(bench_fit_model_len(&o, 512, note, sizeof note), 1);
+    BenchDataset d;
+    assert_int_equal(bench_dataset_load(&o, tok, 0, &d), PL_OK);
+    for (int i = 0; i < d.n; i++)
+        assert_true(d.items[i].prompt_len + d.items[i].output_len <= 512);
+    bench_dataset_free(&d);
+    tok_destroy(tok);
+}
+
+/* The same against the server: the defaults run, every request succeeds, stderr says why
+ * the prompts are shorter than asked. */
+static void test_defaults_fit_the_server(void **state) {
+    (void)state;
+    RunResult r =
+        run("bench serve --base-url http://127.0.0.1:%d --num-prompts 4 --seed 3", server_port);
+    if (r.status != 0)
+        print_error("exit %d\n%s%s", r.status, r.out, r.err);
+    assert_int_equal(r.status, 0);
+    assert_int_equal((int)printed(r.out, "Successful requests:"), 4);
+    assert_int_equal((int)printed(r.out, "Failed requests:"), 0);
+    assert_non_null(strstr(r.err, "max_model_len is 512"));
+    assert_non_null(strstr(r.err, "--random-input-len 1024 -> 384"));
+    run_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sse_parser_any_split),
@@ -1036,6 +1098,8 @@ int main(void) {
         cmocka_unit_test(test_sweep_writes_points_and_plot),
         cmocka_unit_test(test_faulty_endpoint_failures_are_counted),
         cmocka_unit_test(test_unreachable_server),
+        cmocka_unit_test(test_fit_to_max_model_len),
+        cmocka_unit_test(test_defaults_fit_the_server),
         cmocka_unit_test(test_throughput),
         cmocka_unit_test(test_latency),
         cmocka_unit_test(test_bad_flags_name_the_flag),

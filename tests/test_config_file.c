@@ -102,6 +102,8 @@ static void test_defaults(void **state) {
     assert_int_equal(c.engine.tensor_parallel_size, 1);
     assert_int_equal(c.engine.enforce_eager, 0);
     assert_int_equal(c.max_queue_len, 1024);
+    assert_int_equal(c.max_seqs_per_request, 256);
+    assert_int_equal(c.max_connections_per_ip, 1024);
     assert_int_equal(c.max_request_bytes, 1 << 20);
     assert_true(c.request_timeout == 60);
     assert_int_equal(cfg_validate(&c), PL_OK);
@@ -192,6 +194,8 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "async-scheduling: no\n"
                                "seed: 18446744073709551615\n"
                                "max-queue-len: 7\n"
+                               "max-seqs-per-request: 64\n"
+                               "max-connections-per-ip: 0\n"
                                "max-request-bytes: 4096\n"
                                "request-timeout: 2.5\n"
                                "log-level: debug\n"
@@ -224,6 +228,8 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.async_scheduling, 0);
     assert_true(c->engine.seed == UINT64_MAX);
     assert_int_equal(c->max_queue_len, 7);
+    assert_int_equal(c->max_seqs_per_request, 64);
+    assert_int_equal(c->max_connections_per_ip, 0);
     assert_int_equal(c->max_request_bytes, 4096);
     assert_true(c->request_timeout == 2.5);
     assert_string_equal(c->log_level, "debug");
@@ -394,6 +400,13 @@ static void test_range_errors(void **state) {
     expect_file_error("block-size: 7\n", PL_ERR_INVALID, "1",
                       "key 'block-size' = 7 is not one of 8, 16, 32, 64, 128");
     expect_file_error("block-size: 256\n", PL_ERR_INVALID, "1", "is not one of 8, 16");
+    /* issue 34's keys */
+    expect_file_error("max-seqs-per-request: 0\n", PL_ERR_INVALID, "1",
+                      "key 'max-seqs-per-request' = 0 is out of range (must be >= 1)");
+    expect_file_error("max-connections-per-ip: -1\n", PL_ERR_INVALID, "1",
+                      "key 'max-connections-per-ip' = -1 is out of range (must be >= 0)");
+    expect_file_error("max-connections-per-ip: many\n", PL_ERR_INVALID, "1",
+                      "key 'max-connections-per-ip' must be an integer, got 'many'");
 }
 
 static void test_enum_errors(void **state) {
@@ -573,6 +586,11 @@ static void test_flags(void **state) {
     assert_true(c.engine.seed == 42);
     assert_int_equal(c.engine.max_num_seqs, 5);
     assert_string_equal(c.served_model_name, "name");
+    /* issue 34's keys as flags, both spellings */
+    assert_int_equal(PARSE(&c, rest, "--max-seqs-per-request", "9", "--max_connections_per_ip=3"),
+                     0);
+    assert_int_equal(c.max_seqs_per_request, 9);
+    assert_int_equal(c.max_connections_per_ip, 3);
     /* a value may look like a flag only after '=' */
     assert_int_equal(PARSE(&c, rest, "--api-key=--weird"), 0);
     assert_string_equal(c.api_key, "--weird");
@@ -644,6 +662,9 @@ static void test_bad_flags(void **state) {
     FLAG_ERROR("--no-enforce-eager: takes no value", "--no-enforce-eager=1");
     FLAG_ERROR("--max_num_seqs: 0 is out of range", "--max_num_seqs", "0");
     FLAG_ERROR("--config: needs a file", "--config");
+    FLAG_ERROR("--max-seqs-per-request: 0 is out of range (must be >= 1)", "--max-seqs-per-request",
+               "0");
+    FLAG_ERROR("--max-connections-per-ip: needs a value", "--max-connections-per-ip");
 }
 
 static void test_config_then_flags(void **state) {

@@ -620,6 +620,75 @@ static void test_logprobs_without_top_alternatives(void **state) {
     eng_destroy(e);
 }
 
+/* Greedy tokens of the golden prompt under `gp` (max 16), and the finish reason. */
+static int greedy_run(Engine *e, GenerateParams gp, int32_t *out, FinishReason *finish) {
+    int32_t prompt[] = {1, 403, 407, 261, 378};
+    gp.sampling = sampling_params_default();
+    EngRequest r = {.prompt = prompt, .num_prompt = 5, .params = gp};
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    const EngEvent *ev;
+    int n = 0;
+    while (eng_has_work(e)) {
+        int k = eng_step(e, &ev);
+        for (int i = 0; i < k; i++) {
+            if (ev[i].token >= 0)
+                out[n++] = ev[i].token;
+            if (ev[i].finish)
+                *finish = ev[i].finish;
+        }
+    }
+    return n;
+}
+
+/* logit_bias moves the greedy choice (-100 on the greedy token: the runner-up wins; +100 on
+ * another: it wins every step); min_tokens masks the stop tokens until reached. */
+static void test_logit_bias_and_min_tokens(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    int32_t out[16];
+    FinishReason fin = FINISH_NONE;
+    GenerateParams gp = {.max_tokens = 4};
+    assert_int_equal(greedy_run(e, gp, out, &fin), 4);
+    assert_int_equal(out[0], 432); /* golden.json: 432, then 383 (runner-up of the first) */
+
+    LogitBias down = {432, -100.0f}, up = {200, 100.0f};
+    gp.logit_bias = &down;
+    gp.num_logit_bias = 1;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 4);
+    assert_int_equal(out[0], 383);
+    for (int i = 0; i < 4; i++)
+        assert_int_not_equal(out[i], 432);
+    gp.logit_bias = &up;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(out[i], 200);
+
+    /* every token but 200 stops the sample: with min_tokens 5 the first five are 200 (all
+     * else masked), then the mask lifts and the greedy token stops it */
+    int32_t stops[511];
+    for (int i = 0, k = 0; i < 512; i++)
+        if (i != 200)
+            stops[k++] = i;
+    gp = (GenerateParams){.max_tokens = 16, .stop_token_ids = stops, .num_stop_token_ids = 511};
+    assert_int_equal(greedy_run(e, gp, out, &fin), 0);
+    assert_int_equal(fin, FINISH_STOP);
+    gp.min_tokens = 5;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 5);
+    assert_int_equal(fin, FINISH_STOP);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(out[i], 200);
+
+    gp.min_tokens = 17; /* more than max_tokens */
+    int32_t prompt[] = {1, 403};
+    EngRequest bad = {.prompt = prompt, .num_prompt = 2, .params = gp};
+    assert_int_equal(eng_add_request(e, &bad, NULL), PL_ERR_INVALID);
+    LogitBias outside = {512, 1.0f};
+    bad.params = (GenerateParams){.max_tokens = 4, .logit_bias = &outside, .num_logit_bias = 1};
+    assert_int_equal(eng_add_request(e, &bad, NULL), PL_ERR_INVALID);
+    eng_destroy(e);
+}
+
 /* A backend whose memory runs out: loading says so in one line instead of crashing. */
 static size_t budget_left;
 static void *limited_alloc(size_t bytes) {
@@ -667,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_settings_are_errors),
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
         cmocka_unit_test(test_logprobs_without_top_alternatives),
+        cmocka_unit_test(test_logit_bias_and_min_tokens),
         cmocka_unit_test(test_out_of_backend_memory_is_an_error),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);

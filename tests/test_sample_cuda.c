@@ -55,6 +55,7 @@
     X(test_sample_special)                                                                         \
     X(test_sample_race)                                                                            \
     X(test_logprobs)                                                                               \
+    X(test_logits_add)                                                                             \
     X(test_sample_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -717,6 +718,51 @@ static void test_logprobs(void **state) {
             }
     print_message("logprobs: %d cases, %d mismatches\n", cases, bad);
     assert_int_equal(bad, 0);
+}
+
+/* k_cuda_logits_add equals the CPU op, bit for bit: logits and biases on a 1/1024 grid, so
+ * that sums of several edits of one logit (in any order) are exact; -inf masks included. */
+static void test_logits_add(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(404);
+    const int Vs[] = {512, 1000, 128256};
+    for (int v = 0; v < 3; v++) {
+        int V = Vs[v], rows = 9, n = 3000;
+        size_t cells = (size_t)rows * V;
+        float *want = xmalloc(cells * sizeof(float)), *got = xmalloc(cells * sizeof(float));
+        for (size_t i = 0; i < cells; i++)
+            want[i] = roundf(rnd(-20, 20) * 1024) / 1024;
+        LogitEdit *edits = xmalloc((size_t)n * sizeof *edits);
+        for (int i = 0; i < n; i++) {
+            int dup = i > 0 && rng_next() % 4 == 0; /* a second edit of an earlier logit */
+            LogitEdit prev = dup ? edits[rng_next() % (uint64_t)i] : (LogitEdit){0};
+            edits[i] = (LogitEdit){
+                .row = dup ? prev.row : (int32_t)(rng_next() % (uint64_t)rows),
+                .token = dup ? prev.token : (int32_t)(rng_next() % (uint64_t)V),
+                .add = rng_next() % 10 == 0 ? -INFINITY : roundf(rnd(-100, 100) * 1024) / 1024};
+        }
+        float *d_logits;
+        LogitEdit *d_edits;
+        CUDA_CHECK(cudaMalloc((void **)&d_logits, cells * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void **)&d_edits, (size_t)n * sizeof *edits));
+        CUDA_CHECK(cudaMemcpy(d_logits, want, cells * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d_edits, edits, (size_t)n * sizeof *edits, cudaMemcpyHostToDevice));
+        k_cpu_ops()->logits_add(want, V, edits, n);
+        k_cuda_logits_add(d_logits, V, d_edits, n, NULL);
+        CUDA_CHECK(cudaMemcpy(got, d_logits, cells * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < cells; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)) && bad++ < 5)
+                print_error("V %d: logit %zu: %g, want %g\n", V, i, (double)got[i],
+                            (double)want[i]);
+        CUDA_CHECK(cudaFree(d_logits));
+        CUDA_CHECK(cudaFree(d_edits));
+        free(want);
+        free(got);
+        free(edits);
+        assert_int_equal(bad, 0);
+    }
 }
 
 /* ---------------- timing ---------------- */

@@ -82,7 +82,7 @@ static int check_ids(const Tokenizer *t, const char *name, const char *text, siz
 
 static int check_decode(const Tokenizer *t, const char *name, const int32_t *ids, int n, int skip,
                         const char *want) {
-    char *got = tok_decode(t, ids, n, skip);
+    char *got = tok_decode(t, ids, n, skip, NULL);
     int ok = !strcmp(got, want);
     if (!ok)
         fprintf(stderr, "  %s: decode(skip %d) differs:\n    want \"%s\"\n    got  \"%s\"\n", name,
@@ -255,7 +255,7 @@ static void test_stories_golden(void **state) {
         TokStream *s = tok_stream_create(t, pids, np);
         char text[4096] = "";
         for (int k = 0; k < nc; k++) {
-            const char *piece = tok_stream_push(s, cids[k]);
+            const char *piece = tok_stream_push(s, cids[k], NULL);
             /* in context the first piece keeps its space: "\u2581we" -> " we" (then "re") */
             if (k == 0 && !strcmp(json_string_value(prompt), "Lily and Tom"))
                 assert_string_equal(piece, " we");
@@ -263,7 +263,7 @@ static void test_stories_golden(void **state) {
                 assert_string_equal(piece, "Once");
             strcat(text, piece);
         }
-        strcat(text, tok_stream_finish(s));
+        strcat(text, tok_stream_finish(s, NULL));
         assert_string_equal(text, json_string_value(json_object_get(c, "text")));
         tok_stream_destroy(s);
         free(pids);
@@ -366,7 +366,7 @@ static void run_bad_utf8(Tokenizer *t, const char *name, int byte_level) {
             assert_true(ids[k] >= 0 && ids[k] < tok_vocab_size(t));
             assert_non_null(tok_id_to_token(t, ids[k]));
         }
-        char *d = tok_decode(t, ids, n, 1);
+        char *d = tok_decode(t, ids, n, 1, NULL);
         assert_true(valid_utf8(d, strlen(d)));
         const char *want = byte_level > 0 ? bc->byte_level : byte_level == 0 ? bc->sp : NULL;
         if (want && strcmp(d, want)) {
@@ -420,19 +420,19 @@ static void str_add(Str *s, const char *t) {
 /* Stream ids[k..n) after the prompt ids[0..k): every piece is valid UTF-8 and their
  * concatenation is decode(all)[len(decode(prompt)):]. Returns the number of pieces. */
 static int check_stream(const Tokenizer *t, const int32_t *ids, int n, int k, const char *what) {
-    char *full = tok_decode(t, ids, n, 1), *pre = tok_decode(t, ids, k, 1);
+    char *full = tok_decode(t, ids, n, 1, NULL), *pre = tok_decode(t, ids, k, 1, NULL);
     TokStream *s = tok_stream_create(t, ids, k);
     Str acc = {0};
     str_add(&acc, "");
     int pieces = 0;
     for (int i = k; i < n; i++) {
-        const char *p = tok_stream_push(s, ids[i]);
+        const char *p = tok_stream_push(s, ids[i], NULL);
         if (!valid_utf8(p, strlen(p)))
             fail_msg("%s: piece %d is not valid UTF-8", what, i);
         pieces += *p != 0;
         str_add(&acc, p);
     }
-    str_add(&acc, tok_stream_finish(s));
+    str_add(&acc, tok_stream_finish(s, NULL));
     size_t lp = strlen(pre);
     /* when the prompt ends inside a character, its decode is not a prefix of the whole one */
     if (!strncmp(full, pre, lp) && strcmp(acc.p, full + lp))
@@ -496,29 +496,29 @@ static void test_stream_byte_fallback(void **state) {
         b0 + 0x8B, tok_token_to_id(t, "\xe2\x96\x81there"), 2};
     assert_true(ids[1] > 0 && ids[6] > 0);
     TokStream *s = tok_stream_create(t, ids, 1);
-    assert_string_equal(tok_stream_push(s, ids[1]), "Hi");
-    assert_string_equal(tok_stream_push(s, ids[2]), "");
-    assert_string_equal(tok_stream_push(s, ids[3]), "");
-    assert_string_equal(tok_stream_push(s, ids[4]), "");
-    assert_string_equal(tok_stream_push(s, ids[5]), "\xf0\x9f\x91\x8b");
-    assert_string_equal(tok_stream_push(s, ids[6]), " there");
-    assert_string_equal(tok_stream_push(s, ids[7]), ""); /* EOS is special: skipped */
-    assert_string_equal(tok_stream_finish(s), "");
+    assert_string_equal(tok_stream_push(s, ids[1], NULL), "Hi");
+    assert_string_equal(tok_stream_push(s, ids[2], NULL), "");
+    assert_string_equal(tok_stream_push(s, ids[3], NULL), "");
+    assert_string_equal(tok_stream_push(s, ids[4], NULL), "");
+    assert_string_equal(tok_stream_push(s, ids[5], NULL), "\xf0\x9f\x91\x8b");
+    assert_string_equal(tok_stream_push(s, ids[6], NULL), " there");
+    assert_string_equal(tok_stream_push(s, ids[7], NULL), ""); /* EOS is special: skipped */
+    assert_string_equal(tok_stream_finish(s, NULL), "");
     tok_stream_destroy(s);
     for (int k = 0; k <= 8; k++)
         check_stream(t, ids, 8, k, "tinyllama bytes");
 
     /* unfinished at the end: finish() flushes U+FFFD */
     s = tok_stream_create(t, ids, 2);
-    assert_string_equal(tok_stream_push(s, ids[2]), "");
-    assert_string_equal(tok_stream_push(s, ids[3]), "");
-    assert_string_equal(tok_stream_finish(s), "\xef\xbf\xbd");
+    assert_string_equal(tok_stream_push(s, ids[2], NULL), "");
+    assert_string_equal(tok_stream_push(s, ids[3], NULL), "");
+    assert_string_equal(tok_stream_finish(s, NULL), "\xef\xbf\xbd");
     tok_stream_destroy(s);
 
     /* a prompt that ends inside a character: the character completes in the stream */
     s = tok_stream_create(t, ids, 4);
-    assert_string_equal(tok_stream_push(s, ids[4]), "");
-    assert_string_equal(tok_stream_push(s, ids[5]), "\xf0\x9f\x91\x8b");
+    assert_string_equal(tok_stream_push(s, ids[4], NULL), "");
+    assert_string_equal(tok_stream_push(s, ids[5], NULL), "\xf0\x9f\x91\x8b");
     tok_stream_destroy(s);
 
     /* an ill-formed run never yields invalid UTF-8 */
@@ -527,11 +527,11 @@ static void test_stream_byte_fallback(void **state) {
     Str acc = {0};
     str_add(&acc, "");
     for (int k = 0; k < 5; k++) {
-        const char *p = tok_stream_push(s, bad[k]);
+        const char *p = tok_stream_push(s, bad[k], NULL);
         assert_true(valid_utf8(p, strlen(p)));
         str_add(&acc, p);
     }
-    str_add(&acc, tok_stream_finish(s));
+    str_add(&acc, tok_stream_finish(s, NULL));
     assert_non_null(strstr(acc.p, "\xef\xbf\xbd"));
     assert_non_null(strstr(acc.p, " there"));
     free(acc.p);
@@ -553,12 +553,12 @@ static void test_stream_byte_level(void **state) {
     str_add(&acc, "");
     int empty = 0;
     for (int k = 0; k < n; k++) {
-        const char *p = tok_stream_push(s, ids[k]);
+        const char *p = tok_stream_push(s, ids[k], NULL);
         assert_true(valid_utf8(p, strlen(p)));
         empty += *p == 0;
         str_add(&acc, p);
     }
-    str_add(&acc, tok_stream_finish(s));
+    str_add(&acc, tok_stream_finish(s, NULL));
     assert_string_equal(acc.p, text);
     assert_true(empty > 0); /* some tokens ended inside a character */
     free(acc.p);
@@ -707,10 +707,10 @@ static void test_api(void **state) {
     assert_false(tok_is_special(t, 15043));
     assert_false(tok_is_special(t, 99999));
     int32_t odd[] = {-5, 15043, 99999, 3186};
-    char *d = tok_decode(t, odd, 4, 0);
+    char *d = tok_decode(t, odd, 4, 0, NULL);
     assert_string_equal(d, "Hello world");
     free(d);
-    d = tok_decode(t, NULL, 0, 1);
+    d = tok_decode(t, NULL, 0, 1, NULL);
     assert_string_equal(d, "");
     free(d);
     tok_destroy(t);
@@ -762,7 +762,7 @@ static void *thread_main(void *p) {
             tok_encode(a->t, json_string_value(s), json_string_length(s), 1, &ids, &n);
             if (n != a->nwant[i] || memcmp(ids, a->want[i], (size_t)n * sizeof *ids))
                 a->mismatches++;
-            char *d = tok_decode(a->t, ids, n, 1);
+            char *d = tok_decode(a->t, ids, n, 1, NULL);
             free(d);
             free(ids);
         }
@@ -815,7 +815,7 @@ static void round_trip_long(const char *dir, const char *unit, size_t reps, int 
     int n;
     assert_int_equal(tok_encode(t, text, len, 0, &ids, &n), PL_OK);
     double t1 = pl_now();
-    char *d = tok_decode(t, ids, n, 1);
+    char *d = tok_decode(t, ids, n, 1, NULL);
     double t2 = pl_now();
     /* SentencePiece-style: the dummy prefix space is stripped again by the decoder */
     assert_true(strlen(d) == len && !memcmp(d, text, len));
@@ -844,7 +844,7 @@ static void test_decode_nothing(void **state) {
     (void)state;
     Tokenizer *t = load_dir("models/stories260K");
     int32_t bos = 1;
-    char *a = tok_decode(t, &bos, 0, 1), *b = tok_decode(t, &bos, 1, 1);
+    char *a = tok_decode(t, &bos, 0, 1, NULL), *b = tok_decode(t, &bos, 1, 1, NULL);
     assert_string_equal(a, "");
     assert_string_equal(b, "");
     free(a);
@@ -852,9 +852,48 @@ static void test_decode_nothing(void **state) {
     tok_destroy(t);
 }
 
+/* NUL is a character like any other (JSON's \u0000): encoded through byte fallback (stories260K,
+ * <0x00> = 3) or as byte-level U+0100 (GPT-2), decoded and streamed back with its length. */
+static void test_nul_character(void **state) {
+    (void)state;
+    const char *dirs[] = {"models/stories260K", TD "gpt2"};
+    for (int d = 0; d < 2; d++) {
+        Tokenizer *t = load_dir(dirs[d]);
+        static const char text[] = "a\0b\0";
+        int32_t *ids;
+        int n;
+        assert_int_equal(tok_encode(t, text, 4, 0, &ids, &n), PL_OK);
+        assert_true(n >= 3);
+        if (d == 0)
+            assert_int_equal(ids[1], 3); /* "<0x00>" */
+        size_t len;
+        char *back = tok_decode(t, ids, n, 1, &len);
+        assert_int_equal(len, 4);
+        assert_memory_equal(back, text, 5);
+        free(back);
+        TokStream *s = tok_stream_create(t, NULL, 0);
+        char acc[16];
+        size_t at = 0;
+        for (int i = 0; i < n; i++) {
+            const char *p = tok_stream_push(s, ids[i], &len);
+            assert_true(at + len < sizeof acc);
+            memcpy(acc + at, p, len);
+            at += len;
+        }
+        tok_stream_finish(s, &len);
+        assert_int_equal(len, 0);
+        assert_int_equal(at, 4);
+        assert_memory_equal(acc, text, 4);
+        tok_stream_destroy(s);
+        free(ids);
+        tok_destroy(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_golden),
+        cmocka_unit_test(test_nul_character),
         cmocka_unit_test(test_ref_stories),
         cmocka_unit_test(test_ref_gpt2),
         cmocka_unit_test(test_ref_falcon),

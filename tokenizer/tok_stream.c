@@ -107,7 +107,7 @@ TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n) {
 }
 
 /* Set the piece to text[sent..] (from a character boundary) and advance sent. */
-static const char *emit(TokStream *s) {
+static void emit(TokStream *s) {
     s->piece.n = 0;
     size_t from = s->sent;
     if (from > s->text.n) /* the window text shrank (cannot happen with HF's decoders) */
@@ -117,29 +117,30 @@ static const char *emit(TokStream *s) {
     tok_buf_put(&s->piece, s->text.p + from, s->text.n - from);
     if (s->text.n > s->sent)
         s->sent = s->text.n;
-    return s->piece.p;
 }
 
-const char *tok_stream_push(TokStream *s, int32_t id) {
+const char *tok_stream_push(TokStream *s, int32_t id, size_t *len) {
     if (skipped(s->t, id)) {
         s->piece.n = 0;
         s->piece.p[0] = 0;
-        return s->piece.p;
+    } else {
+        append(s, id);
+        size_t held = decode_window(s, DECODE_STREAM);
+        emit(s);
+        if (!held && s->n >= WINDOW_MAX)
+            shrink(s); /* it reuses the text buffer, not the piece */
     }
-    append(s, id);
-    size_t held = decode_window(s, DECODE_STREAM);
-    const char *p = emit(s);
-    if (!held && s->n >= WINDOW_MAX) {
-        /* shrink() reuses the text buffer, not the piece */
-        shrink(s);
-    }
-    return p;
+    if (len)
+        *len = s->piece.n;
+    return s->piece.p;
 }
 
-const char *tok_stream_finish(TokStream *s) {
+const char *tok_stream_finish(TokStream *s, size_t *len) {
     decode_window(s, DECODE_STREAM_FINAL);
-    const char *p = emit(s);
-    return p;
+    emit(s);
+    if (len)
+        *len = s->piece.n;
+    return s->piece.p;
 }
 
 void tok_stream_destroy(TokStream *s) {

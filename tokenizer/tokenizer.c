@@ -146,12 +146,12 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
     return PL_OK;
 }
 
-char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special) {
+char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len) {
     DecCtx dc = {0};
     TBuf out = {0};
     tok_decode_into(t, ids, n, skip_special, DECODE_HF, &dc, &out);
     tok_decctx_free(&dc);
-    if (!out.p)
-        return pl_xstrdup("");
-    return out.p;
+    if (len)
+        *len = out.p ? out.n : 0;
+    return out.p ? out.p : pl_xstrdup("");
 }

@@ -29,6 +29,7 @@ static const KernelOps cpu_ops = {
     .to_f32 = cpu_to_f32_op,
     .copy_blocks = cpu_copy_blocks,
     .sample = cpu_sample,
+    .logits_add = cpu_logits_add,
     .embedding_slice = cpu_embedding_slice,
     .vocab_logits_f32 = cpu_vocab_logits_f32,
 };

@@ -17,6 +17,7 @@
  * Filtered-out logits are set to -inf, so the row left behind is the distribution that was
  * sampled from. Rows run in parallel on the worker pool. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cpu_internal.h"
@@ -116,9 +117,31 @@ static int mass_select(Cand *a, int n, double target, int inclusive) {
 }
 
 /* Per-thread occurrence counts, [vocab], all zero between calls (cleared through the
- * history, not by a memset of the vocabulary). */
-static _Thread_local uint32_t *counts;
-static _Thread_local size_t counts_cap;
+ * history, not by a memset of the vocabulary). A thread-specific key frees them when the
+ * thread (a pool worker, the engine thread) exits. */
+typedef struct {
+    size_t cap;
+    uint32_t n[];
+} Counts;
+static pthread_key_t counts_key;
+static pthread_once_t counts_once = PTHREAD_ONCE_INIT;
+
+static void counts_key_create(void) {
+    PL_CHECK(pthread_key_create(&counts_key, free) == 0);
+}
+
+/* This thread's counts, room for V. */
+static uint32_t *thread_counts(int V) {
+    pthread_once(&counts_once, counts_key_create);
+    Counts *c = pthread_getspecific(counts_key);
+    if (!c || c->cap < (size_t)V) {
+        free(c);
+        c = pl_xcalloc(1, sizeof *c + (size_t)V * sizeof(uint32_t));
+        c->cap = (size_t)V;
+        PL_CHECK(pthread_setspecific(counts_key, c) == 0);
+    }
+    return c->n;
+}
 
 enum { REP_DONE = 1u << 31, FP_DONE = 1u << 30, COUNT_MASK = FP_DONE - 1 };
 
@@ -128,11 +151,7 @@ static void apply_penalties(float *lg, int V, const SampleRequest *rq) {
     int fp = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     if (!rep && !fp)
         return;
-    if (counts_cap < (size_t)V) {
-        free(counts);
-        counts = pl_xcalloc((size_t)V, sizeof *counts);
-        counts_cap = (size_t)V;
-    }
+    uint32_t *counts = thread_counts(V);
     for (int i = 0; i < rq->num_prompt; i++)
         PL_CHECK(rq->prompt[i] >= 0 && rq->prompt[i] < V);
     for (int i = 0; i < rq->num_output; i++) {
@@ -336,4 +355,11 @@ void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRe
     PL_CHECK(vocab > 0);
     SampleJob jb = {tokens, logits, n, vocab, reqs};
     cpu_parallel(sample_task, &jb, (double)n * vocab < 65536.0 ? 1 : n);
+}
+
+void cpu_logits_add(float *logits, int vocab, const LogitEdit *edits, int n) {
+    for (int i = 0; i < n; i++) {
+        PL_CHECK(edits[i].row >= 0 && edits[i].token >= 0 && edits[i].token < vocab);
+        logits[(size_t)edits[i].row * vocab + edits[i].token] += edits[i].add;
+    }
 }

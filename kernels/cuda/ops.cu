@@ -336,6 +336,10 @@ static void ops_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, cons
     k_cuda_logprobs(lse, top_ids, top_logprobs, logits, n, vocab, k, stream());
 }
 
+static void ops_logits_add(float *logits, int vocab, const LogitEdit *edits, int n) {
+    k_cuda_logits_add(logits, vocab, edits, n, stream());
+}
+
 static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale) {
     k_cuda_fill_dummy(dst, dt, n, key, scale, stream());
 }
@@ -485,6 +489,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.sample_workspace_bytes = k_cuda_sample_workspace_bytes;
     o.sample_rows = ops_sample_rows;
     o.logprobs = ops_logprobs;
+    o.logits_add = ops_logits_add;
     o.fill_dummy = ops_fill_dummy;
 #ifdef PAGELLM_HAVE_NCCL
     o.all_reduce = ops_all_reduce<A>;

@@ -1,10 +1,12 @@
 // disconnect.test.mjs - a client that goes away mid-stream aborts its request: /metrics
-// shows nothing running and no KV block in use within a second.
+// shows nothing running and no KV block in use within a second. The same for a client that
+// leaves a non-streaming request (issue 34, item 5: its connection is suspended until the
+// whole answer is ready, so only server.c's watcher notices it).
 
 import { describe, it, before, after } from 'node:test';
 import net from 'node:net';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, scrape, promValue, sleep, T, scaled } from './server.mjs';
+import { startServer, readSSE, scrape, scrapeUntil, promValue, sleep, T, scaled } from './server.mjs';
 
 // A small KV pool, so one sequence's blocks are a visible share of it.
 const BLOCKS = 64;
@@ -88,6 +90,45 @@ describe('client disconnect', () => {
             assert.ok(gen < 480 * n, `generation stopped early (${gen} tokens of ${480 * n}), freed after ${Date.now() - t0} ms`);
         });
     }
+
+    // Issue 34, item 5: a non-streaming request of 64 samples x 400 tokens (seconds of work
+    // on the CPU backend) whose client goes away is aborted, not run to its end.
+    it('aborting a non-streaming request (n=64, max_tokens=400) frees its blocks within a second', T(30000), async () => {
+        const m0 = await scrape(srv);
+        const abortsOf = (p) => promValue(p, 'pagellm:request_success_total', { finished_reason: 'abort' }) ?? 0;
+        const abortsBefore = abortsOf(m0);
+        const ac = new AbortController();
+        const pending = fetch(`${srv.url}/v1/completions`, {
+            method: 'POST',
+            headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify({ model: srv.model, prompt: '', max_tokens: 400, ignore_eos: true,
+                                   temperature: 1, seed: 11, n: 64 }),
+            signal: ac.signal,
+        }).then((r) => ({ status: r.status }), (err) => ({ err }));
+        // Wait until it runs and holds blocks, then go away.
+        const during = await scrapeUntil(srv, (p) => promValue(p, 'pagellm:num_requests_running') >= 1 &&
+                                          promValue(p, 'pagellm:gpu_cache_usage_perc') > 0, 5000);
+        assert.ok(promValue(during, 'pagellm:num_requests_running') >= 1, 'the request never ran');
+        ac.abort();
+        const t0 = Date.now();
+        const got = await pending;
+        assert.ok(got.err, `the request finished before the client went away: ${JSON.stringify(got)}`);
+        const idle = await waitIdle(srv, 1000, (p) => abortsOf(p) > abortsBefore);
+        assert.ok(idle.ok, `1 s after the disconnect: num_requests_running ${idle.running}, ` +
+                           `num_requests_waiting ${idle.waiting}, num_requests_swapped ${idle.swapped}, ` +
+                           `gpu_cache_usage_perc ${idle.usage}, cpu_cache_usage_perc ${idle.cpuUsage}, ` +
+                           `aborts +${abortsOf(idle.prom) - abortsBefore}`);
+        assert.equal(abortsOf(idle.prom) - abortsBefore, 1, 'the abandoned request is counted as aborted');
+        const gen = promValue(idle.prom, 'pagellm:generation_tokens_total') - promValue(m0, 'pagellm:generation_tokens_total');
+        assert.ok(gen < 400 * 64, `generation stopped early (${gen} tokens of ${400 * 64}), freed after ${Date.now() - t0} ms`);
+        // and the server serves the next request
+        const res = await fetch(`${srv.url}/v1/completions`, {
+            method: 'POST', headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify({ model: srv.model, prompt: 'Lily and Tom', max_tokens: 8, temperature: 0 }),
+        });
+        assert.equal(res.status, 200);
+        assert.equal((await res.json()).choices[0].text, ' were playing in the par');
+    });
 
     // A client that keeps its connection open but never reads: the server must not buffer
     // its stream without bound nor let it hold KV blocks; it aborts the request (the SSE

@@ -3,7 +3,7 @@
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, curl, parseProm, promValue, scrapeUntil, GOLDEN, show, T } from './server.mjs';
+import { startServer, curl, parseProm, promValue, scrapeUntil, GOLDEN, ROOT, show, T } from './server.mjs';
 
 // Families the issue asks for; the ones the suite reads are checked in detail below.
 const GAUGES = [
@@ -48,6 +48,30 @@ describe('endpoints', () => {
         });
         assert.equal(c.status, 200, show(c));
         assert.equal(c.json.model, m.id);
+    });
+
+    // Issue 34, item 7: the model card names the model, never the server's file system; it
+    // lists max_model_len as vLLM's does (bench serve reads it).
+    it('GET /v1/models: root is the model folder\'s name, not a path; max_model_len', T(), async () => {
+        const r = await curl(`${srv.url}/v1/models`);
+        const m = r.json.data[0];
+        assert.equal(m.root, 'stories260K', show(r));
+        assert.ok(!r.text.includes(ROOT) && !r.text.includes('/models/'), `a path in /v1/models: ${r.text}`);
+        assert.equal(m.parent, null);
+        assert.equal(m.max_model_len, 512);
+    });
+
+    // Issue 34, item 8: swap-space beyond what max-num-seqs sequences can use is capped, and
+    // the start-up line says so (the default 4 GiB is far more than the bundled model needs).
+    it('the start-up line says when swap-space is capped', T(30000), async () => {
+        assert.match(srv.log(), /swap: \d+ blocks \([\d.]+ MiB; swap-space 4 GiB capped to what max-num-seqs \(\d+\) sequences/, srv.log());
+        const small = await startServer(['--swap-space', '0.001']);
+        try {
+            assert.match(small.log(), /swap: \d+ blocks \([\d.]+ MiB\); max-model-len/, small.log());
+            assert.doesNotMatch(small.log(), /capped/);
+        } finally {
+            await small.stop();
+        }
     });
 
     it('GET /health answers 200', T(), async () => {

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { startServer, curl, parseSSE, readSSE, postJSON, assertErrorShape, GOLDEN, show, sleep, T, scaled } from './server.mjs';
 
 const MAX_REQUEST_BYTES = 16384;
-const QUEUE_N = 8; // --max-num-seqs of the queue test's server, and n of its requests
+const QUEUE_N = 8; // --max-num-seqs and --max-queue-len of the queue test's server, and n of its requests
 const ONCE = GOLDEN[0];
 
 // [name, status, request, param expected in error.param (undefined: not checked)]
@@ -117,7 +117,8 @@ describe('bad input', () => {
 describe('queue over --max-queue-len', () => {
     let srv;
     before(async () => {
-        srv = await startServer(['--max-queue-len', '1', '--max-num-seqs', String(QUEUE_N)]);
+        // max-queue-len counts sequences (issue 34): one request of QUEUE_N samples fills it
+        srv = await startServer(['--max-queue-len', String(QUEUE_N), '--max-num-seqs', String(QUEUE_N)]);
     }, T(30000));
     after(async () => {
         if (srv) await srv.stop();
@@ -125,8 +126,8 @@ describe('queue over --max-queue-len', () => {
 
     it('answers 503 with Retry-After and an error object; accepted requests complete', T(30000), async () => {
         // Each request runs QUEUE_N sequences of 480 tokens (about a second on the CPU
-        // backend) and fills every sequence slot; with one waiting request allowed, most of
-        // these 8 simultaneous requests find the queue full.
+        // backend) and fills every sequence slot and the queue; most of these 8 simultaneous
+        // requests find the queue full.
         const body = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 1 };
         const results = await Promise.all(Array.from({ length: 8 }, () => postJSON(`${srv.url}/v1/completions`, body)));
         const statuses = results.map((r) => r.status);
@@ -151,7 +152,7 @@ describe('queue over --max-queue-len', () => {
     });
 
     it('a burst beyond the queue gets 503 + Retry-After within a second; the admitted request finishes; then it recovers', T(30000), async () => {
-        // The one queue place is taken by a long streaming request (QUEUE_N x 480 tokens),
+        // The queue is taken by a long streaming request (QUEUE_N x 480 tokens),
         // admitted for sure once its first chunk arrived; a burst of 32 then finds the queue full.
         const long = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 2 };
         const res = await fetch(`${srv.url}/v1/completions`, {
@@ -195,7 +196,7 @@ describe('queue over --max-queue-len', () => {
 
     it('a 503 through curl has Retry-After too', T(30000), async () => {
         const body = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 1 };
-        // Two long requests take every sequence slot and the one queue place...
+        // Long requests take every sequence slot and the queue...
         const hold = [postJSON(`${srv.url}/v1/completions`, body), postJSON(`${srv.url}/v1/completions`, body)];
         await sleep(50);
         const r = await curl(`${srv.url}/v1/completions`, { body });
@@ -203,5 +204,95 @@ describe('queue over --max-queue-len', () => {
         assert.equal(r.status, 503, show(r));
         assert.match(r.headers['retry-after'] ?? '', /^\d+$/);
         assertErrorShape(r.json, '503 (curl)');
+    });
+});
+
+// Issue 34, item 5: max-queue-len counts sequences (prompts x best_of), not HTTP requests, and
+// max-seqs-per-request caps one request, so a single 1 MB request cannot occupy the engine.
+describe('admission by sequences', () => {
+    let srv;
+    const QUEUE = 6;
+    const PER_REQUEST = 4;
+    before(async () => {
+        srv = await startServer(['--max-queue-len', String(QUEUE), '--max-seqs-per-request', String(PER_REQUEST)]);
+    }, T(30000));
+    after(async () => {
+        if (srv) await srv.stop();
+    });
+    const post = (body) => postJSON(`${srv.url}/v1/completions`, { model: srv.model, max_tokens: 2, ...body });
+
+    it('a request of more sequences than max-seqs-per-request -> 400 naming the field', T(), async () => {
+        for (const [body, param] of [
+            [{ prompt: 'Hi', n: 5 }, 'n'],
+            [{ prompt: ['a', 'b', 'c'], n: 2 }, 'n'],
+            [{ prompt: 'Hi', n: 1, best_of: 5 }, 'best_of'],
+            [{ prompt: ['a', 'b', 'c', 'd', 'e'] }, 'prompt'],
+        ]) {
+            const r = await post(body);
+            assert.equal(r.status, 400, `${JSON.stringify(body)}: ${show(r)}`);
+            assertErrorShape(r.json, JSON.stringify(body));
+            assert.equal(r.json.error.param, param, show(r));
+            assert.match(r.json.error.message, /max-seqs-per-request \(4\)/, show(r));
+        }
+        // exactly the cap is served
+        const ok = await post({ prompt: ['a', 'b'], n: 2, temperature: 0 });
+        assert.equal(ok.status, 200, show(ok));
+        assert.equal(ok.json.choices.length, 4);
+    });
+
+    it('a 1 MB request of many prompts is refused at once', T(), async () => {
+        // 200000 one-token prompts: before the cap, 200000 sequences queued in the engine
+        const body = { model: srv.model, prompt: Array.from({ length: 200000 }, () => [1]), max_tokens: 400 };
+        const t0 = Date.now();
+        const r = await postJSON(`${srv.url}/v1/completions`, body);
+        const ms = Date.now() - t0;
+        assert.equal(r.status, 400, show(r));
+        assert.equal(r.json.error.param, 'prompt');
+        assert.ok(ms < scaled(2000), `answered after ${ms} ms`);
+        const m = await curl(`${srv.url}/metrics`);
+        assert.match(m.text, /pagellm:num_requests_waiting\{[^}]*\} 0\b/, 'nothing was queued');
+    });
+
+    it('max-queue-len counts sequences, not requests', T(30000), async () => {
+        // A streaming request of 4 sequences holds 4 of the 6 places...
+        const long = { model: srv.model, prompt: '', max_tokens: 480, n: 4, ignore_eos: true, temperature: 1, seed: 4, stream: true };
+        const ac = new AbortController();
+        const res = await fetch(`${srv.url}/v1/completions`, {
+            method: 'POST', headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify(long), signal: ac.signal,
+        });
+        assert.equal(res.status, 200);
+        let first;
+        const gotFirst = new Promise((r) => (first = r));
+        const holder = readSSE(res, () => {
+            first();
+            return false;
+        }).catch(() => {});
+        await gotFirst;
+        try {
+            // ...so 3 more do not fit (one HTTP request, but 4 + 3 > 6 sequences)...
+            const full = await post({ prompt: 'Hi', n: 3 });
+            assert.equal(full.status, 503, show(full));
+            assert.match(full.headers.get('retry-after') ?? '', /^\d+$/);
+            assertErrorShape(full.json, '503');
+            // ...and 2 do.
+            const fits = await post({ prompt: 'Hi', n: 2, temperature: 0 });
+            assert.equal(fits.status, 200, show(fits));
+        } finally {
+            ac.abort();
+            await holder;
+        }
+    });
+
+    it('a request above max-queue-len can never be admitted: 400, not 503', T(), async () => {
+        const q = await startServer(['--max-queue-len', '2']);
+        try {
+            const r = await postJSON(`${q.url}/v1/completions`, { model: q.model, prompt: 'Hi', max_tokens: 2, n: 3 });
+            assert.equal(r.status, 400, show(r));
+            assert.equal(r.json.error.param, 'n');
+            assert.match(r.json.error.message, /max-queue-len \(2\)/, show(r));
+        } finally {
+            await q.stop();
+        }
     });
 });

@@ -40,6 +40,18 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
 
 const server_argv_text = (argv) => [PAGELLM, ...argv].join(' ') + '\n';
 
+// mulberry32: a small seeded generator of numbers in [0, 1), so a failing mix can be replayed.
+export function rng(seed) {
+    let a = seed >>> 0;
+    return () => {
+        a = (a + 0x6d2b79f5) >>> 0;
+        let t = a;
+        t = Math.imul(t ^ (t >>> 15), t | 1);
+        t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+        return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+    };
+}
+
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** A TCP port that was free a moment ago on 127.0.0.1. */

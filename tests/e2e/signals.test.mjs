@@ -1,10 +1,12 @@
 // signals.test.mjs - SIGTERM while requests are in flight: the server exits 0, and each
 // client gets either a complete answer or a clean connection close (no reset, no hang).
 // A second SIGTERM during the drain exits at once; SIGINT on an idle server exits 0 too.
+// While it drains, GET /health answers 503 (issue 34, item 7), so a load balancer stops
+// sending, and new completions get 503; the request in flight still finishes whole.
 
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, postJSON, scrapeUntil, promValue, sleep, T, scaled } from './server.mjs';
+import { startServer, readSSE, postJSON, scrapeUntil, promValue, assertErrorShape, sleep, T, scaled } from './server.mjs';
 
 const EXIT_WITHIN_MS = scaled(10000);
 
@@ -121,6 +123,43 @@ describe('signals', () => {
             assert.ok(ms < scaled(1000), `exit ${ms} ms after the second SIGTERM`);
             const p = await plain;
             assert.ok(p.err || p.r.status !== 200, 'the request finished: the second signal did not cut the drain short');
+        } finally {
+            await srv.stop(1000);
+        }
+    });
+
+    it('while draining, /health answers 503 and the request in flight finishes', T(30000), async () => {
+        const srv = await startServer();
+        try {
+            // 32 samples x 480 tokens: seconds of work, so the drain waits for it.
+            const plain = postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: '', max_tokens: 480, n: 32,
+                                                                  ignore_eos: true, temperature: 1, seed: 6 },
+                                   { timeoutMs: EXIT_WITHIN_MS + 20000 })
+                .then((r) => ({ r }), (err) => ({ err }));
+            await scrapeUntil(srv, (p) => promValue(p, 'pagellm:num_requests_running') >= 1, 5000);
+            const before = await fetch(`${srv.url}/health`);
+            assert.equal(before.status, 200);
+            const draining = new Promise((resolve, reject) => {
+                const look = () => /shutting down: (\d+) requests in flight/.exec(srv.log());
+                srv.proc.stderr.on('data', () => look() && resolve(look()));
+                srv.exited.then((e) => reject(new Error(`exited before draining: ${JSON.stringify(e)}`)));
+                if (look()) resolve(look());
+            });
+            srv.signal('SIGTERM');
+            const m = await draining;
+            assert.ok(Number(m[1]) >= 1, `nothing in flight when the drain began: ${m[0]}`);
+            const h = await fetch(`${srv.url}/health`);
+            const hj = await h.json();
+            assert.equal(h.status, 503, `GET /health while draining: ${h.status} ${JSON.stringify(hj)}`);
+            assertErrorShape(hj, '/health while draining');
+            const c = await postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: 'Hi', max_tokens: 2 });
+            assert.equal(c.status, 503, `a completion while draining: ${c.status}`);
+            const p = await plain;
+            assert.ok(!p.err, `the request in flight was cut: ${p.err}`);
+            assert.equal(p.r.status, 200, p.r.text?.slice(0, 300));
+            assert.equal(p.r.json.usage.completion_tokens, 32 * 480, 'complete answer');
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
         } finally {
             await srv.stop(1000);
         }

@@ -21,7 +21,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
-import { startServer, readSSE, parseSSE, scrape, promValue, assertCompletionShape, GOLDEN, sleep, T, scaled } from './server.mjs';
+import { startServer, readSSE, parseSSE, scrape, promValue, assertCompletionShape, GOLDEN, rng, sleep, T, scaled } from './server.mjs';
 
 const REQUESTS = Number(process.env.PAGELLM_SOAK_REQUESTS) || 12000;
 const WARMUP = Math.round(REQUESTS / 6); // requests before the first RSS reading
@@ -30,17 +30,6 @@ const BLOCKS = 512; // a pool small enough that blocks are reused many times ove
 const RSS_BOUND_MIB = 24; // allowed VmRSS growth from after the warm-up to the end
 const SEED = Number(process.env.PAGELLM_SOAK_SEED) || (Date.now() % 1000000);
 
-// mulberry32: a small seeded generator, so a failing mix can be replayed.
-function rng(seed) {
-    let a = seed >>> 0;
-    return () => {
-        a = (a + 0x6d2b79f5) >>> 0;
-        let t = a;
-        t = Math.imul(t ^ (t >>> 15), t | 1);
-        t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-        return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
-}
 
 const vmRSSkB = (pid) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]);
 const isAsan = (pid) => /libasan|libclang_rt\.asan/.test(readFileSync(`/proc/${pid}/maps`, 'utf8'));

@@ -19,7 +19,7 @@
  *   - every decode and every streamed piece is well-formed UTF-8
  *   - streaming: concatenating the pieces (and tok_stream_finish) gives
  *     decode(all)[len(decode(prompt)):] when decode(all) holds no U+FFFD (where bytes are
- *     ill-formed the stream may legitimately differ, see engine/tok_stream.c) and
+ *     ill-formed the stream may legitimately differ, see tokenizer/tok_stream.c) and
  *     decode(prompt) is a prefix of it; when the prompt ends inside a character, a tail of
  *     decode(all) that starts where the prompt's text ends
  *   - tok_token_to_id / tok_id_to_token agree on the input taken as a token string */
@@ -74,9 +74,9 @@ static void check_utf8(const char *s, const char *what, const Tok *k) {
 /* Decode, stream-decode and compare. `clean` is 0 when NUL bytes make C-string comparisons
  * meaningless. */
 static void check_stream(const Tok *k, const int32_t *ids, int n, int cut, int clean) {
-    char *P = tok_decode(k->t, ids, cut, 1);
-    char *W = tok_decode(k->t, ids, n, 1);
-    char *W0 = tok_decode(k->t, ids, n, 0);
+    char *P = tok_decode(k->t, ids, cut, 1, NULL);
+    char *W = tok_decode(k->t, ids, n, 1, NULL);
+    char *W0 = tok_decode(k->t, ids, n, 0, NULL);
     FUZZ_CHECK(P && W && W0, "%s: tok_decode returned NULL", k->name);
     check_utf8(P, "decode(prompt)", k);
     check_utf8(W, "decode(all)", k);
@@ -88,7 +88,7 @@ static void check_stream(const Tok *k, const int32_t *ids, int n, int cut, int c
     char *S = malloc(cap);
     S[0] = 0;
     for (int i = cut; i <= n; i++) {
-        const char *piece = i < n ? tok_stream_push(s, ids[i]) : tok_stream_finish(s);
+        const char *piece = i < n ? tok_stream_push(s, ids[i], NULL) : tok_stream_finish(s, NULL);
         FUZZ_CHECK(piece != NULL, "%s: stream piece %d is NULL", k->name, i);
         check_utf8(piece, i < n ? "a streamed piece" : "tok_stream_finish", k);
         size_t pl = strlen(piece);
@@ -173,7 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int sp_ok =
             fz_utf8_valid(text, len) && !has_special && !fz_contains(lossy, ll, "\xe2\x96\x81");
         if (gpt2 || sp_ok) {
-            char *d = tok_decode(k->t, ids, n, gpt2 ? 0 : 1);
+            char *d = tok_decode(k->t, ids, n, gpt2 ? 0 : 1, NULL);
             FUZZ_CHECK(d != NULL, "%s: tok_decode returned NULL", k->name);
             size_t dl = strlen(d), want = strlen(lossy); /* up to the first NUL byte */
             FUZZ_CHECK(dl == want && memcmp(d, lossy, dl) == 0,

@@ -1,0 +1,61 @@
+/* logit_edits.c - what a request changes in its logits before each sample, as vLLM's logits
+ * processors do: its logit_bias, and -inf on the tokens that would end it (stop_token_ids,
+ * and EOS unless ignore_eos) while it has fewer than min_tokens new tokens. The host and the
+ * backend sampling paths apply the same list, after the raw logprobs are taken. */
+#include <math.h>
+
+#include "engine_internal.h"
+
+int32_t eng_stop_token(const Engine *e, const Request *r, int i) {
+    if (i < r->params.num_stop_token_ids)
+        return r->stop_ids[i];
+    if (r->params.ignore_eos)
+        return -1;
+    i -= r->params.num_stop_token_ids;
+    const ModelConfig *mc = model_config(e->model);
+    if (i < mc->num_eos)
+        return mc->eos_token_ids[i];
+    return i == mc->num_eos && e->tok ? tok_eos_id(e->tok) : -1;
+}
+
+/* The edits of one sample's next token, for logits row `row`, into out (NULL: count only);
+ * returns how many. */
+static int row_edits(const Engine *e, const SeqData *d, int row, LogitEdit *out) {
+    const Request *r = d->req;
+    int vocab = model_config(e->model)->vocab_size, n = 0;
+    for (int i = 0; i < r->params.num_logit_bias; i++, n++)
+        if (out)
+            out[n] = (LogitEdit){row, r->bias[i].token, r->bias[i].bias};
+    if (d->num_generated >= r->params.min_tokens)
+        return n;
+    int32_t t;
+    for (int i = 0; (t = eng_stop_token(e, r, i)) >= 0; i++) {
+        if (t >= vocab)
+            continue;
+        if (out)
+            out[n] = (LogitEdit){row, t, -INFINITY};
+        n++;
+    }
+    return n;
+}
+
+int eng_count_edits(const Engine *e, const SeqData *const *rows, int n) {
+    int total = 0;
+    for (int i = 0; i < n; i++)
+        total += row_edits(e, rows[i], i, NULL);
+    return total;
+}
+
+int eng_collect_edits(Engine *e, const SeqData *const *rows, int n) {
+    size_t total = (size_t)eng_count_edits(e, rows, n);
+    if (total == 0)
+        return 0;
+    if (total > e->edits_cap) {
+        e->edits_cap = total * 2;
+        e->edits = pl_xrealloc(e->edits, e->edits_cap * sizeof *e->edits);
+    }
+    int at = 0;
+    for (int i = 0; i < n; i++)
+        at += row_edits(e, rows[i], i, e->edits + at);
+    return at;
+}
