@@ -69,6 +69,7 @@ static Status pick_backend(const EngineConfig *c, const KernelOps **ops) {
         return pl_error_set(PL_ERR_INVALID, "device '%s' is not one of auto, cpu, cuda", device);
     DType act = DT_F32;
     *ops = k_cpu_ops();
+    k_cpu_set_threads(c->cpu_threads); /* the CPU ops also serve host work beside a GPU */
     if (device && !strcmp(device, "cpu"))
         return pick_act(c->dtype, 0, c->model_dir, &act);
 #ifdef PAGELLM_HAVE_CUDA
@@ -194,7 +195,7 @@ static Status start_tp(Engine *e) {
     if (tp > have)
         return pl_error_set(PL_ERR_INVALID, "tensor-parallel-size %d needs %d GPUs; %d visible", tp,
                             tp, have);
-    if (k_cuda_tp_init(tp) != 0)
+    if (k_cuda_tp_init(tp, !e->cfg.disable_custom_all_reduce) != 0)
         return pl_error_set(PL_ERR_UNSUPPORTED, "tensor-parallel-size %d: NCCL setup failed", tp);
 #endif
     e->tp = tp;
@@ -438,7 +439,8 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
                             r->params.min_tokens, r->params.max_tokens);
     if (r->params.num_logit_bias < 0 || r->params.num_logit_bias > vocab ||
         (r->params.num_logit_bias > 0 && !r->params.logit_bias))
-        return pl_error_set(PL_ERR_INVALID, "logit_bias has %d entries; at most %d (the vocabulary)",
+        return pl_error_set(PL_ERR_INVALID,
+                            "logit_bias has %d entries; at most %d (the vocabulary)",
                             r->params.num_logit_bias, vocab);
     for (int i = 0; i < r->params.num_logit_bias; i++) {
         const LogitBias *b = &r->params.logit_bias[i];
@@ -450,7 +452,8 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
     }
     for (int i = 0; i < r->params.num_stop_token_ids; i++)
         if (r->params.stop_token_ids[i] < 0 || r->params.stop_token_ids[i] >= vocab)
-            return pl_error_set(PL_ERR_INVALID, "stop token id %d is outside the vocabulary [0, %d)",
+            return pl_error_set(PL_ERR_INVALID,
+                                "stop token id %d is outside the vocabulary [0, %d)",
                                 r->params.stop_token_ids[i], vocab);
     if (r->params.n < 0 || r->params.n > e->cfg.max_num_seqs)
         return pl_error_set(PL_ERR_INVALID, "n = %d is not in [1, max-num-seqs = %d]", r->params.n,

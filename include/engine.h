@@ -28,6 +28,8 @@ typedef struct {
                                        * N's tokens (requests with penalties, logprobs or n > 1
                                        * still being forked make their steps wait) */
     int tensor_parallel_size;         /* GPUs (0..N-1) the model is split over; 0 or 1 = one */
+    int disable_custom_all_reduce;    /* 1 = NCCL for every all-reduce (no one-shot NVLink path) */
+    int cpu_threads;                  /* CPU backend threads, caller included; 0 = every CPU */
     int load_dummy;                   /* load-format dummy */
     uint64_t seed;                    /* dummy weights */
     int block_size;                   /* tokens per KV block: 8, 16, 32, 64, 128 */

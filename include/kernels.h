@@ -288,6 +288,11 @@ typedef struct KernelOps {
 /* The CPU backend (always available). */
 const KernelOps *k_cpu_ops(void);
 
+/* Threads the CPU backend's ops may use, the caller included: n >= 1 caps them at n (never
+ * more than the CPUs this process may run on); 0 = all of those (the default). For the whole
+ * process. */
+void k_cpu_set_threads(int n);
+
 /* Fill inv_freq[head_dim/2] for rope_theta with optional llama3 scaling
  * (factor <= 0 means none). Host memory; shared by every backend. */
 void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,

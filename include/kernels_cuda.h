@@ -67,9 +67,11 @@ void k_cuda_stream_synchronize(void *stream);
 const KernelOps *k_cuda_ops(DType act);
 
 /* Tensor parallelism over devices 0..n-1 of this process: one NCCL communicator per device
- * (ncclCommInitAll), used by the op tables' all_reduce on that device. Returns -1 when n is
- * not in [1, visible devices] or the build has no NCCL (n > 1); aborts on an NCCL error. */
-int k_cuda_tp_init(int n);
+ * (ncclCommInitAll), used by the op tables' all_reduce on that device, and with
+ * custom_all_reduce the one-shot NVLink all-reduce for decode-sized messages where the GPUs
+ * reach each other's memory (else NCCL does every reduction). Returns -1 when n is not in
+ * [1, visible devices] or the build has no NCCL (n > 1); aborts on an NCCL error. */
+int k_cuda_tp_init(int n, int custom_all_reduce);
 void k_cuda_tp_destroy(int n);
 
 /* ---- element-wise and row ops ---- */
@@ -233,10 +235,10 @@ void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *
  * (kernels/cuda/gemm_sm90a.cu; the same results but for the order of the K sums): its tile
  * variants are timed against the pair on the first eager call of each row bucket (16-bit
  * activations and weights, up to 512 rows) and the fastest is kept. Forcing a path (tests,
- * benchmarks) skips the timing; a forced variant that does not take a call runs the pair.
- * PAGELLM_WGMMA in the environment sets the path of a new gemm: 0 the pair, 224 the own GEMM
- * (tiles of 128 rows by 224 weight rows), 224c2 its CTA pairs (the two row tiles of a column
- * tile share the weights by multicast; an even number of row tiles only). */
+ * benchmarks: k_cuda_gemm_force_silu_mul) skips the timing; a forced variant that does not
+ * take a call runs the pair. The paths: the pair, the own GEMM (tiles of 128 rows by 224
+ * weight rows), and its CTA pairs (the two row tiles of a column tile share the weights by
+ * multicast; an even number of row tiles only). */
 typedef enum {
     KC_SILU_MUL_AUTO = -2,
     KC_SILU_MUL_PAIR = -1,

@@ -106,6 +106,10 @@ static const CfgKey keys[] = {
     /* execution */
     KEY_INT("tensor-parallel-size", engine.tensor_parallel_size, 1, NO_MAX, "N",
             "GPUs that split the model", NULL),
+    KEY_BOOL("disable-custom-all-reduce", engine.disable_custom_all_reduce,
+             "tensor parallelism: NCCL for every all-reduce, no one-shot NVLink all-reduce"),
+    KEY_INT("cpu-threads", engine.cpu_threads, 0, NO_MAX, "N",
+            "threads of the CPU backend (the caller included); 0 = every CPU it may use", NULL),
     KEY_BOOL("enforce-eager", engine.enforce_eager, "run decode without CUDA graphs"),
     KEY_BOOL("async-scheduling", engine.async_scheduling,
              "schedule the next step while the device runs this one"),

@@ -190,6 +190,8 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "preemption-mode: recompute\n"
                                "schedule-conservativeness: 0.25\n"
                                "tensor-parallel-size: 1\n"
+                               "disable-custom-all-reduce: true\n"
+                               "cpu-threads: 3\n"
                                "enforce-eager: yes\n"
                                "async-scheduling: no\n"
                                "seed: 18446744073709551615\n"
@@ -224,6 +226,8 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.preemption_mode, PREEMPT_RECOMPUTE);
     assert_true(c->engine.schedule_conservativeness == 0.25);
     assert_int_equal(c->engine.tensor_parallel_size, 1);
+    assert_int_equal(c->engine.disable_custom_all_reduce, 1);
+    assert_int_equal(c->engine.cpu_threads, 3);
     assert_int_equal(c->engine.enforce_eager, 1);
     assert_int_equal(c->engine.async_scheduling, 0);
     assert_true(c->engine.seed == UINT64_MAX);

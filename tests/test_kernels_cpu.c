@@ -867,6 +867,19 @@ static void test_copy_blocks(void **state) {
     free(host);
 }
 
+/* cpu-threads: k_cpu_set_threads caps the threads a region runs on (1 = the caller alone),
+ * never beyond those the pool has, and 0 gives them all back. */
+static void test_thread_cap(void **state) {
+    (void)state;
+    int all = cpu_num_threads();
+    k_cpu_set_threads(1);
+    assert_int_equal(cpu_num_threads(), 1);
+    k_cpu_set_threads(all + 5);
+    assert_int_equal(cpu_num_threads(), all);
+    k_cpu_set_threads(0);
+    assert_int_equal(cpu_num_threads(), all);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embedding),
@@ -888,6 +901,7 @@ int main(void) {
         cmocka_unit_test(test_attention_single),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_copy_blocks),
+        cmocka_unit_test(test_thread_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -384,7 +384,7 @@ static void test_collectives(void **state) {
     (void)state;
     if (!two_gpus())
         skip();
-    assert_int_equal(k_cuda_tp_init(2), 0);
+    assert_int_equal(k_cuda_tp_init(2, 1), 0);
     check_collectives(DT_F32, 3);
     check_collectives(DT_BF16, 3);
     check_collectives(DT_BF16, 700); /* 5.5 MB: the one-shot kernel's many rows per block */

@@ -98,7 +98,7 @@ void *cpu_scratch(int slot, size_t bytes);
 typedef void (*CpuTaskFn)(void *ctx, int tid, int nthreads);
 
 /* Threads the pool can use, caller included (>= 1): the CPUs this process may run on, or
- * PAGELLM_CPU_THREADS when set. */
+ * fewer as k_cpu_set_threads asked. */
 int cpu_num_threads(void);
 
 /* Run fn(ctx, tid, nt) for tid in [0, nt) on nt threads, nt = min(want, cpu_num_threads()),

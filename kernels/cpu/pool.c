@@ -1,11 +1,12 @@
 /* pool.c - a small persistent pool of worker threads for the CPU ops.
  *
  * Started on first use with one thread per CPU this process may run on (the caller counts
- * as one). A parallel region publishes (fn, ctx, nt) under a mutex, bumps a generation
- * counter and wakes the workers; worker tid < nt runs its share and the caller waits until
- * all nt - 1 workers have reported back, so no region can start before the previous one
- * has finished. One region runs at a time: a second thread that finds the pool busy runs
- * its region alone, which gives the same results (see cpu_internal.h). */
+ * as one); k_cpu_set_threads (config key cpu-threads) lets fewer take part. A parallel region
+ * publishes (fn, ctx, nt) under a mutex, bumps a generation counter and wakes the workers; worker
+ * tid < nt runs its share and the caller waits until all nt - 1 workers have reported back, so no
+ * region can start before the previous one has finished. One region runs at a time: a second thread
+ * that finds the pool busy runs its region alone, which gives the same results (see
+ * cpu_internal.h). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@ static struct {
     pthread_mutex_t mu;   /* guards everything below */
     pthread_cond_t work_cv, done_cv;
     int nthreads; /* caller included */
+    int limit;    /* k_cpu_set_threads: at most this many take part (0: all) */
     uint64_t gen;
     CpuTaskFn fn;
     void *ctx;
@@ -57,12 +59,6 @@ static void *worker_main(void *arg) {
 }
 
 static int detect_threads(void) {
-    const char *env = getenv("PAGELLM_CPU_THREADS");
-    if (env && *env) {
-        int v = atoi(env);
-        if (v >= 1)
-            return v < POOL_MAX_THREADS ? v : POOL_MAX_THREADS;
-    }
     int n = 0;
 #ifdef CPU_COUNT
     cpu_set_t set;
@@ -99,9 +95,15 @@ static void pool_init(void) {
 int cpu_num_threads(void) {
     pthread_once(&pool.once, pool_init);
     pthread_mutex_lock(&pool.mu);
-    int n = pool.nthreads;
+    int n = pool.limit > 0 && pool.limit < pool.nthreads ? pool.limit : pool.nthreads;
     pthread_mutex_unlock(&pool.mu);
     return n;
+}
+
+void k_cpu_set_threads(int n) {
+    pthread_mutex_lock(&pool.mu);
+    pool.limit = n > 0 ? n : 0;
+    pthread_mutex_unlock(&pool.mu);
 }
 
 void cpu_parallel(CpuTaskFn fn, void *ctx, int want) {

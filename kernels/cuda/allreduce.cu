@@ -325,8 +325,7 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
 /* ---- host side ------------------------------------------------------------------------ */
 
 int k_cuda_ar_init(int n) {
-    const char *env = getenv("PAGELLM_ONESHOT_ALLREDUCE");
-    if (n < 2 || n > AR_MAX_RANKS || (env && strcmp(env, "0") == 0))
+    if (n < 2 || n > AR_MAX_RANKS)
         return -1;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {

@@ -269,7 +269,7 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
  * weights before, which is how a GEMV streams its first weights during the previous kernel),
  * then kc_pdl_trigger, so that the next kernel can start the same way. Both are no-ops when
  * the kernel was launched normally or below sm_90. In a CUDA graph these become programmatic
- * edges. PAGELLM_PDL=0 in the environment launches normally (for comparisons). */
+ * edges. */
 __device__ __forceinline__ void kc_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -281,7 +281,7 @@ __device__ __forceinline__ void kc_pdl_trigger(void) {
 #endif
 }
 
-int kc_pdl_enabled(void); /* runtime.cu: sm_90 or newer and PAGELLM_PDL not "0" */
+int kc_pdl_enabled(void); /* runtime.cu: sm_90 or newer */
 int kc_sm_count(void);    /* runtime.cu: the current device's SMs, looked up once per device */
 
 template <typename... KArgs, typename... Args>

@@ -90,22 +90,6 @@ struct KCudaGemm {
     KCudaSiluMulPath silu_mul_path; /* forced, or KC_SILU_MUL_AUTO */
 };
 
-/* PAGELLM_WGMMA's path (kernels_cuda.h), KC_SILU_MUL_AUTO when unset; a bad value aborts. */
-static KCudaSiluMulPath silu_mul_path_from_env(void) {
-    static const struct {
-        const char *name;
-        KCudaSiluMulPath path;
-    } names[] = {
-        {"0", KC_SILU_MUL_PAIR}, {"224", KC_SILU_MUL_N224}, {"224c2", KC_SILU_MUL_N224_CLUSTER2}};
-    const char *v = getenv("PAGELLM_WGMMA");
-    if (!v || !*v)
-        return KC_SILU_MUL_AUTO;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(v, names[i].name) == 0)
-            return names[i].path;
-    pl_fatal(__FILE__, __LINE__, "PAGELLM_WGMMA=%s: expected 0, 224 or 224c2", v);
-}
-
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
  * through > 150 MB so they come from HBM; tests/test_matmul_cuda.c test_matmul_timing, back-to-
  * back calls on a stream), per call in us, cuBLASLt / GEMV at its best rows per warp:
@@ -442,7 +426,7 @@ KCudaGemm *k_cuda_gemm_create(size_t max_rows_times_k) {
     g->workspace_bytes = GEMM_WORKSPACE_BYTES;
     CUDA_CHECK(cudaMalloc(&g->workspace, g->workspace_bytes));
     g->max_rows_times_k = max_rows_times_k;
-    g->silu_mul_path = silu_mul_path_from_env();
+    g->silu_mul_path = KC_SILU_MUL_AUTO;
     if (max_rows_times_k)
         CUDA_CHECK(cudaMalloc(&g->scratch, 2 * max_rows_times_k * sizeof(uint16_t)));
     return g;

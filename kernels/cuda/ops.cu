@@ -351,7 +351,7 @@ static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float sc
         KC_REQUIRE(r_ == ncclSuccess, "NCCL error in %s: %s", #expr, ncclGetErrorString(r_));      \
     } while (0)
 
-int k_cuda_tp_init(int n) {
+int k_cuda_tp_init(int n, int custom_all_reduce) {
     int have = k_cuda_device_count();
     if (n < 1 || n > have || n > MAX_DEVICES)
         return -1;
@@ -362,7 +362,8 @@ int k_cuda_tp_init(int n) {
     NCCL_CHECK(ncclCommInitAll(comms, n, ids));
     for (int i = 0; i < n; i++)
         devices[i].comm = comms[i];
-    k_cuda_ar_init(n); /* the one-shot path, when the GPUs reach each other's memory */
+    if (custom_all_reduce) /* the one-shot path, when the GPUs reach each other's memory */
+        k_cuda_ar_init(n);
     return 0;
 }
 
@@ -408,7 +409,8 @@ template <DType A> static void ops_all_gather(void *out, const void *in, size_t 
     NCCL_CHECK(ncclAllGather(in, out, count, nccl_type<A>(), comm(), stream()));
 }
 #else
-int k_cuda_tp_init(int n) {
+int k_cuda_tp_init(int n, int custom_all_reduce) {
+    (void)custom_all_reduce;
     return n == 1 ? 0 : -1;
 }
 void k_cuda_tp_destroy(int n) {

@@ -74,8 +74,7 @@ int kc_pdl_enabled(void) {
         int device = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        const char *env = getenv("PAGELLM_PDL");
-        e = major >= 9 && !(env && !strcmp(env, "0"));
+        e = major >= 9;
         enabled.store(e);
     }
     return e;

@@ -14,8 +14,7 @@
 /* Enable peer access between devices 0..n-1 and give each its staging buffer, inbox and
  * flags.
  * Returns 0 when the one-shot path is on; -1 (nothing set up) when some pair of devices cannot
- * reach each other's memory or PAGELLM_ONESHOT_ALLREDUCE=0 is set: NCCL does every
- * all-reduce. */
+ * reach each other's memory: NCCL does every all-reduce. */
 int k_cuda_ar_init(int n);
 void k_cuda_ar_destroy(int n);
 
