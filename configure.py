@@ -81,6 +81,12 @@ PROGRAM = "cli"  # built as build/pagellm (its own folder's objects + what it ma
 # Edges allowed for some symbols only (fnmatch patterns): the server and the bench take just
 # the sampling defaults (include/sampling.h, kernels/kernels.c) from kernels.
 NARROW_EDGES = {("server", "kernels"): ["sampling_*"], ("bench", "kernels"): ["sampling_*"]}
+# The parts (source files) of a library, top to bottom: a part may call only the parts listed
+# after it, so no part calls back up into one that uses it (checked with the layers).
+PART_ORDER = {
+    "engine": ["generate", "engine", "step", "overlap", "output", "sampler", "logit_edits",
+               "request", "runner", "runner_forward"],
+}
 # Libraries whose every exported symbol has one of these prefixes (checked with the layers).
 EXPORT_PREFIXES = {"tokenizer": ["tok_"]}
 # Folders whose private headers stay private: tests do not get -I for them either.

@@ -1,6 +1,7 @@
 /* engine.c - engine creation (backend, model, tokenizer, KV pools sized from memory, block
- * manager, scheduler), the thread-safe inbox (add, abort, wait) and statistics. The step
- * loop is in step.c. */
+ * manager, scheduler; the runner, sampler and output it owns), the thread-safe inbox (add,
+ * abort, wait) and statistics. The step loop is in step.c; engine_internal.h lists the
+ * parts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,7 +120,7 @@ static Status check_config(const EngineConfig *c) {
  * allocated (the pools are lazily touched memory, but an absurd size helps nobody). */
 static Status size_pools(Engine *e) {
     const EngineConfig *c = &e->cfg;
-    double useful = (double)c->max_num_seqs * e->max_blocks_per_seq + 1;
+    double useful = (double)c->max_num_seqs * e->run.max_blocks_per_seq + 1;
     int gpu;
     if (c->num_gpu_blocks_override > 0) {
         gpu = c->num_gpu_blocks_override;
@@ -155,34 +156,35 @@ static Status size_pools(Engine *e) {
 }
 
 /* Sizes in bytes of the BatchBuffers arrays, in field order. */
-/* The host step buffers and per-step host arrays (each rank's device copies: ranks.c). */
+/* The host step buffers and per-step host arrays (each rank's device copies: runner.c). */
 static void alloc_host_buffers(Engine *e) {
     size_t sizes[BATCH_FIELDS];
     void **h[BATCH_FIELDS];
     eng_batch_sizes(e, sizes);
-    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&e->run.h, h);
     size_t s = (size_t)e->cfg.max_num_seqs;
-    e->fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
-    e->sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
-    e->sampled = pl_xmalloc(s * sizeof(int32_t));
+    e->smp.fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
+    e->smp.sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
+    e->smp.sampled = pl_xmalloc(s * sizeof(int32_t));
     for (int i = 0; i < BATCH_FIELDS; i++)
         *h[i] = pl_xcalloc(1, sizes[i]);
 }
 
 static void free_host_buffers(Engine *e) {
     void **h[BATCH_FIELDS];
-    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&e->run.h, h);
     for (int i = 0; i < BATCH_FIELDS; i++)
         free(*h[i]);
-    free(e->fork_logits);
-    free(e->sample_reqs);
-    free(e->sampled);
+    free(e->smp.fork_logits);
+    free(e->smp.fork_tokens);
+    free(e->smp.sample_reqs);
+    free(e->smp.sampled);
 }
 
 /* Tensor parallelism: the communicators for tensor-parallel-size GPUs. */
 static Status start_tp(Engine *e) {
     int tp = e->cfg.tensor_parallel_size > 1 ? e->cfg.tensor_parallel_size : 1;
-    e->tp = 1;
+    e->run.tp = 1;
     if (tp == 1)
         return PL_OK;
     if (!e->ops->all_reduce || !e->ops->set_device)
@@ -198,7 +200,7 @@ static Status start_tp(Engine *e) {
     if (k_cuda_tp_init(tp, !e->cfg.disable_custom_all_reduce) != 0)
         return pl_error_set(PL_ERR_UNSUPPORTED, "tensor-parallel-size %d: NCCL setup failed", tp);
 #endif
-    e->tp = tp;
+    e->run.tp = tp;
     return PL_OK;
 }
 
@@ -244,9 +246,9 @@ static void print_budget(const Engine *e, double free_before_kv) {
             e->num_gpu_blocks, e->cfg.block_size, e->num_gpu_blocks * (double)e->block_bytes / mib,
             e->num_gpu_blocks * e->cfg.block_size, e->num_cpu_blocks,
             e->num_cpu_blocks * (double)e->block_bytes / mib, capped, e->max_model_len);
-    if (e->num_graphs)
+    if (e->run.num_graphs)
         fprintf(stderr, "pagellm: %d decode graphs (batch 1 to %d) captured in %.2f s\n",
-                e->num_graphs, e->graph_size[e->num_graphs - 1], e->graph_seconds);
+                e->run.num_graphs, e->run.graph_size[e->run.num_graphs - 1], e->run.graph_seconds);
 }
 
 /* max-num-seqs and max-num-batched-tokens left at 0: on a GPU with 70 GiB or more free, 1024
@@ -293,7 +295,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     RankJob job = {.kind = JOB_LOAD};
     if ((st = eng_ranks_run(e, &job)) != PL_OK)
         goto fail;
-    e->model = e->ranks[0].model;
+    e->model = e->run.ranks[0].model;
     /* A folder without tokenizer.json still serves token ids (as vLLM's
      * skip_tokenizer_init); text in or out then needs a tokenizer and is refused. */
     char tok_path[4096];
@@ -309,7 +311,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     }
     e->kv_layout = model_kv_layout(e->model, cfg->block_size);
     e->block_bytes = k_kv_block_elems(&e->kv_layout) * pl_dtype_size(e->kv_layout.dtype);
-    e->max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
+    e->run.max_blocks_per_seq = (e->max_model_len + cfg->block_size - 1) / cfg->block_size;
     alloc_host_buffers(e);
     job.kind = JOB_BUFFERS;
     if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = eng_warm_up(e)) != PL_OK)
@@ -331,21 +333,6 @@ fail:
     return st;
 }
 
-void eng_request_free(Engine *e, Request *r) {
-    for (int i = 0; i < r->num_started; i++) {
-        if (r->seqs[i]->state != SEQ_FINISHED)
-            sched_remove(e->sched, r->seqs[i]);
-        seq_destroy(r->seqs[i]);
-        tok_stream_destroy(r->data[i].stream);
-    }
-    free(r->seqs);
-    free(r->data);
-    free(r->prompt);
-    free(r->stop_ids);
-    free(r->bias);
-    free(r);
-}
-
 void eng_destroy(Engine *e) {
     if (!e)
         return;
@@ -364,16 +351,16 @@ void eng_destroy(Engine *e) {
     tok_destroy(e->tok);
     free_host_buffers(e);
 #ifdef PAGELLM_HAVE_CUDA
-    if (e->tp > 1)
-        k_cuda_tp_destroy(e->tp);
+    if (e->run.tp > 1)
+        k_cuda_tp_destroy(e->run.tp);
 #endif
-    free(e->graph_size);
-    free(e->events);
-    free(e->text);
-    free(e->top_ids);
-    free(e->top_vals);
-    free(e->raw_rows);
-    free(e->edits);
+    free(e->run.graph_size);
+    free(e->out.events);
+    free(e->out.text);
+    free(e->smp.top_ids);
+    free(e->smp.top_vals);
+    free(e->smp.raw_rows);
+    free(e->smp.edits);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     free(e);
@@ -546,11 +533,11 @@ void eng_wait_for_work(Engine *e, int timeout_ms) {
  * (padding rows, which read block 0 and write nothing) replayed for about the swap's time
  * while the blocks come in (their own contents again) on the swap stream. */
 static void measure_beside_compute(Engine *e, const int32_t *pairs, int blocks, EngSwapTiming *t) {
-    if (e->num_graphs == 0 || e->tp > 1)
+    if (e->run.num_graphs == 0 || e->run.tp > 1)
         return;
-    Rank *r = &e->ranks[0];
+    Rank *r = &e->run.ranks[0];
     const KernelOps *ops = e->ops;
-    int g = e->num_graphs - 1, rows = e->graph_size[g];
+    int g = e->run.num_graphs - 1, rows = e->run.graph_size[g];
     eng_pad_decode_rows(e, 0, rows);
     eng_upload_batch(e, r, rows, rows, rows);
     ops->synchronize();
@@ -580,7 +567,7 @@ Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t) {
     int32_t *pairs = pl_xmalloc((size_t)blocks * 2 * sizeof(int32_t));
     for (int i = 0; i < blocks; i++)
         pairs[2 * i] = pairs[2 * i + 1] = i;
-    const Rank *r = &e->ranks[0]; /* every rank swaps the same way, on its own link */
+    const Rank *r = &e->run.ranks[0]; /* every rank swaps the same way, on its own link */
     void (*sync)(void) = e->ops->synchronize;
     if (sync)
         sync();

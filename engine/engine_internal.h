@@ -1,5 +1,17 @@
-/* engine_internal.h - (internal to engine/) the Engine's state, shared by engine.c
- * (creation, sizing, the thread-safe inbox), step.c (the step loop) and generate.c. */
+/* engine_internal.h - (internal to engine/) the engine's parts and their state. Calls go one
+ * way, top to bottom, never back up (tools/check_layers.py checks the order of configure.py's
+ * ENGINE_PARTS):
+ *
+ *   generate.c            conveniences over the public API
+ *   engine.c              creation, the thread-safe inbox, statistics
+ *   step.c                the step loop: inbox, schedule, batch, launch, sample, fork, retire
+ *   overlap.c             asynchronous scheduling: the pending step
+ *   output.c              accepted tokens to events (stop checks, text), finishes, aborts
+ *   sampler.c             sampled rows to tokens and logprobs, on the backend or the host
+ *   logit_edits.c         logit_bias and min_tokens as edits of the logits
+ *   request.c             a request's samples: start, stop tokens, free
+ *   runner.c              the model runner: ranks, their jobs, start-up warm-up and capture
+ *   runner_forward.c      one rank's batch upload, forward, graphs, prompt logits */
 #ifndef PAGELLM_ENGINE_INTERNAL_H
 #define PAGELLM_ENGINE_INTERNAL_H
 
@@ -70,7 +82,7 @@ typedef struct {
     int num_top;
 } RowLogprobs;
 
-/* Asynchronous scheduling (step.c): one sampled row of the step launched last, whose
+/* Asynchronous scheduling (overlap.c): one sampled row of the step launched last, whose
  * tokens the host reads only after launching the next step. */
 typedef struct {
     Sequence *seq;   /* NULL: the token is dropped (the sequence finished meanwhile) */
@@ -94,7 +106,7 @@ typedef struct {
     int cap;
 } SwapPlan;
 
-/* ---- sample_device.c: sampling on the backend ---- */
+/* ---- sampler.c: sampling on the backend ---- */
 
 /* Device buffers for sampling on the backend (all NULL when it has no sample_rows op). */
 typedef struct {
@@ -111,7 +123,7 @@ typedef struct {
     size_t workspace_bytes;
 } DeviceSampler;
 
-/* One tensor-parallel rank (ranks.c): its model shard, its KV pools (its KV heads; every rank
+/* One tensor-parallel rank (runner.c): its model shard, its KV pools (its KV heads; every rank
  * has the same blocks, so one block table serves all), its device step buffers and decode
  * graphs. Rank i drives device i; rank 0 runs on the engine's thread, the others on worker
  * threads executing the same jobs at the same time. */
@@ -155,6 +167,55 @@ typedef struct {
     float *logits_out;                         /* JOB_LOGITS: host [num_tokens, vocab] */
 } RankJob;
 
+/* The model runner (runner.c, runner_forward.c): the tensor-parallel ranks, the jobs they
+ * run together, the step batch they upload and the decode graphs they replay. */
+typedef struct {
+    int tp;      /* tensor-parallel ranks */
+    Rank *ranks; /* [tp] */
+    pthread_mutex_t job_mu;
+    pthread_cond_t job_cv, job_done_cv;
+    RankJob job; /* the current job, for the workers */
+    uint64_t job_seq;
+    int jobs_done;
+    /* per-step batch, sized at creation: built in host memory (h), read by each rank's model
+     * from its own copy (Rank.d) */
+    int max_blocks_per_seq;
+    BatchBuffers h;
+    /* decode graphs: each rank's graphs[g] replays a decode step of graph_size[g] rows */
+    int num_graphs;
+    int *graph_size;      /* ascending */
+    double graph_seconds; /* spent capturing them */
+} ModelRunner;
+
+/* The sampler (sampler.c, logit_edits.c): the step's sampled rows to tokens, with their
+ * logprobs taken from the raw logits and their logit edits applied, on the backend or here. */
+typedef struct {
+    DeviceSampler dev;    /* sampling on the backend */
+    float *fork_logits;   /* [vocab]: a row copied for each extra sample */
+    int32_t *fork_tokens; /* [fork_cap]: the forked samples' first tokens, in row order */
+    int num_fork_tokens, fork_cap;
+    SampleRequest *sample_reqs; /* [max_num_seqs] */
+    int32_t *sampled;           /* [max_num_seqs] */
+    int32_t *top_ids;           /* [top_cap] the step's top logprobs (events point here) */
+    float *top_vals;            /* [top_cap] */
+    size_t top_len, top_cap;
+    float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
+    size_t raw_cap;
+    LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
+    size_t edits_cap;
+} Sampler;
+
+/* The output (output.c): the events of the last step and the text they point into. */
+typedef struct {
+    EngEvent *events;
+    int events_n, events_cap;
+    char *text;
+    size_t text_len, text_cap;
+} Output;
+
+/* The engine (engine.c, step.c, overlap.c): configuration, model and tokenizer, KV geometry,
+ * block manager and scheduler, the inbox, the active requests and the step loop's state; it
+ * owns the runner, the sampler and the output, and calls down into them. */
 struct Engine {
     EngineConfig cfg;
     const KernelOps *ops;
@@ -164,16 +225,12 @@ struct Engine {
     KvLayout kv_layout; /* one rank's */
     size_t block_bytes;
     int num_gpu_blocks, num_cpu_blocks;
-    int tp;      /* tensor-parallel ranks */
-    Rank *ranks; /* [tp] */
-    pthread_mutex_t job_mu;
-    pthread_cond_t job_cv, job_done_cv;
-    RankJob job; /* the current job, for the workers */
-    uint64_t job_seq;
-    int jobs_done;
     BlockManager *bm;
     Scheduler *sched;
     int64_t next_seq_id;
+    ModelRunner run;
+    Sampler smp;
+    Output out;
 
     /* inbox: written by any thread under `mu` */
     pthread_mutex_t mu;
@@ -190,16 +247,7 @@ struct Engine {
     Request **active;
     int active_n, active_cap;
 
-    /* per-step batch, sized at creation: built in host memory (h), read by each rank's model
-     * from its own copy (Rank.d) */
-    int max_blocks_per_seq;
-    BatchBuffers h;
-    float *fork_logits;         /* [vocab]: a row copied for each extra sample */
-    SampleRequest *sample_reqs; /* [max_num_seqs] */
-    int32_t *sampled;           /* [max_num_seqs] */
-    DeviceSampler ds;           /* sampling on the backend (sample_device.c) */
-
-    /* asynchronous scheduling (step.c): step N + 1 is scheduled and launched before the
+    /* asynchronous scheduling (overlap.c): step N + 1 is scheduled and launched before the
      * tokens of step N are read */
     int overlap;              /* cfg.async_scheduling, one rank, a backend that can */
     int num_sync_requests;    /* active requests whose steps cannot overlap */
@@ -214,36 +262,41 @@ struct Engine {
     int64_t *block_written_step;
     SwapPlan swap_plan;
 
-    /* events of the last step and the text and logprobs they point into */
-    EngEvent *events;
-    int events_n, events_cap;
-    char *text;
-    size_t text_len, text_cap;
-    int32_t *top_ids; /* [top_cap] */
-    float *top_vals;  /* [top_cap] */
-    size_t top_len, top_cap;
-    float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
-    size_t raw_cap;
-    LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
-    size_t edits_cap;
-
     /* time of pure-decode steps by phase (EngineStats) */
     int64_t decode_steps;
     double decode_seconds[5];          /* schedule, prepare, forward, sample, emit */
     int64_t decode_rows;               /* sequences over the pure-decode steps */
     int64_t other_steps, other_tokens; /* steps with prompt tokens, and their tokens */
-
-    /* decode graphs (graphs.c): each rank's graphs[g] replays a decode step of graph_size[g]
-     * rows */
-    int num_graphs;
-    int *graph_size;      /* ascending */
-    double graph_seconds; /* spent capturing them */
 };
+
+/* ---- request.c: a request's samples ---- */
+
+/* Start sample `index` of r on `seq` (its sequence data, detokenizer, owner link). */
+void eng_start_sequence(Engine *e, Request *r, int index, Sequence *seq);
+
+/* The i-th token that ends a sample of r (its stop_token_ids, then unless ignore_eos the
+ * model's EOS ids and the tokenizer's), -1 past the last. */
+int32_t eng_stop_token(const Engine *e, const Request *r, int i);
 
 /* Free a finished request and its sequences (engine thread). */
 void eng_request_free(Engine *e, Request *r);
 
-/* ---- sample_device.c ---- */
+/* ---- output.c: tokens to events ---- */
+
+/* Record a sampled token on its sequence (replacing its placeholder when `placeholder`):
+ * stop on EOS or a stop token, check lengths, emit. */
+void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
+                      int placeholder);
+
+/* Finish every unfinished sample of r with "abort" (once). */
+void eng_abort_request(Engine *e, Request *r);
+
+/* A step's events: begin empties them; end turns their arena offsets into pointers (text
+ * here, top logprobs in the sampler's top_ids / top_vals). */
+void eng_output_begin_step(Engine *e);
+void eng_output_end_step(Engine *e, const int32_t *top_ids, const float *top_vals);
+
+/* ---- sampler.c ---- */
 
 /* Allocate the device sampler's buffers when the backend samples (no-op otherwise). */
 Status eng_device_sampler_init(Engine *e);
@@ -269,23 +322,13 @@ size_t eng_top_reserve(Engine *e, size_t k);
 
 /* ---- logit_edits.c: logit_bias and min_tokens ---- */
 
-/* The i-th token that ends a sample of r (its stop_token_ids, then unless ignore_eos the
- * model's EOS ids and the tokenizer's), -1 past the last. */
-int32_t eng_stop_token(const Engine *e, const Request *r, int i);
-
 /* Logit edits of the next token of each sample rows[i] (logits row i): how many, and the
  * same written to e->edits (grown as needed). */
 int eng_count_edits(const Engine *e, const SeqData *const *rows, int n);
 int eng_collect_edits(Engine *e, const SeqData *const *rows, int n);
 
-/* ---- step.c, for overlap.c ---- */
-
-/* Record a sampled token on its sequence (replacing its placeholder when `placeholder`):
- * stop on EOS or a stop token, check lengths, emit. */
-void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs *lp,
-                      int placeholder);
-
-/* Sample the step's rows with the CPU sampler into tokens (logprobs, forks). */
+/* Sample the step's rows with the CPU sampler into tokens (logprobs), and the first tokens of
+ * the samples that forking rows start (Sampler.fork_tokens). */
 void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps);
 
 /* ---- overlap.c: asynchronous scheduling ---- */
@@ -314,7 +357,7 @@ void eng_finish_pending(Engine *e);
 /* Drop the pending step's rows of finished sequences (before their requests are freed). */
 void eng_forget_finished_rows(Engine *e);
 
-/* ---- ranks.c ---- */
+/* ---- runner.c: the model runner ---- */
 
 /* Start the ranks (workers for ranks 1..tp-1); eng_ranks_stop frees every rank's resources. */
 Status eng_ranks_start(Engine *e);
@@ -324,7 +367,7 @@ void eng_ranks_stop(Engine *e);
  * returned (and set as this thread's error). */
 Status eng_ranks_run(Engine *e, const RankJob *job);
 
-/* A rank's part of eng_prompt_logits (generate.c): a private KV pool, the whole prompt as
+/* A rank's part of eng_prompt_logits (runner_forward.c): a private KV pool, the whole prompt as
  * one chunk, rank 0's logits of every position to the host. */
 Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, float *logits);
 
@@ -332,7 +375,7 @@ Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, flo
 void eng_batch_sizes(const Engine *e, size_t sizes[BATCH_FIELDS]);
 void eng_batch_fields(BatchBuffers *b, void **f[BATCH_FIELDS]);
 
-/* ---- graphs.c ---- */
+/* ---- runner_forward.c: one rank's work ---- */
 
 /* Copy the first rows of the host step buffers to the rank's (no-op on host memory). */
 void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows);
@@ -355,7 +398,7 @@ int eng_graph_for(const Engine *e, int num_seqs);
 Status eng_warm_up(Engine *e);
 void eng_rank_warm_up(Engine *e, Rank *r, const RankJob *j);
 
-/* Choose the captured batch sizes (Engine.graph_size) and have every rank capture its decode
+/* Choose the captured batch sizes (ModelRunner.graph_size) and have every rank capture its decode
  * graphs over its KV pool (nothing when the backend has no graphs or enforce-eager is set). */
 Status eng_capture_graphs(Engine *e);
 void eng_rank_capture(Engine *e, Rank *r, int g);

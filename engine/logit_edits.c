@@ -6,18 +6,6 @@
 
 #include "engine_internal.h"
 
-int32_t eng_stop_token(const Engine *e, const Request *r, int i) {
-    if (i < r->params.num_stop_token_ids)
-        return r->stop_ids[i];
-    if (r->params.ignore_eos)
-        return -1;
-    i -= r->params.num_stop_token_ids;
-    const ModelConfig *mc = model_config(e->model);
-    if (i < mc->num_eos)
-        return mc->eos_token_ids[i];
-    return i == mc->num_eos && e->tok ? tok_eos_id(e->tok) : -1;
-}
-
 /* The edits of one sample's next token, for logits row `row`, into out (NULL: count only);
  * returns how many. */
 static int row_edits(const Engine *e, const SeqData *d, int row, LogitEdit *out) {
@@ -50,12 +38,12 @@ int eng_collect_edits(Engine *e, const SeqData *const *rows, int n) {
     size_t total = (size_t)eng_count_edits(e, rows, n);
     if (total == 0)
         return 0;
-    if (total > e->edits_cap) {
-        e->edits_cap = total * 2;
-        e->edits = pl_xrealloc(e->edits, e->edits_cap * sizeof *e->edits);
+    if (total > e->smp.edits_cap) {
+        e->smp.edits_cap = total * 2;
+        e->smp.edits = pl_xrealloc(e->smp.edits, e->smp.edits_cap * sizeof *e->smp.edits);
     }
     int at = 0;
     for (int i = 0; i < n; i++)
-        at += row_edits(e, rows[i], i, e->edits + at);
+        at += row_edits(e, rows[i], i, e->smp.edits + at);
     return at;
 }

@@ -9,7 +9,7 @@
  * row is dropped. Every block is stamped with the last step reading and writing it, so that
  * swaps of blocks the running step does not touch start at once, beside it. Requests whose
  * sampling reads the host's token history (penalties), wants logprobs, or still has n > 1
- * samples to fork make the engine wait for each step, as without overlap (step.c). */
+ * samples to fork make the engine wait for each step, as without overlap. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,9 +21,10 @@
  * tokens to the others). */
 Status eng_overlap_start(Engine *e) {
     const KernelOps *ops = e->ops;
-    int backend = ops->scatter_tokens &&
-                  (ops->host_memory || (ops->to_host_async && ops->event_create && e->ds.d_rows));
-    int ranks = e->tp == 1 || (ops->copy_peer && ops->stream_wait && ops->event_create);
+    int backend =
+        ops->scatter_tokens &&
+        (ops->host_memory || (ops->to_host_async && ops->event_create && e->smp.dev.d_rows));
+    int ranks = e->run.tp == 1 || (ops->copy_peer && ops->stream_wait && ops->event_create);
     e->overlap = e->cfg.async_scheduling && ranks && backend;
     if (!e->overlap)
         return PL_OK;
@@ -33,7 +34,7 @@ Status eng_overlap_start(Engine *e) {
             return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampled tokens");
         e->step_event[p] = ops->event_create ? ops->event_create() : NULL;
     }
-    if (e->tp > 1)
+    if (e->run.tp > 1)
         e->tokens_copied = ops->event_create();
     e->pending.rows = pl_xcalloc(s, sizeof *e->pending.rows);
     e->block_read_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
@@ -112,10 +113,10 @@ void eng_sample_async(Engine *e, const SchedulerOutput *o, int parity) {
     }
     int n = eng_device_sample_async(e, o, e->step_tokens[parity]);
     e->ops->event_record(e->step_event[parity]);
-    if (e->tp == 1 || n == 0)
+    if (e->run.tp == 1 || n == 0)
         return;
-    for (int r = 1; r < e->tp; r++) /* the other ranks scatter them too */
-        e->ops->copy_peer(e->ranks[r].d_pending_tokens, r, e->ds.d_tokens,
+    for (int r = 1; r < e->run.tp; r++) /* the other ranks scatter them too */
+        e->ops->copy_peer(e->run.ranks[r].d_pending_tokens, r, e->smp.dev.d_tokens,
                           (size_t)n * sizeof(int32_t));
     e->ops->event_record(e->tokens_copied);
 }

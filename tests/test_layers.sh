@@ -41,20 +41,21 @@ some_function() {
 }
 
 # violation NAME USER PROVIDER C-SOURCE EXPECTED...: put an object compiled from C-SOURCE into
-# a copy of lib$USER.a, check it with lib$PROVIDER.a and libcommon.a, expect exit 1 and each
-# EXPECTED text in the output.
+# a copy of lib$USER.a (as layer_probe.o, or as $PROBE.o: a member of that name is replaced),
+# check it with lib$PROVIDER.a and libcommon.a, expect exit 1 and each EXPECTED text in the
+# output.
 violation() {
-    local name=$1 user=$2 provider=$3 src=$4
+    local name=$1 user=$2 provider=$3 src=$4 probe=${PROBE:-layer_probe}
     shift 4
     echo "[ RUN      ] $name"
     local dir=$scratch/$name
     mkdir -p "$dir"
-    if ! printf '%s\n' "$src" | "$CC" -x c -c - -o "$dir/layer_probe.o" 2>"$dir/cc.log"; then
+    if ! printf '%s\n' "$src" | "$CC" -x c -c - -o "$dir/$probe.o" 2>"$dir/cc.log"; then
         fail "$name" "cannot compile the probe object: $(head -3 "$dir/cc.log")"
         return
     fi
     cp "build/lib$user.a" "$dir/lib$user.a"
-    ar rs "$dir/lib$user.a" "$dir/layer_probe.o" 2>/dev/null
+    ar rs "$dir/lib$user.a" "$dir/$probe.o" 2>/dev/null
     local libs=("$dir/lib$user.a")
     [[ $provider != "$user" ]] && libs+=("build/lib$provider.a")
     [[ $provider != common && $user != common ]] && libs+=("build/libcommon.a")
@@ -76,7 +77,7 @@ violation() {
     ok "$name"
 }
 
-echo "[==========] layers: 6 test(s)"
+echo "[==========] layers: 8 test(s)"
 
 echo "[ RUN      ] layers_clean_build"
 if ! ls build/lib*.a >/dev/null 2>&1; then
@@ -115,6 +116,14 @@ else
     violation layers_duplicate_definition engine engine \
         "void $pl(void) {}" \
         "$pl is defined in" "libcommon.a(" "(layer_probe.o)"
+    # Inside the engine: a lower part (request.c) calling the step loop above it, and a source
+    # file missing from PART_ORDER.
+    PROBE=request violation layers_part_calls_up engine engine \
+        "int eng_step(void *, const void **); void layer_probe(void) { eng_step(0, 0); }" \
+        "(request.o) calls eng_step, defined in step.o: part request may call only the parts below"
+    violation layers_part_unknown engine engine \
+        "int eng_step(void *, const void **); void layer_probe(void) { eng_step(0, 0); }" \
+        "part layer_probe of libengine.a is not in configure.py's PART_ORDER"
 fi
 
 echo "[==========] layers: $((${#passed[@]} + ${#failed[@]})) test(s) run."

@@ -1,6 +1,6 @@
 /* test_sample_cuda.c - k_cuda_sample and k_cuda_logprobs (kernels/cuda/sample.cu, logprobs.cu)
  * against the CPU: the CPU `sample` op (k_cpu_ops(), the reference) and the engine's host
- * logprobs (engine/step.c, row_logprobs, ported here), on random batches from fixed seeds.
+ * logprobs (engine/sampler.c, row_logprobs, ported here), on random batches from fixed seeds.
  *
  * Sampling: every batch mixes rows of different kinds (uniform, flat, peaked, bf16-rounded with
  * many equal logits, NaN and -inf entries, wide ranges where most weights underflow) and
@@ -627,7 +627,7 @@ static void test_sample_race(void **state) {
 
 /* ---------------- logprobs ---------------- */
 
-/* engine/step.c's row_logprobs: lse, and the k best by insertion into a sorted list. */
+/* engine/sampler.c's row_logprobs: lse, and the k best by insertion into a sorted list. */
 static float ref_logprobs(const float *raw, int vocab, int k, int32_t *ids, float *vals) {
     float max = raw[0];
     for (int i = 1; i < vocab; i++)

@@ -15,6 +15,8 @@ the system and are skipped) and fails, exit status 1, on:
     the calling library and object, the symbol, and where it is defined;
   - a symbol defined (not weak) in two libraries: the linker would take whichever comes first;
   - an exported symbol without its library's prefix (every tokenizer export starts with tok_);
+  - inside a library with a PART_ORDER row (engine), a part (source file) calling a part
+    listed before it, or a part missing from the row;
   - an archive whose name is not in the table.
 
 Otherwise it prints the edges in use and exits 0. Exit status 2: bad usage, no archives, or nm
@@ -129,6 +131,9 @@ def check(archives, tool):
     for user in libs:
         for member, sym in undefined[user]:
             where = strong.get(sym) or weak.get(sym)
+            if where and any(lib == user for lib, _ in where):
+                problems += part_problem(libs[user], user, member, sym,
+                                         [m for lib, m in where if lib == user][0])
             if not where or any(lib == user for lib, _ in where):
                 continue  # from the system, or defined in the same library
             dep, dep_member = where[0]
@@ -156,6 +161,23 @@ def check(archives, tool):
         problems.append("forbidden edge %s (%s may call: %s)\n%s"
                         % (why, user, allowed, "\n".join(sorted(set(lines)))))
     return problems, edges, libs
+
+
+def part_problem(archive, lib, member, sym, dep_member):
+    """[problem] when, inside lib, member calls sym of dep_member against PART_ORDER."""
+    order = configure.PART_ORDER.get(lib)
+    if not order:
+        return []
+    user, dep = (os.path.splitext(m)[0] for m in (member, dep_member))
+    for part in (user, dep):
+        if part not in order:
+            return ["%s(%s.o): part %s of lib%s.a is not in configure.py's PART_ORDER[%r]"
+                    % (rel(archive), part, part, lib, lib)]
+    if order.index(user) >= order.index(dep):
+        return ["%s(%s.o) calls %s, defined in %s.o: part %s may call only the parts below it "
+                "in PART_ORDER[%r] (%s)" % (rel(archive), user, sym, dep, user, lib,
+                                            " > ".join(order))]
+    return []
 
 
 def reserved(sym):

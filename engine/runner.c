@@ -1,5 +1,6 @@
-/* ranks.c - the tensor-parallel ranks: one per GPU, each with its model shard, KV pools,
- * step buffers and graphs (Rank). Rank 0 runs on whichever thread drives the engine; ranks
+/* runner.c - the model runner (ModelRunner): the tensor-parallel ranks, one per GPU, each
+ * with its model shard, KV pools, step buffers and graphs (Rank), and the start-up jobs over
+ * them (warm-up, graph capture). Rank 0 runs on whichever thread drives the engine; ranks
  * 1..tp-1 on worker threads bound to their devices. Every job (load, buffers, warm-up, pools,
  * capture, step, exit) is done by all ranks at once, as the collective operations inside the
  * forward pass require: eng_ranks_run posts it, rank 0 does it on the caller's thread, and
@@ -17,7 +18,7 @@ void eng_batch_sizes(const Engine *e, size_t sizes[BATCH_FIELDS]) {
     sizes[0] = sizes[1] = t * sizeof(int32_t);
     sizes[2] = t * sizeof(int64_t);
     sizes[3] = (s + 1) * sizeof(int32_t);
-    sizes[4] = s * (size_t)e->max_blocks_per_seq * sizeof(int32_t);
+    sizes[4] = s * (size_t)e->run.max_blocks_per_seq * sizeof(int32_t);
     sizes[5] = s * sizeof(int32_t);
     sizes[6] = s * vocab * sizeof(float);
     sizes[7] = t * 2 * sizeof(int32_t);
@@ -42,7 +43,7 @@ static Status load(Engine *e, Rank *r) {
                            .max_num_tokens = c->max_num_batched_tokens,
                            .ops = e->ops,
                            .tp_rank = r->index,
-                           .tp_size = e->tp};
+                           .tp_size = e->run.tp};
     return model_load(&mo, &r->model);
 }
 
@@ -59,7 +60,7 @@ static Status alloc_buffers(Engine *e, Rank *r) {
     size_t sizes[BATCH_FIELDS];
     void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
     eng_batch_sizes(e, sizes);
-    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&e->run.h, h);
     eng_batch_fields(&r->d, d);
     for (int i = 0; i < BATCH_FIELDS; i++) {
         *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
@@ -107,7 +108,7 @@ static void swap(Engine *e, Rank *r, const SwapPlan *p) {
         if (p->n[k] == 0)
             continue;
         int out = k == SWAP_OUT_NOW || k == SWAP_OUT_AFTER;
-        int after = k == SWAP_OUT_AFTER || k == SWAP_IN_AFTER || e->tp > 1;
+        int after = k == SWAP_OUT_AFTER || k == SWAP_IN_AFTER || e->run.tp > 1;
         e->ops->swap_blocks(out ? r->kv_cpu : r->kv_gpu, out ? r->kv_gpu : r->kv_cpu,
                             (const int32_t *)p->pairs[k], p->n[k], e->block_bytes, after);
     }
@@ -130,8 +131,8 @@ static void step(Engine *e, Rank *r, const RankJob *j) {
             ops->stream_wait(e->tokens_copied);
             src = r->d_pending_tokens;
         }
-        if (r->d.scatter != e->h.scatter)
-            ops->to_device(r->d.scatter, e->h.scatter,
+        if (r->d.scatter != e->run.h.scatter)
+            ops->to_device(r->d.scatter, e->run.h.scatter,
                            (size_t)j->num_scatter * 2 * sizeof(int32_t));
         ops->scatter_tokens(r->d.tokens, src, r->d.scatter, j->num_scatter);
     }
@@ -142,7 +143,7 @@ static void free_rank(Engine *e, Rank *r) {
     const KernelOps *ops = e->ops;
     eng_destroy_graphs(e, r);
     void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
-    eng_batch_fields(&e->h, h);
+    eng_batch_fields(&e->run.h, h);
     eng_batch_fields(&r->d, d);
     for (int i = 0; i < BATCH_FIELDS; i++)
         if (*d[i] && *d[i] != *h[i])
@@ -201,36 +202,36 @@ static void *worker(void *arg) {
     Engine *e = r->engine;
     e->ops->set_device(r->index);
     uint64_t seen = 0;
-    pthread_mutex_lock(&e->job_mu);
+    pthread_mutex_lock(&e->run.job_mu);
     for (;;) {
-        while (e->job_seq == seen)
-            pthread_cond_wait(&e->job_cv, &e->job_mu);
-        seen = e->job_seq;
-        RankJob j = e->job;
-        pthread_mutex_unlock(&e->job_mu);
+        while (e->run.job_seq == seen)
+            pthread_cond_wait(&e->run.job_cv, &e->run.job_mu);
+        seen = e->run.job_seq;
+        RankJob j = e->run.job;
+        pthread_mutex_unlock(&e->run.job_mu);
         rank_do(e, r, &j);
-        pthread_mutex_lock(&e->job_mu);
-        e->jobs_done++;
-        pthread_cond_signal(&e->job_done_cv);
+        pthread_mutex_lock(&e->run.job_mu);
+        e->run.jobs_done++;
+        pthread_cond_signal(&e->run.job_done_cv);
         if (j.kind == JOB_EXIT)
             break;
     }
-    pthread_mutex_unlock(&e->job_mu);
+    pthread_mutex_unlock(&e->run.job_mu);
     return NULL;
 }
 
 Status eng_ranks_start(Engine *e) {
-    e->ranks = pl_xcalloc((size_t)e->tp, sizeof *e->ranks);
-    pthread_mutex_init(&e->job_mu, NULL);
-    pthread_cond_init(&e->job_cv, NULL);
-    pthread_cond_init(&e->job_done_cv, NULL);
-    for (int i = 0; i < e->tp; i++) {
-        e->ranks[i].index = i;
-        e->ranks[i].engine = e;
+    e->run.ranks = pl_xcalloc((size_t)e->run.tp, sizeof *e->run.ranks);
+    pthread_mutex_init(&e->run.job_mu, NULL);
+    pthread_cond_init(&e->run.job_cv, NULL);
+    pthread_cond_init(&e->run.job_done_cv, NULL);
+    for (int i = 0; i < e->run.tp; i++) {
+        e->run.ranks[i].index = i;
+        e->run.ranks[i].engine = e;
     }
-    for (int i = 1; i < e->tp; i++) {
-        if (pthread_create(&e->ranks[i].thread, NULL, worker, &e->ranks[i]) != 0) {
-            e->tp = i; /* the ones started end with the engine */
+    for (int i = 1; i < e->run.tp; i++) {
+        if (pthread_create(&e->run.ranks[i].thread, NULL, worker, &e->run.ranks[i]) != 0) {
+            e->run.tp = i; /* the ones started end with the engine */
             return pl_error_set(PL_ERR_NOMEM, "cannot start the worker thread of rank %d", i);
         }
     }
@@ -238,37 +239,99 @@ Status eng_ranks_start(Engine *e) {
 }
 
 Status eng_ranks_run(Engine *e, const RankJob *job) {
-    if (e->tp > 1) {
-        pthread_mutex_lock(&e->job_mu);
-        e->job = *job;
-        e->jobs_done = 0;
-        e->job_seq++;
-        pthread_cond_broadcast(&e->job_cv);
-        pthread_mutex_unlock(&e->job_mu);
+    if (e->run.tp > 1) {
+        pthread_mutex_lock(&e->run.job_mu);
+        e->run.job = *job;
+        e->run.jobs_done = 0;
+        e->run.job_seq++;
+        pthread_cond_broadcast(&e->run.job_cv);
+        pthread_mutex_unlock(&e->run.job_mu);
     }
-    rank_do(e, &e->ranks[0], job);
-    if (e->tp > 1) {
-        pthread_mutex_lock(&e->job_mu);
-        while (e->jobs_done < e->tp - 1)
-            pthread_cond_wait(&e->job_done_cv, &e->job_mu);
-        pthread_mutex_unlock(&e->job_mu);
+    rank_do(e, &e->run.ranks[0], job);
+    if (e->run.tp > 1) {
+        pthread_mutex_lock(&e->run.job_mu);
+        while (e->run.jobs_done < e->run.tp - 1)
+            pthread_cond_wait(&e->run.job_done_cv, &e->run.job_mu);
+        pthread_mutex_unlock(&e->run.job_mu);
     }
-    for (int i = 0; i < e->tp; i++)
-        if (e->ranks[i].status != PL_OK)
-            return pl_error_set(e->ranks[i].status, "%s", e->ranks[i].error);
+    for (int i = 0; i < e->run.tp; i++)
+        if (e->run.ranks[i].status != PL_OK)
+            return pl_error_set(e->run.ranks[i].status, "%s", e->run.ranks[i].error);
     return PL_OK;
 }
 
 void eng_ranks_stop(Engine *e) {
-    if (!e->ranks)
+    if (!e->run.ranks)
         return;
     RankJob j = {.kind = JOB_EXIT};
     eng_ranks_run(e, &j);
-    for (int i = 1; i < e->tp; i++)
-        pthread_join(e->ranks[i].thread, NULL);
-    pthread_mutex_destroy(&e->job_mu);
-    pthread_cond_destroy(&e->job_cv);
-    pthread_cond_destroy(&e->job_done_cv);
-    free(e->ranks);
-    e->ranks = NULL;
+    for (int i = 1; i < e->run.tp; i++)
+        pthread_join(e->run.ranks[i].thread, NULL);
+    pthread_mutex_destroy(&e->run.job_mu);
+    pthread_cond_destroy(&e->run.job_cv);
+    pthread_cond_destroy(&e->run.job_done_cv);
+    free(e->run.ranks);
+    e->run.ranks = NULL;
+}
+
+static int largest_decode(const Engine *e) {
+    return e->cfg.max_num_seqs < e->cfg.max_num_batched_tokens ? e->cfg.max_num_seqs
+                                                               : e->cfg.max_num_batched_tokens;
+}
+
+Status eng_warm_up(Engine *e) {
+    if (!e->ops->graph_begin) /* a backend without graphs has no lazy device state either */
+        return PL_OK;
+    RankJob j = {.kind = JOB_WARM_BLOCK};
+    Status st = eng_ranks_run(e, &j);
+    if (st != PL_OK)
+        return st;
+    int rows = largest_decode(e);
+    eng_pad_decode_rows(e, 0, rows);
+    j = (RankJob){.kind = JOB_WARM_UP,
+                  .num_tokens = rows,
+                  .num_seqs = rows,
+                  .num_rows = rows,
+                  .num_decode = rows};
+    st = eng_ranks_run(e, &j);
+    if (st != PL_OK)
+        return st;
+    /* one prompt chunk of the largest size, every position reading block 0, writing nothing */
+    int t = e->cfg.max_num_batched_tokens < e->max_model_len ? e->cfg.max_num_batched_tokens
+                                                             : e->max_model_len;
+    BatchBuffers *h = &e->run.h;
+    for (int i = 0; i < t; i++) {
+        h->tokens[i] = 0;
+        h->positions[i] = i;
+        h->slots[i] = -1;
+    }
+    memset(h->block_tables, 0, (size_t)e->run.max_blocks_per_seq * sizeof(int32_t));
+    h->query_start[0] = 0;
+    h->query_start[1] = t;
+    h->logit_rows[0] = t - 1;
+    j = (RankJob){.kind = JOB_WARM_UP, .num_tokens = t, .num_seqs = 1, .num_rows = 1};
+    return eng_ranks_run(e, &j);
+}
+
+Status eng_capture_graphs(Engine *e) {
+    if (!e->ops->graph_begin || e->cfg.enforce_eager)
+        return PL_OK;
+    double t0 = pl_now();
+    int limit = largest_decode(e), n = 0;
+    e->run.graph_size = pl_xmalloc((size_t)(limit + 8) * sizeof(int));
+    for (int s = 1; s < 16 && s < limit; s *= 2)
+        e->run.graph_size[n++] = s;
+    for (int s = 16; s < limit; s += 16)
+        e->run.graph_size[n++] = s;
+    e->run.graph_size[n++] = limit;
+    e->run.num_graphs = n;
+    for (int g = n - 1; g >= 0; g--) { /* largest first: nothing grows later */
+        eng_pad_decode_rows(e, 0, e->run.graph_size[g]);
+        RankJob j = {.kind = JOB_CAPTURE, .graph = g};
+        Status st = eng_ranks_run(e, &j);
+        if (st != PL_OK)
+            return st;
+    }
+    e->run.graph_seconds = pl_now() - t0;
+    return PL_OK;
 }

@@ -1,10 +1,13 @@
-/* sample_device.c - sampling where the logits are. On a backend with sample_rows (CUDA), the
- * step's sampled rows are described to it (parameters, and the token history of rows with
- * penalties), its logprobs op runs first when a row wants logprobs, and only the picked
+/* sampler.c - the sampler (Sampler): a step's sampled rows to tokens, with logprobs from the
+ * raw logits and logit edits applied before sampling. Where the logits are: on a backend with
+ * sample_rows (CUDA) the rows are described to it (parameters, and the token history of rows
+ * with penalties), its logprobs op runs first when a row wants logprobs, and only the picked
  * tokens (and the wanted logprobs) come back: a few bytes per row instead of a vocabulary of
- * fp32 logits. The host path in step.c stays for backends without these ops and for the
- * steps this one does not take: a request forking its n > 1 samples (each extra sample draws
- * from a copy of the parent's raw row), or more top logprobs than the device op returns. */
+ * fp32 logits. The host path (the CPU sampler) serves backends without these ops and the
+ * steps the backend path does not take: a request forking its n > 1 samples (each extra
+ * sample draws from a copy of the parent's row; the engine loop then starts the samples), or
+ * more top logprobs than the device op returns. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +22,7 @@
 
 Status eng_device_sampler_init(Engine *e) {
     const KernelOps *ops = e->ops;
-    DeviceSampler *ds = &e->ds;
+    DeviceSampler *ds = &e->smp.dev;
     if (!ops->sample_rows || ops->host_memory)
         return PL_OK;
     size_t s = (size_t)e->cfg.max_num_seqs, top = s * DEVICE_MAX_TOP_LOGPROBS;
@@ -54,9 +57,9 @@ Status eng_device_sampler_init(Engine *e) {
 }
 
 void eng_device_sampler_free(Engine *e) {
-    DeviceSampler *ds = &e->ds;
-    void *d[] = {ds->d_rows,     ds->d_history, ds->d_tokens, ds->d_token_logits, ds->d_lse,
-                 ds->d_top_ids,  ds->d_top_vals, ds->d_edits, ds->workspace};
+    DeviceSampler *ds = &e->smp.dev;
+    void *d[] = {ds->d_rows,    ds->d_history,  ds->d_tokens, ds->d_token_logits, ds->d_lse,
+                 ds->d_top_ids, ds->d_top_vals, ds->d_edits,  ds->workspace};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             e->ops->free(d[i]);
@@ -75,7 +78,7 @@ int eng_has_penalty(const SamplingParams *p) {
 }
 
 int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
-    if (!e->ds.d_rows)
+    if (!e->smp.dev.d_rows)
         return 0;
     size_t history = 0, edits = 0;
     for (int i = 0; i < o->num_seqs; i++) {
@@ -91,17 +94,17 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
             history += (size_t)seq->num_tokens;
         edits += (size_t)eng_count_edits(e, &d, 1);
     }
-    return history <= e->ds.history_cap && edits <= DEVICE_EDITS_CAP;
+    return history <= e->smp.dev.history_cap && edits <= DEVICE_EDITS_CAP;
 }
 
 size_t eng_top_reserve(Engine *e, size_t k) {
-    if (e->top_len + k > e->top_cap) {
-        e->top_cap = (e->top_len + k) * 2 + 64;
-        e->top_ids = pl_xrealloc(e->top_ids, e->top_cap * sizeof(int32_t));
-        e->top_vals = pl_xrealloc(e->top_vals, e->top_cap * sizeof(float));
+    if (e->smp.top_len + k > e->smp.top_cap) {
+        e->smp.top_cap = (e->smp.top_len + k) * 2 + 64;
+        e->smp.top_ids = pl_xrealloc(e->smp.top_ids, e->smp.top_cap * sizeof(int32_t));
+        e->smp.top_vals = pl_xrealloc(e->smp.top_vals, e->smp.top_cap * sizeof(float));
     }
-    size_t at = e->top_len;
-    e->top_len += k;
+    size_t at = e->smp.top_len;
+    e->smp.top_len += k;
     return at;
 }
 
@@ -110,7 +113,7 @@ size_t eng_top_reserve(Engine *e, size_t k) {
 static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps, int *kmax_out,
                            int *want_lp_out) {
     const KernelOps *ops = e->ops;
-    DeviceSampler *ds = &e->ds;
+    DeviceSampler *ds = &e->smp.dev;
     int vocab = model_config(e->model)->vocab_size;
     int n = 0, argmax_only = 1, penalties = 0, kmax = 0, want_lp = 0;
     size_t hist = 0;
@@ -156,16 +159,16 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     if (hist)
         ops->to_device(ds->d_history, ds->h_history, hist * sizeof(int32_t));
     if (want_lp)
-        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->ranks[0].d.logits, n, vocab,
+        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->run.ranks[0].d.logits, n, vocab,
                       kmax);
     int edits = eng_collect_edits(e, datas, n); /* after the raw logprobs */
     if (edits) {
         PL_CHECK((size_t)edits <= DEVICE_EDITS_CAP); /* eng_device_sample_ok */
-        ops->to_device(ds->d_edits, e->edits, (size_t)edits * sizeof(LogitEdit));
-        ops->logits_add(e->ranks[0].d.logits, vocab, ds->d_edits, edits);
+        ops->to_device(ds->d_edits, e->smp.edits, (size_t)edits * sizeof(LogitEdit));
+        ops->logits_add(e->run.ranks[0].d.logits, vocab, ds->d_edits, edits);
     }
     int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (argmax_only ? SAMPLE_ARGMAX_ONLY : 0);
-    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->ranks[0].d.logits, n,
+    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->run.ranks[0].d.logits, n,
                      vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
                      ds->workspace_bytes);
     return n;
@@ -177,13 +180,13 @@ int eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens
     int n = launch_sampling(e, o, lps, &kmax, &want_lp);
     PL_CHECK(!want_lp); /* such requests are not overlapped */
     if (n > 0)
-        e->ops->to_host_async(tokens, e->ds.d_tokens, (size_t)n * sizeof(int32_t));
+        e->ops->to_host_async(tokens, e->smp.dev.d_tokens, (size_t)n * sizeof(int32_t));
     return n;
 }
 
 void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
     const KernelOps *ops = e->ops;
-    DeviceSampler *ds = &e->ds;
+    DeviceSampler *ds = &e->smp.dev;
     int kmax, want_lp;
     int n = launch_sampling(e, o, lps, &kmax, &want_lp);
     if (n == 0)
@@ -209,11 +212,129 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
             lp->lse = ds->h_lse[k];
             lp->top_at = eng_top_reserve(e, (size_t)want);
             lp->num_top = want;
-            memcpy(e->top_ids + lp->top_at, ds->h_top_ids + (size_t)k * kmax,
+            memcpy(e->smp.top_ids + lp->top_at, ds->h_top_ids + (size_t)k * kmax,
                    (size_t)want * sizeof(int32_t));
-            memcpy(e->top_vals + lp->top_at, ds->h_top_vals + (size_t)k * kmax,
+            memcpy(e->smp.top_vals + lp->top_at, ds->h_top_vals + (size_t)k * kmax,
                    (size_t)want * sizeof(float));
         }
         k++;
     }
+}
+
+static SampleRequest sample_request(const Sequence *seq) {
+    const SeqData *d = seq->owner;
+    return (SampleRequest){.params = &d->sampling,
+                           .prompt = seq->tokens,
+                           .num_prompt = seq->num_prompt,
+                           .output = seq->tokens + seq->num_prompt,
+                           .num_output = seq->num_tokens - seq->num_prompt};
+}
+
+/* The k most likely tokens of a row of `vocab` logits into ids/vals (best first); returns
+ * how many (k, or vocab when smaller). k must be at least 1. */
+static int row_top_k(const float *row, int vocab, int k, int32_t *ids, float *vals) {
+    PL_CHECK(k >= 1 && vocab >= 1);
+    if (k > vocab)
+        k = vocab;
+    int n = 0;
+    for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
+        if (n == k && row[i] <= vals[k - 1])
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < row[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = row[i];
+        ids[j] = i;
+    }
+    return n;
+}
+
+/* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
+ * likely tokens (best first; none for k = 0, the chosen token's logprob alone) for the
+ * events. */
+static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k, RowLogprobs *lp) {
+    PL_CHECK((size_t)(slot + 1) * vocab <= e->smp.raw_cap); /* sized by sample_and_emit */
+    PL_CHECK(k >= 0);
+    float *raw = e->smp.raw_rows + (size_t)slot * vocab;
+    memcpy(raw, row, (size_t)vocab * sizeof(float));
+    float max = raw[0];
+    for (int i = 1; i < vocab; i++)
+        max = raw[i] > max ? raw[i] : max;
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)(raw[i] - max));
+    lp->wanted = 1;
+    lp->raw = raw;
+    lp->lse = max + (float)log(sum);
+    size_t at = eng_top_reserve(e, (size_t)k);
+    int n = k > 0 ? row_top_k(raw, vocab, k, e->smp.top_ids + at, e->smp.top_vals + at) : 0;
+    for (int i = 0; i < n; i++)
+        e->smp.top_vals[at + i] -= lp->lse;
+    lp->top_at = at;
+    lp->num_top = n;
+    e->smp.top_len = at + (size_t)n; /* give back what the row did not fill */
+}
+
+/* The first tokens of the samples a prompt forks (n > 1): sample i draws from a copy of the
+ * parent's row (edited, unsampled) with sample i's seed, as its own sequence would; appended
+ * to e->smp.fork_tokens. */
+static void sample_forks(Engine *e, const Sequence *parent, const float *row, int vocab) {
+    const Request *r = ((const SeqData *)parent->owner)->req;
+    if (e->smp.num_fork_tokens + r->n > e->smp.fork_cap) {
+        e->smp.fork_cap = 2 * (e->smp.num_fork_tokens + r->n);
+        e->smp.fork_tokens =
+            pl_xrealloc(e->smp.fork_tokens, (size_t)e->smp.fork_cap * sizeof(int32_t));
+    }
+    SampleRequest sr = sample_request(parent);
+    for (int i = 1; i < r->n; i++) {
+        SamplingParams p = r->params.sampling;
+        p.seed += (uint64_t)i;
+        sr.params = &p;
+        memcpy(e->smp.fork_logits, row, (size_t)vocab * sizeof(float));
+        k_cpu_ops()->sample(&e->smp.fork_tokens[e->smp.num_fork_tokens++], e->smp.fork_logits, 1,
+                            vocab, &sr);
+    }
+}
+
+/* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
+void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+    int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
+    e->smp.num_fork_tokens = 0;
+    const float *dev_logits = e->run.ranks[0].d.logits;
+    if (dev_logits != e->run.h.logits) {
+        int rows = 0;
+        for (int i = 0; i < o->num_seqs; i++)
+            rows += o->seqs[i].sample;
+        e->ops->to_host(e->run.h.logits, dev_logits, (size_t)rows * vocab * sizeof(float));
+    }
+    /* room for the raw rows first: their events point into it until the step ends */
+    for (int i = 0; i < o->num_seqs; i++)
+        wanted += o->seqs[i].sample && ((SeqData *)o->seqs[i].seq->owner)->req->params.logprobs;
+    if ((size_t)wanted * vocab > e->smp.raw_cap) {
+        e->smp.raw_cap = (size_t)wanted * vocab * 2;
+        free(e->smp.raw_rows);
+        e->smp.raw_rows = pl_xmalloc(e->smp.raw_cap * sizeof(float));
+    }
+    int num_raw = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        Sequence *seq = o->seqs[i].seq;
+        Request *r = ((SeqData *)seq->owner)->req;
+        float *row = e->run.h.logits + (size_t)k * vocab;
+        lps[k] = (RowLogprobs){0};
+        if (r->params.logprobs)
+            row_logprobs(e, row, vocab, num_raw++, r->params.top_logprobs, &lps[k]);
+        const SeqData *d = seq->owner;
+        int edits = eng_collect_edits(e, &d, 1);
+        if (edits) /* after the raw logprobs, before forks copy the row */
+            k_cpu_ops()->logits_add(row, vocab, e->smp.edits, edits);
+        if (r->n > r->num_started) /* before sampling modifies the row in place */
+            sample_forks(e, seq, row, vocab);
+        e->smp.sample_reqs[k++] = sample_request(seq);
+    }
+    k_cpu_ops()->sample(tokens, e->run.h.logits, k, vocab, e->smp.sample_reqs);
 }
