@@ -302,7 +302,6 @@ static void sample_forks(Engine *e, const Sequence *parent, const float *row, in
 /* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
 void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
-    e->smp.num_fork_tokens = 0;
     const float *dev_logits = e->run.ranks[0].d.logits;
     if (dev_logits != e->run.h.logits) {
         int rows = 0;

@@ -196,6 +196,7 @@ static int overlap_now(const Engine *e) {
 int eng_step(Engine *e, const EngEvent **events) {
     eng_output_begin_step(e);
     e->smp.top_len = 0;
+    e->smp.num_fork_tokens = 0; /* whichever path samples, only the host path forks */
     double t[6];
     t[0] = pl_now();
     take_inbox(e);
