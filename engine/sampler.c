@@ -7,7 +7,6 @@
  * steps the backend path does not take: a request forking its n > 1 samples (each extra
  * sample draws from a copy of the parent's row; the engine loop then starts the samples), or
  * more top logprobs than the device op returns. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,28 +229,6 @@ static SampleRequest sample_request(const Sequence *seq) {
                            .num_output = seq->num_tokens - seq->num_prompt};
 }
 
-/* The k most likely tokens of a row of `vocab` logits into ids/vals (best first); returns
- * how many (k, or vocab when smaller). k must be at least 1. */
-static int row_top_k(const float *row, int vocab, int k, int32_t *ids, float *vals) {
-    PL_CHECK(k >= 1 && vocab >= 1);
-    if (k > vocab)
-        k = vocab;
-    int n = 0;
-    for (int i = 0; i < vocab; i++) { /* insertion into a sorted top-k: k is small */
-        if (n == k && row[i] <= vals[k - 1])
-            continue;
-        int j = n < k ? n++ : k - 1;
-        while (j > 0 && vals[j - 1] < row[i]) {
-            vals[j] = vals[j - 1];
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        vals[j] = row[i];
-        ids[j] = i;
-    }
-    return n;
-}
-
 /* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
  * likely tokens (best first; none for k = 0, the chosen token's logprob alone) for the
  * events. */
@@ -260,22 +237,13 @@ static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k
     PL_CHECK(k >= 0);
     float *raw = e->smp.raw_rows + (size_t)slot * vocab;
     memcpy(raw, row, (size_t)vocab * sizeof(float));
-    float max = raw[0];
-    for (int i = 1; i < vocab; i++)
-        max = raw[i] > max ? raw[i] : max;
-    double sum = 0;
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)(raw[i] - max));
+    int n = k < vocab ? k : vocab;
+    size_t at = eng_top_reserve(e, (size_t)n);
+    k_cpu_ops()->logprobs(&lp->lse, e->smp.top_ids + at, e->smp.top_vals + at, raw, 1, vocab, n);
     lp->wanted = 1;
     lp->raw = raw;
-    lp->lse = max + (float)log(sum);
-    size_t at = eng_top_reserve(e, (size_t)k);
-    int n = k > 0 ? row_top_k(raw, vocab, k, e->smp.top_ids + at, e->smp.top_vals + at) : 0;
-    for (int i = 0; i < n; i++)
-        e->smp.top_vals[at + i] -= lp->lse;
     lp->top_at = at;
     lp->num_top = n;
-    e->smp.top_len = at + (size_t)n; /* give back what the row did not fill */
 }
 
 /* The first tokens of the samples a prompt forks (n > 1): sample i draws from a copy of the

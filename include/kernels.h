@@ -229,7 +229,8 @@ typedef struct KernelOps {
      * (the packed prompt and output tokens of rows with penalties) in backend memory;
      * token_logits[i] (NULL: not wanted) gets the picked token's logit before penalties.
      * logprobs gives, for raw rows (call it before sample_rows), lse[i] = log sum exp and the
-     * k <= DEVICE_MAX_TOP_LOGPROBS best (id, logprob), best first, lower id first on ties.
+     * k best (id, logprob), best first, lower id first on ties (k <= vocab; on a backend with
+     * sample_rows k <= DEVICE_MAX_TOP_LOGPROBS; every backend has logprobs).
      * The workspace holds up to max_rows rows with max_history history tokens. */
     size_t (*sample_workspace_bytes)(int max_rows, int vocab, int max_history);
     void (*sample_rows)(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,

@@ -1,6 +1,6 @@
 /* test_sample_cuda.c - k_cuda_sample and k_cuda_logprobs (kernels/cuda/sample.cu, logprobs.cu)
- * against the CPU: the CPU `sample` op (k_cpu_ops(), the reference) and the engine's host
- * logprobs (engine/sampler.c, row_logprobs, ported here), on random batches from fixed seeds.
+ * against the CPU backend's `sample` and `logprobs` ops (k_cpu_ops(), the reference), on
+ * random batches from fixed seeds.
  *
  * Sampling: every batch mixes rows of different kinds (uniform, flat, peaked, bf16-rounded with
  * many equal logits, NaN and -inf entries, wide ranges where most weights underflow) and
@@ -627,33 +627,6 @@ static void test_sample_race(void **state) {
 
 /* ---------------- logprobs ---------------- */
 
-/* engine/sampler.c's row_logprobs: lse, and the k best by insertion into a sorted list. */
-static float ref_logprobs(const float *raw, int vocab, int k, int32_t *ids, float *vals) {
-    float max = raw[0];
-    for (int i = 1; i < vocab; i++)
-        max = raw[i] > max ? raw[i] : max;
-    double sum = 0;
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)(raw[i] - max));
-    float lse = max + (float)log(sum);
-    int n = 0;
-    for (int i = 0; i < vocab && k > 0; i++) {
-        if (n == k && raw[i] <= vals[k - 1])
-            continue;
-        int j = n < k ? n++ : k - 1;
-        while (j > 0 && vals[j - 1] < raw[i]) {
-            vals[j] = vals[j - 1];
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        vals[j] = raw[i];
-        ids[j] = i;
-    }
-    for (int i = 0; i < n; i++)
-        vals[i] -= lse;
-    return lse;
-}
-
 static int logprobs_case(int n, int V, int k, int kind) {
     float *l = xmalloc(sizeof(float) * (size_t)n * V);
     for (int i = 0; i < n; i++)
@@ -663,8 +636,7 @@ static int logprobs_case(int n, int V, int k, int kind) {
     int32_t *got_ids = xmalloc(sizeof(int32_t) * n * (k + 1));
     float *want_lp = xmalloc(sizeof(float) * n * (k + 1));
     float *got_lp = xmalloc(sizeof(float) * n * (k + 1));
-    for (int i = 0; i < n; i++)
-        want_lse[i] = ref_logprobs(l + (size_t)i * V, V, k, want_ids + i * k, want_lp + i * k);
+    k_cpu_ops()->logprobs(want_lse, want_ids, want_lp, l, n, V, k); /* the reference */
     float *dl = upload(l, sizeof(float) * (size_t)n * V);
     float *dlse = k_cuda_malloc(sizeof(float) * n);
     int32_t *dids = k_cuda_malloc(sizeof(int32_t) * n * (k + 1));

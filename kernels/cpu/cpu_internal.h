@@ -45,6 +45,8 @@ void cpu_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_ds
 void cpu_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
 void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
 void cpu_logits_add(float *logits, int vocab, const LogitEdit *edits, int n);
+void cpu_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
+                  int vocab, int k);
 
 /* ---- SIMD dispatch (util.c) ---- */
 

@@ -30,6 +30,7 @@ static const KernelOps cpu_ops = {
     .copy_blocks = cpu_copy_blocks,
     .sample = cpu_sample,
     .logits_add = cpu_logits_add,
+    .logprobs = cpu_logprobs,
     .embedding_slice = cpu_embedding_slice,
     .vocab_logits_f32 = cpu_vocab_logits_f32,
 };

@@ -363,3 +363,43 @@ void cpu_logits_add(float *logits, int vocab, const LogitEdit *edits, int n) {
         logits[(size_t)edits[i].row * vocab + edits[i].token] += edits[i].add;
     }
 }
+
+/* The k best of a row into ids / vals (best first, the lower id first on equal logits),
+ * k <= vocab: insertion into a sorted list, k is small. */
+static void row_top_k(const float *row, int vocab, int k, int32_t *ids, float *vals) {
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (n == k && row[i] <= vals[k - 1])
+            continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && vals[j - 1] < row[i]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = row[i];
+        ids[j] = i;
+    }
+}
+
+void cpu_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
+                  int vocab, int k) {
+    PL_CHECK(vocab >= 1 && k >= 0 && k <= vocab);
+    for (int r = 0; r < n; r++) {
+        const float *row = logits + (size_t)r * vocab;
+        float max = row[0];
+        for (int i = 1; i < vocab; i++)
+            max = row[i] > max ? row[i] : max;
+        double sum = 0;
+        for (int i = 0; i < vocab; i++)
+            sum += exp((double)(row[i] - max));
+        lse[r] = max + (float)log(sum);
+        if (k == 0)
+            continue;
+        int32_t *ids = top_ids + (size_t)r * k;
+        float *vals = top_logprobs + (size_t)r * k;
+        row_top_k(row, vocab, k, ids, vals);
+        for (int i = 0; i < k; i++)
+            vals[i] -= lse[r];
+    }
+}
