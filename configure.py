@@ -24,6 +24,7 @@ file is added to or removed from a source folder. Python 3 standard library only
 import argparse
 import functools
 import glob
+import importlib.util
 import os
 import re
 import shlex
@@ -53,6 +54,9 @@ TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils",
 # run by `ninja test`) and `bench serve --sweep-rates` plots (gnuplot). Only --install-deps
 # looks at them: without them those parts are skipped, not the build.
 OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox"}
+# Python modules only some tests need (test_jinja compares the jinja library with Python's
+# jinja2, else skips that test); as with OPTIONAL_TOOLS, only --install-deps looks at them.
+OPTIONAL_PYTHON = {"jinja2": "python3-jinja2"}
 E2E_SCRIPT = "tests/e2e/run.sh"
 
 # The layers, lowest first, as data: (library, its source folders, the libraries it may call).
@@ -68,13 +72,14 @@ LAYERS = [
     ("kernels", ["kernels/cpu", "kernels"], ["common"]),
     ("kernels_cuda", ["kernels/cuda"], ["kernels", "common"]),
     ("tokenizer", ["tokenizer"], ["common"]),
+    ("jinja", ["jinja"], ["common"]),
     ("models", ["models"], ["kernels", "common"]),
     ("scheduler", ["scheduler"], ["common"]),
     ("engine", ["engine"],
      ["models", "scheduler", "kernels", "kernels_cuda", "tokenizer", "common"]),
-    ("server", ["server"], ["engine", "tokenizer", "kernels", "common"]),
+    ("server", ["server"], ["engine", "tokenizer", "jinja", "kernels", "common"]),
     ("bench", ["bench"], ["engine", "tokenizer", "kernels", "common"]),
-    ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer",
+    ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer", "jinja",
                       "kernels_cuda", "kernels", "common"]),
 ]
 PROGRAM = "cli"  # built as build/pagellm (its own folder's objects + what it may call)
@@ -88,13 +93,14 @@ PART_ORDER = {
                "request", "runner", "runner_forward"],
 }
 # Libraries whose every exported symbol has one of these prefixes (checked with the layers).
-EXPORT_PREFIXES = {"tokenizer": ["tok_"]}
+EXPORT_PREFIXES = {"tokenizer": ["tok_"], "jinja": ["jinja_"]}
 # Folders whose private headers stay private: tests do not get -I for them either.
 SEALED_FOLDERS = ["tokenizer"]
 # The libraries each test binary exercises: it links those and what they may call, nothing
 # above. A tests/test_*.c missing here is linked like PROGRAM (configure.py says so).
 TEST_LAYERS = {
     "test_tokenizer": ["tokenizer"],
+    "test_jinja": ["jinja"],
     "test_kernels_cpu": ["kernels"],
     "test_sampling": ["kernels"],
     "test_attention_cuda": ["kernels_cuda"],
@@ -121,8 +127,9 @@ TEST_LAYERS = {
 }
 # Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
 SCRIPT_TESTS = ["tests/test_layers.sh"]
-SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "models",
-                  "scheduler", "engine", "server", "bench", "cli", "tests", "tests/support"]
+SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "jinja",
+                  "models", "scheduler", "engine", "server", "bench", "cli", "tests",
+                  "tests/support"]
 
 
 def layer_uses(name):
@@ -323,6 +330,8 @@ def dpkg_installed(package):
 def missing_packages(have_cc):
     missing = [TOOLS[t] for t in TOOLS if not shutil.which(t)]
     missing += [OPTIONAL_TOOLS[t] for t in OPTIONAL_TOOLS if not shutil.which(t)]
+    missing += [OPTIONAL_PYTHON[m] for m in OPTIONAL_PYTHON
+                if not importlib.util.find_spec(m) and not dpkg_installed(OPTIONAL_PYTHON[m])]
     if not have_cc:
         missing.append("gcc")
     wanted = list(LIBRARIES.values()) + list(TEST_LIBRARIES.values()) + ["libc6-dev"]
