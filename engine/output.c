@@ -4,7 +4,6 @@
  * blocks) and a request's abort. The events of a step, and the text they point into, live
  * here until the next step. Called by the engine loop (step.c, overlap.c); calls only the
  * scheduler, the tokenizer and request.c. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine_internal.h"

@@ -6,7 +6,6 @@
  *
  * With asynchronous scheduling (overlap.c) a step that may overlap is launched and left
  * running: its tokens are read by the next eng_step, after it has launched its own step. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

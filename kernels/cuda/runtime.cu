@@ -5,8 +5,6 @@
  * launch. */
 #include <atomic>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "cuda_internal.cuh"
 
