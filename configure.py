@@ -65,22 +65,22 @@ E2E_SCRIPT = "tests/e2e/run.sh"
 # highest first), and tools/check_layers.py fails on any call from one library into another
 # (an undefined symbol of one archive that another defines) that the table does not list. A
 # library may call only libraries listed before it, so there are no cycles. The kernels layer
-# is two libraries: kernels (kernels.c and the CPU backend) and kernels_cuda (kernels/cuda/*.cu,
-# built only where nvcc is found); the scheduler never sees kernels or models.
+# is two libraries: kernels_cuda (kernels/cuda/*.cu, built only where nvcc is found) and above
+# it kernels (kernels.c, which opens either backend by name, and the CPU backend); the
+# scheduler never sees kernels or models.
 LAYERS = [
     ("common", ["common"], []),
-    ("kernels", ["kernels/cpu", "kernels"], ["common"]),
-    ("kernels_cuda", ["kernels/cuda"], ["kernels", "common"]),
+    ("kernels_cuda", ["kernels/cuda"], ["common"]),
+    ("kernels", ["kernels/cpu", "kernels"], ["kernels_cuda", "common"]),
     ("tokenizer", ["tokenizer"], ["common"]),
     ("jinja", ["jinja"], ["common"]),
     ("models", ["models"], ["kernels", "common"]),
     ("scheduler", ["scheduler"], ["common"]),
-    ("engine", ["engine"],
-     ["models", "scheduler", "kernels", "kernels_cuda", "tokenizer", "common"]),
+    ("engine", ["engine"], ["models", "scheduler", "kernels", "tokenizer", "common"]),
     ("server", ["server"], ["engine", "tokenizer", "jinja", "kernels", "common"]),
     ("bench", ["bench"], ["engine", "tokenizer", "kernels", "common"]),
     ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer", "jinja",
-                      "kernels_cuda", "kernels", "common"]),
+                      "kernels", "common"]),
 ]
 PROGRAM = "cli"  # built as build/pagellm (its own folder's objects + what it may call)
 # Edges allowed for some symbols only (fnmatch patterns): the server and the bench take just
@@ -103,13 +103,13 @@ TEST_LAYERS = {
     "test_jinja": ["jinja"],
     "test_kernels_cpu": ["kernels"],
     "test_sampling": ["kernels"],
-    "test_attention_cuda": ["kernels_cuda"],
-    "test_gemm_sm90a_cuda": ["kernels_cuda"],
-    "test_gemv_fused_cuda": ["kernels_cuda"],
-    "test_matmul_cuda": ["kernels_cuda"],
-    "test_matmul_norm_cuda": ["kernels_cuda"],
-    "test_sample_cuda": ["kernels_cuda"],
-    "test_kernels_cuda": ["kernels_cuda", "models"],  # dummy weights from models/weights.c
+    "test_attention_cuda": ["kernels"],
+    "test_gemm_sm90a_cuda": ["kernels"],
+    "test_gemv_fused_cuda": ["kernels"],
+    "test_matmul_cuda": ["kernels"],
+    "test_matmul_norm_cuda": ["kernels"],
+    "test_sample_cuda": ["kernels"],
+    "test_kernels_cuda": ["models"],  # dummy weights from models/weights.c
     "test_checkpoint": ["models"],
     "test_config": ["models"],
     "test_tensor_parallel": ["models"],

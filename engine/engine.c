@@ -9,9 +9,6 @@
 #include <unistd.h>
 
 #include "engine_internal.h"
-#ifdef PAGELLM_HAVE_CUDA
-#include "kernels_cuda.h"
-#endif
 
 #define WATERMARK 0.01f
 
@@ -62,33 +59,47 @@ static Status pick_act(const char *dtype, int cuda, const char *model_dir, DType
     return PL_OK;
 }
 
-/* device auto takes the GPU when this build has CUDA and the machine has a GPU. */
-static Status pick_backend(const EngineConfig *c, const KernelOps **ops) {
-    const char *device = c->device;
-    int want_cuda = device && !strcmp(device, "cuda");
-    if (device && strcmp(device, "auto") && strcmp(device, "cpu") && !want_cuda)
+/* The backend by name and its activations: device auto takes the GPU when this build has
+ * CUDA and the machine has a GPU. */
+static Status pick_backend(const EngineConfig *c, KernelOpenOptions *o) {
+    const char *device = c->device ? c->device : "auto";
+    int want_cuda = !strcmp(device, "cuda");
+    if (strcmp(device, "auto") && strcmp(device, "cpu") && !want_cuda)
         return pl_error_set(PL_ERR_INVALID, "device '%s' is not one of auto, cpu, cuda", device);
-    DType act = DT_F32;
-    *ops = k_cpu_ops();
-    k_cpu_set_threads(c->cpu_threads); /* the CPU ops also serve host work beside a GPU */
-    if (device && !strcmp(device, "cpu"))
-        return pick_act(c->dtype, 0, c->model_dir, &act);
-#ifdef PAGELLM_HAVE_CUDA
-    if (k_cuda_device_count() > 0) {
-        Status st = pick_act(c->dtype, 1, c->model_dir, &act);
-        if (st == PL_OK)
-            *ops = k_cuda_ops(act);
+    int tp = c->tensor_parallel_size > 1 ? c->tensor_parallel_size : 1;
+    *o = (KernelOpenOptions){.backend = "cpu",
+                             .act = DT_F32,
+                             .size = tp,
+                             .cpu_threads = c->cpu_threads,
+                             .custom_all_reduce = !c->disable_custom_all_reduce};
+    if (!strcmp(device, "cpu") || (!want_cuda && k_device_count("cuda") == 0))
+        return pick_act(c->dtype, 0, c->model_dir, &o->act);
+    o->backend = "cuda";
+    if (k_device_count("cuda") == 0) /* k_open says why: no GPU, or a build without CUDA */
+        return PL_OK;
+    return pick_act(c->dtype, 1, c->model_dir, &o->act);
+}
+
+/* Open the backend's ranks (tensor-parallel-size of them), and the CPU backend the sampler uses
+ * on the host beside a GPU. */
+static Status open_backends(Engine *e) {
+    KernelOpenOptions o;
+    Status st = pick_backend(&e->cfg, &o);
+    if (st != PL_OK)
         return st;
-    }
-    if (want_cuda)
-        return pl_error_set(PL_ERR_UNSUPPORTED, "device 'cuda': no CUDA GPU is visible");
-#else
-    if (want_cuda)
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "device 'cuda': this build has no CUDA backend (configure found no "
-                            "nvcc/cuBLAS, or --cpu-only)");
-#endif
-    return pick_act(c->dtype, 0, c->model_dir, &act);
+    e->run.backends = pl_xcalloc((size_t)o.size, sizeof *e->run.backends);
+    if ((st = k_open(&o, e->run.backends)) != PL_OK)
+        return st;
+    e->run.tp = o.size;
+    e->ops = e->run.backends[0];
+    e->smp.host = e->ops;
+    if (e->ops->host_memory)
+        return PL_OK;
+    KernelOpenOptions cpu = {.backend = "cpu", .act = DT_F32, .cpu_threads = e->cfg.cpu_threads};
+    if ((st = k_open(&cpu, &e->smp.host_owned)) != PL_OK)
+        return st;
+    e->smp.host = e->smp.host_owned;
+    return PL_OK;
 }
 
 static Status check_config(const EngineConfig *c) {
@@ -128,7 +139,7 @@ static Status size_pools(Engine *e) {
         /* the weights and activations are loaded already: a share of what is left */
         double bytes = c->kv_cache_memory_gib > 0
                            ? c->kv_cache_memory_gib * PL_GIB
-                           : c->gpu_memory_utilization * (double)e->ops->free_memory();
+                           : c->gpu_memory_utilization * (double)e->ops->free_memory(e->ops);
         double blocks = bytes / (double)e->block_bytes;
         gpu = (int)(blocks < useful ? blocks : useful);
     }
@@ -164,7 +175,7 @@ static void alloc_host_buffers(Engine *e) {
     eng_batch_fields(&e->run.h, h);
     size_t s = (size_t)e->cfg.max_num_seqs;
     e->smp.fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
-    e->smp.sample_reqs = pl_xmalloc(s * sizeof(SampleRequest));
+    e->smp.host_rows = pl_xmalloc(s * sizeof(SampleRow));
     e->smp.sampled = pl_xmalloc(s * sizeof(int32_t));
     for (int i = 0; i < BATCH_FIELDS; i++)
         *h[i] = pl_xcalloc(1, sizes[i]);
@@ -177,31 +188,9 @@ static void free_host_buffers(Engine *e) {
         free(*h[i]);
     free(e->smp.fork_logits);
     free(e->smp.fork_tokens);
-    free(e->smp.sample_reqs);
+    free(e->smp.host_rows);
+    free(e->smp.host_history);
     free(e->smp.sampled);
-}
-
-/* Tensor parallelism: the communicators for tensor-parallel-size GPUs. */
-static Status start_tp(Engine *e) {
-    int tp = e->cfg.tensor_parallel_size > 1 ? e->cfg.tensor_parallel_size : 1;
-    e->run.tp = 1;
-    if (tp == 1)
-        return PL_OK;
-    if (!e->ops->all_reduce || !e->ops->set_device)
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "tensor-parallel-size %d needs the cuda backend built with NCCL "
-                            "(the %s backend has no all-reduce)",
-                            tp, e->ops->name);
-#ifdef PAGELLM_HAVE_CUDA
-    int have = k_cuda_device_count();
-    if (tp > have)
-        return pl_error_set(PL_ERR_INVALID, "tensor-parallel-size %d needs %d GPUs; %d visible", tp,
-                            tp, have);
-    if (k_cuda_tp_init(tp, !e->cfg.disable_custom_all_reduce) != 0)
-        return pl_error_set(PL_ERR_UNSUPPORTED, "tensor-parallel-size %d: NCCL setup failed", tp);
-#endif
-    e->run.tp = tp;
-    return PL_OK;
 }
 
 static Status create_scheduling(Engine *e) {
@@ -258,7 +247,7 @@ static void print_budget(const Engine *e, double free_before_kv) {
  * for a max-model-len prompt. */
 static Status pick_batch_limits(Engine *e) {
     EngineConfig *c = &e->cfg;
-    const int big = !e->ops->host_memory && (double)e->ops->free_memory() >= 70.0 * PL_GIB;
+    const int big = !e->ops->host_memory && (double)e->ops->free_memory(e->ops) >= 70.0 * PL_GIB;
     if (c->max_num_seqs == 0)
         c->max_num_seqs = big ? 1024 : 256;
     if (c->max_num_batched_tokens == 0) {
@@ -286,11 +275,8 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     e->cfg = *cfg;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
-    if ((st = pick_backend(cfg, &e->ops)) != PL_OK)
-        goto fail;
-    if ((st = pick_batch_limits(e)) != PL_OK)
-        goto fail;
-    if ((st = start_tp(e)) != PL_OK || (st = eng_ranks_start(e)) != PL_OK)
+    if ((st = open_backends(e)) != PL_OK || (st = pick_batch_limits(e)) != PL_OK ||
+        (st = eng_ranks_start(e)) != PL_OK)
         goto fail;
     RankJob job = {.kind = JOB_LOAD};
     if ((st = eng_ranks_run(e, &job)) != PL_OK)
@@ -316,7 +302,8 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     job.kind = JOB_BUFFERS;
     if ((st = eng_ranks_run(e, &job)) != PL_OK || (st = eng_warm_up(e)) != PL_OK)
         goto fail;
-    double free_before_kv = (double)e->ops->free_memory(); /* rank 0's device, as every rank */
+    double free_before_kv =
+        (double)e->ops->free_memory(e->ops); /* rank 0's device, as every rank */
     if ((st = size_pools(e)) != PL_OK)
         goto fail;
     job.kind = JOB_POOLS;
@@ -350,10 +337,10 @@ void eng_destroy(Engine *e) {
     blk_destroy(e->bm);
     tok_destroy(e->tok);
     free_host_buffers(e);
-#ifdef PAGELLM_HAVE_CUDA
-    if (e->run.tp > 1)
-        k_cuda_tp_destroy(e->run.tp);
-#endif
+    if (e->run.backends)
+        k_close(e->run.backends, e->run.tp);
+    free(e->run.backends);
+    k_close(&e->smp.host_owned, 1);
     free(e->run.graph_size);
     free(e->out.events);
     free(e->out.text);
@@ -540,22 +527,22 @@ static void measure_beside_compute(Engine *e, const int32_t *pairs, int blocks, 
     int g = e->run.num_graphs - 1, rows = e->run.graph_size[g];
     eng_pad_decode_rows(e, 0, rows);
     eng_upload_batch(e, r, rows, rows, rows);
-    ops->synchronize();
+    ops->synchronize(ops);
     double t0 = pl_now();
-    ops->graph_launch(r->graphs[g]);
-    ops->synchronize();
+    ops->graph_launch(ops, r->graphs[g]);
+    ops->synchronize(ops);
     double one = pl_now() - t0;
     int reps = (int)(t->seconds_in / one) + 1;
     t0 = pl_now();
     for (int i = 0; i < reps; i++)
-        ops->graph_launch(r->graphs[g]);
-    ops->synchronize();
+        ops->graph_launch(ops, r->graphs[g]);
+    ops->synchronize(ops);
     t->seconds_compute = pl_now() - t0;
     t0 = pl_now();
     for (int i = 0; i < reps; i++)
-        ops->graph_launch(r->graphs[g]);
-    ops->swap_blocks(r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes, 0);
-    ops->synchronize(); /* the compute stream waits for the swap */
+        ops->graph_launch(ops, r->graphs[g]);
+    ops->swap_blocks(ops, r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes, 0);
+    ops->synchronize(ops); /* the compute stream waits for the swap */
     t->seconds_both = pl_now() - t0;
 }
 
@@ -568,17 +555,17 @@ Status eng_measure_swap(Engine *e, int blocks, EngSwapTiming *t) {
     for (int i = 0; i < blocks; i++)
         pairs[2 * i] = pairs[2 * i + 1] = i;
     const Rank *r = &e->run.ranks[0]; /* every rank swaps the same way, on its own link */
-    void (*sync)(void) = e->ops->synchronize;
+    void (*sync)(const KernelOps *) = e->ops->synchronize;
     if (sync)
-        sync();
+        sync(e->ops);
     double t0 = pl_now();
-    e->ops->swap_blocks(r->kv_cpu, r->kv_gpu, pairs, blocks, e->block_bytes, 1);
+    e->ops->swap_blocks(e->ops, r->kv_cpu, r->kv_gpu, pairs, blocks, e->block_bytes, 1);
     if (sync)
-        sync();
+        sync(e->ops);
     double t1 = pl_now();
-    e->ops->swap_blocks(r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes, 1);
+    e->ops->swap_blocks(e->ops, r->kv_gpu, r->kv_cpu, pairs, blocks, e->block_bytes, 1);
     if (sync)
-        sync();
+        sync(e->ops);
     double t2 = pl_now();
     *t = (EngSwapTiming){.blocks = blocks,
                          .bytes = (double)blocks * (double)e->block_bytes,

@@ -110,13 +110,13 @@ typedef struct {
 
 /* Device buffers for sampling on the backend (all NULL when it has no sample_rows op). */
 typedef struct {
-    DeviceSampleRow *h_rows, *d_rows; /* [max_num_seqs] */
-    int32_t *h_history, *d_history;   /* [history_cap] */
+    SampleRow *h_rows, *d_rows;     /* [max_num_seqs] */
+    int32_t *h_history, *d_history; /* [history_cap] */
     size_t history_cap;
     int32_t *d_tokens;                      /* [max_num_seqs] */
     float *d_token_logits, *h_token_logits; /* [max_num_seqs] */
     float *d_lse, *h_lse;                   /* [max_num_seqs] */
-    int32_t *d_top_ids, *h_top_ids;         /* [max_num_seqs, DEVICE_MAX_TOP_LOGPROBS] */
+    int32_t *d_top_ids, *h_top_ids;         /* [max_num_seqs, max_top_logprobs] */
     float *d_top_vals, *h_top_vals;
     LogitEdit *d_edits; /* [DEVICE_EDITS_CAP] */
     void *workspace;
@@ -130,6 +130,7 @@ typedef struct {
 typedef struct Rank {
     struct Engine *engine;
     int index;
+    const KernelOps *ops; /* its backend (ModelRunner.backends[index]) */
     Model *model;
     void *kv_gpu;              /* the device pool (host memory on the CPU backend) */
     void *kv_cpu;              /* the swap pool */
@@ -170,8 +171,9 @@ typedef struct {
 /* The model runner (runner.c, runner_forward.c): the tensor-parallel ranks, the jobs they
  * run together, the step batch they upload and the decode graphs they replay. */
 typedef struct {
-    int tp;      /* tensor-parallel ranks */
-    Rank *ranks; /* [tp] */
+    int tp;               /* tensor-parallel ranks */
+    KernelOps **backends; /* [tp] opened backends, rank r's drives device r */
+    Rank *ranks;          /* [tp] */
     pthread_mutex_t job_mu;
     pthread_cond_t job_cv, job_done_cv;
     RankJob job; /* the current job, for the workers */
@@ -190,14 +192,19 @@ typedef struct {
 /* The sampler (sampler.c, logit_edits.c): the step's sampled rows to tokens, with their
  * logprobs taken from the raw logits and their logit edits applied, on the backend or here. */
 typedef struct {
-    DeviceSampler dev;    /* sampling on the backend */
+    DeviceSampler dev;     /* sampling on the backend */
+    const KernelOps *host; /* sampling on the host: the CPU backend (the engine's own when
+                            * it computes on the CPU, else host_owned) */
+    KernelOps *host_owned;
     float *fork_logits;   /* [vocab]: a row copied for each extra sample */
     int32_t *fork_tokens; /* [fork_cap]: the forked samples' first tokens, in row order */
     int num_fork_tokens, fork_cap;
-    SampleRequest *sample_reqs; /* [max_num_seqs] */
-    int32_t *sampled;           /* [max_num_seqs] */
-    int32_t *top_ids;           /* [top_cap] the step's top logprobs (events point here) */
-    float *top_vals;            /* [top_cap] */
+    SampleRow *host_rows;  /* [max_num_seqs] */
+    int32_t *host_history; /* [host_history_cap] packed history of rows with penalties */
+    size_t host_history_cap;
+    int32_t *sampled; /* [max_num_seqs] */
+    int32_t *top_ids; /* [top_cap] the step's top logprobs (events point here) */
+    float *top_vals;  /* [top_cap] */
     size_t top_len, top_cap;
     float *raw_rows; /* [raw_cap] raw logits of rows whose logprobs are wanted */
     size_t raw_cap;
@@ -218,8 +225,8 @@ typedef struct {
  * owns the runner, the sampler and the output, and calls down into them. */
 struct Engine {
     EngineConfig cfg;
-    const KernelOps *ops;
-    Model *model; /* rank 0's (its config is the whole model's) */
+    const KernelOps *ops; /* rank 0's backend */
+    Model *model;         /* rank 0's (its config is the whole model's) */
     Tokenizer *tok;
     int max_model_len;
     KvLayout kv_layout; /* one rank's */
@@ -303,7 +310,7 @@ Status eng_device_sampler_init(Engine *e);
 void eng_device_sampler_free(Engine *e);
 
 /* 1 when this step's sampling can run on the backend: it has the ops, no request forks its
- * samples now and none wants more than DEVICE_MAX_TOP_LOGPROBS top logprobs. */
+ * samples now and none wants more top logprobs than the backend returns. */
 int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o);
 
 /* Sample the step's rows on the backend: tokens[k] and lps[k] for the k-th sampled sequence

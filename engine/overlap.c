@@ -30,12 +30,12 @@ Status eng_overlap_start(Engine *e) {
         return PL_OK;
     size_t s = (size_t)e->cfg.max_num_seqs;
     for (int p = 0; p < 2; p++) {
-        if (!(e->step_tokens[p] = ops->alloc_host(s * sizeof(int32_t))))
+        if (!(e->step_tokens[p] = ops->alloc_host(ops, s * sizeof(int32_t))))
             return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampled tokens");
-        e->step_event[p] = ops->event_create ? ops->event_create() : NULL;
+        e->step_event[p] = ops->event_create ? ops->event_create(ops) : NULL;
     }
     if (e->run.tp > 1)
-        e->tokens_copied = ops->event_create();
+        e->tokens_copied = ops->event_create(ops);
     e->pending.rows = pl_xcalloc(s, sizeof *e->pending.rows);
     e->block_read_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
     e->block_written_step = pl_xcalloc((size_t)e->num_gpu_blocks, sizeof(int64_t));
@@ -44,15 +44,15 @@ Status eng_overlap_start(Engine *e) {
 
 void eng_overlap_stop(Engine *e) {
     if (e->pending.active && e->ops->synchronize) /* its copies must land first */
-        e->ops->synchronize();
+        e->ops->synchronize(e->ops);
     for (int p = 0; p < 2; p++) {
         if (e->step_tokens[p])
-            e->ops->free_host(e->step_tokens[p]);
+            e->ops->free_host(e->ops, e->step_tokens[p]);
         if (e->step_event[p])
-            e->ops->event_destroy(e->step_event[p]);
+            e->ops->event_destroy(e->ops, e->step_event[p]);
     }
     if (e->tokens_copied)
-        e->ops->event_destroy(e->tokens_copied);
+        e->ops->event_destroy(e->ops, e->tokens_copied);
     free(e->pending.rows);
     free(e->block_read_step);
     free(e->block_written_step);
@@ -112,13 +112,13 @@ void eng_sample_async(Engine *e, const SchedulerOutput *o, int parity) {
         return;
     }
     int n = eng_device_sample_async(e, o, e->step_tokens[parity]);
-    e->ops->event_record(e->step_event[parity]);
+    e->ops->event_record(e->ops, e->step_event[parity]);
     if (e->run.tp == 1 || n == 0)
         return;
     for (int r = 1; r < e->run.tp; r++) /* the other ranks scatter them too */
-        e->ops->copy_peer(e->run.ranks[r].d_pending_tokens, r, e->smp.dev.d_tokens,
-                          (size_t)n * sizeof(int32_t));
-    e->ops->event_record(e->tokens_copied);
+        e->ops->copy_peer(e->ops, e->run.ranks[r].d_pending_tokens, e->run.ranks[r].ops->device,
+                          e->smp.dev.d_tokens, (size_t)n * sizeof(int32_t));
+    e->ops->event_record(e->ops, e->tokens_copied);
 }
 
 /* The launched step `o` becomes the pending one: each sequence that goes on past its token
@@ -159,7 +159,7 @@ void eng_finish_pending(Engine *e) {
         return;
     p->active = 0;
     if (e->step_event[p->parity])
-        e->ops->event_wait(e->step_event[p->parity]);
+        e->ops->event_wait(e->ops, e->step_event[p->parity]);
     const int32_t *tokens = e->step_tokens[p->parity];
     for (int k = 0; k < p->num_rows; k++) {
         Sequence *seq = p->rows[k].seq;

@@ -41,7 +41,7 @@ static Status load(Engine *e, Rank *r) {
                            .load_dummy = c->load_dummy,
                            .seed = c->seed,
                            .max_num_tokens = c->max_num_batched_tokens,
-                           .ops = e->ops,
+                           .ops = r->ops,
                            .tp_rank = r->index,
                            .tp_size = e->run.tp};
     return model_load(&mo, &r->model);
@@ -49,10 +49,11 @@ static Status load(Engine *e, Rank *r) {
 
 /* Rank > 0 of an engine that may overlap steps: where rank 0 copies the sampled tokens. */
 static Status alloc_pending_tokens(Engine *e, Rank *r) {
-    if (r->index == 0 || !e->ops->copy_peer)
+    if (r->index == 0 || !r->ops->copy_peer)
         return PL_OK;
-    if (!(r->d_pending_tokens = e->ops->alloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t))))
-        return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampled tokens", e->ops->name);
+    if (!(r->d_pending_tokens =
+              r->ops->alloc(r->ops, (size_t)e->cfg.max_num_seqs * sizeof(int32_t))))
+        return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampled tokens", r->ops->name);
     return PL_OK;
 }
 
@@ -63,12 +64,12 @@ static Status alloc_buffers(Engine *e, Rank *r) {
     eng_batch_fields(&e->run.h, h);
     eng_batch_fields(&r->d, d);
     for (int i = 0; i < BATCH_FIELDS; i++) {
-        *d[i] = e->ops->host_memory ? *h[i] : e->ops->alloc(sizes[i]);
+        *d[i] = r->ops->host_memory ? *h[i] : r->ops->alloc(r->ops, sizes[i]);
         if (!*d[i])
             return pl_error_set(PL_ERR_NOMEM,
                                 "out of %s memory for the step buffers (max-num-seqs %d, "
                                 "max-num-batched-tokens %d)",
-                                e->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
+                                r->ops->name, e->cfg.max_num_seqs, e->cfg.max_num_batched_tokens);
     }
     return alloc_pending_tokens(e, r);
 }
@@ -76,25 +77,25 @@ static Status alloc_buffers(Engine *e, Rank *r) {
 /* The warm-up's one-block pool, in a job of its own: a rank out of memory must fail before
  * the others enter the warm-up's collectives, or they would wait for it for ever. */
 static Status alloc_warm_block(Engine *e, Rank *r) {
-    if (!(r->kv_gpu = e->ops->alloc(e->block_bytes)))
+    if (!(r->kv_gpu = r->ops->alloc(r->ops, e->block_bytes)))
         return pl_error_set(PL_ERR_NOMEM,
                             "no %s memory left for one KV-cache block after the weights and "
                             "activations",
-                            e->ops->name);
+                            r->ops->name);
     return PL_OK;
 }
 
 static Status alloc_pools(Engine *e, Rank *r) {
     if (r->kv_gpu) /* the warm-up's block */
-        e->ops->free(r->kv_gpu);
-    if (!(r->kv_gpu = e->ops->alloc((size_t)e->num_gpu_blocks * e->block_bytes)))
+        r->ops->free(r->ops, r->kv_gpu);
+    if (!(r->kv_gpu = r->ops->alloc(r->ops, (size_t)e->num_gpu_blocks * e->block_bytes)))
         return pl_error_set(PL_ERR_NOMEM,
                             "out of %s memory for %d KV-cache blocks (%.2f GiB): lower "
                             "gpu-memory-utilization or num-gpu-blocks-override",
-                            e->ops->name, e->num_gpu_blocks,
+                            r->ops->name, e->num_gpu_blocks,
                             (double)e->num_gpu_blocks * e->block_bytes / PL_GIB);
     size_t host = (size_t)(e->num_cpu_blocks ? e->num_cpu_blocks : 1) * e->block_bytes;
-    if (!(r->kv_cpu = e->ops->alloc_host(host)))
+    if (!(r->kv_cpu = r->ops->alloc_host(r->ops, host)))
         return pl_error_set(PL_ERR_NOMEM,
                             "cannot allocate %.2f GiB of swap space: lower swap-space",
                             (double)e->num_cpu_blocks * e->block_bytes / PL_GIB);
@@ -109,18 +110,18 @@ static void swap(Engine *e, Rank *r, const SwapPlan *p) {
             continue;
         int out = k == SWAP_OUT_NOW || k == SWAP_OUT_AFTER;
         int after = k == SWAP_OUT_AFTER || k == SWAP_IN_AFTER || e->run.tp > 1;
-        e->ops->swap_blocks(out ? r->kv_cpu : r->kv_gpu, out ? r->kv_gpu : r->kv_cpu,
+        r->ops->swap_blocks(r->ops, out ? r->kv_cpu : r->kv_gpu, out ? r->kv_gpu : r->kv_cpu,
                             (const int32_t *)p->pairs[k], p->n[k], e->block_bytes, after);
     }
 }
 
 static void step(Engine *e, Rank *r, const RankJob *j) {
-    const KernelOps *ops = e->ops;
+    const KernelOps *ops = r->ops;
     const SchedulerOutput *o = j->o;
     if (j->swaps)
         swap(e, r, j->swaps);
     if (o->num_copies)
-        ops->copy_blocks(r->kv_gpu, r->kv_gpu, (const int32_t *)o->copies, o->num_copies,
+        ops->copy_blocks(ops, r->kv_gpu, r->kv_gpu, (const int32_t *)o->copies, o->num_copies,
                          e->block_bytes);
     if (j->num_tokens == 0)
         return;
@@ -128,34 +129,34 @@ static void step(Engine *e, Rank *r, const RankJob *j) {
     if (j->num_scatter) { /* input ids the host has not seen yet */
         const int32_t *src = j->scatter_src;
         if (r->index > 0) { /* rank 0 sampled them and copies them here */
-            ops->stream_wait(e->tokens_copied);
+            ops->stream_wait(ops, e->tokens_copied);
             src = r->d_pending_tokens;
         }
         if (r->d.scatter != e->run.h.scatter)
-            ops->to_device(r->d.scatter, e->run.h.scatter,
+            ops->to_device(ops, r->d.scatter, e->run.h.scatter,
                            (size_t)j->num_scatter * 2 * sizeof(int32_t));
-        ops->scatter_tokens(r->d.tokens, src, r->d.scatter, j->num_scatter);
+        ops->scatter_tokens(ops, r->d.tokens, src, r->d.scatter, j->num_scatter);
     }
     eng_rank_forward(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode, j->graph);
 }
 
 static void free_rank(Engine *e, Rank *r) {
-    const KernelOps *ops = e->ops;
+    const KernelOps *ops = r->ops;
     eng_destroy_graphs(e, r);
     void **h[BATCH_FIELDS], **d[BATCH_FIELDS];
     eng_batch_fields(&e->run.h, h);
     eng_batch_fields(&r->d, d);
     for (int i = 0; i < BATCH_FIELDS; i++)
         if (*d[i] && *d[i] != *h[i])
-            ops->free(*d[i]);
+            ops->free(ops, *d[i]);
     memset(&r->d, 0, sizeof r->d);
     if (r->d_pending_tokens)
-        ops->free(r->d_pending_tokens);
+        ops->free(ops, r->d_pending_tokens);
     r->d_pending_tokens = NULL;
     if (r->kv_gpu)
-        ops->free(r->kv_gpu);
+        ops->free(ops, r->kv_gpu);
     if (r->kv_cpu)
-        ops->free_host(r->kv_cpu);
+        ops->free_host(ops, r->kv_cpu);
     r->kv_gpu = r->kv_cpu = NULL;
     model_destroy(r->model);
     r->model = NULL;
@@ -200,7 +201,7 @@ static void rank_do(Engine *e, Rank *r, const RankJob *j) {
 static void *worker(void *arg) {
     Rank *r = arg;
     Engine *e = r->engine;
-    e->ops->set_device(r->index);
+    r->ops->bind(r->ops);
     uint64_t seen = 0;
     pthread_mutex_lock(&e->run.job_mu);
     for (;;) {
@@ -228,6 +229,7 @@ Status eng_ranks_start(Engine *e) {
     for (int i = 0; i < e->run.tp; i++) {
         e->run.ranks[i].index = i;
         e->run.ranks[i].engine = e;
+        e->run.ranks[i].ops = e->run.backends[i];
     }
     for (int i = 1; i < e->run.tp; i++) {
         if (pthread_create(&e->run.ranks[i].thread, NULL, worker, &e->run.ranks[i]) != 0) {

@@ -41,15 +41,15 @@ void eng_pad_decode_rows(Engine *e, int from, int to) {
 void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows) {
     if (e->run.h.tokens == r->d.tokens)
         return;
-    const KernelOps *ops = e->ops;
+    const KernelOps *ops = r->ops;
     const BatchBuffers *h = &e->run.h, *d = &r->d;
-    ops->to_device(d->tokens, h->tokens, (size_t)num_tokens * sizeof(int32_t));
-    ops->to_device(d->positions, h->positions, (size_t)num_tokens * sizeof(int32_t));
-    ops->to_device(d->slots, h->slots, (size_t)num_tokens * sizeof(int64_t));
-    ops->to_device(d->query_start, h->query_start, (size_t)(num_seqs + 1) * sizeof(int32_t));
-    ops->to_device(d->block_tables, h->block_tables,
+    ops->to_device(ops, d->tokens, h->tokens, (size_t)num_tokens * sizeof(int32_t));
+    ops->to_device(ops, d->positions, h->positions, (size_t)num_tokens * sizeof(int32_t));
+    ops->to_device(ops, d->slots, h->slots, (size_t)num_tokens * sizeof(int64_t));
+    ops->to_device(ops, d->query_start, h->query_start, (size_t)(num_seqs + 1) * sizeof(int32_t));
+    ops->to_device(ops, d->block_tables, h->block_tables,
                    (size_t)num_seqs * e->run.max_blocks_per_seq * sizeof(int32_t));
-    ops->to_device(d->logit_rows, h->logit_rows, (size_t)num_rows * sizeof(int32_t));
+    ops->to_device(ops, d->logit_rows, h->logit_rows, (size_t)num_rows * sizeof(int32_t));
 }
 
 /* The rank's eager forward over its uploaded batch into `kv_pool` (logits on rank 0). */
@@ -72,7 +72,7 @@ static void forward(Engine *e, Rank *r, void *kv_pool, int num_tokens, int num_s
 void eng_rank_forward(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows,
                       int num_decode, int graph) {
     if (graph >= 0)
-        e->ops->graph_launch(r->graphs[graph]);
+        r->ops->graph_launch(r->ops, r->graphs[graph]);
     else
         forward(e, r, r->kv_gpu, num_tokens, num_seqs, num_rows, num_decode);
 }
@@ -80,26 +80,26 @@ void eng_rank_forward(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_
 void eng_rank_warm_up(Engine *e, Rank *r, const RankJob *j) {
     eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
     forward(e, r, r->kv_gpu, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode);
-    e->ops->synchronize(); /* the engine rewrites the host batch next */
+    r->ops->synchronize(r->ops); /* the engine rewrites the host batch next */
 }
 
 void eng_rank_capture(Engine *e, Rank *r, int g) {
-    const KernelOps *ops = e->ops;
+    const KernelOps *ops = r->ops;
     int rows = e->run.graph_size[g];
     if (!r->graphs)
         r->graphs = pl_xcalloc((size_t)e->run.num_graphs, sizeof(void *));
     eng_upload_batch(e, r, rows, rows, rows);
     forward(e, r, r->kv_gpu, rows, rows, rows, rows); /* eager once, then recorded */
-    ops->synchronize();
-    ops->graph_begin();
+    ops->synchronize(ops);
+    ops->graph_begin(ops);
     forward(e, r, r->kv_gpu, rows, rows, rows, rows);
-    r->graphs[g] = ops->graph_end();
+    r->graphs[g] = ops->graph_end(ops);
 }
 
 void eng_destroy_graphs(Engine *e, Rank *r) {
     for (int g = 0; r->graphs && g < e->run.num_graphs; g++)
         if (r->graphs[g])
-            e->ops->graph_destroy(r->graphs[g]);
+            r->ops->graph_destroy(r->ops, r->graphs[g]);
     free(r->graphs);
     r->graphs = NULL;
 }
@@ -107,7 +107,7 @@ void eng_destroy_graphs(Engine *e, Rank *r) {
 Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, float *logits) {
     int vocab = model_config(e->model)->vocab_size;
     /* A private cache with an identity block table: no scheduler involvement. */
-    const KernelOps *ops = e->ops;
+    const KernelOps *ops = r->ops;
     int bs = e->cfg.block_size, nblocks = (n + bs - 1) / bs;
     int32_t *table = pl_xmalloc((size_t)nblocks * sizeof(int32_t));
     int32_t *pos = pl_xmalloc((size_t)n * sizeof(int32_t));
@@ -123,21 +123,21 @@ Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, flo
     const void *host[] = {ids, table, pos, slots, query_start};
     size_t bytes[] = {(size_t)n * 4, (size_t)nblocks * 4, (size_t)n * 4, (size_t)n * 8, 8};
     void *dev[5] = {0};
-    void *kv = ops->alloc((size_t)nblocks * e->block_bytes);
+    void *kv = ops->alloc(ops, (size_t)nblocks * e->block_bytes);
     /* every rank computes the logits (the LM head is vocabulary-parallel); rank 0 copies them */
-    float *dev_logits = ops->alloc((size_t)n * vocab * sizeof(float));
+    float *dev_logits = ops->alloc(ops, (size_t)n * vocab * sizeof(float));
     int ok = kv && dev_logits;
     for (int i = 0; i < 5 && ok; i++)
-        if ((ok = (dev[i] = ops->alloc(bytes[i])) != NULL))
-            ops->to_device(dev[i], host[i], bytes[i]);
+        if ((ok = (dev[i] = ops->alloc(ops, bytes[i])) != NULL))
+            ops->to_device(ops, dev[i], host[i], bytes[i]);
     if (!ok) {
         for (int i = 0; i < 5; i++)
             if (dev[i])
-                ops->free(dev[i]);
+                ops->free(ops, dev[i]);
         if (kv)
-            ops->free(kv);
+            ops->free(ops, kv);
         if (dev_logits)
-            ops->free(dev_logits);
+            ops->free(ops, dev_logits);
         free(table);
         free(pos);
         free(slots);
@@ -152,13 +152,13 @@ Status eng_rank_prompt_logits(Engine *e, Rank *r, const int32_t *ids, int n, flo
                    .max_blocks_per_seq = nblocks};
     model_forward(r->model, dev[0], &b, kv, &e->kv_layout, dev[2], n, dev_logits);
     if (r->index == 0)
-        ops->to_host(logits, dev_logits, (size_t)n * vocab * sizeof(float));
+        ops->to_host(ops, logits, dev_logits, (size_t)n * vocab * sizeof(float));
     else if (ops->synchronize) /* the private pool is freed next */
-        ops->synchronize();
+        ops->synchronize(ops);
     for (int i = 0; i < 5; i++)
-        ops->free(dev[i]);
-    ops->free(kv);
-    ops->free(dev_logits);
+        ops->free(ops, dev[i]);
+    ops->free(ops, kv);
+    ops->free(ops, dev_logits);
     free(table);
     free(pos);
     free(slots);

@@ -1,12 +1,13 @@
 /* sampler.c - the sampler (Sampler): a step's sampled rows to tokens, with logprobs from the
- * raw logits and logit edits applied before sampling. Where the logits are: on a backend with
- * sample_rows (CUDA) the rows are described to it (parameters, and the token history of rows
- * with penalties), its logprobs op runs first when a row wants logprobs, and only the picked
- * tokens (and the wanted logprobs) come back: a few bytes per row instead of a vocabulary of
- * fp32 logits. The host path (the CPU sampler) serves backends without these ops and the
- * steps the backend path does not take: a request forking its n > 1 samples (each extra
- * sample draws from a copy of the parent's row; the engine loop then starts the samples), or
- * more top logprobs than the device op returns. */
+ * raw logits and logit edits applied before sampling, through the backends' one sampling
+ * interface (logprobs, logits_add, sample_rows). Where the logits are: on a GPU backend the
+ * rows are described to it (parameters, and the token history of rows with penalties), its
+ * logprobs op runs first when a row wants logprobs, and only the picked tokens (and the
+ * wanted logprobs) come back: a few bytes per row instead of a vocabulary of fp32 logits. The
+ * host path runs the same ops of the CPU backend on logits in host memory: it serves the CPU
+ * backend and the steps the device path does not take: a request forking its n > 1 samples
+ * (each extra sample draws from a copy of the parent's row; the engine loop then starts the
+ * samples), or more top logprobs than the device op returns. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,18 +23,18 @@
 Status eng_device_sampler_init(Engine *e) {
     const KernelOps *ops = e->ops;
     DeviceSampler *ds = &e->smp.dev;
-    if (!ops->sample_rows || ops->host_memory)
+    if (ops->host_memory)
         return PL_OK;
-    size_t s = (size_t)e->cfg.max_num_seqs, top = s * DEVICE_MAX_TOP_LOGPROBS;
+    size_t s = (size_t)e->cfg.max_num_seqs, top = s * (size_t)ops->max_top_logprobs;
     size_t hist = s * (size_t)e->max_model_len;
     ds->history_cap = hist < HISTORY_CAP_MAX ? hist : HISTORY_CAP_MAX;
     int vocab = model_config(e->model)->vocab_size;
     ds->workspace_bytes =
-        ops->sample_workspace_bytes(e->cfg.max_num_seqs, vocab, (int)ds->history_cap);
+        ops->sample_workspace_bytes(ops, e->cfg.max_num_seqs, vocab, (int)ds->history_cap);
     struct {
         void **p;
         size_t bytes;
-    } d[] = {{(void **)&ds->d_rows, s * sizeof(DeviceSampleRow)},
+    } d[] = {{(void **)&ds->d_rows, s * sizeof(SampleRow)},
              {(void **)&ds->d_history, ds->history_cap * sizeof(int32_t)},
              {(void **)&ds->d_tokens, s * sizeof(int32_t)},
              {(void **)&ds->d_token_logits, s * sizeof(float)},
@@ -43,10 +44,10 @@ Status eng_device_sampler_init(Engine *e) {
              {(void **)&ds->d_edits, DEVICE_EDITS_CAP * sizeof(LogitEdit)},
              {&ds->workspace, ds->workspace_bytes}};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
-        if (!(*d[i].p = ops->alloc(d[i].bytes)))
+        if (!(*d[i].p = ops->alloc(ops, d[i].bytes)))
             return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampler's buffers",
                                 ops->name);
-    ds->h_rows = pl_xmalloc(s * sizeof(DeviceSampleRow));
+    ds->h_rows = pl_xmalloc(s * sizeof(SampleRow));
     ds->h_history = pl_xmalloc(ds->history_cap * sizeof(int32_t));
     ds->h_token_logits = pl_xmalloc(s * sizeof(float));
     ds->h_lse = pl_xmalloc(s * sizeof(float));
@@ -61,7 +62,7 @@ void eng_device_sampler_free(Engine *e) {
                  ds->d_top_ids, ds->d_top_vals, ds->d_edits,  ds->workspace};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
-            e->ops->free(d[i]);
+            e->ops->free(e->ops, d[i]);
     free(ds->h_rows);
     free(ds->h_history);
     free(ds->h_token_logits);
@@ -87,7 +88,7 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
         const SeqData *d = seq->owner;
         const Request *r = d->req;
         if (r->n > r->num_started ||
-            (r->params.logprobs && r->params.top_logprobs > DEVICE_MAX_TOP_LOGPROBS))
+            (r->params.logprobs && r->params.top_logprobs > e->ops->max_top_logprobs))
             return 0;
         if (eng_has_penalty(&d->sampling))
             history += (size_t)seq->num_tokens;
@@ -107,6 +108,18 @@ size_t eng_top_reserve(Engine *e, size_t k) {
     return at;
 }
 
+/* Describe the sequence's next draw in *row; with a penalty its tokens go to history[*hist..)
+ * (room checked by the caller). Returns 1 when it has a penalty. */
+static int describe_row(const Sequence *seq, const SamplingParams *p, SampleRow *row,
+                        int32_t *history, size_t *hist) {
+    *row = k_sample_row(p, seq->num_prompt, seq->num_tokens - seq->num_prompt, (int)*hist);
+    if (!eng_has_penalty(p))
+        return 0;
+    memcpy(history + *hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
+    *hist += (size_t)seq->num_tokens;
+    return 1;
+}
+
 /* Describe the sampled rows to the backend and launch their logprobs and sampling (tokens in
  * ds->d_tokens); returns the row count, *kmax the top logprobs to copy (want_lp: any). */
 static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps, int *kmax_out,
@@ -124,23 +137,7 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
         const SeqData *d = seq->owner;
         const SamplingParams *p = &d->sampling;
         datas[n] = d;
-        DeviceSampleRow *row = &ds->h_rows[n];
-        *row = (DeviceSampleRow){.temperature = p->temperature,
-                                 .top_p = p->top_p,
-                                 .min_p = p->min_p,
-                                 .repetition_penalty = p->repetition_penalty,
-                                 .presence_penalty = p->presence_penalty,
-                                 .frequency_penalty = p->frequency_penalty,
-                                 .top_k = p->top_k,
-                                 .num_output = seq->num_tokens - seq->num_prompt,
-                                 .seed = p->seed,
-                                 .num_prompt = seq->num_prompt};
-        if (eng_has_penalty(p)) {
-            penalties = 1;
-            row->history_offset = (int32_t)hist;
-            memcpy(ds->h_history + hist, seq->tokens, (size_t)seq->num_tokens * sizeof(int32_t));
-            hist += (size_t)seq->num_tokens;
-        }
+        penalties |= describe_row(seq, p, &ds->h_rows[n], ds->h_history, &hist);
         argmax_only &= sampling_greedy(p) || sampling_temperature_only(p, vocab);
         const GenerateParams *gp = &d->req->params;
         lps[n] = (RowLogprobs){.wanted = gp->logprobs};
@@ -154,22 +151,22 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
     *want_lp_out = want_lp;
     if (n == 0)
         return 0;
-    ops->to_device(ds->d_rows, ds->h_rows, (size_t)n * sizeof(DeviceSampleRow));
+    ops->to_device(ops, ds->d_rows, ds->h_rows, (size_t)n * sizeof(SampleRow));
     if (hist)
-        ops->to_device(ds->d_history, ds->h_history, hist * sizeof(int32_t));
+        ops->to_device(ops, ds->d_history, ds->h_history, hist * sizeof(int32_t));
     if (want_lp)
-        ops->logprobs(ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->run.ranks[0].d.logits, n, vocab,
-                      kmax);
+        ops->logprobs(ops, ds->d_lse, ds->d_top_ids, ds->d_top_vals, e->run.ranks[0].d.logits, n,
+                      vocab, kmax);
     int edits = eng_collect_edits(e, datas, n); /* after the raw logprobs */
     if (edits) {
         PL_CHECK((size_t)edits <= DEVICE_EDITS_CAP); /* eng_device_sample_ok */
-        ops->to_device(ds->d_edits, e->smp.edits, (size_t)edits * sizeof(LogitEdit));
-        ops->logits_add(e->run.ranks[0].d.logits, vocab, ds->d_edits, edits);
+        ops->to_device(ops, ds->d_edits, e->smp.edits, (size_t)edits * sizeof(LogitEdit));
+        ops->logits_add(ops, e->run.ranks[0].d.logits, vocab, ds->d_edits, edits);
     }
     int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (argmax_only ? SAMPLE_ARGMAX_ONLY : 0);
-    ops->sample_rows(ds->d_tokens, want_lp ? ds->d_token_logits : NULL, e->run.ranks[0].d.logits, n,
-                     vocab, ds->d_rows, penalties ? ds->d_history : NULL, flags, ds->workspace,
-                     ds->workspace_bytes);
+    ops->sample_rows(ops, ds->d_tokens, want_lp ? ds->d_token_logits : NULL,
+                     e->run.ranks[0].d.logits, n, vocab, ds->d_rows,
+                     penalties ? ds->d_history : NULL, flags, ds->workspace, ds->workspace_bytes);
     return n;
 }
 
@@ -179,7 +176,7 @@ int eng_device_sample_async(Engine *e, const SchedulerOutput *o, int32_t *tokens
     int n = launch_sampling(e, o, lps, &kmax, &want_lp);
     PL_CHECK(!want_lp); /* such requests are not overlapped */
     if (n > 0)
-        e->ops->to_host_async(tokens, e->smp.dev.d_tokens, (size_t)n * sizeof(int32_t));
+        e->ops->to_host_async(e->ops, tokens, e->smp.dev.d_tokens, (size_t)n * sizeof(int32_t));
     return n;
 }
 
@@ -190,14 +187,14 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
     int n = launch_sampling(e, o, lps, &kmax, &want_lp);
     if (n == 0)
         return;
-    ops->to_host(tokens, ds->d_tokens, (size_t)n * sizeof(int32_t));
+    ops->to_host(ops, tokens, ds->d_tokens, (size_t)n * sizeof(int32_t));
     if (!want_lp)
         return;
-    ops->to_host(ds->h_lse, ds->d_lse, (size_t)n * sizeof(float));
-    ops->to_host(ds->h_token_logits, ds->d_token_logits, (size_t)n * sizeof(float));
+    ops->to_host(ops, ds->h_lse, ds->d_lse, (size_t)n * sizeof(float));
+    ops->to_host(ops, ds->h_token_logits, ds->d_token_logits, (size_t)n * sizeof(float));
     if (kmax) {
-        ops->to_host(ds->h_top_ids, ds->d_top_ids, (size_t)n * kmax * sizeof(int32_t));
-        ops->to_host(ds->h_top_vals, ds->d_top_vals, (size_t)n * kmax * sizeof(float));
+        ops->to_host(ops, ds->h_top_ids, ds->d_top_ids, (size_t)n * kmax * sizeof(int32_t));
+        ops->to_host(ops, ds->h_top_vals, ds->d_top_vals, (size_t)n * kmax * sizeof(float));
     }
     int k = 0;
     for (int i = 0; i < o->num_seqs; i++) {
@@ -220,15 +217,6 @@ void eng_device_sample(Engine *e, const SchedulerOutput *o, int32_t *tokens, Row
     }
 }
 
-static SampleRequest sample_request(const Sequence *seq) {
-    const SeqData *d = seq->owner;
-    return (SampleRequest){.params = &d->sampling,
-                           .prompt = seq->tokens,
-                           .num_prompt = seq->num_prompt,
-                           .output = seq->tokens + seq->num_prompt,
-                           .num_output = seq->num_tokens - seq->num_prompt};
-}
-
 /* Before sampling changes the row: keep its raw logits, its log-sum-exp and its k most
  * likely tokens (best first; none for k = 0, the chosen token's logprob alone) for the
  * events. */
@@ -239,11 +227,22 @@ static void row_logprobs(Engine *e, const float *row, int vocab, int slot, int k
     memcpy(raw, row, (size_t)vocab * sizeof(float));
     int n = k < vocab ? k : vocab;
     size_t at = eng_top_reserve(e, (size_t)n);
-    k_cpu_ops()->logprobs(&lp->lse, e->smp.top_ids + at, e->smp.top_vals + at, raw, 1, vocab, n);
+    e->smp.host->logprobs(e->smp.host, &lp->lse, e->smp.top_ids + at, e->smp.top_vals + at, raw, 1,
+                          vocab, n);
     lp->wanted = 1;
     lp->raw = raw;
     lp->top_at = at;
     lp->num_top = n;
+}
+
+/* The host sampler's packed history, room for n tokens. */
+static int32_t *host_history(Engine *e, size_t n) {
+    if (n > e->smp.host_history_cap) {
+        e->smp.host_history_cap = n * 2;
+        free(e->smp.host_history);
+        e->smp.host_history = pl_xmalloc(e->smp.host_history_cap * sizeof(int32_t));
+    }
+    return e->smp.host_history;
 }
 
 /* The first tokens of the samples a prompt forks (n > 1): sample i draws from a copy of the
@@ -256,26 +255,31 @@ static void sample_forks(Engine *e, const Sequence *parent, const float *row, in
         e->smp.fork_tokens =
             pl_xrealloc(e->smp.fork_tokens, (size_t)e->smp.fork_cap * sizeof(int32_t));
     }
-    SampleRequest sr = sample_request(parent);
+    const KernelOps *host = e->smp.host;
     for (int i = 1; i < r->n; i++) {
         SamplingParams p = r->params.sampling;
         p.seed += (uint64_t)i;
-        sr.params = &p;
+        SampleRow fork;
+        size_t hist = 0;
+        int pen = describe_row(parent, &p, &fork, host_history(e, parent->num_tokens), &hist);
         memcpy(e->smp.fork_logits, row, (size_t)vocab * sizeof(float));
-        k_cpu_ops()->sample(&e->smp.fork_tokens[e->smp.num_fork_tokens++], e->smp.fork_logits, 1,
-                            vocab, &sr);
+        host->sample_rows(host, &e->smp.fork_tokens[e->smp.num_fork_tokens++], NULL,
+                          e->smp.fork_logits, 1, vocab, &fork, e->smp.host_history,
+                          pen ? 0 : SAMPLE_NO_PENALTIES, NULL, 0);
     }
 }
 
-/* The logits are on the host: logprobs, forks and sampling there (the CPU sampler). */
+/* The logits are on the host: logprobs, forks and sampling there (the CPU backend). */
 void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, RowLogprobs *lps) {
+    const KernelOps *host = e->smp.host;
     int vocab = model_config(e->model)->vocab_size, k = 0, wanted = 0;
+    size_t history = 0;
     const float *dev_logits = e->run.ranks[0].d.logits;
     if (dev_logits != e->run.h.logits) {
         int rows = 0;
         for (int i = 0; i < o->num_seqs; i++)
             rows += o->seqs[i].sample;
-        e->ops->to_host(e->run.h.logits, dev_logits, (size_t)rows * vocab * sizeof(float));
+        e->ops->to_host(e->ops, e->run.h.logits, dev_logits, (size_t)rows * vocab * sizeof(float));
     }
     /* room for the raw rows first: their events point into it until the step ends */
     for (int i = 0; i < o->num_seqs; i++)
@@ -298,10 +302,25 @@ void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, Ro
         const SeqData *d = seq->owner;
         int edits = eng_collect_edits(e, &d, 1);
         if (edits) /* after the raw logprobs, before forks copy the row */
-            k_cpu_ops()->logits_add(row, vocab, e->smp.edits, edits);
+            host->logits_add(host, row, vocab, e->smp.edits, edits);
         if (r->n > r->num_started) /* before sampling modifies the row in place */
             sample_forks(e, seq, row, vocab);
-        e->smp.sample_reqs[k++] = sample_request(seq);
+        if (eng_has_penalty(&d->sampling))
+            history += (size_t)seq->num_tokens;
+        k++;
     }
-    k_cpu_ops()->sample(tokens, e->run.h.logits, k, vocab, e->smp.sample_reqs);
+    /* the rows, once the forks are done with the history buffer */
+    int32_t *hist_buf = host_history(e, history);
+    size_t hist = 0;
+    int penalties = 0;
+    k = 0;
+    for (int i = 0; i < o->num_seqs; i++) {
+        if (!o->seqs[i].sample)
+            continue;
+        const Sequence *seq = o->seqs[i].seq;
+        const SeqData *d = seq->owner;
+        penalties |= describe_row(seq, &d->sampling, &e->smp.host_rows[k++], hist_buf, &hist);
+    }
+    host->sample_rows(host, tokens, NULL, e->run.h.logits, k, vocab, e->smp.host_rows,
+                      penalties ? hist_buf : NULL, penalties ? 0 : SAMPLE_NO_PENALTIES, NULL, 0);
 }

@@ -237,7 +237,7 @@ int eng_step(Engine *e, const EngEvent **events) {
             eng_make_pending(e, o, parity);
         } else {
             if (e->ops->synchronize) /* the forward phase ends when the device is done */
-                e->ops->synchronize();
+                e->ops->synchronize(e->ops);
             t[3] = pl_now();
             sched_step_done(e->sched, o);
             sample_and_emit(e, o, &t[4]);

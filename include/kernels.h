@@ -63,17 +63,8 @@ typedef struct {
     const float *inv_freq; /* [head_dim / 2], backend memory */
 } Rope;
 
-/* One sequence's sampling input: its parameters and token history (host memory). */
-typedef struct {
-    const SamplingParams *params;
-    const int32_t *prompt; /* [num_prompt] */
-    int num_prompt;
-    const int32_t *output; /* [num_output] tokens generated so far */
-    int num_output;
-} SampleRequest;
-
-/* One row of sampling on the backend (device memory arrays of these): a sequence's sampling
- * parameters (SamplingParams' fields) and where its tokens are in the packed history. */
+/* One row of sampling (arrays of these in backend memory): a sequence's sampling parameters
+ * (SamplingParams' fields) and where its tokens are in the packed history. */
 typedef struct {
     float temperature;
     float top_p;
@@ -86,7 +77,11 @@ typedef struct {
     uint64_t seed;          /* the sequence's seed (SamplingParams.seed) */
     int32_t history_offset; /* history[off, off + num_prompt + num_output): prompt then output */
     int32_t num_prompt;
-} DeviceSampleRow;
+} SampleRow;
+
+/* The row of a draw with parameters p: num_prompt prompt and num_output output tokens of its
+ * history, at history_offset of the packed history when p has a penalty. */
+SampleRow k_sample_row(const SamplingParams *p, int num_prompt, int num_output, int history_offset);
 
 /* One change to a logit before sampling: logits[row, token] += add (a request's logit_bias,
  * or -inf to forbid a token, e.g. EOS before min_tokens). */
@@ -103,23 +98,31 @@ enum {
                               * min-p): an argmax, of the logits or of the exponential race */
 };
 
-/* Most top logprobs per row the backend's logprobs op returns. */
-#define DEVICE_MAX_TOP_LOGPROBS 20
-
-typedef struct KernelOps {
-    const char *name; /* "cpu", "cuda" */
-    DType act;        /* activations and KV cache: DT_F32, DT_BF16 or DT_F16 */
+/* An opened backend: its identity, the state it owns and its ops. Every op takes the backend
+ * first and acts through its state (CUDA: its streams, cuBLASLt handles, workspaces and
+ * communicator; CPU: its worker pool), so several backends (the ranks of a tensor-parallel
+ * group, or a CUDA backend and the CPU backend beside it) live in one process without
+ * globals. A thread drives a backend after bind (CUDA: its device current on that thread);
+ * one thread at a time issues its ops. k_open makes them, k_close frees them. */
+typedef struct KernelOps KernelOps;
+struct KernelOps {
+    const char *name;     /* "cpu", "cuda" */
+    DType act;            /* activations and KV cache: DT_F32, DT_BF16 or DT_F16 */
+    int device;           /* the GPU it drives (CUDA); 0 on the CPU */
+    int rank, size;       /* its place in its tensor-parallel group: rank 0 of 1 alone */
+    int max_top_logprobs; /* most top logprobs per row its logprobs op returns */
+    void *state;          /* the backend's own; opaque to callers */
 
     /* Backend memory ("device" memory; plain host memory on the CPU backend, which sets
      * host_memory so that mmapped weights are used in place). alloc returns zeroed memory
      * and aborts on failure; copies are synchronous and happen only outside the hot loop
      * or for the small per-step metadata and logits. */
     int host_memory;
-    void *(*alloc)(size_t bytes);
-    void (*free)(void *p);
-    void (*to_device)(void *dst, const void *src, size_t bytes);
-    void (*to_host)(void *dst, const void *src, size_t bytes);
-    size_t (*free_memory)(void); /* bytes of backend memory free now */
+    void *(*alloc)(const KernelOps *ops, size_t bytes);
+    void (*free)(const KernelOps *ops, void *p);
+    void (*to_device)(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+    void (*to_host)(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+    size_t (*free_memory)(const KernelOps *ops); /* bytes of backend memory free now */
 
     /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and
      * the device pool: block src_dst[2i] of src_pool to block src_dst[2i+1] of dst_pool,
@@ -128,171 +131,198 @@ typedef struct KernelOps {
      * after_compute they start only once every op issued so far has finished (a block that
      * a running step reads or writes), else at once. Ops issued after the call wait for
      * them. */
-    void *(*alloc_host)(size_t bytes); /* NULL when out of memory */
-    void (*free_host)(void *p);
-    void (*swap_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                        size_t block_bytes, int after_compute);
+    void *(*alloc_host)(const KernelOps *ops, size_t bytes); /* NULL when out of memory */
+    void (*free_host)(const KernelOps *ops, void *p);
+    void (*swap_blocks)(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                        const int32_t *src_dst, int n, size_t block_bytes, int after_compute);
 
     /* Asynchronous steps (NULL on backends whose ops are synchronous): to_host_async copies
      * to pinned host memory after the ops issued so far, without waiting; an event recorded
      * after some ops lets the host wait for just those (event_wait). */
-    void (*to_host_async)(void *dst, const void *src, size_t bytes);
-    void *(*event_create)(void);
-    void (*event_record)(void *event);
-    void (*event_wait)(void *event);
-    void (*event_destroy)(void *event);
+    void (*to_host_async)(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+    void *(*event_create)(const KernelOps *ops);
+    void (*event_record)(const KernelOps *ops, void *event);
+    void (*event_wait)(const KernelOps *ops, void *event);
+    void (*event_destroy)(const KernelOps *ops, void *event);
 
     /* tokens[pairs[2i]] = sampled[pairs[2i+1]] for i < n (backend memory): the input ids of a
      * step that are the tokens its predecessor sampled and the host has not seen yet. */
-    void (*scatter_tokens)(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
+    void (*scatter_tokens)(const KernelOps *ops, int32_t *tokens, const int32_t *sampled,
+                           const int32_t *pairs, int n);
 
     /* Tensor parallelism with asynchronous steps (NULL without): copy_peer copies bytes of
      * this device's memory to device dst_device's after the ops issued so far; stream_wait
      * makes this device's later ops wait for an event recorded on any device. */
-    void (*copy_peer)(void *dst, int dst_device, const void *src, size_t bytes);
-    void (*stream_wait)(void *event);
+    void (*copy_peer)(const KernelOps *ops, void *dst, int dst_device, const void *src,
+                      size_t bytes);
+    void (*stream_wait)(const KernelOps *ops, void *event);
 
     /* out[n, H] = table[ids[i], :], H = table->shape[1]. */
-    void (*embedding)(void *out, const int32_t *ids, int n, const Tensor *table);
+    void (*embedding)(const KernelOps *ops, void *out, const int32_t *ids, int n,
+                      const Tensor *table);
 
     /* out[i] = x[i] / rms(x[i]) * w, rows of `dim`. */
-    void (*rmsnorm)(void *out, const void *x, const Tensor *w, int n, int dim, float eps);
+    void (*rmsnorm)(const KernelOps *ops, void *out, const void *x, const Tensor *w, int n, int dim,
+                    float eps);
 
     /* residual += delta; out = rmsnorm(residual) (the pre-norm block boundary). */
-    void (*add_rmsnorm)(void *residual, const void *delta, void *out, const Tensor *w, int n,
-                        int dim, float eps);
+    void (*add_rmsnorm)(const KernelOps *ops, void *residual, const void *delta, void *out,
+                        const Tensor *w, int n, int dim, float eps);
 
     /* out[n, N] = x[n, K] * w^T (+ bias), w of shape [N, K], bias [N] or NULL. */
-    void (*matmul)(void *out, const void *x, const Tensor *w, const Tensor *bias, int n);
+    void (*matmul)(const KernelOps *ops, void *out, const void *x, const Tensor *w,
+                   const Tensor *bias, int n);
 
     /* HF rotate-half RoPE in place on q[n, nh, D] and k[n, nkv, D] at the given positions. */
-    void (*rope)(void *q, void *k, const int32_t *positions, int n, int nh, int nkv,
-                 const Rope *rope);
+    void (*rope)(const KernelOps *ops, void *q, void *k, const int32_t *positions, int n, int nh,
+                 int nkv, const Rope *rope);
 
     /* Store k, v [n, nkv, D] of `layer` into the cache slots (slot -1 skipped). */
-    void (*kv_write)(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
-                     const int64_t *slot_mapping, int n);
+    void (*kv_write)(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer,
+                     const void *k, const void *v, const int64_t *slot_mapping, int n);
 
     /* The attention block's input in one op, on the fused projection's output
      * qkv[n, (nh + 2 nkv) D] (each row: q heads, k heads, v heads): q_out[n, nh, D] = q rotated
      * by rope, and the rotated k and v stored in the cache slots as kv_write does (qkv's k
      * part is left rotated). nkv = l->num_kv_heads. Same results as rope then kv_write. */
-    void (*qkv_rope_cache)(void *q_out, void *qkv, const int32_t *positions,
+    void (*qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                            const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                            void *kv_cache, const KvLayout *l, int layer);
 
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
      * Query head h reads KV head h / (nh / nkv). */
-    void (*attention)(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
-                      const AttnBatch *b, int nh, float scale);
+    void (*attention)(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
+                      const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale);
 
     /* out[i, j] = silu(gate_up[i, j]) * gate_up[i, dim + j]: the fused gate-up projection's
      * rows [n, 2 dim] (gate half first) to out[n, dim]. */
-    void (*silu_mul)(void *out, const void *gate_up, int n, int dim);
+    void (*silu_mul)(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
 
     /* Optional fusions (NULL: the model makes the two calls). matmul_qkv_rope_cache =
      * matmul(qkv, x, w, bias, n) then qkv_rope_cache(q_out, qkv, ...); matmul_silu_mul =
      * matmul(gate_up, x, w, NULL, n) then silu_mul(out, gate_up, n, w->shape[0] / 2). Same
      * results; qkv and gate_up are scratch, unspecified afterwards. */
-    void (*matmul_qkv_rope_cache)(void *q_out, void *qkv, const void *x, const Tensor *w,
-                                  const Tensor *bias, const int32_t *positions,
+    void (*matmul_qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, const void *x,
+                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                                   void *kv_cache, const KvLayout *l, int layer);
-    void (*matmul_silu_mul)(void *out, void *gate_up, const void *x, const Tensor *w, int n);
+    void (*matmul_silu_mul)(const KernelOps *ops, void *out, void *gate_up, const void *x,
+                            const Tensor *w, int n);
 
     /* Optional (NULL: the model makes the two calls): matmul(proj, x, w, NULL, n) then
      * add_rmsnorm(residual, proj, normed, norm_w, n, w->shape[0], eps), a projection feeding
      * the residual stream and the pre-norm after it. The same results up to the order in which
      * the products over K are summed; proj is scratch, unspecified afterwards. */
-    void (*matmul_add_rmsnorm)(void *residual, void *normed, void *proj, const void *x,
-                               const Tensor *w, const Tensor *norm_w, int n, float eps);
+    void (*matmul_add_rmsnorm)(const KernelOps *ops, void *residual, void *normed, void *proj,
+                               const void *x, const Tensor *w, const Tensor *norm_w, int n,
+                               float eps);
 
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
-    void (*gather_rows)(void *out, const void *in, const int32_t *rows, int n, int dim);
+    void (*gather_rows)(const KernelOps *ops, void *out, const void *in, const int32_t *rows, int n,
+                        int dim);
 
     /* out[i] = (float)in[i] for i < n: activations to fp32 (the logits). */
-    void (*to_f32)(float *out, const void *in, size_t n);
+    void (*to_f32)(const KernelOps *ops, float *out, const void *in, size_t n);
 
     /* Copy whole KV blocks within the device pool (copy-on-write): block src_dst[2i] to
      * block src_dst[2i+1]; src_dst is host memory. */
-    void (*copy_blocks)(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                        size_t block_bytes);
+    void (*copy_blocks)(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                        const int32_t *src_dst, int n, size_t block_bytes);
 
-    /* Pick the next token of each row of logits[n, vocab] (host memory, modified in place:
-     * penalties, temperature, filters). reqs[i] describes row i. NULL on backends whose
-     * logits the engine samples on the host with the CPU backend's sampler. */
-    void (*sample)(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
-
-    /* Sampling where the logits are (NULL on backends whose logits the engine copies to the
-     * host for `sample`): sample_rows has `sample`'s semantics and results for the rows of
-     * logits[n, vocab] (backend memory, penalized entries modified in place), rows and history
-     * (the packed prompt and output tokens of rows with penalties) in backend memory;
-     * token_logits[i] (NULL: not wanted) gets the picked token's logit before penalties.
-     * logprobs gives, for raw rows (call it before sample_rows), lse[i] = log sum exp and the
-     * k best (id, logprob), best first, lower id first on ties (k <= vocab; on a backend with
-     * sample_rows k <= DEVICE_MAX_TOP_LOGPROBS; every backend has logprobs).
-     * The workspace holds up to max_rows rows with max_history history tokens. */
-    size_t (*sample_workspace_bytes)(int max_rows, int vocab, int max_history);
-    void (*sample_rows)(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
-                        const DeviceSampleRow *rows, const int32_t *history, int flags,
+    /* Sampling where the logits are, with vLLM's semantics (kernels/cpu/sample.c, the
+     * reference): tokens[i] = the next token of row i of logits[n, vocab], rows[i] its
+     * parameters; penalties over the row's prompt and output tokens (packed in history, read
+     * only for rows with a penalty; NULL under SAMPLE_NO_PENALTIES), temperature, top-k,
+     * top-p, min-p and one seeded draw; the logits are modified in place. token_logits[i]
+     * (NULL: not wanted) gets the picked token's logit before penalties. Every array is
+     * backend memory. logprobs gives, for raw rows (call it before sample_rows), lse[i] =
+     * log sum exp and the k best (id, logprob), best first, lower id first on ties (k <=
+     * vocab and k <= max_top_logprobs). The workspace holds up to max_rows rows with
+     * max_history history tokens (0 bytes: none needed). */
+    size_t (*sample_workspace_bytes)(const KernelOps *ops, int max_rows, int vocab,
+                                     int max_history);
+    void (*sample_rows)(const KernelOps *ops, int32_t *tokens, float *token_logits, float *logits,
+                        int n, int vocab, const SampleRow *rows, const int32_t *history, int flags,
                         void *workspace, size_t workspace_bytes);
-    void (*logprobs)(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
-                     int vocab, int k);
+    void (*logprobs)(const KernelOps *ops, float *lse, int32_t *top_ids, float *top_logprobs,
+                     const float *logits, int n, int vocab, int k);
 
     /* Apply edits[n] (backend memory; rows and tokens in range, the same entry may appear
      * twice: the additions sum) to logits[rows, vocab] in backend memory. */
-    void (*logits_add)(float *logits, int vocab, const LogitEdit *edits, int n);
+    void (*logits_add)(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits,
+                       int n);
 
     /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
      * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as
      * models/weights.c's host fill; scale == 0: every element 1. NULL: the host fills. */
-    void (*fill_dummy)(void *dst, DType dt, size_t n, uint64_t key, float scale);
+    void (*fill_dummy)(const KernelOps *ops, void *dst, DType dt, size_t n, uint64_t key,
+                       float scale);
 
     /* Replayable op sequences (CUDA graphs); NULL on backends without them. Ops issued
      * between graph_begin and graph_end are recorded, not run; graph_launch replays them
      * with the same pointers and shapes (the data behind the pointers may change). An op
      * that would allocate or copy from the host must not be recorded. */
-    void (*graph_begin)(void);
-    void *(*graph_end)(void);
-    void (*graph_launch)(void *graph);
-    void (*graph_destroy)(void *graph);
+    void (*graph_begin)(const KernelOps *ops);
+    void *(*graph_end)(const KernelOps *ops);
+    void (*graph_launch)(const KernelOps *ops, void *graph);
+    void (*graph_destroy)(const KernelOps *ops, void *graph);
 
     /* Wait until every op issued so far has finished (NULL: ops are synchronous). */
-    void (*synchronize)(void);
+    void (*synchronize)(const KernelOps *ops);
 
-    /* Tensor parallelism (NULL on backends without it). Ops act on the calling thread's
-     * current device; set_device chooses it (device i = tensor-parallel rank i). all_reduce
-     * sums buf[count] (act dtype) over the ranks in place, on every rank's thread at once. */
-    void (*set_device)(int device);
-    void (*all_reduce)(void *buf, size_t count);
+    /* Make the calling thread the one that drives this backend (CUDA: its device current). */
+    void (*bind)(const KernelOps *ops);
+
+    /* Tensor parallelism (NULL on backends without it): all_reduce sums buf[count] (act
+     * dtype) over the group's ranks in place, called on every rank's thread at once. */
+    void (*all_reduce)(const KernelOps *ops, void *buf, size_t count);
 
     /* all_reduce(delta) then add_rmsnorm(residual, delta, out, ...) in one op (the row-parallel
      * projection's partial sums into the next pre-norm); delta's contents afterwards are
      * unspecified. Every rank's residual and out come out identical. */
-    void (*all_reduce_add_rmsnorm)(void *residual, void *delta, void *out, const Tensor *w, int n,
-                                   int dim, float eps);
+    void (*all_reduce_add_rmsnorm)(const KernelOps *ops, void *residual, void *delta, void *out,
+                                   const Tensor *w, int n, int dim, float eps);
 
     /* out[size, count] = every rank's in[count], in rank order (act dtype). In place when
      * in == out + rank * count. */
-    void (*all_gather)(void *out, const void *in, size_t count);
+    void (*all_gather)(const KernelOps *ops, void *out, const void *in, size_t count);
 
     /* Vocabulary-parallel embedding: out[i] = table[ids[i] - first] when first <= ids[i] <
      * first + table rows, else zeros (summed over the ranks, every id is found once). */
-    void (*embedding_slice)(void *out, const int32_t *ids, int n, const Tensor *table, int first);
+    void (*embedding_slice)(const KernelOps *ops, void *out, const int32_t *ids, int n,
+                            const Tensor *table, int first);
 
     /* Logits of a vocabulary-parallel LM head to fp32: parts[size, n, shard] (act dtype; slice
      * r holds vocabulary ids [r * shard, (r + 1) * shard)) to out[n, vocab], ids >= vocab
      * (padding) dropped. */
-    void (*vocab_logits_f32)(float *out, const void *parts, int n, int vocab, int shard, int size);
-} KernelOps;
+    void (*vocab_logits_f32)(const KernelOps *ops, float *out, const void *parts, int n, int vocab,
+                             int shard, int size);
+};
 
-/* The CPU backend (always available). */
-const KernelOps *k_cpu_ops(void);
+/* What to open: a backend by name, its activation dtype and its tensor-parallel group. */
+typedef struct {
+    const char *backend;   /* "cpu" (always built) or "cuda" */
+    DType act;             /* cpu: DT_F32; cuda: DT_F32, DT_BF16 or DT_F16 */
+    int size;              /* ranks of the tensor-parallel group (devices 0..size-1); 0 = 1 */
+    int cpu_threads;       /* cpu: threads of its ops, the caller included: n >= 1 caps them
+                            * at n (never more than the CPUs this process may run on); 0 = all */
+    int custom_all_reduce; /* cuda, size > 1: the one-shot all-reduce over peer memory for
+                            * small messages where the GPUs reach each other (else NCCL) */
+} KernelOpenOptions;
 
-/* Threads the CPU backend's ops may use, the caller included: n >= 1 caps them at n (never
- * more than the CPUs this process may run on); 0 = all of those (the default). For the whole
- * process. */
-void k_cpu_set_threads(int n);
+/* Devices of a backend this process can open: 1 for "cpu"; the visible GPUs for "cuda" (0
+ * without a GPU or in a build without CUDA); 0 for an unknown name. Never aborts. */
+int k_device_count(const char *backend);
+
+/* Open o->size ranks of a backend into ranks[0..size): rank r drives device r, the group's
+ * communicators made (NCCL for CUDA). The calling thread is bound to rank 0. An error
+ * (unknown backend or dtype, too few devices, no NCCL) returns its Status with a message
+ * and opens nothing. */
+Status k_open(const KernelOpenOptions *o, KernelOps **ranks);
+
+/* Close the ranks k_open made (all of them, after every op has finished); NULL entries are
+ * skipped. */
+void k_close(KernelOps **ranks, int size);
 
 /* Fill inv_freq[head_dim/2] for rope_theta with optional llama3 scaling
  * (factor <= 0 means none). Host memory; shared by every backend. */

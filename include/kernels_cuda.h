@@ -61,18 +61,13 @@ void *k_cuda_stream_create(void);
 void k_cuda_stream_destroy(void *stream);
 void k_cuda_stream_synchronize(void *stream);
 
-/* The CUDA backend's op table for activations and KV cache in `act` (DT_F32: exact, for
- * comparisons; DT_BF16: the fast configuration; DT_F16: the same in fp16); see kernels/cuda/ops.cu.
- * Only call when k_cuda_device_count() > 0. */
-const KernelOps *k_cuda_ops(DType act);
-
-/* Tensor parallelism over devices 0..n-1 of this process: one NCCL communicator per device
- * (ncclCommInitAll), used by the op tables' all_reduce on that device, and with
- * custom_all_reduce the one-shot NVLink all-reduce for decode-sized messages where the GPUs
- * reach each other's memory (else NCCL does every reduction). Returns -1 when n is not in
- * [1, visible devices] or the build has no NCCL (n > 1); aborts on an NCCL error. */
-int k_cuda_tp_init(int n, int custom_all_reduce);
-void k_cuda_tp_destroy(int n);
+/* k_open and k_close of the "cuda" backend (kernels/cuda/ops.cu): o->size ranks, rank r on
+ * device r, with activations and KV cache in o->act (DT_F32: exact, for comparisons; DT_BF16:
+ * the fast configuration; DT_F16: the same in fp16). A group of several ranks gets one NCCL
+ * communicator per device (ncclCommInitAll) and, with o->custom_all_reduce, the one-shot
+ * NVLink all-reduce for decode-sized messages where the GPUs reach each other's memory. */
+Status k_cuda_open(const KernelOpenOptions *o, KernelOps **ranks);
+void k_cuda_close(KernelOps **ranks, int size);
 
 /* ---- element-wise and row ops ---- */
 
@@ -300,7 +295,7 @@ void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows);
  * (KC_SAMPLE_ARGMAX_ONLY where it applies; tests/test_sample_cuda.c prints
  * the cases). */
 /* One row's parameters (kernels.h). */
-typedef DeviceSampleRow KCudaSampleRow;
+typedef SampleRow KCudaSampleRow;
 
 /* k_cuda_sample flags: promises about every row that skip work (a broken promise gives wrong
  * tokens, nothing worse). */
@@ -324,6 +319,9 @@ size_t k_cuda_sample_workspace_bytes(int max_rows, int vocab, int max_history);
 void k_cuda_sample(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
                    const KCudaSampleRow *rows, const int32_t *history, int flags, void *workspace,
                    size_t workspace_bytes, void *stream);
+
+/* Most top logprobs per row k_cuda_logprobs returns (the backend's max_top_logprobs). */
+#define KC_MAX_TOP_LOGPROBS 20
 
 /* Log-softmax statistics of raw rows (call before k_cuda_sample modifies them), as the engine
  * computes them on the host: lse[n] = max + log(sum exp(x - max)), and the k (0..20, at most

@@ -65,7 +65,7 @@ typedef struct {
     int load_dummy;       /* load-format dummy: random weights of the config's shape */
     uint64_t seed;        /* for dummy weights */
     int max_num_tokens;   /* largest batch (tokens per forward) the scratch buffers hold */
-    const KernelOps *ops; /* backend; NULL = CPU */
+    const KernelOps *ops; /* the opened backend (k_open) the model runs on */
     int tp_rank, tp_size; /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
                            * the backend's all_reduce, called on every rank's thread at once */
 } ModelLoadOptions;

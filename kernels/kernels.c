@@ -1,10 +1,71 @@
-/* kernels.c - backend-independent helpers of the kernel API: KV block geometry, RoPE
- * frequencies (with llama3 scaling), the per-request random stream and the default
- * sampling parameters. Everything here runs on the host and is shared by every backend. */
+/* kernels.c - the kernel API's entry and its backend-independent helpers: opening a backend
+ * by name, KV block geometry, RoPE frequencies (with llama3 scaling), the per-request random
+ * stream and the default sampling parameters. Everything here runs on the host. */
 #include <math.h>
+#include <string.h>
 
+#include "cpu/cpu_internal.h"
 #include "kernels.h"
 #include "sampling.h"
+#ifdef PAGELLM_HAVE_CUDA
+#include "kernels_cuda.h"
+#endif
+
+SampleRow k_sample_row(const SamplingParams *p, int num_prompt, int num_output,
+                       int history_offset) {
+    return (SampleRow){.temperature = p->temperature,
+                       .top_p = p->top_p,
+                       .min_p = p->min_p,
+                       .repetition_penalty = p->repetition_penalty,
+                       .presence_penalty = p->presence_penalty,
+                       .frequency_penalty = p->frequency_penalty,
+                       .top_k = p->top_k,
+                       .num_output = num_output,
+                       .seed = p->seed,
+                       .history_offset = history_offset,
+                       .num_prompt = num_prompt};
+}
+
+int k_device_count(const char *backend) {
+    if (!strcmp(backend, "cpu"))
+        return 1;
+#ifdef PAGELLM_HAVE_CUDA
+    if (!strcmp(backend, "cuda"))
+        return k_cuda_device_count();
+#endif
+    return 0;
+}
+
+Status k_open(const KernelOpenOptions *o, KernelOps **ranks) {
+    KernelOpenOptions opt = *o;
+    opt.size = o->size > 1 ? o->size : 1;
+    if (!strcmp(o->backend, "cpu"))
+        return cpu_open(&opt, ranks);
+#ifdef PAGELLM_HAVE_CUDA
+    if (!strcmp(o->backend, "cuda"))
+        return k_cuda_open(&opt, ranks);
+#else
+    if (!strcmp(o->backend, "cuda"))
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "the cuda backend is not in this build (configure found no "
+                            "nvcc/cuBLAS, or --cpu-only)");
+#endif
+    return pl_error_set(PL_ERR_INVALID, "no backend named '%s' (cpu, cuda)", o->backend);
+}
+
+void k_close(KernelOps **ranks, int size) {
+    if (!ranks || size < 1 || !ranks[0])
+        return;
+    if (!strcmp(ranks[0]->name, "cpu")) {
+        for (int i = 0; i < size; i++)
+            if (ranks[i])
+                cpu_close(ranks[i]);
+        return;
+    }
+#ifdef PAGELLM_HAVE_CUDA
+    k_cuda_close(ranks, size);
+#endif
+}
 
 size_t k_kv_half_elems(const KvLayout *l) {
     return (size_t)l->block_size * (size_t)l->num_kv_heads * (size_t)l->head_dim;

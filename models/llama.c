@@ -65,7 +65,7 @@ static Status alloc_scratch(Model *m) {
              {&m->logits, t * logits}};
     for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
         m->scratch_bytes += s[i].bytes;
-        if (s[i].bytes && !(*s[i].p = ops->alloc(s[i].bytes)))
+        if (s[i].bytes && !(*s[i].p = ops->alloc(ops, s[i].bytes)))
             return pl_error_set(PL_ERR_NOMEM,
                                 "not enough %s memory for the activations of %d batched tokens "
                                 "(%.2f GiB): lower max-num-batched-tokens",
@@ -123,7 +123,7 @@ static Status upload_weights(Model *m) {
             list[i]->dtype = m->ops->act;
         }
         size_t bytes = tensor_bytes(list[i]);
-        void *dev = m->ops->alloc(bytes);
+        void *dev = m->ops->alloc(m->ops, bytes);
         if (!dev) {
             free(converted);
             free(list);
@@ -133,7 +133,7 @@ static Status upload_weights(Model *m) {
                                 (double)total / PL_GIB, m->ops->name, (double)done / PL_GIB);
         }
         done += bytes;
-        m->ops->to_device(dev, list[i]->data, bytes);
+        m->ops->to_device(m->ops, dev, list[i]->data, bytes);
         free(converted);
         m->uploaded[m->num_uploaded++] = dev;
         list[i]->data = dev;
@@ -191,8 +191,9 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     *out = NULL;
     if (opt->max_num_tokens <= 0)
         return pl_error_set(PL_ERR_INVALID, "max_num_tokens must be positive");
+    PL_CHECK(opt->ops != NULL);
     Model *m = pl_xcalloc(1, sizeof *m);
-    m->ops = opt->ops ? opt->ops : k_cpu_ops();
+    m->ops = opt->ops;
     m->max_num_tokens = opt->max_num_tokens;
     Status st = model_config_load(opt->dir, &m->cfg);
     if (st == PL_OK)
@@ -229,9 +230,9 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     k_rope_inv_freq(freq, c->head_dim, c->rope_theta, c->rope_llama3_factor,
                     c->rope_low_freq_factor, c->rope_high_freq_factor,
                     c->rope_original_max_position);
-    m->inv_freq = m->ops->alloc(freq_bytes);
+    m->inv_freq = m->ops->alloc(m->ops, freq_bytes);
     if (m->inv_freq)
-        m->ops->to_device(m->inv_freq, freq, freq_bytes);
+        m->ops->to_device(m->ops, m->inv_freq, freq, freq_bytes);
     free(freq);
     m->rope = (Rope){.head_dim = c->head_dim, .inv_freq = m->inv_freq};
     st = m->inv_freq ? alloc_scratch(m)
@@ -250,7 +251,7 @@ void model_destroy(Model *m) {
         return;
     const KernelOps *ops = m->ops;
     for (int i = 0; i < m->num_uploaded; i++)
-        ops->free(m->uploaded[i]);
+        ops->free(ops, m->uploaded[i]);
     free(m->uploaded);
     weights_free(&m->w);
     st_close(m->ckpt);
@@ -258,7 +259,7 @@ void model_destroy(Model *m) {
                        m->proj,     m->gate_up,  m->act,    m->picked, m->logits};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         if (scratch[i])
-            ops->free(scratch[i]);
+            ops->free(ops, scratch[i]);
     free(m);
 }
 
@@ -284,15 +285,17 @@ static void project_add_norm(Model *m, const Tensor *w, const void *x, const Ten
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
     if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
-        ops->matmul_add_rmsnorm(m->residual, m->normed, m->proj, x, w, norm, n, c->rms_norm_eps);
+        ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
+                                c->rms_norm_eps);
         return;
     }
-    ops->matmul(m->proj, x, w, NULL, n);
+    ops->matmul(ops, m->proj, x, w, NULL, n);
     if (m->shard.size > 1)
-        ops->all_reduce_add_rmsnorm(m->residual, m->proj, m->normed, norm, n, c->hidden_size,
+        ops->all_reduce_add_rmsnorm(ops, m->residual, m->proj, m->normed, norm, n, c->hidden_size,
                                     c->rms_norm_eps);
     else
-        ops->add_rmsnorm(m->residual, m->proj, m->normed, norm, n, c->hidden_size, c->rms_norm_eps);
+        ops->add_rmsnorm(ops, m->residual, m->proj, m->normed, norm, n, c->hidden_size,
+                         c->rms_norm_eps);
 }
 
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
@@ -302,13 +305,13 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     if (ops->matmul_qkv_rope_cache) {
-        ops->matmul_qkv_rope_cache(m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
+        ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
                                    kv_layout, l);
         return;
     }
-    ops->matmul(m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
-    ops->qkv_rope_cache(m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
+    ops->matmul(ops, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
+    ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
                         kv_cache, kv_layout, l);
 }
 
@@ -317,11 +320,11 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
 static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
     const KernelOps *ops = m->ops;
     if (ops->matmul_silu_mul) {
-        ops->matmul_silu_mul(m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
+        ops->matmul_silu_mul(ops, m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
         return;
     }
-    ops->matmul(m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
-    ops->silu_mul(m->act, m->gate_up, n, m->local.intermediate_size);
+    ops->matmul(ops, m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+    ops->silu_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
 }
 
 /* Vocabulary-parallel LM head: this rank's logits slice for the picked rows, written in place
@@ -331,9 +334,9 @@ static void lm_head_parallel(Model *m, int num_logits, float *logits) {
     const KernelOps *ops = m->ops;
     size_t part = (size_t)num_logits * m->shard.num_vocab;
     char *mine = (char *)m->logits + (size_t)m->shard.rank * part * pl_dtype_size(ops->act);
-    ops->matmul(mine, m->picked, &m->w.lm_head, NULL, num_logits);
-    ops->all_gather(m->logits, mine, part);
-    ops->vocab_logits_f32(logits, m->logits, num_logits, m->cfg.vocab_size, m->shard.num_vocab,
+    ops->matmul(ops, mine, m->picked, &m->w.lm_head, NULL, num_logits);
+    ops->all_gather(ops, m->logits, mine, part);
+    ops->vocab_logits_f32(ops, logits, m->logits, num_logits, m->cfg.vocab_size, m->shard.num_vocab,
                           m->shard.size);
 }
 
@@ -347,16 +350,17 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     PL_CHECK(n > 0 && n <= m->max_num_tokens);
 
     if (m->shard.size > 1) { /* vocabulary-parallel: each id's row is on one rank */
-        ops->embedding_slice(m->residual, token_ids, n, &m->w.embed, m->shard.first_vocab);
-        ops->all_reduce(m->residual, (size_t)n * hidden);
+        ops->embedding_slice(ops, m->residual, token_ids, n, &m->w.embed, m->shard.first_vocab);
+        ops->all_reduce(ops, m->residual, (size_t)n * hidden);
     } else {
-        ops->embedding(m->residual, token_ids, n, &m->w.embed);
+        ops->embedding(ops, m->residual, token_ids, n, &m->w.embed);
     }
-    ops->rmsnorm(m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden, c->rms_norm_eps);
+    ops->rmsnorm(ops, m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden,
+                 c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
         attention_input(m, lw, batch, kv_cache, kv_layout, l);
-        ops->attention(m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
+        ops->attention(ops, m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
         mlp_activation(m, lw, n);
         /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted
@@ -368,17 +372,17 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     }
     if (num_logits == 0)
         return;
-    ops->gather_rows(m->picked, m->normed, logits_rows, num_logits, hidden);
+    ops->gather_rows(ops, m->picked, m->normed, logits_rows, num_logits, hidden);
     if (m->shard.size > 1) {
         lm_head_parallel(m, num_logits, logits);
         return;
     }
     if (ops->act == DT_F32) {
-        ops->matmul(logits, m->picked, &m->w.lm_head, NULL, num_logits);
+        ops->matmul(ops, logits, m->picked, &m->w.lm_head, NULL, num_logits);
         return;
     }
-    ops->matmul(m->logits, m->picked, &m->w.lm_head, NULL, num_logits);
-    ops->to_f32(logits, m->logits, (size_t)num_logits * c->vocab_size);
+    ops->matmul(ops, m->logits, m->picked, &m->w.lm_head, NULL, num_logits);
+    ops->to_f32(ops, logits, m->logits, (size_t)num_logits * c->vocab_size);
 }
 
 size_t model_weight_bytes(const Model *m) {

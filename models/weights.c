@@ -391,7 +391,7 @@ static void fill_on_device(const KernelOps *ops, const DummySpec *spec, size_t n
     for (size_t i = 0; i < n; i++) {
         const DummySpec *sp = &spec[i];
         float scale = sp->kind == FILL_ONES ? 0.0f : sp->scale;
-        ops->fill_dummy(sp->t->data, dt, sp->count, sp->key, scale);
+        ops->fill_dummy(ops, sp->t->data, dt, sp->count, sp->key, scale);
     }
 }
 
@@ -468,7 +468,7 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     for (size_t i = 0; i < n; i++)
         total += (tensor_elems(spec[i].t) * esize + align - 1) / align * align;
     void *buf = NULL;
-    if (device ? !(buf = device->alloc(total ? total : align))
+    if (device ? !(buf = device->alloc(device, total ? total : align))
                : posix_memalign(&buf, align, total ? total : align) != 0) {
         free(spec);
         weights_free(w);
@@ -537,7 +537,7 @@ void weights_free(ModelWeights *w) {
         return;
     weights_free_host(w);
     if (w->device && w->dummy_storage)
-        w->device->free(w->dummy_storage);
+        w->device->free(w->device, w->dummy_storage);
     free(w->layers);
     memset(w, 0, sizeof *w);
 }

@@ -1,6 +1,6 @@
 /* test_attention_cuda.c - the paged-attention kernels (k_cuda_attention_decode and
  * k_cuda_attention_prefill, kernels/cuda/attention_*.cu) against the CPU `attention` op
- * (k_cpu_ops(), the reference) on random data from fixed seeds. Sweeps head dims (64, 80, 96,
+ * (test_cpu_ops(), the reference) on random data from fixed seeds. Sweeps head dims (64, 80, 96,
  * 128, 256 on the tensor-core prefill path; 8, 24, 40 on the CUDA-core fallback; 48, 176 and
  * large ones 512, 1024 besides), GQA ratios 1/4/8 (and 7, 16), block sizes 8..128, random
  * non-contiguous block tables with padding entries (-1), padding rows, mixed batches (decodes,
@@ -43,6 +43,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -91,7 +92,7 @@ static int min_table_blocks = 0;
  * F32 copy of the cache is the reference for each requested mode. */
 static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, const SeqSpec *specs,
                           int ns, int pad_rows, int modes) {
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     int nh = nkv * G, L = 2, layer = 1;
     int T = 0, max_blocks = 1, used = 0, nd = 0;
     for (int s = 0; s < ns; s++) {
@@ -139,7 +140,7 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                     .query_start = qs,
                     .block_tables = tables,
                     .max_blocks_per_seq = max_blocks};
-    cpu->attention(ref, q, cache, &l, layer, &hb, nh, scale);
+    cpu->attention(cpu, ref, q, cache, &l, layer, &hb, nh, scale);
     for (size_t i = 0; i < nq; i++)
         ref[i] = round_to(ref[i], act);
 

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "engine.h"
+#include "kernels.h"
+#include "backend_test_util.h"
 
 #define MODEL_DIR    "models/stories260K"
 #define NUM_REQUESTS 64
@@ -691,16 +693,16 @@ static void test_logit_bias_and_min_tokens(void **state) {
 
 /* A backend whose memory runs out: loading says so in one line instead of crashing. */
 static size_t budget_left;
-static void *limited_alloc(size_t bytes) {
+static void *limited_alloc(const KernelOps *ops, size_t bytes) {
     if (bytes > budget_left)
         return NULL;
     budget_left -= bytes;
-    return k_cpu_ops()->alloc(bytes);
+    return test_cpu_ops()->alloc(test_cpu_ops(), bytes);
 }
 
 static void test_out_of_backend_memory_is_an_error(void **state) {
     (void)state;
-    KernelOps ops = *k_cpu_ops();
+    KernelOps ops = *test_cpu_ops();
     ops.host_memory = 0; /* weights are copied into "device" memory, as on a GPU */
     ops.alloc = limited_alloc;
     ModelLoadOptions mo = {.dir = MODEL_DIR, .max_num_tokens = 64, .ops = &ops};

@@ -1,5 +1,5 @@
 /* test_kernels_cuda.c - the CUDA element-wise, norm, rope/KV-cache, copy and fill kernels
- * (include/kernels_cuda.h) against the CPU op of the same name (k_cpu_ops(), the reference),
+ * (include/kernels_cuda.h) against the CPU op of the same name (test_cpu_ops(), the reference),
  * on random data from fixed seeds, sweeping shapes, head dims, GQA ratios, block sizes,
  * padding slots and activation / cache dtypes f32 and bf16. The CPU op sees exactly the
  * values the GPU sees (inputs rounded to the GPU's dtype first); a result passes when
@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #include "weights.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include "kernels_cuda.h"
@@ -74,7 +75,7 @@ static const DType wdts[] = {DT_F32, DT_F16, DT_BF16};
 static void test_embedding(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(1);
     const int hiddens[] = {8, 64, 100, 4096};
     int bad = 0;
@@ -86,7 +87,7 @@ static void test_embedding(void **state) {
                 Weight tab = make_weight(wdts[wi], 2, V, H, -2, 2);
                 int32_t ids[9] = {0, 49, 3, 3, 17, 25, 48, 1, 0};
                 float *ref = xmalloc(sizeof(float) * n * H), *got = xmalloc(sizeof(float) * n * H);
-                cpu->embedding(ref, ids, n, &tab.host);
+                cpu->embedding(cpu, ref, ids, n, &tab.host);
                 for (int i = 0; i < n * H; i++)
                     ref[i] = round_to(ref[i], act);
                 int32_t *d_ids = upload(ids, sizeof ids);
@@ -108,7 +109,7 @@ static void test_embedding(void **state) {
 
 /* rmsnorm, or add_rmsnorm with (delta != 0) or without a delta. */
 static int norm_case(DType act, DType wdt, int n, int dim, int add, int with_delta) {
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     size_t len = (size_t)n * dim;
     float eps = 1e-5f;
     Weight w = make_weight(wdt, 1, dim, 0, -2, 2);
@@ -123,14 +124,14 @@ static int norm_case(DType act, DType wdt, int n, int dim, int add, int with_del
     snprintf(what, sizeof what, "%s act %s w %s n %d dim %d%s", add ? "add_rmsnorm" : "rmsnorm",
              dn(act), dn(wdt), n, dim, add && !with_delta ? " (no delta)" : "");
     if (add) {
-        cpu->add_rmsnorm(res_ref, with_delta ? delta : NULL, ref, &w.host, n, dim, eps);
+        cpu->add_rmsnorm(cpu, res_ref, with_delta ? delta : NULL, ref, &w.host, n, dim, eps);
         k_cuda_add_rmsnorm(d_x, with_delta ? d_delta : NULL, d_out, act, &w.dev, n, dim, eps, NULL);
         download_as(res_got, d_x, len, act);
         char rw[160];
         snprintf(rw, sizeof rw, "%s residual", what);
         bad += check_close(rw, res_got, res_ref, len, atol_of(act));
     } else {
-        cpu->rmsnorm(ref, x, &w.host, n, dim, eps);
+        cpu->rmsnorm(cpu, ref, x, &w.host, n, dim, eps);
         k_cuda_rmsnorm(d_out, d_x, act, &w.dev, n, dim, eps, NULL);
     }
     download_as(got, d_out, len, act);
@@ -179,7 +180,7 @@ static void test_add_rmsnorm(void **state) {
 static void test_silu_mul(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(4);
     const int shapes[][2] = {{1, 8}, {3, 100}, {16, 14336}, {5, 1}};
     int bad = 0;
@@ -193,7 +194,7 @@ static void test_silu_mul(void **state) {
             for (int r = 0; r < n; r++)
                 memcpy(g + (size_t)r * 2 * dim + dim, u + (size_t)r * dim, sizeof(float) * dim);
             float *ref = xmalloc(len * sizeof(float)), *got = xmalloc(len * sizeof(float));
-            cpu->silu_mul(ref, g, n, dim);
+            cpu->silu_mul(cpu, ref, g, n, dim);
             void *dg = upload_as(g, 2 * len, act);
             void *dout = poisoned(len, act);
             k_cuda_silu_mul(dout, dg, act, n, dim, NULL);
@@ -265,7 +266,7 @@ static void test_to_f32(void **state) {
 static void test_vocab_logits(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(13);
     const int cases[][4] = {/* vocab, ranks, rows, output offset */
                             {512, 2, 3, 0},     {1004, 2, 5, 0}, {1004, 3, 2, 0},
@@ -282,10 +283,11 @@ static void test_vocab_logits(void **state) {
             const size_t np = (size_t)size * n * shard, nout = (size_t)n * vocab;
             float *parts = rand_vec(np, -30, 30, act);
             float *ref = xmalloc(nout * sizeof(float));
-            cpu->vocab_logits_f32(ref, parts, n, vocab, shard, size);
+            cpu->vocab_logits_f32(cpu, ref, parts, n, vocab, shard, size);
             void *dparts = upload_as(parts, np, act);
             float *dout = poisoned(nout + 2, DT_F32);
-            k_cuda_ops(act)->vocab_logits_f32(dout + off, dparts, n, vocab, shard, size);
+            test_cuda_ops(act)->vocab_logits_f32(test_cuda_ops(act), dout + off, dparts, n, vocab,
+                                                 shard, size);
             char what[96];
             snprintf(what, sizeof what, "vocab_logits %s vocab %d ranks %d rows %d out+%d", dn(act),
                      vocab, size, n, off);
@@ -300,7 +302,7 @@ static void test_vocab_logits(void **state) {
 static void test_gather_rows(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(5);
     int bad = 0;
     for (int ai = 0; ai < N_ACTS; ai++) {
@@ -309,7 +311,7 @@ static void test_gather_rows(void **state) {
         int32_t rows[6] = {36, 0, 5, 5, 17, 2};
         float *in = rand_vec((size_t)rows_in * dim, -5, 5, act);
         float *ref = xmalloc(sizeof(float) * n * dim), *got = xmalloc(sizeof(float) * n * dim);
-        cpu->gather_rows(ref, in, rows, n, dim);
+        cpu->gather_rows(cpu, ref, in, rows, n, dim);
         void *din = upload_as(in, (size_t)rows_in * dim, act),
              *dout = poisoned((size_t)n * dim, act);
         int32_t *drows = upload(rows, sizeof rows);
@@ -358,7 +360,7 @@ static void free_rope(RopePair *r) {
 static void test_rope(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(6);
     const int dims[] = {8, 64, 80, 96, 128, 256};
     const int gqa[] = {1, 4, 8};
@@ -377,7 +379,7 @@ static void test_rope(void **state) {
                 float *q = rand_vec(nq, -2, 2, act), *k = rand_vec(nk, -2, 2, act);
                 void *dq = upload_as(q, nq, act), *dk = upload_as(k, nk, act);
                 int32_t *dpos = upload(pos, sizeof(int32_t) * n);
-                cpu->rope(q, k, pos, n, nh, nkv, &rp.host);
+                cpu->rope(cpu, q, k, pos, n, nh, nkv, &rp.host);
                 k_cuda_rope(dq, dk, act, dpos, n, nh, nkv, &rp.dev, NULL);
                 float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));
                 download_as(gq, dq, nq, act);
@@ -402,7 +404,7 @@ static void test_rope(void **state) {
 /* One qkv_rope_cache (or kv_write alone) case against cpu rope then cpu kv_write on an F32
  * cache: q, k and the whole cache (untouched slots included) are compared. */
 static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fused) {
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     KvLayout l = {
         .num_layers = 3, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
     int layer = 1, nblocks = 7, nh = nkv * G, n = 2 * bs + 3;
@@ -437,7 +439,7 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     KvLayout dl = l;
     dl.dtype = cdt;
     if (fused) {
-        cpu->rope(q, k, pos, n, nh, nkv, &rp.host);
+        cpu->rope(cpu, q, k, pos, n, nh, nkv, &rp.host);
         k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, dcache, &dl, layer,
                               NULL);
     } else {
@@ -447,7 +449,7 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     for (size_t i = 0; i < nk; i++) {
         k[i] = round_to(k[i], act);
     }
-    cpu->kv_write(cache, &l, layer, k, v, slots, n);
+    cpu->kv_write(cpu, cache, &l, layer, k, v, slots, n);
     int bad = 0;
     char what[128];
     snprintf(what, sizeof what, "%s act %s cache %s D %d nkv %d G %d bs %d",
@@ -525,7 +527,7 @@ static void test_qkv_rope_cache(void **state) {
 static void test_copy_blocks(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(9);
     const size_t sizes[] = {2 * 8 * 2 * 64 * 2, 4096 * 3, 6 * 7}; /* 16-byte multiple, odd */
     int bad = 0;
@@ -545,7 +547,7 @@ static void test_copy_blocks(void **state) {
         }
         void *dsrc = upload(src, bytes), *ddst = upload(dst, bytes);
         int32_t *dpairs = upload(pairs, sizeof pairs);
-        cpu->copy_blocks(dst, src, pairs, n, bb);
+        cpu->copy_blocks(cpu, dst, src, pairs, n, bb);
         k_cuda_copy_blocks(ddst, dsrc, dpairs, n, bb, NULL);
         unsigned char *got = xmalloc(bytes);
         k_cuda_memcpy(got, ddst, bytes);
@@ -557,7 +559,7 @@ static void test_copy_blocks(void **state) {
         for (int i = 0; i < n; i++)
             pairs[2 * i] = i;
         k_cuda_memcpy(dpairs, pairs, sizeof pairs);
-        cpu->copy_blocks(src, src, pairs, n, bb);
+        cpu->copy_blocks(cpu, src, src, pairs, n, bb);
         k_cuda_copy_blocks(dsrc, dsrc, dpairs, n, bb, NULL);
         k_cuda_memcpy(got, dsrc, bytes);
         if (memcmp(got, src, bytes) != 0) {
@@ -581,7 +583,7 @@ static void test_copy_blocks(void **state) {
 static void test_scatter_tokens(void **state) {
     (void)state;
     REQUIRE_GPU();
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     rng_seed(10);
     enum { T = 4096, ROWS = 256 };
     const int counts[] = {1, 7, 256, 300, 2048};
@@ -602,7 +604,7 @@ static void test_scatter_tokens(void **state) {
         int32_t *dtokens = upload(tokens, T * sizeof(int32_t));
         int32_t *dsampled = upload(sampled, ROWS * sizeof(int32_t));
         int32_t *dpairs = upload(pairs, (size_t)n * 2 * sizeof(int32_t));
-        cpu->scatter_tokens(tokens, sampled, pairs, n);
+        cpu->scatter_tokens(cpu, tokens, sampled, pairs, n);
         k_cuda_scatter_tokens(dtokens, dsampled, dpairs, n, NULL);
         int32_t *got = xmalloc(T * sizeof(int32_t));
         k_cuda_memcpy(got, dtokens, T * sizeof(int32_t));
@@ -640,7 +642,7 @@ static void test_dummy_fill(void **state) {
     ModelWeights host, dev;
     int bad = 0;
     for (int ai = 0; ai < N_ACTS; ai++) {
-        const KernelOps *ops = k_cuda_ops(acts[ai]);
+        const KernelOps *ops = test_cuda_ops(acts[ai]);
         assert_int_equal(weights_dummy(&cfg, 1234, NULL, NULL, &host), PL_OK);
         assert_int_equal(weights_dummy(&cfg, 1234, ops, NULL, &dev), PL_OK);
         const Tensor *h[] = {&host.embed,           &host.lm_head,        &host.final_norm,

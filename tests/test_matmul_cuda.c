@@ -1,5 +1,5 @@
 /* test_matmul_cuda.c - k_cuda_matmul (kernels/cuda/matmul.cu) against the CPU `matmul` op
- * (k_cpu_ops(), the reference) on random data from fixed seeds: every supported dtype pair
+ * (test_cpu_ops(), the reference) on random data from fixed seeds: every supported dtype pair
  * (activation / weight: BF16/BF16, F16/F16, F32/F32, F32/BF16, F32/F16), batch rows n in {1, 3, 8,
  * 17, 64, 300}, shapes (N, K) = (64, 64), (172, 64), (64, 172), (72, 36) (K % 8 != 0 and offset,
  * unaligned rows), (4096, 4096) (a few n), (14336, 4096) at n = 1..8, (512, 1024) with F32, F16
@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -82,7 +83,7 @@ enum { NCOMBOS = 5 };
  * warp. x_off / out_off shift the device x and out by that many elements (unaligned rows). */
 static int run_case(KCudaGemm *g, const Weight *w, const Weight *bias, DType act, const int *ns,
                     int nn, size_t x_off, size_t out_off, const char *tag) {
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     int N = (int)w->host.shape[0], K = (int)w->host.shape[1];
     int nmax = 0;
     for (int i = 0; i < nn; i++)
@@ -90,7 +91,7 @@ static int run_case(KCudaGemm *g, const Weight *w, const Weight *bias, DType act
     size_t xl = (size_t)nmax * K, ol = (size_t)nmax * N;
     float *x = rand_vec(xl, -1, 1, act);
     float *ref = xmalloc(ol * sizeof(float)), *got = xmalloc(ol * sizeof(float));
-    cpu->matmul(ref, x, &w->host, bias ? &bias->host : NULL, nmax);
+    cpu->matmul(cpu, ref, x, &w->host, bias ? &bias->host : NULL, nmax);
     for (size_t i = 0; i < ol; i++)
         ref[i] = round_to(ref[i], act);
     size_t es = pl_dtype_size(act);
@@ -262,7 +263,7 @@ static void test_matmul_graph(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(27);
-    const KernelOps *cpu = k_cpu_ops();
+    const KernelOps *cpu = test_cpu_ops();
     int N = 1024, K = 512, n1 = 64, n2 = 2, n3 = 40;
     KCudaGemm *g = k_cuda_gemm_create(0);
     float a = 2.0f / sqrtf((float)K);
@@ -293,17 +294,17 @@ static void test_matmul_graph(void **state) {
         k_cuda_synchronize(); /* the copies ran on the legacy stream; the graph's is non-blocking */
         CUDA_CHECK(cudaGraphLaunch(exec, (cudaStream_t)stream));
         k_cuda_stream_synchronize(stream);
-        cpu->matmul(ref, x, &w.host, &b.host, n1);
+        cpu->matmul(cpu, ref, x, &w.host, &b.host, n1);
         for (int i = 0; i < n1 * N; i++)
             ref[i] = round_to(ref[i], DT_BF16);
         download_as(got, d1, (size_t)n1 * N, DT_BF16);
         bad += check_close("graph cublaslt n 64 + bias", got, ref, (size_t)n1 * N, 2e-2);
-        cpu->matmul(ref, x, &w.host, NULL, n2);
+        cpu->matmul(cpu, ref, x, &w.host, NULL, n2);
         for (int i = 0; i < n2 * N; i++)
             ref[i] = round_to(ref[i], DT_BF16);
         download_as(got, d2, (size_t)n2 * N, DT_BF16);
         bad += check_close("graph gemv n 2", got, ref, (size_t)n2 * N, 2e-2);
-        cpu->matmul(ref, x, &w.host, NULL, n3);
+        cpu->matmul(cpu, ref, x, &w.host, NULL, n3);
         for (int i = 0; i < n3 * N; i++)
             ref[i] = round_to(ref[i], DT_BF16);
         download_as(got, d3, (size_t)n3 * N, DT_BF16);

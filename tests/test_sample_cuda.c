@@ -1,5 +1,5 @@
 /* test_sample_cuda.c - k_cuda_sample and k_cuda_logprobs (kernels/cuda/sample.cu, logprobs.cu)
- * against the CPU backend's `sample` and `logprobs` ops (k_cpu_ops(), the reference), on
+ * against the CPU backend's `sample` and `logprobs` ops (test_cpu_ops(), the reference), on
  * random batches from fixed seeds.
  *
  * Sampling: every batch mixes rows of different kinds (uniform, flat, peaked, bf16-rounded with
@@ -43,6 +43,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include <cuda_runtime.h>
 
@@ -210,12 +211,12 @@ static void free_batch(Batch *b) {
     free(b->no);
 }
 
-static SampleRequest request_of(const Batch *b, int i, const SamplingParams *p) {
-    return (SampleRequest){.params = p,
-                           .prompt = b->hist + b->off[i],
-                           .num_prompt = b->np[i],
-                           .output = b->hist + b->off[i] + b->np[i],
-                           .num_output = b->no[i]};
+static TestDraw request_of(const Batch *b, int i, const SamplingParams *p) {
+    return (TestDraw){.params = p,
+                      .prompt = b->hist + b->off[i],
+                      .num_prompt = b->np[i],
+                      .output = b->hist + b->off[i] + b->np[i],
+                      .num_output = b->no[i]};
 }
 
 static int has_penalty(const SamplingParams *p) {
@@ -258,9 +259,9 @@ static int near_tie(const Batch *b, int i, int32_t gpu, int32_t *oracle_token) {
     plain.min_p = 0.0f;
     float *v = xmalloc(sizeof(float) * V);
     memcpy(v, b->logits + (size_t)i * V, sizeof(float) * V);
-    SampleRequest rq = request_of(b, i, &plain);
+    TestDraw rq = request_of(b, i, &plain);
     int32_t t;
-    k_cpu_ops()->sample(&t, v, 1, V, &rq);
+    test_sample(test_cpu_ops(), &t, v, 1, V, &rq);
     Ranked *r = xmalloc(sizeof(Ranked) * V);
     float lmax = -INFINITY;
     for (int j = 0; j < V; j++) {
@@ -355,29 +356,18 @@ typedef struct {
 static int32_t *cpu_tokens(const Batch *b) {
     float *l = xmalloc(sizeof(float) * (size_t)b->n * b->V);
     memcpy(l, b->logits, sizeof(float) * (size_t)b->n * b->V);
-    SampleRequest *reqs = xmalloc(sizeof(SampleRequest) * b->n);
+    TestDraw *reqs = xmalloc(sizeof(TestDraw) * b->n);
     for (int i = 0; i < b->n; i++)
         reqs[i] = request_of(b, i, &b->params[i]);
     int32_t *t = xmalloc(sizeof(int32_t) * b->n);
-    k_cpu_ops()->sample(t, l, b->n, b->V, reqs);
+    test_sample(test_cpu_ops(), t, l, b->n, b->V, reqs);
     free(l);
     free(reqs);
     return t;
 }
 
 static KCudaSampleRow row_of(const Batch *b, int i) {
-    const SamplingParams *p = &b->params[i];
-    return (KCudaSampleRow){.temperature = p->temperature,
-                            .top_p = p->top_p,
-                            .min_p = p->min_p,
-                            .repetition_penalty = p->repetition_penalty,
-                            .presence_penalty = p->presence_penalty,
-                            .frequency_penalty = p->frequency_penalty,
-                            .top_k = p->top_k,
-                            .num_output = b->no[i],
-                            .seed = p->seed,
-                            .history_offset = b->off[i],
-                            .num_prompt = b->np[i]};
+    return k_sample_row(&b->params[i], b->np[i], b->no[i], b->off[i]);
 }
 
 /* Device copies of a batch's rows and history, and a workspace. */
@@ -636,7 +626,8 @@ static int logprobs_case(int n, int V, int k, int kind) {
     int32_t *got_ids = xmalloc(sizeof(int32_t) * n * (k + 1));
     float *want_lp = xmalloc(sizeof(float) * n * (k + 1));
     float *got_lp = xmalloc(sizeof(float) * n * (k + 1));
-    k_cpu_ops()->logprobs(want_lse, want_ids, want_lp, l, n, V, k); /* the reference */
+    test_cpu_ops()->logprobs(test_cpu_ops(), want_lse, want_ids, want_lp, l, n, V,
+                             k); /* the reference */
     float *dl = upload(l, sizeof(float) * (size_t)n * V);
     float *dlse = k_cuda_malloc(sizeof(float) * n);
     int32_t *dids = k_cuda_malloc(sizeof(int32_t) * n * (k + 1));
@@ -720,7 +711,7 @@ static void test_logits_add(void **state) {
         CUDA_CHECK(cudaMalloc((void **)&d_edits, (size_t)n * sizeof *edits));
         CUDA_CHECK(cudaMemcpy(d_logits, want, cells * sizeof(float), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(d_edits, edits, (size_t)n * sizeof *edits, cudaMemcpyHostToDevice));
-        k_cpu_ops()->logits_add(want, V, edits, n);
+        test_cpu_ops()->logits_add(test_cpu_ops(), want, V, edits, n);
         k_cuda_logits_add(d_logits, V, d_edits, n, NULL);
         CUDA_CHECK(cudaMemcpy(got, d_logits, cells * sizeof(float), cudaMemcpyDeviceToHost));
         size_t bad = 0;

@@ -1,4 +1,4 @@
-/* test_sampling.c - the CPU sampler (k_cpu_ops()->sample), the per-request random stream
+/* test_sampling.c - the CPU sampler (test_cpu_ops()->sample), the per-request random stream
  * and the default parameters: greedy and ties, temperature frequencies, seeding, top-k,
  * top-p, min-p, the three penalties and independence of batch rows. Everything is seeded,
  * so the statistical checks are deterministic. */
@@ -14,15 +14,16 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #include "sampling.h"
 
 static int32_t sample1(const float *logits, int V, const SamplingParams *p, const int32_t *prompt,
                        int np, const int32_t *output, int no, float *row_out) {
     float *row = malloc(sizeof(float) * V);
     memcpy(row, logits, sizeof(float) * V);
-    SampleRequest rq = {p, prompt, np, output, no};
+    TestDraw rq = {p, prompt, np, output, no};
     int32_t tok = -1;
-    k_cpu_ops()->sample(&tok, row, 1, V, &rq);
+    test_sample(test_cpu_ops(), &tok, row, 1, V, &rq);
     if (row_out)
         memcpy(row_out, row, sizeof(float) * V);
     free(row);
@@ -34,7 +35,7 @@ static void histogram(const float *logits, int V, SamplingParams p, int draws, i
     enum { BATCH = 64 };
     float *rows = malloc(sizeof(float) * (size_t)V * BATCH);
     SamplingParams ps[BATCH];
-    SampleRequest rq[BATCH];
+    TestDraw rq[BATCH];
     int32_t tok[BATCH];
     memset(hist, 0, sizeof(int) * V);
     for (int d0 = 0; d0 < draws; d0 += BATCH) {
@@ -43,9 +44,9 @@ static void histogram(const float *logits, int V, SamplingParams p, int draws, i
             memcpy(rows + (size_t)i * V, logits, sizeof(float) * V);
             ps[i] = p;
             ps[i].seed = 1000 + (uint64_t)(d0 + i);
-            rq[i] = (SampleRequest){&ps[i], NULL, 0, NULL, 0};
+            rq[i] = (TestDraw){&ps[i], NULL, 0, NULL, 0};
         }
-        k_cpu_ops()->sample(tok, rows, n, V, rq);
+        test_sample(test_cpu_ops(), tok, rows, n, V, rq);
         for (int i = 0; i < n; i++) {
             assert_true(tok[i] >= 0 && tok[i] < V);
             hist[tok[i]]++;
@@ -154,9 +155,9 @@ static void test_greedy(void **state) {
     /* several rows in one call */
     float rows[3][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 5, 5, 1}};
     SamplingParams g = sampling_params_default();
-    SampleRequest rq[3] = {{&g, NULL, 0, NULL, 0}, {&g, NULL, 0, NULL, 0}, {&g, NULL, 0, NULL, 0}};
+    TestDraw rq[3] = {{&g, NULL, 0, NULL, 0}, {&g, NULL, 0, NULL, 0}, {&g, NULL, 0, NULL, 0}};
     int32_t tok[3];
-    k_cpu_ops()->sample(tok, &rows[0][0], 3, 4, rq);
+    test_sample(test_cpu_ops(), tok, &rows[0][0], 3, 4, rq);
     assert_int_equal(tok[0], 3);
     assert_int_equal(tok[1], 0);
     assert_int_equal(tok[2], 1);
@@ -552,14 +553,14 @@ static void test_batch_rows_independent(void **state) {
     const int orders[2][R] = {{0, 1, 2, 3, 4, 5, 6, 7}, {5, 2, 7, 0, 6, 3, 1, 4}};
     float *rows = malloc(sizeof(float) * V * R);
     for (int o = 0; o < 2; o++) {
-        SampleRequest rq[R];
+        TestDraw rq[R];
         int32_t tok[R];
         for (int r = 0; r < R; r++) {
             int i = orders[o][r];
             memcpy(rows + (size_t)r * V, base + (size_t)i * V, sizeof(float) * V);
-            rq[r] = (SampleRequest){&ps[i], hist[i], 3, hist[i] + 3, 3};
+            rq[r] = (TestDraw){&ps[i], hist[i], 3, hist[i] + 3, 3};
         }
-        k_cpu_ops()->sample(tok, rows, R, V, rq);
+        test_sample(test_cpu_ops(), tok, rows, R, V, rq);
         for (int r = 0; r < R; r++)
             assert_int_equal(tok[r], alone[orders[o][r]]);
     }

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "kernels.h"
+#include "backend_test_util.h"
 #include "model.h"
 #include "tp_test_util.h"
 #include "weights.h"
@@ -38,7 +39,7 @@ static void group_wait(void) {
 
 static int group_size;
 
-static void shm_all_reduce(void *buf, size_t count) {
+static void shm_all_reduce(const KernelOps *ops, void *buf, size_t count) {
     float *sum = calloc(count, sizeof *sum);
     slot[my_rank] = buf;
     group_wait();
@@ -50,13 +51,13 @@ static void shm_all_reduce(void *buf, size_t count) {
     free(sum);
 }
 
-static void shm_all_reduce_add_rmsnorm(void *residual, void *delta, void *out, const Tensor *w,
-                                       int n, int dim, float eps) {
-    shm_all_reduce(delta, (size_t)n * dim);
-    k_cpu_ops()->add_rmsnorm(residual, delta, out, w, n, dim, eps);
+static void shm_all_reduce_add_rmsnorm(const KernelOps *ops, void *residual, void *delta, void *out,
+                                       const Tensor *w, int n, int dim, float eps) {
+    shm_all_reduce(ops, delta, (size_t)n * dim);
+    test_cpu_ops()->add_rmsnorm(test_cpu_ops(), residual, delta, out, w, n, dim, eps);
 }
 
-static void shm_all_gather(void *out, const void *in, size_t count) {
+static void shm_all_gather(const KernelOps *ops, void *out, const void *in, size_t count) {
     slot[my_rank] = in;
     group_wait();
     for (int r = 0; r < group_size; r++)
@@ -66,7 +67,7 @@ static void shm_all_gather(void *out, const void *in, size_t count) {
 }
 
 static KernelOps tp_ops(void) {
-    KernelOps o = *k_cpu_ops();
+    KernelOps o = *test_cpu_ops();
     o.all_reduce = shm_all_reduce;
     o.all_reduce_add_rmsnorm = shm_all_reduce_add_rmsnorm;
     o.all_gather = shm_all_gather;
@@ -143,7 +144,8 @@ static double worst_row_diff(const float *a, const float *b, int rows, int vocab
 static void check_ranks_match_one(const char *dir, int vocab, int size) {
     size_t n = (size_t)NUM_TOKENS * vocab;
     float *one = malloc(n * sizeof *one);
-    RankRun single = {.dir = dir, .rank = 0, .size = 1, .vocab = vocab, .logits = one};
+    RankRun single = {
+        .dir = dir, .rank = 0, .size = 1, .vocab = vocab, .ops = test_cpu_ops(), .logits = one};
     run_rank(&single);
     if (single.status != PL_OK)
         fail_msg("one rank: %s", single.error);

@@ -25,6 +25,8 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "kernels.h"
+#include "backend_test_util.h"
 #include "tp_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
 #include "kernels_cuda.h"
@@ -253,16 +255,16 @@ static void sums(CollJob *j, DType act, size_t es) {
     const KernelOps *ops = j->ops;
     const size_t sizes[] = {8, 4096 * 3 + 5, (size_t)5 << 20, 1, 300000};
     size_t max = (size_t)5 << 20;
-    void *dev = ops->alloc(max * es), *host = malloc(max * es);
+    void *dev = ops->alloc(ops, max * es), *host = malloc(max * es);
     float *in = malloc(max * sizeof(float));
     for (int it = 0; it < 40 && !j->errors; it++) {
         size_t n = sizes[it % 5];
         for (size_t i = 0; i < n; i++)
             in[i] = small_value(j->rank, i + (size_t)it);
         to_act(host, in, n, act);
-        ops->to_device(dev, host, n * es);
-        ops->all_reduce(dev, n);
-        ops->to_host(host, dev, n * es);
+        ops->to_device(ops, dev, host, n * es);
+        ops->all_reduce(ops, dev, n);
+        ops->to_host(ops, host, dev, n * es);
         for (size_t i = 0; i < n; i++) {
             float want = small_value(0, i + (size_t)it) + small_value(1, i + (size_t)it);
             if (act_at(host, i, act) != want) {
@@ -276,22 +278,22 @@ static void sums(CollJob *j, DType act, size_t es) {
     for (size_t i = 0; i < n; i++)
         in[i] = small_value(j->rank, i);
     to_act(host, in, n, act);
-    ops->to_device(dev, host, n * es);
-    ops->synchronize();
-    ops->graph_begin();
-    ops->all_reduce(dev, n);
-    void *graph = ops->graph_end();
+    ops->to_device(ops, dev, host, n * es);
+    ops->synchronize(ops);
+    ops->graph_begin(ops);
+    ops->all_reduce(ops, dev, n);
+    void *graph = ops->graph_end(ops);
     for (int k = 0; k < 10; k++) /* x0 + x1, then doubled by each replay after the first */
-        ops->graph_launch(graph);
-    ops->to_host(host, dev, n * es);
-    ops->graph_destroy(graph);
+        ops->graph_launch(ops, graph);
+    ops->to_host(ops, host, dev, n * es);
+    ops->graph_destroy(ops, graph);
     for (size_t i = 0; i < n && !j->errors; i++) {
         float want = 512.0f * (small_value(0, i) + small_value(1, i));
         if (act_at(host, i, act) != want)
             coll_error(j, "replayed all_reduce: element %zu is %g, want %g", i,
                        act_at(host, i, act), want);
     }
-    ops->free(dev);
+    ops->free(ops, dev);
     free(host);
     free(in);
 }
@@ -307,18 +309,19 @@ static void fused_norm(CollJob *j, DType act, size_t es) {
         res[i] = (float)((int)(i % 13) - 6) * 0.125f;
     for (int d = 0; d < NORM_DIM; d++)
         w[d] = 0.5f + (float)(d % 5) * 0.25f;
-    void *d_res = ops->alloc(n * es), *d_delta = ops->alloc(n * es), *d_out = ops->alloc(n * es);
-    void *d_w = ops->alloc(NORM_DIM * sizeof(float));
-    ops->to_device(d_w, w, NORM_DIM * sizeof(float));
+    void *d_res = ops->alloc(ops, n * es), *d_delta = ops->alloc(ops, n * es),
+         *d_out = ops->alloc(ops, n * es);
+    void *d_w = ops->alloc(ops, NORM_DIM * sizeof(float));
+    ops->to_device(ops, d_w, w, NORM_DIM * sizeof(float));
     to_act(host, res, n, act);
-    ops->to_device(d_res, host, n * es);
+    ops->to_device(ops, d_res, host, n * es);
     for (size_t i = 0; i < n; i++)
         delta[i] = small_value(j->rank, i);
     to_act(host, delta, n, act);
-    ops->to_device(d_delta, host, n * es);
+    ops->to_device(ops, d_delta, host, n * es);
     Tensor wt = {.data = d_w, .dtype = DT_F32, .ndim = 1, .shape = {NORM_DIM}};
-    ops->all_reduce_add_rmsnorm(d_res, d_delta, d_out, &wt, j->rows, NORM_DIM, 1e-5f);
-    ops->to_host(host, d_out, n * es);
+    ops->all_reduce_add_rmsnorm(ops, d_res, d_delta, d_out, &wt, j->rows, NORM_DIM, 1e-5f);
+    ops->to_host(ops, host, d_out, n * es);
     for (size_t i = 0; i < n; i++)
         j->normed[i] = act_at(host, i, act);
     double tol = act == DT_F32 ? 1e-5 : 1e-2;
@@ -341,10 +344,10 @@ static void fused_norm(CollJob *j, DType act, size_t es) {
             }
         }
     }
-    ops->free(d_res);
-    ops->free(d_delta);
-    ops->free(d_out);
-    ops->free(d_w);
+    ops->free(ops, d_res);
+    ops->free(ops, d_delta);
+    ops->free(ops, d_out);
+    ops->free(ops, d_w);
     free(res);
     free(delta);
     free(w);
@@ -353,7 +356,7 @@ static void fused_norm(CollJob *j, DType act, size_t es) {
 
 static void *collectives_rank(void *arg) {
     CollJob *j = arg;
-    j->ops->set_device(j->rank);
+    j->ops->bind(j->ops);
     size_t es = pl_dtype_size(j->ops->act);
     sums(j, j->ops->act, es);
     if (!j->errors)
@@ -364,8 +367,11 @@ static void *collectives_rank(void *arg) {
 static void check_collectives(DType act, int rows) {
     CollJob jobs[2];
     pthread_t threads[2];
+    KernelOps *group[2];
+    KernelOpenOptions o = {.backend = "cuda", .act = act, .size = 2, .custom_all_reduce = 1};
+    assert_int_equal(k_open(&o, group), PL_OK);
     for (int r = 0; r < 2; r++) {
-        jobs[r] = (CollJob){.rank = r, .ops = k_cuda_ops(act), .rows = rows};
+        jobs[r] = (CollJob){.rank = r, .ops = group[r], .rows = rows};
         jobs[r].normed = malloc((size_t)rows * NORM_DIM * sizeof(float));
         assert_int_equal(pthread_create(&threads[r], NULL, collectives_rank, &jobs[r]), 0);
     }
@@ -378,18 +384,17 @@ static void check_collectives(DType act, int rows) {
     print_message("collectives %s, fused rows %d: both ranks agree\n", pl_dtype_name(act), rows);
     for (int r = 0; r < 2; r++)
         free(jobs[r].normed);
+    k_close(group, 2);
 }
 
 static void test_collectives(void **state) {
     (void)state;
     if (!two_gpus())
         skip();
-    assert_int_equal(k_cuda_tp_init(2, 1), 0);
     check_collectives(DT_F32, 3);
     check_collectives(DT_BF16, 3);
     check_collectives(DT_BF16, 700); /* 5.5 MB: the one-shot kernel's many rows per block */
     check_collectives(DT_F32, 700);  /* 11 MB: NCCL, then the add + norm */
-    k_cuda_tp_destroy(2);
 }
 #endif
 

@@ -4,7 +4,7 @@
 
 #include "cpu_internal.h"
 
-void cpu_silu_mul(void *out_, const void *gate_up, int n, int dim) {
+void cpu_silu_mul(const KernelOps *ops, void *out_, const void *gate_up, int n, int dim) {
     float *out = out_;
     for (int r = 0; r < n; r++) {
         const float *gate = (const float *)gate_up + (size_t)r * 2 * dim, *up = gate + dim;

@@ -18,8 +18,8 @@
 
 enum { ATTN_CHUNK = 64 };
 
-void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k_, const void *v_,
-                  const int64_t *slot_mapping, int n) {
+void cpu_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer,
+                  const void *k_, const void *v_, const int64_t *slot_mapping, int n) {
     const float *k = k_, *v = v_;
     PL_CHECK(l->dtype == DT_F32);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
@@ -255,8 +255,8 @@ static void attn_task(void *ctx, int tid, int nt) {
     attn_items_base(jb, tid, nt);
 }
 
-void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
-                   const AttnBatch *b, int nh, float scale) {
+void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
+                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale) {
     PL_CHECK(l->dtype == DT_F32);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
     PL_CHECK(l->num_kv_heads > 0 && nh % l->num_kv_heads == 0);
@@ -282,5 +282,5 @@ void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayou
     for (int t = first; t < last; t++)
         work += (double)(b->positions[t] + 1);
     work *= (double)nh * l->head_dim * 2;
-    cpu_parallel(attn_task, &jb, work < 64.0 * 1024 ? 1 : jb.num_items);
+    cpu_parallel(cpu_pool(ops), attn_task, &jb, work < 64.0 * 1024 ? 1 : jb.num_items);
 }

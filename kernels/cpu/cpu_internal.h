@@ -16,37 +16,46 @@
 #include "kernels.h"
 
 /* ---- ops (one file each; gather_rows and copy_blocks in copy.c) ---- */
-void cpu_embedding(void *out, const int32_t *ids, int n, const Tensor *table);
-void cpu_embedding_slice(void *out, const int32_t *ids, int n, const Tensor *table, int first);
-void cpu_rmsnorm(void *out, const void *x, const Tensor *w, int n, int dim, float eps);
-void cpu_add_rmsnorm(void *residual, const void *delta, void *out, const Tensor *w, int n, int dim,
-                     float eps);
-void cpu_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n);
-void cpu_rope(void *q, void *k, const int32_t *positions, int n, int nh, int nkv, const Rope *rope);
-void cpu_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
-                  const int64_t *slot_mapping, int n);
-void cpu_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
+void cpu_embedding(const KernelOps *ops, void *out, const int32_t *ids, int n, const Tensor *table);
+void cpu_embedding_slice(const KernelOps *ops, void *out, const int32_t *ids, int n,
+                         const Tensor *table, int first);
+void cpu_rmsnorm(const KernelOps *ops, void *out, const void *x, const Tensor *w, int n, int dim,
+                 float eps);
+void cpu_add_rmsnorm(const KernelOps *ops, void *residual, const void *delta, void *out,
+                     const Tensor *w, int n, int dim, float eps);
+void cpu_matmul(const KernelOps *ops, void *out, const void *x, const Tensor *w, const Tensor *bias,
+                int n);
+void cpu_rope(const KernelOps *ops, void *q, void *k, const int32_t *positions, int n, int nh,
+              int nkv, const Rope *rope);
+void cpu_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer, const void *k,
+                  const void *v, const int64_t *slot_mapping, int n);
+void cpu_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                         const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                         void *kv_cache, const KvLayout *l, int layer);
-void cpu_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l, int layer,
-                   const AttnBatch *b, int nh, float scale);
-void cpu_silu_mul(void *out, const void *gate_up, int n, int dim);
-void cpu_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim);
-void cpu_to_f32_op(float *out, const void *in, size_t n);
-void cpu_vocab_logits_f32(float *out, const void *parts, int n, int vocab, int shard, int size);
-void *cpu_alloc(size_t bytes);
-void cpu_free(void *p);
-void cpu_copy(void *dst, const void *src, size_t bytes);
-size_t cpu_free_memory(void);
-void cpu_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                     size_t block_bytes);
-void cpu_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                     size_t block_bytes, int after_compute);
-void cpu_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs, int n);
-void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs);
-void cpu_logits_add(float *logits, int vocab, const LogitEdit *edits, int n);
-void cpu_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
-                  int vocab, int k);
+void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
+                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale);
+void cpu_silu_mul(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
+void cpu_gather_rows(const KernelOps *ops, void *out, const void *in, const int32_t *rows, int n,
+                     int dim);
+void cpu_to_f32_op(const KernelOps *ops, float *out, const void *in, size_t n);
+void cpu_vocab_logits_f32(const KernelOps *ops, float *out, const void *parts, int n, int vocab,
+                          int shard, int size);
+void *cpu_alloc(const KernelOps *ops, size_t bytes);
+void cpu_free(const KernelOps *ops, void *p);
+void cpu_copy(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+size_t cpu_free_memory(const KernelOps *ops);
+void cpu_copy_blocks(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                     const int32_t *src_dst, int n, size_t block_bytes);
+void cpu_swap_blocks(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                     const int32_t *src_dst, int n, size_t block_bytes, int after_compute);
+void cpu_scatter_tokens(const KernelOps *ops, int32_t *tokens, const int32_t *sampled,
+                        const int32_t *pairs, int n);
+void cpu_sample_rows(const KernelOps *ops, int32_t *tokens, float *token_logits, float *logits,
+                     int n, int vocab, const SampleRow *rows, const int32_t *history, int flags,
+                     void *workspace, size_t workspace_bytes);
+void cpu_logits_add(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits, int n);
+void cpu_logprobs(const KernelOps *ops, float *lse, int32_t *top_ids, float *top_logprobs,
+                  const float *logits, int n, int vocab, int k);
 
 /* ---- SIMD dispatch (util.c) ---- */
 
@@ -94,19 +103,37 @@ void cpu_to_f32(float *dst, const void *src, DType dt, size_t first, size_t n);
 enum { CPU_SCRATCH_SLOTS = 4 };
 void *cpu_scratch(int slot, size_t bytes);
 
-/* ---- worker pool (pool.c) ---- */
+/* ---- worker pool (pool.c) and the backend's state (ops.c) ---- */
 
 /* One share of a parallel region: do part `tid` of `nthreads`. */
 typedef void (*CpuTaskFn)(void *ctx, int tid, int nthreads);
 
-/* Threads the pool can use, caller included (>= 1): the CPUs this process may run on, or
- * fewer as k_cpu_set_threads asked. */
-int cpu_num_threads(void);
+/* A pool of worker threads: `threads` >= 1 of them at most, the caller included, else one per
+ * CPU this process may run on; started by the first parallel region. */
+typedef struct CpuPool CpuPool;
+CpuPool *cpu_pool_create(int threads);
+void cpu_pool_destroy(CpuPool *pool); /* joins the workers; NULL: no-op */
 
-/* Run fn(ctx, tid, nt) for tid in [0, nt) on nt threads, nt = min(want, cpu_num_threads()),
+/* Threads a region of the pool can use, the caller included (>= 1); starts the workers. */
+int cpu_pool_threads(CpuPool *pool);
+
+/* Run fn(ctx, tid, nt) for tid in [0, nt) on nt threads, nt = min(want, the pool's threads),
  * the caller running tid 0, and return when all are done. If the pool is already in use by
  * another thread, or want <= 1, the caller runs fn(ctx, 0, 1) alone: every op is written so
  * that the split does not change its results. */
-void cpu_parallel(CpuTaskFn fn, void *ctx, int want);
+void cpu_parallel(CpuPool *pool, CpuTaskFn fn, void *ctx, int want);
+
+/* A CPU backend's state (KernelOps.state). */
+typedef struct {
+    CpuPool *pool;
+} CpuState;
+
+static inline CpuPool *cpu_pool(const KernelOps *ops) {
+    return ((CpuState *)ops->state)->pool;
+}
+
+/* The CPU backend's k_open and k_close (one rank). */
+Status cpu_open(const KernelOpenOptions *o, KernelOps **out);
+void cpu_close(KernelOps *ops);
 
 #endif

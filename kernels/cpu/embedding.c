@@ -2,7 +2,8 @@
  * (whole, or one tensor-parallel rank's vocabulary slice). */
 #include "cpu_internal.h"
 
-void cpu_embedding(void *out_, const int32_t *ids, int n, const Tensor *table) {
+void cpu_embedding(const KernelOps *ops, void *out_, const int32_t *ids, int n,
+                   const Tensor *table) {
     float *out = out_;
     PL_CHECK(table->ndim == 2);
     int64_t vocab = table->shape[0];
@@ -14,7 +15,8 @@ void cpu_embedding(void *out_, const int32_t *ids, int n, const Tensor *table) {
     }
 }
 
-void cpu_embedding_slice(void *out_, const int32_t *ids, int n, const Tensor *table, int first) {
+void cpu_embedding_slice(const KernelOps *ops, void *out_, const int32_t *ids, int n,
+                         const Tensor *table, int first) {
     float *out = out_;
     PL_CHECK(table->ndim == 2);
     int64_t rows = table->shape[0];

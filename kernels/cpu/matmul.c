@@ -218,7 +218,8 @@ static void matmul_task(void *ctx, int tid, int nt) {
         generic_range(jb, j0, j1);
 }
 
-void cpu_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n) {
+void cpu_matmul(const KernelOps *ops, void *out, const void *x, const Tensor *w, const Tensor *bias,
+                int n) {
     PL_CHECK(w->ndim == 2);
     PL_CHECK(w->dtype == DT_F32 || w->dtype == DT_F16 || w->dtype == DT_BF16);
     int N = (int)w->shape[0], K = (int)w->shape[1];
@@ -245,5 +246,5 @@ void cpu_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, i
     jb.tile = tile;
     double macs = (double)n * N * K;
     int want = macs < 256.0 * 1024 ? 1 : (N + 3) / 4;
-    cpu_parallel(matmul_task, &jb, want);
+    cpu_parallel(cpu_pool(ops), matmul_task, &jb, want);
 }

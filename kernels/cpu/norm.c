@@ -33,7 +33,8 @@ static void norm_row(float *out, const float *x, const Tensor *w, int dim, float
     }
 }
 
-void cpu_rmsnorm(void *out_, const void *x_, const Tensor *w, int n, int dim, float eps) {
+void cpu_rmsnorm(const KernelOps *ops, void *out_, const void *x_, const Tensor *w, int n, int dim,
+                 float eps) {
     float *out = out_;
     const float *x = x_;
     PL_CHECK(w->ndim == 1 && w->shape[0] == dim);
@@ -41,8 +42,8 @@ void cpu_rmsnorm(void *out_, const void *x_, const Tensor *w, int n, int dim, fl
         norm_row(out + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
 }
 
-void cpu_add_rmsnorm(void *residual_, const void *delta_, void *out_, const Tensor *w, int n,
-                     int dim, float eps) {
+void cpu_add_rmsnorm(const KernelOps *ops, void *residual_, const void *delta_, void *out_,
+                     const Tensor *w, int n, int dim, float eps) {
     float *residual = residual_, *out = out_;
     const float *delta = delta_;
     PL_CHECK(w->ndim == 1 && w->shape[0] == dim);

@@ -1,11 +1,24 @@
-/* ops.c - the CPU backend's KernelOps table. Every op is plain C on host memory with fp32
- * activations; it is both a real backend and the reference the CUDA kernels are tested
- * against. The ops themselves live in one file each (see cpu_internal.h). */
+/* ops.c - the CPU backend's op table, and opening one: its state is the worker pool its ops
+ * run on. Every op is plain C on host memory with fp32 activations; it is both a real backend
+ * and the reference the CUDA kernels are tested against. The ops themselves live in one file
+ * each (see cpu_internal.h). */
+#include <limits.h>
+#include <stdlib.h>
+
 #include "cpu_internal.h"
 
-static const KernelOps cpu_ops = {
+static size_t cpu_sample_workspace_bytes(const KernelOps *ops, int max_rows, int vocab,
+                                         int max_history) {
+    return 0; /* per-thread scratch instead */
+}
+
+static void cpu_bind(const KernelOps *ops) {} /* any thread may call the ops */
+
+static const KernelOps cpu_table = {
     .name = "cpu",
     .act = DT_F32,
+    .size = 1,
+    .max_top_logprobs = INT_MAX,
     .host_memory = 1,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -28,13 +41,36 @@ static const KernelOps cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .to_f32 = cpu_to_f32_op,
     .copy_blocks = cpu_copy_blocks,
-    .sample = cpu_sample,
+    .sample_workspace_bytes = cpu_sample_workspace_bytes,
+    .sample_rows = cpu_sample_rows,
     .logits_add = cpu_logits_add,
     .logprobs = cpu_logprobs,
     .embedding_slice = cpu_embedding_slice,
     .vocab_logits_f32 = cpu_vocab_logits_f32,
+    .bind = cpu_bind,
 };
 
-const KernelOps *k_cpu_ops(void) {
-    return &cpu_ops;
+Status cpu_open(const KernelOpenOptions *o, KernelOps **out) {
+    if (o->act != DT_F32)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "the cpu backend computes in float32, not %s",
+                            pl_dtype_name(o->act));
+    if (o->size > 1)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "tensor-parallel-size %d needs the cuda backend built with NCCL "
+                            "(the cpu backend has no all-reduce)",
+                            o->size);
+    CpuState *st = pl_xcalloc(1, sizeof *st);
+    st->pool = cpu_pool_create(o->cpu_threads);
+    KernelOps *k = pl_xmalloc(sizeof *k);
+    *k = cpu_table;
+    k->state = st;
+    *out = k;
+    return PL_OK;
+}
+
+void cpu_close(KernelOps *ops) {
+    CpuState *st = ops->state;
+    cpu_pool_destroy(st->pool);
+    free(st);
+    free(ops);
 }

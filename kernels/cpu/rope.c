@@ -33,8 +33,8 @@ static void angles(float *c, float *s, int half, int32_t pos, const Rope *rope) 
     }
 }
 
-void cpu_rope(void *q_, void *k_, const int32_t *positions, int n, int nh, int nkv,
-              const Rope *rope) {
+void cpu_rope(const KernelOps *ops, void *q_, void *k_, const int32_t *positions, int n, int nh,
+              int nkv, const Rope *rope) {
     float *q = q_, *k = k_;
     int D = rope->head_dim;
     int half = D / 2;
@@ -49,7 +49,7 @@ void cpu_rope(void *q_, void *k_, const int32_t *positions, int n, int nh, int n
     }
 }
 
-void cpu_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
+void cpu_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                         const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                         void *kv_cache, const KvLayout *l, int layer) {
     int D = rope->head_dim, nkv = l->num_kv_heads, half = D / 2;
@@ -62,6 +62,6 @@ void cpu_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
         angles(c, s, half, positions[t], rope);
         rotate(q, nh, D, c, s);
         rotate(x + qd, nkv, D, c, s);
-        cpu_kv_write(kv_cache, l, layer, x + qd, x + qd + kvd, slot_mapping + t, 1);
+        cpu_kv_write(ops, kv_cache, l, layer, x + qd, x + qd + kvd, slot_mapping + t, 1);
     }
 }

@@ -145,12 +145,41 @@ static uint32_t *thread_counts(int V) {
 
 enum { REP_DONE = 1u << 31, FP_DONE = 1u << 30, COUNT_MASK = FP_DONE - 1 };
 
-static void apply_penalties(float *lg, int V, const SampleRequest *rq) {
-    const SamplingParams *p = rq->params;
+/* One row's input: its parameters and its token history. */
+typedef struct {
+    SamplingParams p;
+    const int32_t *prompt, *output;
+    int num_prompt, num_output;
+} RowInput;
+
+static RowInput row_input(const SampleRow *r, const int32_t *history, int flags) {
+    RowInput in = {.p = {.temperature = r->temperature,
+                         .top_p = r->top_p,
+                         .top_k = r->top_k,
+                         .min_p = r->min_p,
+                         .repetition_penalty = r->repetition_penalty,
+                         .presence_penalty = r->presence_penalty,
+                         .frequency_penalty = r->frequency_penalty,
+                         .seed = r->seed},
+                   .num_prompt = r->num_prompt,
+                   .num_output = r->num_output};
+    if (flags & SAMPLE_NO_PENALTIES) { /* the promise: no row has one, the history is unread */
+        in.p.repetition_penalty = 1.0f;
+        in.p.presence_penalty = in.p.frequency_penalty = 0.0f;
+    } else if (history) {
+        in.prompt = history + r->history_offset;
+        in.output = in.prompt + r->num_prompt;
+    }
+    return in;
+}
+
+static void apply_penalties(float *lg, int V, const RowInput *rq) {
+    const SamplingParams *p = &rq->p;
     int rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
     int fp = p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     if (!rep && !fp)
         return;
+    PL_CHECK(rq->prompt != NULL); /* a row with a penalty has its history */
     uint32_t *counts = thread_counts(V);
     for (int i = 0; i < rq->num_prompt; i++)
         PL_CHECK(rq->prompt[i] >= 0 && rq->prompt[i] < V);
@@ -231,9 +260,8 @@ static int32_t race(const float *lg, int V, uint64_t seed, int num_output) {
     return at >= 0 ? at : argmax(lg, V);
 }
 
-static int32_t sample_row(float *lg, int V, const SampleRequest *rq, Cand *cand) {
-    const SamplingParams *p = rq->params;
-    PL_CHECK(p != NULL);
+static int32_t sample_row(float *lg, int V, const RowInput *rq, Cand *cand) {
+    const SamplingParams *p = &rq->p;
     for (int i = 0; i < V; i++)
         if (isnan(lg[i]))
             lg[i] = -INFINITY;
@@ -337,7 +365,10 @@ typedef struct {
     int32_t *tokens;
     float *logits;
     int n, vocab;
-    const SampleRequest *reqs;
+    float *token_logits;
+    const SampleRow *rows;
+    const int32_t *history;
+    int flags;
 } SampleJob;
 
 static void sample_task(void *ctx, int tid, int nt) {
@@ -346,18 +377,28 @@ static void sample_task(void *ctx, int tid, int nt) {
     for (int i = tid; i < jb->n; i += nt) {
         if (!cand)
             cand = cpu_scratch(1, (size_t)jb->vocab * sizeof(Cand));
-        jb->tokens[i] =
-            sample_row(jb->logits + (size_t)i * jb->vocab, jb->vocab, &jb->reqs[i], cand);
+        float *row = jb->logits + (size_t)i * jb->vocab;
+        RowInput in = row_input(&jb->rows[i], jb->history, jb->flags);
+        if (!jb->token_logits) {
+            jb->tokens[i] = sample_row(row, jb->vocab, &in, cand);
+            continue;
+        }
+        float *raw = cpu_scratch(2, (size_t)jb->vocab * sizeof(float));
+        memcpy(raw, row, (size_t)jb->vocab * sizeof(float));
+        jb->tokens[i] = sample_row(row, jb->vocab, &in, cand);
+        jb->token_logits[i] = raw[jb->tokens[i]];
     }
 }
 
-void cpu_sample(int32_t *tokens, float *logits, int n, int vocab, const SampleRequest *reqs) {
+void cpu_sample_rows(const KernelOps *ops, int32_t *tokens, float *token_logits, float *logits,
+                     int n, int vocab, const SampleRow *rows, const int32_t *history, int flags,
+                     void *workspace, size_t workspace_bytes) {
     PL_CHECK(vocab > 0);
-    SampleJob jb = {tokens, logits, n, vocab, reqs};
-    cpu_parallel(sample_task, &jb, (double)n * vocab < 65536.0 ? 1 : n);
+    SampleJob jb = {tokens, logits, n, vocab, token_logits, rows, history, flags};
+    cpu_parallel(cpu_pool(ops), sample_task, &jb, (double)n * vocab < 65536.0 ? 1 : n);
 }
 
-void cpu_logits_add(float *logits, int vocab, const LogitEdit *edits, int n) {
+void cpu_logits_add(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits, int n) {
     for (int i = 0; i < n; i++) {
         PL_CHECK(edits[i].row >= 0 && edits[i].token >= 0 && edits[i].token < vocab);
         logits[(size_t)edits[i].row * vocab + edits[i].token] += edits[i].add;
@@ -382,8 +423,8 @@ static void row_top_k(const float *row, int vocab, int k, int32_t *ids, float *v
     }
 }
 
-void cpu_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits, int n,
-                  int vocab, int k) {
+void cpu_logprobs(const KernelOps *ops, float *lse, int32_t *top_ids, float *top_logprobs,
+                  const float *logits, int n, int vocab, int k) {
     PL_CHECK(vocab >= 1 && k >= 0 && k <= vocab);
     for (int r = 0; r < n; r++) {
         const float *row = logits + (size_t)r * vocab;

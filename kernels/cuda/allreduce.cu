@@ -56,8 +56,11 @@ typedef struct {
     int rank, size;
 } ArView;
 
-static ArView views[AR_MAX_RANKS];
-static int group_size; /* 0: the one-shot path is off */
+/* The group: every rank's view. */
+struct KCudaArGroup {
+    int size;
+    ArView views[AR_MAX_RANKS];
+};
 
 /* ---- device side ---------------------------------------------------------------------- */
 
@@ -324,19 +327,20 @@ __global__ __launch_bounds__(AR_THREADS) void add_rmsnorm_kernel(T *residual, co
 
 /* ---- host side ------------------------------------------------------------------------ */
 
-int k_cuda_ar_init(int n) {
+KCudaArGroup *k_cuda_ar_create(int n) {
     if (n < 2 || n > AR_MAX_RANKS)
-        return -1;
+        return NULL;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             int ok = 1;
             if (i != j)
                 CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, i, j));
             if (!ok)
-                return -1;
+                return NULL;
         }
     int prev = 0;
     CUDA_CHECK(cudaGetDevice(&prev));
+    KCudaArGroup *g = (KCudaArGroup *)pl_xcalloc(1, sizeof *g);
     ArView shared = {};
     for (int i = 0; i < n; i++) {
         CUDA_CHECK(cudaSetDevice(i));
@@ -354,65 +358,60 @@ int k_cuda_ar_init(int n) {
         shared.inbox[i] = (char *)k_cuda_malloc(2 * AR_MAX_RANKS * AR_SLOT_BYTES);
         k_cuda_memset(shared.inbox[i], 0, 2 * AR_MAX_RANKS * AR_SLOT_BYTES);
         shared.flags[i] = (uint32_t *)k_cuda_malloc(flag_bytes);
-        views[i].epochs = (uint32_t *)k_cuda_malloc(AR_BLOCKS * sizeof(uint32_t));
+        g->views[i].epochs = (uint32_t *)k_cuda_malloc(AR_BLOCKS * sizeof(uint32_t));
         k_cuda_memset(shared.flags[i], 0, flag_bytes);
-        k_cuda_memset(views[i].epochs, 0, AR_BLOCKS * sizeof(uint32_t));
+        k_cuda_memset(g->views[i].epochs, 0, AR_BLOCKS * sizeof(uint32_t));
         CUDA_CHECK(cudaDeviceSynchronize());
     }
     for (int i = 0; i < n; i++) {
-        uint32_t *epochs = views[i].epochs;
-        views[i] = shared;
-        views[i].epochs = epochs;
-        views[i].rank = i;
-        views[i].size = n;
+        uint32_t *epochs = g->views[i].epochs;
+        g->views[i] = shared;
+        g->views[i].epochs = epochs;
+        g->views[i].rank = i;
+        g->views[i].size = n;
     }
-    group_size = n;
+    g->size = n;
     CUDA_CHECK(cudaSetDevice(prev));
-    return 0;
+    return g;
 }
 
-void k_cuda_ar_destroy(int n) {
-    if (group_size == 0 || n != group_size)
+void k_cuda_ar_destroy(KCudaArGroup *g) {
+    if (!g)
         return;
     int prev = 0;
     CUDA_CHECK(cudaGetDevice(&prev));
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < g->size; i++) {
         CUDA_CHECK(cudaSetDevice(i));
         CUDA_CHECK(cudaDeviceSynchronize());
-        k_cuda_free(views[i].staging[i]);
-        k_cuda_free(views[i].inbox[i]);
-        k_cuda_free(views[i].flags[i]);
-        k_cuda_free(views[i].epochs);
-        memset(&views[i], 0, sizeof views[i]);
+        k_cuda_free(g->views[i].staging[i]);
+        k_cuda_free(g->views[i].inbox[i]);
+        k_cuda_free(g->views[i].flags[i]);
+        k_cuda_free(g->views[i].epochs);
     }
-    group_size = 0;
+    free(g);
     CUDA_CHECK(cudaSetDevice(prev));
 }
 
-/* The current device's view, NULL when the one-shot path is off for it. */
-static const ArView *current_view(void) {
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    return group_size && d < group_size ? &views[d] : NULL;
-}
-
-int k_cuda_ar_fits(const void *buf, size_t bytes, int dim, DType act) {
-    return current_view() && bytes <= AR_HALF_BYTES && (uintptr_t)buf % 16 == 0 &&
+int k_cuda_ar_fits(const KCudaArGroup *g, const void *buf, size_t bytes, int dim, DType act) {
+    return g && bytes <= AR_HALF_BYTES && (uintptr_t)buf % 16 == 0 &&
            (size_t)dim * pl_dtype_size(act) % 16 == 0;
 }
 
-void k_cuda_ar_sum(void *buf, DType act, size_t count, cudaStream_t stream) {
-    const ArView *v = current_view();
-    KC_REQUIRE(v, "k_cuda_ar_sum: no one-shot all-reduce group on this device");
+void k_cuda_ar_sum(const KCudaArGroup *g, int rank, void *buf, DType act, size_t count,
+                   cudaStream_t stream) {
+    KC_REQUIRE(g && rank >= 0 && rank < g->size, "k_cuda_ar_sum: rank %d not in the group", rank);
+    const ArView *v = &g->views[rank];
     KC_DISPATCH_ACT(act, "k_cuda_ar_sum", T,
                     kc_launch_pdl(sum_kernel<T>, dim3(AR_BLOCKS), dim3(AR_THREADS), 0, stream,
                                   (T *)buf, count, *v));
 }
 
-void k_cuda_ar_add_rmsnorm(void *residual, const void *delta, void *out, DType act, const Tensor *w,
-                           int n, int dim, float eps, cudaStream_t stream) {
-    const ArView *v = current_view();
-    KC_REQUIRE(v, "k_cuda_ar_add_rmsnorm: no one-shot all-reduce group on this device");
+void k_cuda_ar_add_rmsnorm(const KCudaArGroup *g, int rank, void *residual, const void *delta,
+                           void *out, DType act, const Tensor *w, int n, int dim, float eps,
+                           cudaStream_t stream) {
+    KC_REQUIRE(g && rank >= 0 && rank < g->size, "k_cuda_ar_add_rmsnorm: rank %d not in the group",
+               rank);
+    const ArView *v = &g->views[rank];
     KC_REQUIRE(w->ndim == 1 && w->shape[0] == dim,
                "k_cuda_ar_add_rmsnorm: weight shape does not match dim %d", dim);
     KC_DISPATCH_ACT(

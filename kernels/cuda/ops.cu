@@ -1,4 +1,4 @@
-/* ops.cu - the CUDA backend's KernelOps tables: the model's op sequence on one GPU, one table
+/* ops.cu - the CUDA backend: its op tables (the model's op sequence on one GPU, one table
  * per activation dtype (F32: exact, outputs match the CPU reference within fp32 tolerance;
  * BF16: the fast configuration, bf16 activations and KV cache with fp32 math inside).
  *
@@ -11,13 +11,13 @@
  * blocks on a swap. Decode steps can be captured from the compute stream into CUDA
  * graphs (graph_begin / graph_end) and replayed.
  *
- * State shared by the ops (streams, the cuBLASLt handle and decode-attention workspace of
- * each table, the device copy of copy-on-write pairs, the NCCL communicator) is kept per
- * device, created on first use on that device and kept for the process: the ops act on the
- * calling thread's current device, so each tensor-parallel rank's thread drives its own GPU
- * through the same tables. Lazily grown state (gemm heuristics, the attention workspace, the fused
- * projection + norm's partials) must reach its working size before a capture, which the engine's
- * warm-up does.
+ * Each opened backend (k_cuda_open: one per tensor-parallel rank, rank r on device r) owns
+ * its state (KernelOps.state): its streams, its cuBLASLt gemm and fused projection + norm, its
+ * decode-attention workspace, the device copy of copy-on-write pairs, its NCCL communicator and
+ * the group's one-shot all-reduce. Its ops run on its streams, so the thread that issues them
+ * has its device current (bind). Lazily grown state (gemm heuristics, the attention workspace,
+ * the fused projection + norm's partials) must reach its working size before a capture, which
+ * the engine's warm-up does.
  *
  * Tensor parallelism: all-reduces of up to a few MB (every decode step's) take the one-shot
  * kernel over peer memory (allreduce.cu), fused with the residual add + RMSNorm after it where
@@ -36,57 +36,46 @@
  * batches are split into row chunks by k_cuda_matmul). */
 #define GEMM_SCRATCH_ELEMS ((size_t)2048 * 16384)
 
-/* Per-table state (index 0: F32, 1: BF16). */
-typedef struct {
-    KCudaGemm *gemm;
-    KCudaProjNorm *proj_norm;
-    void *attn_workspace;
-    size_t attn_workspace_bytes;
-} ActState;
+/* Most ranks of one tensor-parallel group. */
+enum { MAX_RANKS = 64 };
 
-/* Everything the ops keep for one device. */
+/* Everything one opened backend (one rank) keeps: KernelOps.state. */
 typedef struct {
-    int ready;
     cudaStream_t compute_stream, swap_stream;
     cudaEvent_t compute_done, swaps_done;
     int32_t *cow_pairs; /* device copy of copy-on-write pairs */
     int cow_pairs_cap;
-    ActState act[3]; /* by activation dtype: F32, BF16, F16 */
-    void *comm;      /* ncclComm_t of this device's tensor-parallel rank, NULL alone */
-} DevState;
+    KCudaGemm *gemm;          /* created on first use */
+    KCudaProjNorm *proj_norm; /* created on first use */
+    void *attn_workspace;     /* decode attention's split, grown on demand */
+    size_t attn_workspace_bytes;
+    void *comm;       /* ncclComm_t of this rank, NULL alone */
+    KCudaArGroup *ar; /* the group's one-shot all-reduce, shared by its ranks; NULL: NCCL */
+} CudaState;
 
-enum { MAX_DEVICES = 64 };
-static DevState devices[MAX_DEVICES];
-
-static DevState *dev(void) {
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    KC_REQUIRE(d >= 0 && d < MAX_DEVICES, "device %d: at most %d devices", d, MAX_DEVICES);
-    DevState *s = &devices[d];
-    if (!s->ready) {
-        CUDA_CHECK(cudaStreamCreate(&s->compute_stream));
-        CUDA_CHECK(cudaStreamCreate(&s->swap_stream));
-        CUDA_CHECK(cudaEventCreateWithFlags(&s->compute_done, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&s->swaps_done, cudaEventDisableTiming));
-        s->ready = 1;
-    }
-    return s;
+static CudaState *st(const KernelOps *ops) {
+    return (CudaState *)ops->state;
 }
 
-static cudaStream_t stream(void) {
-    return dev()->compute_stream;
+static cudaStream_t stream(const KernelOps *ops) {
+    return st(ops)->compute_stream;
 }
 
-template <DType A> static ActState *state(void) {
-    ActState *s = &dev()->act[A == DT_F32 ? 0 : A == DT_BF16 ? 1 : 2];
+static KCudaGemm *gemm(const KernelOps *ops) {
+    CudaState *s = st(ops);
     if (!s->gemm)
-        s->gemm = k_cuda_gemm_create(A == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
+        s->gemm = k_cuda_gemm_create(ops->act == DT_F32 ? GEMM_SCRATCH_ELEMS : 0);
+    return s->gemm;
+}
+
+static KCudaProjNorm *proj_norm(const KernelOps *ops) {
+    CudaState *s = st(ops);
     if (!s->proj_norm)
         s->proj_norm = k_cuda_proj_norm_create();
-    return s;
+    return s->proj_norm;
 }
 
-static void *ops_alloc(size_t bytes) {
+static void *ops_alloc(const KernelOps *ops, size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
@@ -98,23 +87,23 @@ static void *ops_alloc(size_t bytes) {
     return p;
 }
 
-static size_t ops_free_memory(void) {
+static size_t ops_free_memory(const KernelOps *ops) {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return free_bytes;
 }
 
 /* Host source (pageable or pinned): the call returns once the source may be reused. */
-static void ops_to_device(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+static void ops_to_device(const KernelOps *ops, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(ops)));
 }
 
-static void ops_to_host(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+static void ops_to_host(const KernelOps *ops, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(ops)));
+    CUDA_CHECK(cudaStreamSynchronize(stream(ops)));
 }
 
-static void *ops_alloc_host(size_t bytes) {
+static void *ops_alloc_host(const KernelOps *ops, size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
     if (e == cudaErrorMemoryAllocation) {
@@ -126,16 +115,16 @@ static void *ops_alloc_host(size_t bytes) {
     return p;
 }
 
-static void ops_free_host(void *p) {
+static void ops_free_host(const KernelOps *ops, void *p) {
     if (p)
         CUDA_CHECK(cudaFreeHost(p));
 }
 
-static void ops_swap_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                            size_t block_bytes, int after_compute) {
+static void ops_swap_blocks(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                            const int32_t *src_dst, int n, size_t block_bytes, int after_compute) {
     if (n <= 0)
         return;
-    DevState *s = dev();
+    CudaState *s = st(ops);
     if (after_compute) {
         CUDA_CHECK(cudaEventRecord(s->compute_done, s->compute_stream));
         CUDA_CHECK(cudaStreamWaitEvent(s->swap_stream, s->compute_done, 0));
@@ -148,146 +137,150 @@ static void ops_swap_blocks(void *dst_pool, const void *src_pool, const int32_t 
     CUDA_CHECK(cudaStreamWaitEvent(s->compute_stream, s->swaps_done, 0));
 }
 
-static void ops_to_host_async(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+static void ops_to_host_async(const KernelOps *ops, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(ops)));
 }
 
-static void *ops_event_create(void) {
+static void *ops_event_create(const KernelOps *ops) {
     cudaEvent_t ev;
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     return (void *)ev;
 }
 
-static void ops_event_record(void *ev) {
-    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, stream()));
+static void ops_event_record(const KernelOps *ops, void *ev) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, stream(ops)));
 }
 
-static void ops_event_wait(void *ev) {
+static void ops_event_wait(const KernelOps *ops, void *ev) {
     CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)ev));
 }
 
-static void ops_event_destroy(void *ev) {
+static void ops_event_destroy(const KernelOps *ops, void *ev) {
     if (ev)
         CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev));
 }
 
-static void ops_copy_peer(void *dst, int dst_device, const void *src, size_t bytes) {
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, device, bytes, stream()));
+static void ops_copy_peer(const KernelOps *ops, void *dst, int dst_device, const void *src,
+                          size_t bytes) {
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, ops->device, bytes, stream(ops)));
 }
 
-static void ops_stream_wait(void *ev) {
-    CUDA_CHECK(cudaStreamWaitEvent(stream(), (cudaEvent_t)ev, 0));
+static void ops_stream_wait(const KernelOps *ops, void *ev) {
+    CUDA_CHECK(cudaStreamWaitEvent(stream(ops), (cudaEvent_t)ev, 0));
 }
 
-static void ops_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_t *pairs,
-                               int n) {
-    k_cuda_scatter_tokens(tokens, sampled, pairs, n, stream());
+static void ops_scatter_tokens(const KernelOps *ops, int32_t *tokens, const int32_t *sampled,
+                               const int32_t *pairs, int n) {
+    k_cuda_scatter_tokens(tokens, sampled, pairs, n, stream(ops));
 }
 
-static void ops_copy_blocks(void *dst_pool, const void *src_pool, const int32_t *src_dst, int n,
-                            size_t block_bytes) {
-    DevState *s = dev();
+static void ops_copy_blocks(const KernelOps *ops, void *dst_pool, const void *src_pool,
+                            const int32_t *src_dst, int n, size_t block_bytes) {
+    CudaState *s = st(ops);
     if (n > s->cow_pairs_cap) {
         CUDA_CHECK(cudaStreamSynchronize(s->compute_stream)); /* the old pairs may be in use */
         k_cuda_free(s->cow_pairs);
         s->cow_pairs_cap = n * 2;
         s->cow_pairs = (int32_t *)k_cuda_malloc((size_t)s->cow_pairs_cap * 2 * sizeof(int32_t));
     }
-    ops_to_device(s->cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
+    ops_to_device(ops, s->cow_pairs, src_dst, (size_t)n * 2 * sizeof(int32_t));
     k_cuda_copy_blocks(dst_pool, src_pool, s->cow_pairs, n, block_bytes, s->compute_stream);
 }
 
 template <DType A>
-static void ops_embedding(void *out, const int32_t *ids, int n, const Tensor *t) {
-    k_cuda_embedding(out, A, ids, n, t, stream());
+static void ops_embedding(const KernelOps *ops, void *out, const int32_t *ids, int n,
+                          const Tensor *t) {
+    k_cuda_embedding(out, A, ids, n, t, stream(ops));
 }
 
 template <DType A>
-static void ops_rmsnorm(void *out, const void *x, const Tensor *w, int n, int dim, float eps) {
-    k_cuda_rmsnorm(out, x, A, w, n, dim, eps, stream());
+static void ops_rmsnorm(const KernelOps *ops, void *out, const void *x, const Tensor *w, int n,
+                        int dim, float eps) {
+    k_cuda_rmsnorm(out, x, A, w, n, dim, eps, stream(ops));
 }
 
 template <DType A>
-static void ops_add_rmsnorm(void *residual, const void *delta, void *out, const Tensor *w, int n,
-                            int dim, float eps) {
-    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
+static void ops_add_rmsnorm(const KernelOps *ops, void *residual, const void *delta, void *out,
+                            const Tensor *w, int n, int dim, float eps) {
+    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream(ops));
 }
 
 template <DType A>
-static void ops_matmul(void *out, const void *x, const Tensor *w, const Tensor *bias, int n) {
-    k_cuda_matmul(state<A>()->gemm, out, x, A, w, bias, n, stream());
+static void ops_matmul(const KernelOps *ops, void *out, const void *x, const Tensor *w,
+                       const Tensor *bias, int n) {
+    k_cuda_matmul(gemm(ops), out, x, A, w, bias, n, stream(ops));
 }
 
 template <DType A>
-static void ops_matmul_add_rmsnorm(void *residual, void *normed, void *proj, const void *x,
-                                   const Tensor *w, const Tensor *norm_w, int n, float eps) {
-    ActState *s = state<A>();
-    k_cuda_matmul_add_rmsnorm(s->proj_norm, s->gemm, residual, normed, proj, x, A, w, norm_w, n,
-                              eps, stream());
+static void ops_matmul_add_rmsnorm(const KernelOps *ops, void *residual, void *normed, void *proj,
+                                   const void *x, const Tensor *w, const Tensor *norm_w, int n,
+                                   float eps) {
+    k_cuda_matmul_add_rmsnorm(proj_norm(ops), gemm(ops), residual, normed, proj, x, A, w, norm_w, n,
+                              eps, stream(ops));
 }
 
 template <DType A>
-static void ops_rope(void *q, void *k, const int32_t *positions, int n, int nh, int nkv,
-                     const Rope *rope) {
-    k_cuda_rope(q, k, A, positions, n, nh, nkv, rope, stream());
+static void ops_rope(const KernelOps *ops, void *q, void *k, const int32_t *positions, int n,
+                     int nh, int nkv, const Rope *rope) {
+    k_cuda_rope(q, k, A, positions, n, nh, nkv, rope, stream(ops));
 }
 
 template <DType A>
-static void ops_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k, const void *v,
-                         const int64_t *slot_mapping, int n) {
-    k_cuda_kv_write(kv_cache, l, layer, k, v, A, slot_mapping, n, stream());
+static void ops_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer,
+                         const void *k, const void *v, const int64_t *slot_mapping, int n) {
+    k_cuda_kv_write(kv_cache, l, layer, k, v, A, slot_mapping, n, stream(ops));
 }
 
 template <DType A>
-static void ops_qkv_rope_cache(void *q_out, void *qkv, const int32_t *positions,
-                               const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                               void *kv_cache, const KvLayout *l, int layer) {
+static void ops_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv,
+                               const int32_t *positions, const int64_t *slot_mapping, int n, int nh,
+                               const Rope *rope, void *kv_cache, const KvLayout *l, int layer) {
     k_cuda_qkv_rope_cache(q_out, qkv, A, positions, slot_mapping, n, nh, rope, kv_cache, l, layer,
-                          stream());
+                          stream(ops));
 }
 
 template <DType A>
-static void ops_matmul_qkv_rope_cache(void *q_out, void *qkv, const void *x, const Tensor *w,
-                                      const Tensor *bias, const int32_t *positions,
+static void ops_matmul_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const void *x,
+                                      const Tensor *w, const Tensor *bias, const int32_t *positions,
                                       const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                                       void *kv_cache, const KvLayout *l, int layer) {
-    k_cuda_matmul_qkv_rope_cache(state<A>()->gemm, q_out, qkv, x, A, w, bias, positions,
-                                 slot_mapping, n, nh, rope, kv_cache, l, layer, stream());
+    k_cuda_matmul_qkv_rope_cache(gemm(ops), q_out, qkv, x, A, w, bias, positions, slot_mapping, n,
+                                 nh, rope, kv_cache, l, layer, stream(ops));
 }
 
 template <DType A>
-static void ops_matmul_silu_mul(void *out, void *gate_up, const void *x, const Tensor *w, int n) {
-    k_cuda_matmul_silu_mul(state<A>()->gemm, out, gate_up, x, A, w, n, stream());
+static void ops_matmul_silu_mul(const KernelOps *ops, void *out, void *gate_up, const void *x,
+                                const Tensor *w, int n) {
+    k_cuda_matmul_silu_mul(gemm(ops), out, gate_up, x, A, w, n, stream(ops));
 }
 
 template <DType A>
-static void attention_decode(void *out, const void *q, const void *kv_cache, const KvLayout *l,
-                             int layer, const AttnBatch *b, int nh, float scale) {
-    ActState *s = state<A>();
+static void attention_decode(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
+                             const KvLayout *l, int layer, const AttnBatch *b, int nh,
+                             float scale) {
+    CudaState *s = st(ops);
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
     if (need > s->attn_workspace_bytes) {
-        CUDA_CHECK(cudaStreamSynchronize(stream())); /* the old one may be in use */
+        CUDA_CHECK(cudaStreamSynchronize(stream(ops))); /* the old one may be in use */
         k_cuda_free(s->attn_workspace);
         s->attn_workspace_bytes = need;
         s->attn_workspace = k_cuda_malloc(need);
     }
     k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, s->attn_workspace,
-                            s->attn_workspace_bytes, stream());
+                            s->attn_workspace_bytes, stream(ops));
 }
 
 /* Single-row sequences take the decode kernel, prompt chunks the prefill kernel: a batch
  * whose first num_decode_seqs sequences are decodes is split into those two views (both
  * kernels are exact for any batch; each is fast for its own kind). */
 template <DType A>
-static void ops_attention(void *out, const void *q, const void *kv_cache, const KvLayout *l,
-                          int layer, const AttnBatch *b, int nh, float scale) {
+static void ops_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
+                          const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale) {
     int nd = b->num_tokens == b->num_seqs ? b->num_seqs : b->num_decode_seqs;
     if (nd > 0) {
         AttnBatch d = *b;
         d.num_tokens = d.num_seqs = nd;
-        attention_decode<A>(out, q, kv_cache, l, layer, &d, nh, scale);
+        attention_decode<A>(ops, out, q, kv_cache, l, layer, &d, nh, scale);
     }
     if (nd < b->num_seqs) {
         AttnBatch p = *b;
@@ -295,53 +288,64 @@ static void ops_attention(void *out, const void *q, const void *kv_cache, const 
         p.num_seqs = b->num_seqs - nd;
         p.query_start += nd;
         p.block_tables += (size_t)nd * b->max_blocks_per_seq;
-        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, stream());
+        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, stream(ops));
     }
 }
 
-template <DType A> static void ops_silu_mul(void *out, const void *gate_up, int n, int dim) {
-    k_cuda_silu_mul(out, gate_up, A, n, dim, stream());
+template <DType A>
+static void ops_silu_mul(const KernelOps *ops, void *out, const void *gate_up, int n, int dim) {
+    k_cuda_silu_mul(out, gate_up, A, n, dim, stream(ops));
 }
 
 template <DType A>
-static void ops_gather_rows(void *out, const void *in, const int32_t *rows, int n, int dim) {
-    k_cuda_gather_rows(out, in, rows, A, n, dim, stream());
-}
-
-template <DType A> static void ops_to_f32(float *out, const void *in, size_t n) {
-    k_cuda_to_f32(out, in, A, n, stream());
+static void ops_gather_rows(const KernelOps *ops, void *out, const void *in, const int32_t *rows,
+                            int n, int dim) {
+    k_cuda_gather_rows(out, in, rows, A, n, dim, stream(ops));
 }
 
 template <DType A>
-static void ops_embedding_slice(void *out, const int32_t *ids, int n, const Tensor *table,
-                                int first) {
-    k_cuda_embedding_slice(out, A, ids, n, table, first, stream());
+static void ops_to_f32(const KernelOps *ops, float *out, const void *in, size_t n) {
+    k_cuda_to_f32(out, in, A, n, stream(ops));
 }
 
 template <DType A>
-static void ops_vocab_logits_f32(float *out, const void *parts, int n, int vocab, int shard,
-                                 int size) {
-    k_cuda_vocab_logits_f32(out, parts, A, n, vocab, shard, size, stream());
+static void ops_embedding_slice(const KernelOps *ops, void *out, const int32_t *ids, int n,
+                                const Tensor *table, int first) {
+    k_cuda_embedding_slice(out, A, ids, n, table, first, stream(ops));
 }
 
-static void ops_sample_rows(int32_t *tokens, float *token_logits, float *logits, int n, int vocab,
-                            const DeviceSampleRow *rows, const int32_t *history, int flags,
-                            void *workspace, size_t workspace_bytes) {
+template <DType A>
+static void ops_vocab_logits_f32(const KernelOps *ops, float *out, const void *parts, int n,
+                                 int vocab, int shard, int size) {
+    k_cuda_vocab_logits_f32(out, parts, A, n, vocab, shard, size, stream(ops));
+}
+
+static size_t ops_sample_workspace_bytes(const KernelOps *ops, int max_rows, int vocab,
+                                         int max_history) {
+    return k_cuda_sample_workspace_bytes(max_rows, vocab, max_history);
+}
+
+static void ops_sample_rows(const KernelOps *ops, int32_t *tokens, float *token_logits,
+                            float *logits, int n, int vocab, const SampleRow *rows,
+                            const int32_t *history, int flags, void *workspace,
+                            size_t workspace_bytes) {
     k_cuda_sample(tokens, token_logits, logits, n, vocab, rows, history, flags, workspace,
-                  workspace_bytes, stream());
+                  workspace_bytes, stream(ops));
 }
 
-static void ops_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const float *logits,
-                         int n, int vocab, int k) {
-    k_cuda_logprobs(lse, top_ids, top_logprobs, logits, n, vocab, k, stream());
+static void ops_logprobs(const KernelOps *ops, float *lse, int32_t *top_ids, float *top_logprobs,
+                         const float *logits, int n, int vocab, int k) {
+    k_cuda_logprobs(lse, top_ids, top_logprobs, logits, n, vocab, k, stream(ops));
 }
 
-static void ops_logits_add(float *logits, int vocab, const LogitEdit *edits, int n) {
-    k_cuda_logits_add(logits, vocab, edits, n, stream());
+static void ops_logits_add(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits,
+                           int n) {
+    k_cuda_logits_add(logits, vocab, edits, n, stream(ops));
 }
 
-static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale) {
-    k_cuda_fill_dummy(dst, dt, n, key, scale, stream());
+static void ops_fill_dummy(const KernelOps *ops, void *dst, DType dt, size_t n, uint64_t key,
+                           float scale) {
+    k_cuda_fill_dummy(dst, dt, n, key, scale, stream(ops));
 }
 
 #ifdef PAGELLM_HAVE_NCCL
@@ -351,101 +355,73 @@ static void ops_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float sc
         KC_REQUIRE(r_ == ncclSuccess, "NCCL error in %s: %s", #expr, ncclGetErrorString(r_));      \
     } while (0)
 
-int k_cuda_tp_init(int n, int custom_all_reduce) {
-    int have = k_cuda_device_count();
-    if (n < 1 || n > have || n > MAX_DEVICES)
-        return -1;
-    ncclComm_t comms[MAX_DEVICES];
-    int ids[MAX_DEVICES];
-    for (int i = 0; i < n; i++)
-        ids[i] = i;
-    NCCL_CHECK(ncclCommInitAll(comms, n, ids));
-    for (int i = 0; i < n; i++)
-        devices[i].comm = comms[i];
-    if (custom_all_reduce) /* the one-shot path, when the GPUs reach each other's memory */
-        k_cuda_ar_init(n);
-    return 0;
-}
-
-void k_cuda_tp_destroy(int n) {
-    k_cuda_ar_destroy(n);
-    for (int i = 0; i < n && i < MAX_DEVICES; i++) {
-        if (devices[i].comm)
-            NCCL_CHECK(ncclCommDestroy((ncclComm_t)devices[i].comm));
-        devices[i].comm = NULL;
-    }
-}
-
 template <DType A> static ncclDataType_t nccl_type(void) {
     return A == DT_BF16 ? ncclBfloat16 : A == DT_F16 ? ncclFloat16 : ncclFloat32;
 }
 
-static ncclComm_t comm(void) {
-    DevState *s = dev();
-    KC_REQUIRE(s->comm, "tensor parallelism: this device has no communicator");
-    return (ncclComm_t)s->comm;
+static ncclComm_t comm(const KernelOps *ops) {
+    KC_REQUIRE(st(ops)->comm, "tensor parallelism: this backend has no communicator");
+    return (ncclComm_t)st(ops)->comm;
 }
 
-template <DType A> static void ops_all_reduce(void *buf, size_t count) {
-    if (k_cuda_ar_fits(buf, count * pl_dtype_size(A), 0, A)) {
-        k_cuda_ar_sum(buf, A, count, stream());
+template <DType A> static void ops_all_reduce(const KernelOps *ops, void *buf, size_t count) {
+    if (k_cuda_ar_fits(st(ops)->ar, buf, count * pl_dtype_size(A), 0, A)) {
+        k_cuda_ar_sum(st(ops)->ar, ops->rank, buf, A, count, stream(ops));
         return;
     }
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type<A>(), ncclSum, comm(), stream()));
+    NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type<A>(), ncclSum, comm(ops), stream(ops)));
 }
 
 template <DType A>
-static void ops_all_reduce_add_rmsnorm(void *residual, void *delta, void *out, const Tensor *w,
-                                       int n, int dim, float eps) {
-    if (k_cuda_ar_fits(delta, (size_t)n * dim * pl_dtype_size(A), dim, A)) {
-        k_cuda_ar_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
+static void ops_all_reduce_add_rmsnorm(const KernelOps *ops, void *residual, void *delta, void *out,
+                                       const Tensor *w, int n, int dim, float eps) {
+    if (k_cuda_ar_fits(st(ops)->ar, delta, (size_t)n * dim * pl_dtype_size(A), dim, A)) {
+        k_cuda_ar_add_rmsnorm(st(ops)->ar, ops->rank, residual, delta, out, A, w, n, dim, eps,
+                              stream(ops));
         return;
     }
-    ops_all_reduce<A>(delta, (size_t)n * dim);
-    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream());
+    ops_all_reduce<A>(ops, delta, (size_t)n * dim);
+    k_cuda_add_rmsnorm(residual, delta, out, A, w, n, dim, eps, stream(ops));
 }
 
-template <DType A> static void ops_all_gather(void *out, const void *in, size_t count) {
-    NCCL_CHECK(ncclAllGather(in, out, count, nccl_type<A>(), comm(), stream()));
-}
-#else
-int k_cuda_tp_init(int n, int custom_all_reduce) {
-    (void)custom_all_reduce;
-    return n == 1 ? 0 : -1;
-}
-void k_cuda_tp_destroy(int n) {
-    (void)n;
+template <DType A>
+static void ops_all_gather(const KernelOps *ops, void *out, const void *in, size_t count) {
+    NCCL_CHECK(ncclAllGather(in, out, count, nccl_type<A>(), comm(ops), stream(ops)));
 }
 #endif
 
-static void ops_graph_begin(void) {
-    CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+static void ops_graph_begin(const KernelOps *ops) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream(ops), cudaStreamCaptureModeThreadLocal));
 }
 
-static void *ops_graph_end(void) {
+static void *ops_graph_end(const KernelOps *ops) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+    CUDA_CHECK(cudaStreamEndCapture(stream(ops), &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
     return exec;
 }
 
-static void ops_graph_launch(void *graph) {
-    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, stream()));
+static void ops_graph_launch(const KernelOps *ops, void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, stream(ops)));
 }
 
-static void ops_graph_destroy(void *graph) {
+static void ops_graph_destroy(const KernelOps *ops, void *graph) {
     if (graph)
         CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
-static void ops_set_device(int device) {
-    CUDA_CHECK(cudaSetDevice(device));
+static void ops_bind(const KernelOps *ops) {
+    CUDA_CHECK(cudaSetDevice(ops->device));
 }
 
-static void ops_synchronize(void) {
-    CUDA_CHECK(cudaStreamSynchronize(stream()));
+static void ops_free(const KernelOps *ops, void *p) {
+    k_cuda_free(p);
+}
+
+static void ops_synchronize(const KernelOps *ops) {
+    CUDA_CHECK(cudaStreamSynchronize(stream(ops)));
 }
 
 template <DType A> static KernelOps make_ops(void) {
@@ -453,9 +429,11 @@ template <DType A> static KernelOps make_ops(void) {
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.act = A;
+    o.size = 1;
+    o.max_top_logprobs = KC_MAX_TOP_LOGPROBS;
     o.host_memory = 0;
     o.alloc = ops_alloc;
-    o.free = k_cuda_free;
+    o.free = ops_free;
     o.to_device = ops_to_device;
     o.to_host = ops_to_host;
     o.free_memory = ops_free_memory;
@@ -487,8 +465,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.embedding_slice = ops_embedding_slice<A>;
     o.vocab_logits_f32 = ops_vocab_logits_f32<A>;
     o.copy_blocks = ops_copy_blocks;
-    o.sample = NULL; /* sampling runs on the GPU: */
-    o.sample_workspace_bytes = k_cuda_sample_workspace_bytes;
+    o.sample_workspace_bytes = ops_sample_workspace_bytes;
     o.sample_rows = ops_sample_rows;
     o.logprobs = ops_logprobs;
     o.logits_add = ops_logits_add;
@@ -498,7 +475,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.all_reduce_add_rmsnorm = ops_all_reduce_add_rmsnorm<A>;
     o.all_gather = ops_all_gather<A>;
 #endif
-    o.set_device = ops_set_device;
+    o.bind = ops_bind;
     o.graph_begin = ops_graph_begin;
     o.graph_end = ops_graph_end;
     o.graph_launch = ops_graph_launch;
@@ -511,8 +488,97 @@ static const KernelOps cuda_ops_f32 = make_ops<DT_F32>();
 static const KernelOps cuda_ops_bf16 = make_ops<DT_BF16>();
 static const KernelOps cuda_ops_f16 = make_ops<DT_F16>();
 
-const KernelOps *k_cuda_ops(DType act) {
-    KC_REQUIRE(act == DT_F32 || act == DT_BF16 || act == DT_F16,
-               "k_cuda_ops: activations in %s are not supported", pl_dtype_name(act));
-    return act == DT_BF16 ? &cuda_ops_bf16 : act == DT_F16 ? &cuda_ops_f16 : &cuda_ops_f32;
+/* One rank's state on device `device` (made current). */
+static CudaState *state_create(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    CudaState *s = (CudaState *)pl_xcalloc(1, sizeof *s);
+    CUDA_CHECK(cudaStreamCreate(&s->compute_stream));
+    CUDA_CHECK(cudaStreamCreate(&s->swap_stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->compute_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&s->swaps_done, cudaEventDisableTiming));
+    return s;
+}
+
+static void state_destroy(KernelOps *ops) {
+    CudaState *s = st(ops);
+    CUDA_CHECK(cudaSetDevice(ops->device));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    k_cuda_gemm_destroy(s->gemm);
+    k_cuda_proj_norm_destroy(s->proj_norm);
+    k_cuda_free(s->attn_workspace);
+    k_cuda_free(s->cow_pairs);
+#ifdef PAGELLM_HAVE_NCCL
+    if (s->comm)
+        NCCL_CHECK(ncclCommDestroy((ncclComm_t)s->comm));
+#endif
+    CUDA_CHECK(cudaEventDestroy(s->compute_done));
+    CUDA_CHECK(cudaEventDestroy(s->swaps_done));
+    CUDA_CHECK(cudaStreamDestroy(s->compute_stream));
+    CUDA_CHECK(cudaStreamDestroy(s->swap_stream));
+    free(s);
+    free(ops);
+}
+
+/* The group's communicators (NCCL, one per device) and one-shot all-reduce. */
+static Status open_group(const KernelOpenOptions *o, KernelOps **ranks) {
+#ifdef PAGELLM_HAVE_NCCL
+    ncclComm_t comms[MAX_RANKS];
+    int ids[MAX_RANKS];
+    for (int i = 0; i < o->size; i++)
+        ids[i] = i;
+    ncclResult_t r = ncclCommInitAll(comms, o->size, ids);
+    if (r != ncclSuccess)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "tensor-parallel-size %d: NCCL setup failed: %s",
+                            o->size, ncclGetErrorString(r));
+    KCudaArGroup *ar = o->custom_all_reduce ? k_cuda_ar_create(o->size) : NULL;
+    for (int i = 0; i < o->size; i++) {
+        st(ranks[i])->comm = comms[i];
+        st(ranks[i])->ar = ar;
+    }
+    return PL_OK;
+#else
+    return pl_error_set(PL_ERR_UNSUPPORTED,
+                        "tensor-parallel-size %d needs NCCL, which this build has not (configure "
+                        "found no nccl.h / libnccl)",
+                        o->size);
+#endif
+}
+
+Status k_cuda_open(const KernelOpenOptions *o, KernelOps **ranks) {
+    if (o->act != DT_F32 && o->act != DT_BF16 && o->act != DT_F16)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend has no %s activations",
+                            pl_dtype_name(o->act));
+    int have = k_cuda_device_count();
+    if (have < 1)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend: no CUDA GPU is visible");
+    if (o->size > have || o->size > MAX_RANKS)
+        return pl_error_set(PL_ERR_INVALID, "tensor-parallel-size %d needs %d GPUs; %d visible",
+                            o->size, o->size, have);
+    const KernelOps *table = o->act == DT_BF16  ? &cuda_ops_bf16
+                             : o->act == DT_F16 ? &cuda_ops_f16
+                                                : &cuda_ops_f32;
+    for (int i = 0; i < o->size; i++) {
+        KernelOps *k = (KernelOps *)pl_xmalloc(sizeof *k);
+        *k = *table;
+        k->device = k->rank = i;
+        k->size = o->size;
+        k->state = state_create(i);
+        ranks[i] = k;
+    }
+    Status rc = o->size > 1 ? open_group(o, ranks) : PL_OK;
+    if (rc != PL_OK) {
+        for (int i = 0; i < o->size; i++)
+            state_destroy(ranks[i]);
+        memset(ranks, 0, (size_t)o->size * sizeof *ranks);
+    }
+    CUDA_CHECK(cudaSetDevice(0)); /* the caller drives rank 0 */
+    return rc;
+}
+
+void k_cuda_close(KernelOps **ranks, int size) {
+    KCudaArGroup *ar = size > 0 && ranks[0] ? st(ranks[0])->ar : NULL;
+    for (int i = 0; i < size; i++)
+        if (ranks[i])
+            state_destroy(ranks[i]);
+    k_cuda_ar_destroy(ar);
 }
