@@ -3,8 +3,9 @@
  * render chat messages with the model's Jinja chat template, and write OpenAI-shaped error
  * objects.
  *
- * Pure functions over text (jansson inside): no sockets, no engine, so every rule is unit
- * tested. Unknown fields are ignored, as OpenAI's and vLLM's servers do. */
+ * Functions over text (jansson inside; the chat template's files are read once, at start-up):
+ * no sockets, no engine, so every rule is unit tested. Unknown fields are ignored, as OpenAI's
+ * and vLLM's servers do. */
 #ifndef PAGELLM_API_H
 #define PAGELLM_API_H
 
