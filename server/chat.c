@@ -315,7 +315,7 @@ static long cut_after_final(const char *text, size_t len, json_t *final) {
     const char *c = json_string_value(final);
     size_t n = json_string_length(final), lead = jinja_ws_prefix(c, n);
     size_t core = n - lead - (lead < n ? jinja_ws_suffix(c, n) : 0); /* strip() */
-    for (size_t at = len - core + 1; at-- > 0;) {
+    for (size_t at = core <= len ? len - core + 1 : 0; at-- > 0;) {
         if (memcmp(text + at, c + lead, core) != 0)
             continue;
         size_t keep = n - lead; /* len(content.lstrip()) */

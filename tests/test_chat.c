@@ -183,6 +183,9 @@ static void test_kwargs_reach_the_template(void **state) {
 
 /* ---- the request's fields --------------------------------------------------------------- */
 
+#define LONG_TEXT                                                                                  \
+    "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+
 static void test_generation_prompt_and_continue(void **state) {
     (void)state;
     ApiChatTemplate *chatml = load("chatml", NULL, NULL, NULL);
@@ -196,6 +199,19 @@ static void test_generation_prompt_and_continue(void **state) {
                           "false, \"continue_final_message\": true}");
     assert_string_equal(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nOnce upon");
     free(s);
+    /* a final message longer than the whole text (the template dropped it) */
+    char path[] = "/tmp/pagellm-chat-tmpl.XXXXXX";
+    int fd = mkstemp(path);
+    assert_int_equal(write(fd, "{{ messages[0].content }}", 25), 25);
+    close(fd);
+    ApiChatTemplate *drops = load(path, NULL, NULL, NULL);
+    expect_400(drops,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": "
+               "\"assistant\", \"content\": \"" LONG_TEXT "\"}], \"add_generation_prompt\": false, "
+               "\"continue_final_message\": true}",
+               "continue_final_message", "does not appear");
+    api_chat_template_free(drops);
+    unlink(path);
     expect_400(chatml,
                "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
                "\"continue_final_message\": true}",
