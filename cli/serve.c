@@ -8,8 +8,9 @@
 static const char help[] =
     "usage: pagellm serve [--config FILE] [--model DIR] [--host H] [--port P] [--key VALUE ...]\n"
     "\n"
-    "Serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,\n"
-    "/version and /metrics (Prometheus). SIGINT or SIGTERM drains in-flight requests\n"
+    "Serves POST /v1/completions, POST /v1/chat/completions, POST /tokenize and\n"
+    "/detokenize, GET /v1/models, /health, /version and /metrics (Prometheus). Chat renders\n"
+    "the model's chat template (or --chat-template). SIGINT or SIGTERM drains in-flight requests\n"
     "(up to request-timeout seconds) and exits 0; a second signal exits at once.\n"
     "\n"
     "Configuration (a --config YAML file, then these flags; keys as vLLM's):\n";

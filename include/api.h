@@ -1,9 +1,11 @@
 /* api.h - the OpenAI-compatible request layer: parse and validate the JSON bodies of
- * POST /v1/completions and /v1/chat/completions into plain structs, render chat messages
- * with the model's chat template family, and write OpenAI-shaped error objects.
+ * POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize into plain structs,
+ * render chat messages with the model's Jinja chat template, and write OpenAI-shaped error
+ * objects.
  *
- * Pure functions over text (jansson inside): no sockets, no engine, so every rule is unit
- * tested. Unknown fields are ignored, as OpenAI's and vLLM's servers do. */
+ * Functions over text (jansson inside; the chat template's files are read once, at start-up):
+ * no sockets, no engine, so every rule is unit tested. Unknown fields are ignored, as OpenAI's
+ * and vLLM's servers do. */
 #ifndef PAGELLM_API_H
 #define PAGELLM_API_H
 
@@ -91,48 +93,72 @@ Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, 
  * unchecked (a -1 then gives 16). */
 int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tokens, ApiError *err);
 
-/* Chat template families pagellm knows. CHAT_ZEPHYR is the <|user|> / <|assistant|> format
- * of Zephyr and TinyLlama-Chat. */
-typedef enum { CHAT_NONE = 0, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR } ChatTemplate;
+/* A model's chat template, parsed once (jinja/) and immutable: any number of threads render
+ * it at once. */
+typedef struct ApiChatTemplate ApiChatTemplate;
 
-/* Recognise the family of a tokenizer_config.json "chat_template" string (NULL or unknown
- * gives CHAT_NONE): "<|im_start|>" ChatML, "<|start_header_id|>" Llama-3, "[INST]"
- * Llama-2/Mistral, "<|user|>" with "<|assistant|>" Zephyr. */
-ChatTemplate api_detect_chat_template(const char *jinja_source);
-
-/* Family by name: "chatml", "llama3", "llama2" (or "mistral"), "zephyr"; CHAT_NONE when
- * unknown. */
-ChatTemplate api_chat_template_by_name(const char *name);
-
-/* The name api_chat_template_by_name takes ("none" for CHAT_NONE). Static string. */
-const char *api_chat_template_name(ChatTemplate t);
-
-/* One chat message as the renderer sees it (borrowed strings). */
+/* Where a chat template comes from. */
 typedef struct {
-    const char *role;    /* "system", "user" or "assistant" */
-    const char *content; /* text parts already joined; may hold NUL characters */
-    size_t content_len;
-} ApiChatMessage;
+    const char *setting;   /* the chat-template key: a built-in name (chatml, llama3, llama2,
+                            * zephyr) or a template file; NULL = the model's own */
+    const char *model_dir; /* the model folder: chat_template.jinja, else tokenizer_config.json's
+                            * chat_template; and its bos_token / eos_token. NULL = none */
+    const char *bos_token; /* the tokenizer's BOS / EOS token texts, used where
+                            * tokenizer_config.json names none; NULL = undefined */
+    const char *eos_token;
+    int64_t now; /* strftime_now's clock, seconds since the epoch (tests); 0 = the time now */
+} ApiChatTemplateSpec;
 
-/* Render `msgs` with family `tmpl` exactly as the family's Hugging Face template does with
- * add_generation_prompt (Llama-2 has none: it ends after the last " [/INST]"). bos / eos are
- * the token texts the template writes; NULL gives the family's usual one ("<s>" / "</s>",
- * "<|begin_of_text|>"). Returns a malloc'd string, or NULL with *err filled (400, param
- * "messages"): unknown role, Llama-2 roles not alternating user/assistant after an optional
- * system message, CHAT_NONE. The string is NUL-terminated and *len (not NULL) its length,
- * which counts any NUL characters of the contents. */
-char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs, const char *bos,
-                      const char *eos, size_t *len, ApiError *err);
+/* Load and parse the template `spec` names into *out; *out = NULL (PL_OK) when there is none
+ * (no key, and the model has no template). Errors name the file and line of a parse error
+ * ("dir/chat_template.jinja: line 3 column 12: ..."), or the key and value of an unknown
+ * name that is no readable file. Free with api_chat_template_free (NULL is fine). */
+Status api_chat_template_load(const ApiChatTemplateSpec *spec, ApiChatTemplate **out);
+void api_chat_template_free(ApiChatTemplate *t);
 
-/* Parse a chat body: messages [{role: system|user|assistant, content: string or list of
- * {type: text, text} parts (joined with "\n", as vLLM does)}] rendered by api_chat_render
- * into prompts[0].text; `bos` / `eos` are the tokenizer's BOS / EOS token texts (NULL: the
- * family's usual ones). Sampling fields as for completions (no best_of, echo); `max_tokens`
- * or `max_completion_tokens` (the latter wins; default -1: see api_check_length);
- * `logprobs` is a bool with `top_logprobs` (0-20). CHAT_NONE gives a 400 "the model has no
- * chat template". */
-Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTemplate tmpl,
-                      const char *bos, const char *eos, ApiRequest *req, ApiError *err);
+struct json_t;
+
+/* Render the chat prompt of a request body (a JSON object): messages [{role, content: a
+ * string or a list of {type: text, text} parts (joined with "\n", as vLLM does), any other
+ * keys}], add_generation_prompt (default true), continue_final_message (default false; the
+ * text then ends after the final message's content), chat_template_kwargs (merged into the
+ * context), documents, tools (the "tool_use" template when the model has one). *text is
+ * malloc'd (NUL-terminated, *len bytes, which may hold NUL characters). Failures are 400s
+ * with *err filled: bad fields, t NULL ("the model has no chat template"), and render errors
+ * (param "messages"; a template's raise_exception gives its message as is). */
+Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **text, size_t *len,
+                       ApiError *err);
+
+/* Parse a chat body: the prompt rendered by api_chat_prompt into prompts[0].text (the
+ * template writes any BOS, so the server tokenizes it without special tokens). Sampling
+ * fields as for completions (no best_of, echo); `max_tokens` or `max_completion_tokens` (the
+ * latter wins; default -1: see api_check_length); `logprobs` is a bool with `top_logprobs`
+ * (0-20). `tools` and the other fields of tool calling are refused. */
+Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
+                      const ApiChatTemplate *tmpl, ApiRequest *req, ApiError *err);
+
+/* POST /tokenize and /detokenize (vLLM's shapes). */
+typedef struct {
+    char *model; /* NULL when absent */
+    char *text;  /* tokenize: the prompt, or the rendered messages; may hold NUL characters */
+    size_t text_len;
+    int add_special_tokens; /* default true for a prompt, false for messages */
+    int return_token_strs;  /* add the tokens' vocabulary strings */
+    int32_t *ids;           /* detokenize: the tokens, each below lim->vocab_size */
+    int num_ids;
+} ApiTokenizeRequest;
+
+/* {model?, prompt, add_special_tokens?, return_token_strs?} or {model?, messages, ... the
+ * fields of api_chat_prompt, add_special_tokens?, return_token_strs?}. */
+Status api_parse_tokenize(const char *body, size_t len, const ApiChatTemplate *tmpl,
+                          ApiTokenizeRequest *req, ApiError *err);
+
+/* {model?, tokens: [ids]}. */
+Status api_parse_detokenize(const char *body, size_t len, const ApiLimits *lim,
+                            ApiTokenizeRequest *req, ApiError *err);
+
+/* Free what `req` owns and zero it. */
+void api_tokenize_free(ApiTokenizeRequest *req);
 
 /* The sampling fields of `req` into *sp (temperature, top_p, top_k, min_p, the penalties, and
  * the seed when the request has one; sp->seed is left as it is otherwise). */

@@ -58,8 +58,13 @@ typedef struct {
     int max_request_bytes;      /* largest HTTP request body; default 1 MiB */
     double request_timeout;     /* seconds a request may take end to end; 0 = no limit; 60 */
     const char *log_level;      /* static; "debug", "info", "warning", "error"; default "info" */
-    const char *chat_template;  /* static; "chatml", "llama3", "llama2"; NULL = the model's
-                                 * tokenizer_config.json decides */
+    char *chat_template;        /* owned; a template file or a built-in name (chatml, llama3,
+                                 * llama2, zephyr); NULL = the model's own */
+    /* CORS (as vLLM's, through Starlette's CORSMiddleware): lists are owned, NULL-terminated */
+    char **allowed_origins; /* Origins answered with CORS headers ("*": any); NULL = no CORS */
+    char **allowed_methods; /* methods a preflight may ask for ("*": any); default {"*"} */
+    char **allowed_headers; /* headers a preflight may ask for ("*": any); default {"*"} */
+    int allow_credentials;  /* Access-Control-Allow-Credentials: true; default false */
 } Config;
 
 /* ---- the key table -------------------------------------------------------------------- */
@@ -70,6 +75,8 @@ typedef enum {
     CFG_DOUBLE, /* double field; min (exclusive when min_open) and max inclusive */
     CFG_BOOL,   /* int field, 0 or 1; true/false/yes/no/on/off/1/0 */
     CFG_STRING, /* owned char * field; never empty */
+    CFG_LIST,   /* owned NULL-terminated char ** field of non-empty strings: a JSON list
+                 * ('["a", "b"]'), a comma-separated text ("a,b"), or in a file a YAML list */
     CFG_ENUM,   /* one of `values`: an int field set to the value's code, or when
                  * enum_as_string a const char * field set to the (static) value name */
 } CfgType;
@@ -116,6 +123,9 @@ void cfg_init(Config *c);
 
 /* Free the owned strings and reset *c to zeros (safe to call twice). */
 void cfg_free(Config *c);
+
+/* Free a CFG_LIST value (its strings and the array) and set *list to NULL. */
+void cfg_list_free(char ***list);
 
 /* Set key `key` (either spelling) from text. `origin` only shapes the error message:
  *   NULL          -> "key 'port' must be an integer, got 'abc'"

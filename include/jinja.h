@@ -48,6 +48,11 @@ char *jinja_render(const JinjaTemplate *t, json_t *context, size_t *out_len, cha
 char *jinja_render_opts(const JinjaTemplate *t, json_t *context, const JinjaRenderOptions *opts,
                         size_t *out_len, int *raised, char *err, size_t errlen);
 
+/* Bytes of Python whitespace (str.isspace) that s[0..n) starts / ends with: s.strip() is
+ * s[prefix .. n - suffix). For callers that cut rendered text as transformers does. */
+size_t jinja_ws_prefix(const char *s, size_t n);
+size_t jinja_ws_suffix(const char *s, size_t n);
+
 /* Free a template; jinja_free(NULL) is a no-op. */
 void jinja_free(JinjaTemplate *t);
 

@@ -167,9 +167,7 @@ void jinja_utf8_put(JCtx *cx, JBuf *b, uint32_t cp);
 int jinja_py_isspace(uint32_t cp);
 /* Python's str.isspace() on a whole string (1 if non-empty and all whitespace). */
 int jinja_str_isspace(const char *s, size_t n);
-/* Byte length of the whitespace run ending at s + n / starting at s. */
-size_t jinja_ws_suffix(const char *s, size_t n);
-size_t jinja_ws_prefix(const char *s, size_t n);
+/* jinja_ws_prefix / jinja_ws_suffix: include/jinja.h */
 
 /* Case mapping (simple mappings of Latin-1, Latin Extended-A, Greek, Cyrillic; others kept). */
 uint32_t jinja_cp_upper(uint32_t cp);

@@ -1,6 +1,7 @@
-/* api.c - the OpenAI request layer: JSON bodies of /v1/completions and /v1/chat/completions
- * (jansson) checked field by field into an ApiRequest, the prompt-length check made after
- * tokenizing, and OpenAI-shaped error objects. Chat templates are in chat.c.
+/* api.c - the OpenAI request layer: JSON bodies of /v1/completions, /v1/chat/completions,
+ * /tokenize and /detokenize (jansson) checked field by field into an ApiRequest or an
+ * ApiTokenizeRequest, the prompt-length check made after tokenizing, and OpenAI-shaped error
+ * objects. Chat messages and their template are in chat.c.
  *
  * Every refusal is a 400 invalid_request_error whose param is the offending field and whose
  * message names it. Types are strict: booleans are not numbers, strings are not numbers;
@@ -410,8 +411,6 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
         if ((!strcmp(*names, "tool_choice") && s && !strcmp(s, "none")) ||
             (!strcmp(*names, "response_format") && json_is_string(type) &&
              !strcmp(json_string_value(type), "text")) ||
-            (!strcmp(*names, "add_generation_prompt") && json_is_true(v)) ||
-            (!strcmp(*names, "continue_final_message") && json_is_false(v)) ||
             (!strcmp(*names, "suffix") && s && !s[0]))
             continue;
         return bad(err, *names, "'%s' is not supported by this server", *names);
@@ -423,18 +422,9 @@ static const char *const UNSUPPORTED_COMMON[] = {
     "response_format",    "guided_json",     "guided_regex",      "guided_choice", "guided_grammar",
     "structured_outputs", "prompt_logprobs", "allowed_token_ids", "bad_words",     NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
-static const char *const UNSUPPORTED_CHAT[] = {"tools",
-                                               "tool_choice",
-                                               "functions",
-                                               "function_call",
-                                               "audio",
-                                               "prediction",
-                                               "chat_template",
-                                               "chat_template_kwargs",
-                                               "documents",
-                                               "add_generation_prompt",
-                                               "continue_final_message",
-                                               NULL};
+static const char *const UNSUPPORTED_CHAT[] = {"tools",         "tool_choice", "functions",
+                                               "function_call", "audio",       "prediction",
+                                               "chat_template", NULL};
 
 /* Fields both endpoints share. */
 static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
@@ -555,81 +545,6 @@ fail:
 
 /* ---- chat -------------------------------------------------------------------------------- */
 
-/* The text of messages[i].content: a string, or text parts joined with "\n" (as vLLM); its
- * length in *len. */
-static int message_text(json_t *m, int i, char **out, size_t *len_out, ApiError *err) {
-    json_t *c = field(m, "content");
-    const char *role = json_string_value(json_object_get(m, "role"));
-    if (!c && strcmp(role, "assistant") == 0) { /* OpenAI allows it (tool calls) */
-        *out = pl_xstrdup("");
-        *len_out = 0;
-        return 0;
-    }
-    if (c && json_is_string(c)) {
-        *out = text_dup(c, len_out);
-        return 0;
-    }
-    if (!c || !json_is_array(c))
-        return bad(err, "messages",
-                   "'messages[%d].content' must be a string or a list of text parts", i);
-    size_t len = 0, k;
-    json_t *part;
-    json_array_foreach(c, k, part) {
-        const char *type = json_string_value(json_object_get(part, "type"));
-        json_t *text = json_object_get(part, "text");
-        if (!type || strcmp(type, "text") != 0)
-            return bad(err, "messages",
-                       "'messages[%d].content[%zu]': only parts of type 'text' are supported "
-                       "(got %s%s%s)",
-                       i, k, type ? "'" : "", type ? type : "no type", type ? "'" : "");
-        if (!json_is_string(text))
-            return bad(err, "messages", "'messages[%d].content[%zu].text' must be a string", i, k);
-        len += json_string_length(text) + 1;
-    }
-    char *s = pl_xmalloc(len + 1), *p = s;
-    json_array_foreach(c, k, part) {
-        json_t *text = json_object_get(part, "text");
-        if (k)
-            *p++ = '\n';
-        memcpy(p, json_string_value(text), json_string_length(text));
-        p += json_string_length(text);
-    }
-    *p = 0;
-    *out = s;
-    *len_out = (size_t)(p - s);
-    return 0;
-}
-
-/* Fill msgs[] (roles borrowed from the JSON, contents owned) from body.messages. */
-static int parse_messages(json_t *o, ApiChatMessage **msgs, int *num, ApiError *err) {
-    json_t *arr = field(o, "messages");
-    if (!arr)
-        return bad(err, "messages", "'messages' is required");
-    if (!json_is_array(arr))
-        return bad(err, "messages", "'messages' must be a list of messages");
-    size_t n = json_array_size(arr);
-    if (n == 0)
-        return bad(err, "messages", "'messages' must not be empty");
-    if (n > INT_MAX)
-        return bad(err, "messages", "'messages' has too many entries");
-    *msgs = pl_xcalloc(n, sizeof **msgs);
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(arr, i);
-        if (!json_is_object(m))
-            return bad(err, "messages", "'messages[%zu]' must be an object", i);
-        json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role) || has_nul(role))
-            return bad(err, "messages", "'messages[%zu].role' must be a string without \\u0000", i);
-        (*msgs)[i].role = json_string_value(role);
-        char *text = NULL;
-        if (message_text(m, (int)i, &text, &(*msgs)[i].content_len, err))
-            return -1;
-        (*msgs)[i].content = text;
-        *num = (int)i + 1;
-    }
-    return 0;
-}
-
 /* Chat's logprobs (bool) and top_logprobs (0-20) as req->logprobs. */
 static int parse_chat_logprobs(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
     int want = 0, top = 0,
@@ -643,42 +558,107 @@ static int parse_chat_logprobs(json_t *o, const ApiLimits *lim, ApiRequest *r, A
     return 0;
 }
 
-Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim, ChatTemplate tmpl,
-                      const char *bos, const char *eos, ApiRequest *req, ApiError *err) {
+Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
+                      const ApiChatTemplate *tmpl, ApiRequest *req, ApiError *err) {
     defaults(req, -1);
     json_t *o = load(body, len, err);
     if (!o) {
         api_request_free(req);
         return PL_ERR_INVALID;
     }
-    ApiChatMessage *msgs = NULL;
-    int num = 0;
-    Status st = PL_ERR_INVALID;
-    if (parse_messages(o, &msgs, &num, err) ||
+    char *text = NULL;
+    size_t text_len = 0;
+    if (refuse_unsupported(o, UNSUPPORTED_CHAT, err) ||
+        api_chat_prompt(tmpl, o, &text, &text_len, err) != PL_OK ||
         parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
         parse_max_tokens(o, "max_completion_tokens", lim, &req->max_tokens, err) < 0 ||
-        refuse_unsupported(o, UNSUPPORTED_CHAT, err) || parse_common(o, lim, req, err) ||
-        parse_chat_logprobs(o, lim, req, err))
-        goto done;
+        parse_common(o, lim, req, err) || parse_chat_logprobs(o, lim, req, err)) {
+        free(text);
+        json_decref(o);
+        api_request_free(req);
+        return PL_ERR_INVALID;
+    }
     req->best_of = req->n;
-    size_t text_len;
-    char *text = api_chat_render(tmpl, msgs, num, bos, eos, &text_len, err);
-    if (!text)
-        goto done;
     req->prompts = pl_xcalloc(1, sizeof *req->prompts);
     req->prompts[0].text = text;
     req->prompts[0].text_len = text_len;
     req->num_prompts = 1;
     req->is_chat = 1;
-    st = PL_OK;
-done:
-    for (int i = 0; i < num; i++)
-        free((char *)msgs[i].content);
-    free(msgs);
     json_decref(o);
-    if (st != PL_OK)
-        api_request_free(req);
-    return st;
+    return PL_OK;
+}
+
+/* ---- tokenize and detokenize ----------------------------------------------------------- */
+
+/* The fields of a /tokenize body (beside model). */
+static int tokenize_fields(json_t *o, const ApiLimits *lim, const ApiChatTemplate *tmpl,
+                           ApiTokenizeRequest *req, ApiError *err) {
+    (void)lim;
+    int chat = field(o, "messages") != NULL;
+    json_t *prompt = field(o, "prompt");
+    req->add_special_tokens = !chat;
+    if (opt_bool(o, "add_special_tokens", "add_special_tokens", &req->add_special_tokens, err) <
+            0 ||
+        opt_bool(o, "return_token_strs", "return_token_strs", &req->return_token_strs, err) < 0)
+        return -1;
+    if (chat)
+        return api_chat_prompt(tmpl, o, &req->text, &req->text_len, err) == PL_OK ? 0 : -1;
+    if (!json_is_string(prompt))
+        return bad(err, "prompt", "'prompt' (a string) or 'messages' is required");
+    req->text = text_dup(prompt, &req->text_len);
+    return 0;
+}
+
+/* The fields of a /detokenize body (beside model). */
+static int detokenize_fields(json_t *o, const ApiLimits *lim, const ApiChatTemplate *tmpl,
+                             ApiTokenizeRequest *req, ApiError *err) {
+    (void)tmpl;
+    json_t *tokens = field(o, "tokens");
+    if (!json_is_array(tokens))
+        return bad(err, "tokens", "'tokens' (a list of token ids) is required");
+    size_t n = json_array_size(tokens);
+    if (n > INT_MAX)
+        return bad(err, "tokens", "'tokens' is too long");
+    req->ids = pl_xmalloc((n ? n : 1) * sizeof *req->ids);
+    for (size_t i = 0; i < n; i++, req->num_ids++)
+        if (token_id(json_array_get(tokens, i), lim, "tokens", &req->ids[i], err))
+            return -1;
+    return 0;
+}
+
+typedef int (*TokenizerFields)(json_t *o, const ApiLimits *lim, const ApiChatTemplate *tmpl,
+                               ApiTokenizeRequest *req, ApiError *err);
+
+static Status parse_tokenizer_body(const char *body, size_t len, TokenizerFields fields,
+                                   const ApiLimits *lim, const ApiChatTemplate *tmpl,
+                                   ApiTokenizeRequest *req, ApiError *err) {
+    memset(req, 0, sizeof *req);
+    json_t *o = load(body, len, err);
+    if (!o)
+        return PL_ERR_INVALID;
+    int refused = opt_str(o, "model", &req->model, err) < 0 || fields(o, lim, tmpl, req, err) < 0;
+    json_decref(o);
+    if (!refused)
+        return PL_OK;
+    api_tokenize_free(req);
+    return PL_ERR_INVALID;
+}
+
+Status api_parse_tokenize(const char *body, size_t len, const ApiChatTemplate *tmpl,
+                          ApiTokenizeRequest *req, ApiError *err) {
+    return parse_tokenizer_body(body, len, tokenize_fields, NULL, tmpl, req, err);
+}
+
+Status api_parse_detokenize(const char *body, size_t len, const ApiLimits *lim,
+                            ApiTokenizeRequest *req, ApiError *err) {
+    return parse_tokenizer_body(body, len, detokenize_fields, lim, NULL, req, err);
+}
+
+void api_tokenize_free(ApiTokenizeRequest *req) {
+    free(req->model);
+    free(req->text);
+    free(req->ids);
+    memset(req, 0, sizeof *req);
 }
 
 /* ---- after tokenizing -------------------------------------------------------------------- */

@@ -1,216 +1,398 @@
-/* chat.c - chat template families: recognise one from a tokenizer_config.json Jinja source,
- * and render messages the way that family's Hugging Face template does (no Jinja engine:
- * each family is a few lines of C that reproduce the template's output byte for byte).
+/* chat.c - chat prompts as the model defines them: its Jinja chat template, parsed once at
+ * start-up (jinja/) and rendered per request with the context that transformers'
+ * apply_chat_template and vLLM give it.
  *
- *   ChatML   <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
- *   Llama-3  {bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>
- *            ... <|start_header_id|>assistant<|end_header_id|>\n\n
- *   Llama-2  {bos}[INST] {(<<SYS>>\n{system}\n<</SYS>>\n\n + user).strip()} [/INST]
- *             {assistant.strip()} {eos}{bos}[INST] ... [/INST]   (roles must alternate)
- *   Zephyr   <|{role}|>\n{content}{eos}\n ... <|assistant|>\n   (TinyLlama-Chat)
- *
- * "trim" / strip() is Python's str.strip(): Unicode whitespace at both ends. */
+ * The template is the chat-template key's (a file, or one of the built-in templates below),
+ * else the model folder's chat_template.jinja, else tokenizer_config.json's chat_template (a
+ * string, or a list of {name, template}: "default", and "tool_use" for requests with tools).
+ * The context: messages as sent (content parts joined with "\n", as vLLM does; other keys such
+ * as name, tool_calls and tool_call_id kept), add_generation_prompt, tools and documents (null
+ * when absent), bos_token / eos_token (tokenizer_config.json's, else the tokenizer's token
+ * texts), and chat_template_kwargs merged in (the request's own fields win).
+ * continue_final_message cuts the rendered text after the final message's content, with
+ * transformers' rule for whitespace the template trimmed. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "api.h"
+#include "jinja.h"
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} Buf;
+struct ApiChatTemplate {
+    JinjaTemplate *dflt;     /* the template */
+    JinjaTemplate *tool_use; /* tokenizer_config.json's "tool_use" template, or NULL */
+    char *bos_token;         /* NULL: undefined in the template */
+    char *eos_token;
+    int64_t now; /* strftime_now's clock (0 = the current time) */
+};
 
-static void put(Buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        b->p = pl_xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void puts_(Buf *b, const char *s) {
-    put(b, s, strlen(s));
-}
-
-/* Python's str.isspace() for one code point. */
-static int py_space(unsigned c) {
-    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-           c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-           c == 0x202f || c == 0x205f || c == 0x3000;
-}
-
-/* Decode the UTF-8 character at s (jansson checked it; a broken one counts as one byte, and
- * the NUL terminator is never passed); its length in *n. */
-static unsigned utf8_at(const unsigned char *s, size_t *n) {
-    size_t len = s[0] < 0xc0 ? 1 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : 4;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80)
-            len = 1;
-    if (len == 1)
-        return *n = 1, s[0];
-    if ((s[0] & 0xe0) == 0xc0)
-        return *n = 2, ((s[0] & 0x1fu) << 6) | (s[1] & 0x3f);
-    if ((s[0] & 0xf0) == 0xe0)
-        return *n = 3, ((s[0] & 0x0fu) << 12) | ((s[1] & 0x3fu) << 6) | (s[2] & 0x3f);
-    return *n = 4,
-           ((s[0] & 0x07u) << 18) | ((s[1] & 0x3fu) << 12) | ((s[2] & 0x3fu) << 6) | (s[3] & 0x3f);
-}
-
-/* Append s[0..len) with Python-whitespace stripped from both ends. */
-static void put_stripped(Buf *b, const char *s, size_t len) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t a = 0, z = len, n;
-    while (a < z && py_space(utf8_at(u + a, &n)))
-        a += n;
-    while (z > a) {
-        size_t k = z - 1;
-        while (k > a && (u[k] & 0xc0) == 0x80) /* back to the lead byte */
-            k--;
-        if (!py_space(utf8_at(u + k, &n)))
-            break;
-        z = k;
-    }
-    put(b, s + a, z - a);
-}
-
-static char *fail(Buf *b, ApiError *err, const char *msg) {
-    free(b->p);
-    api_error_set(err, 400, NULL, "messages", "%s", msg);
-    return NULL;
-}
-
-/* Llama-2: the template's loop over non-system messages, with the system message folded
- * into the first one. A lone system message renders nothing there; we refuse it. */
-static char *render_llama2(Buf *b, const ApiChatMessage *m, int n, const char *bos, const char *eos,
-                           ApiError *err) {
-    int first = n > 0 && strcmp(m[0].role, "system") == 0;
-    if (first == n)
-        return fail(b, err, "messages must hold a user message");
-    for (int i = first; i < n; i++) {
-        int user = strcmp(m[i].role, "user") == 0;
-        if (user != ((i - first) % 2 == 0) || (!user && strcmp(m[i].role, "assistant") != 0))
-            return fail(b, err,
-                        "Conversation roles must alternate user/assistant/user/assistant/...");
-        Buf c = {0};
-        if (i == first && first) {
-            puts_(&c, "<<SYS>>\n");
-            put(&c, m[0].content, m[0].content_len);
-            puts_(&c, "\n<</SYS>>\n\n");
-        }
-        put(&c, m[i].content, m[i].content_len);
-        if (user) {
-            puts_(b, bos);
-            puts_(b, "[INST] ");
-            put_stripped(b, c.p, c.len);
-            puts_(b, " [/INST]");
-        } else {
-            puts_(b, " ");
-            put_stripped(b, c.p, c.len);
-            puts_(b, " ");
-            puts_(b, eos);
-        }
-        free(c.p);
-    }
-    return b->p;
-}
-
-char *api_chat_render(ChatTemplate tmpl, const ApiChatMessage *msgs, int num_msgs, const char *bos,
-                      const char *eos, size_t *len, ApiError *err) {
-    Buf b = {0};
-    put(&b, "", 0); /* an empty conversation still gives a string */
-    *len = 0;
-    for (int i = 0; i < num_msgs; i++)
-        if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") &&
-            strcmp(msgs[i].role, "assistant")) {
-            free(b.p);
-            api_error_set(err, 400, NULL, "messages",
-                          "unknown role '%s' in messages[%d]: expected system, user or assistant",
-                          msgs[i].role, i);
-            return NULL;
-        }
-    switch (tmpl) {
-        case CHAT_CHATML:
-            for (int i = 0; i < num_msgs; i++) {
-                puts_(&b, "<|im_start|>");
-                puts_(&b, msgs[i].role);
-                puts_(&b, "\n");
-                put(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, "<|im_end|>\n");
-            }
-            puts_(&b, "<|im_start|>assistant\n");
-            return *len = b.len, b.p;
-        case CHAT_LLAMA3:
-            puts_(&b, bos ? bos : "<|begin_of_text|>");
-            for (int i = 0; i < num_msgs; i++) {
-                puts_(&b, "<|start_header_id|>");
-                puts_(&b, msgs[i].role);
-                puts_(&b, "<|end_header_id|>\n\n");
-                put_stripped(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, "<|eot_id|>");
-            }
-            puts_(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-            return *len = b.len, b.p;
-        case CHAT_LLAMA2:
-            if (!render_llama2(&b, msgs, num_msgs, bos ? bos : "<s>", eos ? eos : "</s>", err))
-                return NULL;
-            return *len = b.len, b.p;
-        case CHAT_ZEPHYR:
-            for (int i = 0; i < num_msgs; i++) {
-                puts_(&b, "<|");
-                puts_(&b, msgs[i].role);
-                puts_(&b, "|>\n");
-                put(&b, msgs[i].content, msgs[i].content_len);
-                puts_(&b, eos ? eos : "</s>");
-                puts_(&b, "\n");
-            }
-            puts_(&b, "<|assistant|>\n");
-            return *len = b.len, b.p;
-        case CHAT_NONE:
-            break;
-    }
-    free(b.p);
-    api_error_set(err, 400, NULL, NULL,
-                  "the model has no chat template, so /v1/chat/completions cannot be used "
-                  "(set the chat-template config key to chatml, llama3, llama2 or zephyr)");
-    return NULL;
-}
-
-ChatTemplate api_detect_chat_template(const char *src) {
-    if (!src)
-        return CHAT_NONE;
-    if (strstr(src, "<|im_start|>"))
-        return CHAT_CHATML;
-    if (strstr(src, "<|start_header_id|>"))
-        return CHAT_LLAMA3;
-    if (strstr(src, "[INST]"))
-        return CHAT_LLAMA2;
-    if (strstr(src, "<|user|>") && strstr(src, "<|assistant|>"))
-        return CHAT_ZEPHYR;
-    return CHAT_NONE;
-}
+/* ---- the built-in templates --------------------------------------------------------------
+ *
+ * Written for pagellm, for models whose folder has no template: each renders what the Hugging
+ * Face template of its family renders (Llama-2's also refuses roles out of turn and a system
+ * message alone; every one refuses roles other than system, user and assistant).
+ *
+ *   chatml  <|im_start|>{role}\n{content}<|im_end|>\n ... <|im_start|>assistant\n
+ *   llama3  {bos}<|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>
+ *           ... <|start_header_id|>assistant<|end_header_id|>\n\n
+ *   llama2  {bos}[INST] {(<<SYS>>\n{system}\n<</SYS>>\n\n + user).strip()} [/INST]
+ *            {assistant.strip()} {eos}{bos}[INST] ... [/INST]
+ *   zephyr  <|{role}|>\n{content}{eos}\n ... <|assistant|>\n   (TinyLlama-Chat) */
+#define KNOWN_ROLES                                                                                \
+    "{% for message in messages %}{% if message['role'] not in ['system', 'user', 'assistant'] "   \
+    "%}{{ raise_exception(\"unknown role '\" ~ message['role'] ~ \"' in messages[\" ~ "            \
+    "loop.index0 ~ \"]: expected system, user or assistant\") }}{% endif %}{% endfor %}"
 
 static const struct {
-    const char *name;
-    ChatTemplate t;
-} NAMES[] = {{"chatml", CHAT_CHATML},
-             {"llama3", CHAT_LLAMA3},
-             {"llama2", CHAT_LLAMA2},
-             {"zephyr", CHAT_ZEPHYR},
-             {"mistral", CHAT_LLAMA2}};
+    const char *name, *source;
+} BUILTINS[] = {
+    {"chatml", KNOWN_ROLES "{% for message in messages %}{{ '<|im_start|>' + message['role'] + "
+                           "'\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if "
+                           "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {"llama3",
+     KNOWN_ROLES "{{ bos_token if bos_token is defined else '<|begin_of_text|>' }}{% for "
+                 "message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+                 "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor "
+                 "%}{% if add_generation_prompt %}{{ "
+                 "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"},
+    {"llama2",
+     KNOWN_ROLES "{% set bos = bos_token if bos_token is defined else '<s>' %}{% set eos = "
+                 "eos_token if eos_token is defined else '</s>' %}{% set has_system = "
+                 "messages[0]['role'] == 'system' %}{% set turns = messages[1:] if has_system "
+                 "else messages %}{% if not turns %}{{ raise_exception('messages must hold a user "
+                 "message') }}{% endif %}{% for message in turns %}{% if message['role'] == "
+                 "'system' or (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+                 "raise_exception('Conversation roles must alternate "
+                 "user/assistant/user/assistant/...') }}{% endif %}{% set content = "
+                 "message['content'] %}{% if loop.first and has_system %}{% set content = "
+                 "'<<SYS>>\\n' + messages[0]['content'] + '\\n<</SYS>>\\n\\n' + content %}{% "
+                 "endif %}{% if message['role'] == 'user' %}{{ bos + '[INST] ' + content.strip() "
+                 "+ ' [/INST]' }}{% else %}{{ ' ' + content.strip() + ' ' + eos }}{% endif %}{% "
+                 "endfor %}"},
+    {"zephyr", KNOWN_ROLES
+     "{% set eos = eos_token if eos_token is defined else '</s>' %}{% for "
+     "message in messages %}{{ '<|' + message['role'] + '|>\\n' + message['content'] + "
+     "eos + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% "
+     "endif %}"},
+};
 
-ChatTemplate api_chat_template_by_name(const char *name) {
-    for (size_t i = 0; name && i < sizeof NAMES / sizeof NAMES[0]; i++)
-        if (strcmp(name, NAMES[i].name) == 0)
-            return NAMES[i].t;
-    return CHAT_NONE;
+#define NUM_BUILTINS ((int)(sizeof BUILTINS / sizeof BUILTINS[0]))
+
+/* ---- loading ----------------------------------------------------------------------------- */
+
+static Status parse_into(JinjaTemplate **out, const char *src, size_t len, const char *where) {
+    char err[512];
+    *out = jinja_parse(src, len, err, sizeof err);
+    return *out ? PL_OK : pl_error_set(PL_ERR_INVALID, "%s: %s", where, err);
 }
 
-const char *api_chat_template_name(ChatTemplate t) {
-    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++)
-        if (NAMES[i].t == t)
-            return NAMES[i].name;
-    return "none";
+/* tokenizer_config.json's bos_token / eos_token (a string, or an object with "content"), else
+ * the fallback (the tokenizer's token text); NULL when neither. */
+static char *special_token(json_t *cfg, const char *key, const char *fallback) {
+    json_t *v = json_object_get(cfg, key);
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    if (json_is_string(v))
+        return pl_xstrdup(json_string_value(v));
+    return fallback ? pl_xstrdup(fallback) : NULL;
+}
+
+/* The chat-template key: a built-in name, else a file. */
+static Status load_setting(ApiChatTemplate *t, const char *setting) {
+    for (int i = 0; i < NUM_BUILTINS; i++)
+        if (!strcmp(setting, BUILTINS[i].name))
+            return parse_into(&t->dflt, BUILTINS[i].source, strlen(BUILTINS[i].source),
+                              BUILTINS[i].name);
+    char *src;
+    size_t len;
+    if (pl_read_file(setting, &src, &len) != PL_OK)
+        return pl_error_set(PL_ERR_INVALID,
+                            "key 'chat-template' = '%s' is neither a built-in template (chatml, "
+                            "llama3, llama2, zephyr) nor a readable file (%s)",
+                            setting, pl_error());
+    Status st = parse_into(&t->dflt, src, len, setting);
+    free(src);
+    return st;
+}
+
+/* tokenizer_config.json's chat_template: a string, or a list of {name, template}. */
+static Status load_config_template(ApiChatTemplate *t, json_t *ct, const char *path) {
+    char where[4200];
+    snprintf(where, sizeof where, "%s: chat_template", path);
+    if (json_is_string(ct))
+        return parse_into(&t->dflt, json_string_value(ct), json_string_length(ct), where);
+    size_t i;
+    json_t *e;
+    json_array_foreach(ct, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        json_t *src = json_object_get(e, "template");
+        if (!name || !json_is_string(src))
+            return pl_error_set(PL_ERR_INVALID, "%s[%zu] must be an object {name, template}", where,
+                                i);
+        JinjaTemplate **slot = !strcmp(name, "default")    ? &t->dflt
+                               : !strcmp(name, "tool_use") ? &t->tool_use
+                                                           : NULL;
+        if (!slot || *slot)
+            continue;
+        snprintf(where, sizeof where, "%s: chat_template '%s'", path, name);
+        if (parse_into(slot, json_string_value(src), json_string_length(src), where) != PL_OK)
+            return PL_ERR_INVALID;
+    }
+    if (json_is_array(ct) && !t->dflt)
+        return pl_error_set(PL_ERR_INVALID, "%s: chat_template lists no 'default' template", path);
+    return PL_OK;
+}
+
+/* The model folder's chat_template.jinja, else tokenizer_config.json's chat_template. */
+static Status load_model_template(ApiChatTemplate *t, const char *dir, json_t *cfg,
+                                  const char *cfg_path) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (access(path, F_OK) != 0)
+        return load_config_template(t, json_object_get(cfg, "chat_template"), cfg_path);
+    char *src;
+    size_t len;
+    if (pl_read_file(path, &src, &len) != PL_OK)
+        return PL_ERR_IO;
+    Status st = parse_into(&t->dflt, src, len, path);
+    free(src);
+    return st;
+}
+
+Status api_chat_template_load(const ApiChatTemplateSpec *spec, ApiChatTemplate **out) {
+    *out = NULL;
+    ApiChatTemplate *t = pl_xcalloc(1, sizeof *t);
+    t->now = spec->now;
+    char cfg_path[4096] = "";
+    json_t *cfg = NULL;
+    if (spec->model_dir) {
+        snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", spec->model_dir);
+        cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, NULL); /* tok_load checked it */
+    }
+    t->bos_token = special_token(cfg, "bos_token", spec->bos_token);
+    t->eos_token = special_token(cfg, "eos_token", spec->eos_token);
+    Status st = PL_OK;
+    if (spec->setting)
+        st = load_setting(t, spec->setting);
+    else if (spec->model_dir)
+        st = load_model_template(t, spec->model_dir, cfg, cfg_path);
+    json_decref(cfg);
+    if (st != PL_OK || !t->dflt) {
+        api_chat_template_free(t);
+        return st;
+    }
+    *out = t;
+    return PL_OK;
+}
+
+void api_chat_template_free(ApiChatTemplate *t) {
+    if (!t)
+        return;
+    jinja_free(t->dflt);
+    jinja_free(t->tool_use);
+    free(t->bos_token);
+    free(t->eos_token);
+    free(t);
+}
+
+/* ---- the request's context ----------------------------------------------------------------- */
+
+static json_t *field(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* messages[i].content as one string: text parts joined with "\n" (as vLLM); none is "" for an
+ * assistant message (OpenAI allows it: tool calls). NULL with *err filled when refused. */
+static json_t *message_text(json_t *m, size_t i, const char *role, ApiError *err) {
+    json_t *c = field(m, "content");
+    if (!c && !strcmp(role, "assistant"))
+        return json_string("");
+    if (json_is_string(c))
+        return json_incref(c);
+    if (!json_is_array(c)) {
+        api_error_set(err, 400, NULL, "messages",
+                      "'messages[%zu].content' must be a string or a list of text parts", i);
+        return NULL;
+    }
+    size_t len = 0, k;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        json_t *text = json_object_get(part, "text");
+        if (!type || strcmp(type, "text") != 0) {
+            api_error_set(
+                err, 400, NULL, "messages",
+                "'messages[%zu].content[%zu]': only parts of type 'text' are supported (got "
+                "%s%s%s)",
+                i, k, type ? "'" : "", type ? type : "no type", type ? "'" : "");
+            return NULL;
+        }
+        if (!json_is_string(text)) {
+            api_error_set(err, 400, NULL, "messages",
+                          "'messages[%zu].content[%zu].text' must be a string", i, k);
+            return NULL;
+        }
+        len += json_string_length(text) + 1;
+    }
+    char *s = pl_xmalloc(len + 1), *p = s;
+    json_array_foreach(c, k, part) {
+        json_t *text = json_object_get(part, "text");
+        if (k)
+            *p++ = '\n';
+        memcpy(p, json_string_value(text), json_string_length(text));
+        p += json_string_length(text);
+    }
+    json_t *out = json_stringn(s, (size_t)(p - s));
+    free(s);
+    return out;
+}
+
+/* body.messages as the template sees them: each message copied with its content as a string. */
+static json_t *chat_messages(json_t *body, ApiError *err) {
+    json_t *arr = field(body, "messages");
+    const char *why = !arr                    ? "'messages' is required"
+                      : !json_is_array(arr)   ? "'messages' must be a list of messages"
+                      : !json_array_size(arr) ? "'messages' must not be empty"
+                                              : NULL;
+    if (why) {
+        api_error_set(err, 400, NULL, "messages", "%s", why);
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(arr, i, m) {
+        json_t *role = json_object_get(m, "role"), *text;
+        if (!json_is_object(m)) {
+            api_error_set(err, 400, NULL, "messages", "'messages[%zu]' must be an object", i);
+        } else if (!json_is_string(role) ||
+                   strlen(json_string_value(role)) != json_string_length(role)) {
+            api_error_set(err, 400, NULL, "messages",
+                          "'messages[%zu].role' must be a string without \\u0000", i);
+        } else if ((text = message_text(m, i, json_string_value(role), err))) {
+            json_t *copy = json_copy(m);
+            json_object_set_new(copy, "content", text);
+            json_array_append_new(out, copy);
+            continue;
+        }
+        json_decref(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* body[key]: absent or null gives dflt; a boolean its value; else -1 (refused). */
+static int flag(json_t *body, const char *key, int dflt, ApiError *err) {
+    json_t *v = field(body, key);
+    if (!v)
+        return dflt;
+    if (!json_is_boolean(v)) {
+        api_error_set(err, 400, NULL, key, "'%s' must be a boolean", key);
+        return -1;
+    }
+    return json_is_true(v);
+}
+
+/* body[key] when it is absent, null or of the JSON type `want` (*out: the value or NULL). */
+static int typed(json_t *body, const char *key, json_type want, const char *what, json_t **out,
+                 ApiError *err) {
+    *out = field(body, key);
+    if (!*out || json_typeof(*out) == want)
+        return 0;
+    api_error_set(err, 400, NULL, key, "'%s' must be %s", key, what);
+    return -1;
+}
+
+/* transformers' continue_final_message: cut `text` after the final message's content (the
+ * stripped content's last occurrence; its trailing whitespace kept only where the template
+ * kept it). Returns the new length, or -1 when the content is not in the text. */
+static long cut_after_final(const char *text, size_t len, json_t *final) {
+    const char *c = json_string_value(final);
+    size_t n = json_string_length(final), lead = jinja_ws_prefix(c, n);
+    size_t core = n - lead - (lead < n ? jinja_ws_suffix(c, n) : 0); /* strip() */
+    for (size_t at = core <= len ? len - core + 1 : 0; at-- > 0;) {
+        if (memcmp(text + at, c + lead, core) != 0)
+            continue;
+        size_t keep = n - lead; /* len(content.lstrip()) */
+        if (at + keep <= len && lead == 0 && memcmp(text + at, c, n) == 0)
+            return (long)(at + keep);
+        return (long)(at + core);
+    }
+    return -1;
+}
+
+Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **text, size_t *len,
+                       ApiError *err) {
+    *text = NULL;
+    json_t *messages = chat_messages(body, err), *kwargs, *tools, *documents;
+    if (!messages)
+        return PL_ERR_INVALID;
+    json_t *ctx = json_object();
+    int agp = flag(body, "add_generation_prompt", 1, err);
+    int cfm = agp < 0 ? -1 : flag(body, "continue_final_message", 0, err);
+    if (cfm < 0 ||
+        typed(body, "chat_template_kwargs", JSON_OBJECT, "an object", &kwargs, err) < 0 ||
+        typed(body, "documents", JSON_ARRAY, "a list of objects", &documents, err) < 0 ||
+        typed(body, "tools", JSON_ARRAY, "a list of tools", &tools, err) < 0)
+        goto fail;
+    if (agp && cfm) {
+        api_error_set(err, 400, NULL, "continue_final_message",
+                      "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+        goto fail;
+    }
+    if (!t) {
+        api_error_set(err, 400, NULL, NULL,
+                      "the model has no chat template, so /v1/chat/completions cannot be used "
+                      "(set the chat-template config key to a template file or to chatml, "
+                      "llama3, llama2 or zephyr)");
+        goto fail;
+    }
+    if (t->bos_token)
+        json_object_set_new(ctx, "bos_token", json_string(t->bos_token));
+    if (t->eos_token)
+        json_object_set_new(ctx, "eos_token", json_string(t->eos_token));
+    if (kwargs)
+        json_object_update(ctx, kwargs);
+    json_object_set(ctx, "messages", messages);
+    json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));
+    json_object_set_new(ctx, "tools", tools ? json_incref(tools) : json_null());
+    json_object_set_new(ctx, "documents", documents ? json_incref(documents) : json_null());
+    JinjaRenderOptions opts = {.now = t->now};
+    char msg[sizeof err->message];
+    int raised = 0;
+    *text = jinja_render_opts(tools && t->tool_use ? t->tool_use : t->dflt, ctx, &opts, len,
+                              &raised, msg, sizeof msg);
+    if (!*text) {
+        api_error_set(err, 400, NULL, "messages", "%s%s",
+                      raised ? "" : "chat template error: ", msg);
+        goto fail;
+    }
+    if (cfm) {
+        json_t *final =
+            json_object_get(json_array_get(messages, json_array_size(messages) - 1), "content");
+        long cut = cut_after_final(*text, *len, final);
+        if (cut < 0) {
+            api_error_set(
+                err, 400, NULL, "continue_final_message",
+                "continue_final_message is set but the final message does not appear in the "
+                "chat after applying the chat template");
+            goto fail;
+        }
+        (*text)[cut] = 0;
+        *len = (size_t)cut;
+    }
+    json_decref(ctx);
+    json_decref(messages);
+    return PL_OK;
+fail:
+    free(*text);
+    *text = NULL;
+    json_decref(ctx);
+    json_decref(messages);
+    return PL_ERR_INVALID;
 }

@@ -693,11 +693,8 @@ static int check_sequences(Server *s, const ApiRequest *q, ApiError *err) {
 }
 
 static int check_request(Server *s, const ApiRequest *q, ApiError *err) {
-    if (q->model && strcmp(q->model, s->model_name) != 0) {
-        api_error_set(err, 404, "not_found_error", "model", "The model '%s' does not exist.",
-                      q->model);
+    if (!srv_model_known(s, q->model, err))
         return 0;
-    }
     if (q->stream && q->best_of > q->n) {
         api_error_set(err, 400, "invalid_request_error", "best_of",
                       "best_of must equal n when streaming");
@@ -721,8 +718,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
                      .max_logprobs = 20};
     ApiRequest q;
     ApiError err;
-    Status st = is_chat ? api_parse_chat(body, len, &lim, s->chat_template, s->bos_text,
-                                         s->eos_text, &q, &err)
+    Status st = is_chat ? api_parse_chat(body, len, &lim, s->chat_template, &q, &err)
                         : api_parse_completion(body, len, &lim, &q, &err);
     if (st != PL_OK)
         return srv_send_error(s, conn, &err);
@@ -813,6 +809,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
                                                                    stream_reader, cr, stream_free);
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        cors_add_headers(s, conn, r);
         enum MHD_Result ret = MHD_queue_response(conn, 200, r);
         MHD_destroy_response(r);
         met_http_request(s->metrics, 200);

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <jansson.h>
 #include <yaml.h>
 
 #include "config.h"
@@ -95,6 +96,46 @@ static void list_values(const CfgKey *k, char *buf, size_t size) {
     }
 }
 
+/* A list value: a JSON list of strings, or text split at commas (spaces around items
+ * dropped); every item non-empty. */
+static Status parse_list(const char *v, char ***out, Why *w) {
+    json_t *arr = NULL;
+    if (v[0] == '[') {
+        json_error_t je;
+        if (!(arr = json_loads(v, 0, &je)) || !json_is_array(arr)) {
+            json_decref(arr);
+            return why_set(w, 0, "must be a list, got '%.64s' (%s)", v, je.text);
+        }
+    } else {
+        arr = json_array();
+        for (const char *p = v;; p++) {
+            size_t n = strcspn(p, ","), a = 0;
+            while (a < n && isspace((unsigned char)p[a]))
+                a++;
+            while (n > a && isspace((unsigned char)p[n - 1]))
+                n--;
+            json_array_append_new(arr, json_stringn(p + a, n - a));
+            p += strcspn(p, ",");
+            if (!*p)
+                break;
+        }
+    }
+    size_t n = json_array_size(arr), i;
+    json_t *e;
+    json_array_foreach(arr, i, e) {
+        if (!json_is_string(e) || !json_string_length(e) ||
+            strlen(json_string_value(e)) != json_string_length(e)) {
+            json_decref(arr);
+            return why_set(w, 0, "must be a list of non-empty strings, got '%.64s'", v);
+        }
+    }
+    cfg_list_free(out);
+    *out = pl_xcalloc(n + 1, sizeof **out);
+    json_array_foreach(arr, i, e)(*out)[i] = pl_xstrdup(json_string_value(e));
+    json_decref(arr);
+    return PL_OK;
+}
+
 /* Parse `v` for key k and store it in c, or explain why not in *w. */
 static Status parse_value(Config *c, const CfgKey *k, const char *v, Why *w) {
     char *field = (char *)c + k->offset;
@@ -162,6 +203,8 @@ static Status parse_value(Config *c, const CfgKey *k, const char *v, Why *w) {
             *p = pl_xstrdup(v);
             return PL_OK;
         }
+        case CFG_LIST:
+            return parse_list(v, (char ***)field, w);
         case CFG_ENUM:
             for (const CfgEnumValue *e = k->values; e->name; e++) {
                 if (strcasecmp(v, e->name))
@@ -219,6 +262,31 @@ static size_t line_of(const yaml_event_t *ev) {
     return ev->start_mark.line + 1;
 }
 
+/* A YAML list of scalars for list key k, after its SEQUENCE_START: set as its JSON text. */
+static Status load_list(Config *c, const CfgKey *k, yaml_parser_t *p, const char *path,
+                        const char *origin) {
+    json_t *arr = json_array();
+    yaml_event_t ev;
+    Status s;
+    while ((s = next_event(p, &ev, path)) == PL_OK && ev.type == YAML_SCALAR_EVENT) {
+        json_array_append_new(arr, json_string((const char *)ev.data.scalar.value));
+        yaml_event_delete(&ev);
+    }
+    if (s == PL_OK && ev.type != YAML_SEQUENCE_END_EVENT) {
+        Why w;
+        why_set(&w, 0, "must be a list of strings");
+        s = fail(origin, k->name, &w);
+    }
+    if (s == PL_OK) {
+        char *text = json_dumps(arr, JSON_COMPACT);
+        s = set_key(c, k, text, origin);
+        free(text);
+    }
+    yaml_event_delete(&ev); /* a failed parse left it zeroed */
+    json_decref(arr);
+    return s;
+}
+
 /* The key/value pairs of the top-level mapping, after its MAPPING_START. */
 static Status load_pairs(Config *c, yaml_parser_t *p, const char *path) {
     int n;
@@ -262,6 +330,8 @@ static Status load_pairs(Config *c, yaml_parser_t *p, const char *path) {
         snprintf(origin, sizeof origin, "%s:%zu", path, line_of(&ev));
         if (ev.type == YAML_SCALAR_EVENT && !is_null_scalar(&ev)) {
             s = set_key(c, k, (const char *)ev.data.scalar.value, origin);
+        } else if (ev.type == YAML_SEQUENCE_START_EVENT && k->type == CFG_LIST) {
+            s = load_list(c, k, p, path, origin);
         } else {
             Why w = {.value_first = 0};
             if (ev.type == YAML_SCALAR_EVENT)
@@ -403,6 +473,12 @@ int cfg_parse_flag(Config *c, int argc, char **argv, int *i) {
 
 /* ---- checks across keys --------------------------------------------------------------- */
 
+/* The key's field is a pointer (NULL when unset). */
+static int holds_pointer(const CfgKey *k) {
+    return k->type == CFG_STRING || k->type == CFG_LIST ||
+           (k->type == CFG_ENUM && k->enum_as_string);
+}
+
 Status cfg_validate(const Config *c) {
     int n;
     const CfgKey *table = cfg_keys(&n);
@@ -411,8 +487,7 @@ Status cfg_validate(const Config *c) {
     for (int i = 0; i < n; i++) {
         const CfgKey *k = &table[i];
         const char *field = (const char *)c + k->offset;
-        int is_ptr = k->type == CFG_STRING || (k->type == CFG_ENUM && k->enum_as_string);
-        if (is_ptr && !*(const char *const *)field) {
+        if (holds_pointer(k) && !*(const char *const *)field) {
             if (k->unset)
                 continue;
             return pl_error_set(PL_ERR_INVALID, "key '%s' needs a value", k->name);
@@ -533,8 +608,7 @@ void cfg_write_yaml(FILE *f, const Config *c) {
     for (int i = 0; i < n; i++) {
         const CfgKey *k = &table[i];
         const char *field = (const char *)c + k->offset;
-        int is_ptr = k->type == CFG_STRING || (k->type == CFG_ENUM && k->enum_as_string);
-        if ((is_ptr && !*(const char *const *)field) ||
+        if ((holds_pointer(k) && !*(const char *const *)field) ||
             (k->type == CFG_INT && k->min > 0 && *(const int *)field == 0)) {
             fprintf(f, "# %s: (%s)\n", k->name, k->unset ? k->unset : "unset");
             continue;

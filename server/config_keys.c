@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "config.h"
 
 /* Enum fields are written through an int pointer. */
@@ -30,8 +32,6 @@ static const CfgEnumValue preemption_modes[] = {
     {"swap", PREEMPT_SWAP}, {"recompute", PREEMPT_RECOMPUTE}, {NULL, 0}};
 static const CfgEnumValue log_levels[] = {
     {"debug", 0}, {"info", 0}, {"warning", 0}, {"error", 0}, {NULL, 0}};
-static const CfgEnumValue chat_templates[] = {
-    {"chatml", 0}, {"llama3", 0}, {"llama2", 0}, {"zephyr", 0}, {NULL, 0}};
 
 /* Row helpers: name, field, range / values, metavar, help, text shown when unset. */
 #define KEY_INT(n, f, lo, hi, mv, h, u)                                                            \
@@ -48,6 +48,8 @@ static const CfgEnumValue chat_templates[] = {
     { .name = n, .type = CFG_BOOL, .offset = OFF(f), .metavar = "BOOL", .help = h }
 #define KEY_STRING(n, f, mv, h, u)                                                                 \
     { .name = n, .type = CFG_STRING, .offset = OFF(f), .metavar = mv, .help = h, .unset = u }
+#define KEY_LIST(n, f, h, u)                                                                       \
+    { .name = n, .type = CFG_LIST, .offset = OFF(f), .metavar = "LIST", .help = h, .unset = u }
 #define KEY_ENUM(n, f, vals, as_str, mv, h, u)                                                     \
     {                                                                                              \
         .name = n, .type = CFG_ENUM, .offset = OFF(f), .values = vals, .enum_as_string = as_str,   \
@@ -133,8 +135,14 @@ static const CfgKey keys[] = {
         "seconds a client has to send a whole request and a connection may stay idle, and the "
         "shutdown grace; 0 = none"),
     KEY_ENUM("log-level", log_level, log_levels, 1, "LEVEL", "debug, info, warning or error", NULL),
-    KEY_ENUM("chat-template", chat_template, chat_templates, 1, "NAME",
-             "chat template: chatml, llama3, llama2 or zephyr", "from tokenizer_config.json"),
+    KEY_STRING("chat-template", chat_template, "FILE|NAME",
+               "chat template: a Jinja file, or chatml, llama3, llama2 or zephyr",
+               "the model's chat_template.jinja or tokenizer_config.json"),
+    KEY_LIST("allowed-origins", allowed_origins,
+             "CORS: origins answered with Access-Control-Allow-Origin (\"*\" = any)", "none"),
+    KEY_LIST("allowed-methods", allowed_methods, "CORS: methods a preflight may ask for", NULL),
+    KEY_LIST("allowed-headers", allowed_headers, "CORS: headers a preflight may ask for", NULL),
+    KEY_BOOL("allow-credentials", allow_credentials, "CORS: Access-Control-Allow-Credentials"),
 };
 
 #define NUM_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -234,6 +242,19 @@ const char *cfg_format_value(const Config *c, const CfgKey *k, char *buf, size_t
         case CFG_BOOL:
             snprintf(buf, size, "%s", *(const int *)field ? "true" : "false");
             break;
+        case CFG_LIST: {
+            char *const *list = *(char *const *const *)field;
+            if (!list)
+                return unset;
+            json_t *arr = json_array();
+            for (; *list; list++)
+                json_array_append_new(arr, json_string(*list));
+            char *text = json_dumps(arr, JSON_COMPACT);
+            json_decref(arr);
+            snprintf(buf, size, "%s", text);
+            free(text);
+            break;
+        }
         case CFG_STRING:
         case CFG_ENUM: {
             const char *s = NULL;
@@ -272,6 +293,15 @@ void cfg_init(Config *c) {
     c->max_request_bytes = 1 << 20;
     c->request_timeout = 60;
     c->log_level = "info";
+    cfg_set(c, "allowed-methods", "*", NULL);
+    cfg_set(c, "allowed-headers", "*", NULL);
+}
+
+void cfg_list_free(char ***list) {
+    for (char **p = *list; p && *p; p++)
+        free(*p);
+    free(*list);
+    *list = NULL;
 }
 
 void cfg_free(Config *c) {
@@ -280,6 +310,8 @@ void cfg_free(Config *c) {
             char **p = (char **)((char *)c + keys[i].offset);
             free(*p);
             *p = NULL;
+        } else if (keys[i].type == CFG_LIST) {
+            cfg_list_free((char ***)((char *)c + keys[i].offset));
         }
     }
     memset(c, 0, sizeof *c);

@@ -251,6 +251,7 @@ static enum MHD_Result respond(Server *s, struct MHD_Connection *conn, int statu
     MHD_add_response_header(r, "Content-Type", type);
     if (header)
         MHD_add_response_header(r, header, value);
+    cors_add_headers(s, conn, r);
     enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
     MHD_destroy_response(r);
     met_http_request(s->metrics, status);
@@ -264,6 +265,13 @@ enum MHD_Result srv_send_json(Server *s, struct MHD_Connection *conn, int status
 
 enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err) {
     return srv_send_json(s, conn, err->status, api_error_json(err));
+}
+
+int srv_model_known(const Server *s, const char *model, ApiError *err) {
+    if (!model || !strcmp(model, s->model_name))
+        return 1;
+    api_error_set(err, 404, "not_found_error", "model", "The model '%s' does not exist.", model);
+    return 0;
 }
 
 /* Constant-time comparison of the bearer token with the configured key. */
@@ -316,17 +324,24 @@ static enum MHD_Result metrics(Server *s, struct MHD_Connection *conn) {
     return respond(s, conn, 200, MET_CONTENT_TYPE, met_render(s->metrics, &st), NULL, NULL);
 }
 
+typedef enum { GET_ROUTE, COMPLETIONS, CHAT, TOKENIZE, DETOKENIZE } RouteKind;
+
 typedef struct {
     const char *path;
     const char *method;
     int needs_model; /* 503 while loading */
-    int completion;  /* 0 = GET route, 1 = completions, 2 = chat */
+    RouteKind kind;
 } Route;
 
 static const Route routes[] = {
-    {"/health", "GET", 1, 0},          {"/version", "GET", 0, 0},
-    {"/v1/models", "GET", 1, 0},       {"/metrics", "GET", 0, 0},
-    {"/v1/completions", "POST", 1, 1}, {"/v1/chat/completions", "POST", 1, 2},
+    {"/health", "GET", 1, GET_ROUTE},
+    {"/version", "GET", 0, GET_ROUTE},
+    {"/v1/models", "GET", 1, GET_ROUTE},
+    {"/metrics", "GET", 0, GET_ROUTE},
+    {"/v1/completions", "POST", 1, COMPLETIONS},
+    {"/v1/chat/completions", "POST", 1, CHAT},
+    {"/tokenize", "POST", 1, TOKENIZE},
+    {"/detokenize", "POST", 1, DETOKENIZE},
 };
 
 static const Route *find_route(const char *url, int *path_known) {
@@ -349,6 +364,8 @@ static enum MHD_Result fail(Server *s, struct MHD_Connection *conn, int status, 
 /* The final call for a request whose body is complete. */
 static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const char *url,
                                 const char *method, ConnCtx *c) {
+    if (cors_is_preflight(s, conn, method)) /* before routes and the API key, as Starlette */
+        return cors_preflight(s, conn);
     int known;
     const Route *rt = find_route(url, &known);
     if (!known)
@@ -383,10 +400,12 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
         return models(s, conn);
     if (!strcmp(url, "/metrics"))
         return metrics(s, conn);
+    if (rt->kind == TOKENIZE || rt->kind == DETOKENIZE)
+        return tokenize_answer(s, conn, rt->kind == DETOKENIZE, c->body ? c->body : "", c->len);
     if (atomic_load(&s->stopping))
         return fail(s, conn, 503, "server_error", "%s", "the server is shutting down");
     enum MHD_Result ret =
-        completion_start(s, conn, rt->completion == 2, c->body ? c->body : "", c->len, &c->cr);
+        completion_start(s, conn, rt->kind == CHAT, c->body ? c->body : "", c->len, &c->cr);
     if (c->cr) /* before on_completed can run: this thread handles the connection */
         c->watch = watch_add(s->watcher, conn, c->cr);
     return ret;
@@ -525,28 +544,16 @@ static void raise_fd_limit(void) {
     }
 }
 
+/* The chat template (parsed once here; a parse error stops the start), with the tokenizer's
+ * BOS / EOS texts where tokenizer_config.json names none. */
 static Status load_chat_template(Server *s) {
-    const char *name = s->cfg->chat_template;
-    if (name) {
-        s->chat_template = api_chat_template_by_name(name);
-    } else {
-        char path[4096], *text = NULL;
-        snprintf(path, sizeof path, "%s/tokenizer_config.json", s->cfg->engine.model_dir);
-        if (pl_read_file(path, &text, NULL) == PL_OK) {
-            json_t *root = json_loads(text, JSON_DECODE_INT_AS_REAL, NULL);
-            const char *tmpl = json_string_value(json_object_get(root, "chat_template"));
-            s->chat_template = api_detect_chat_template(tmpl);
-            json_decref(root);
-            free(text);
-        }
-    }
     const Tokenizer *tok = eng_tokenizer(s->engine);
     int bos = tok ? tok_bos_id(tok) : -1, eos = tok ? tok_eos_id(tok) : -1;
-    if (bos >= 0 && tok_id_to_token(tok, bos))
-        s->bos_text = pl_xstrdup(tok_id_to_token(tok, bos));
-    if (eos >= 0 && tok_id_to_token(tok, eos))
-        s->eos_text = pl_xstrdup(tok_id_to_token(tok, eos));
-    return PL_OK;
+    ApiChatTemplateSpec spec = {.setting = s->cfg->chat_template,
+                                .model_dir = s->cfg->engine.model_dir,
+                                .bos_token = bos >= 0 ? tok_id_to_token(tok, bos) : NULL,
+                                .eos_token = eos >= 0 ? tok_id_to_token(tok, eos) : NULL};
+    return api_chat_template_load(&spec, &s->chat_template);
 }
 
 Status srv_start(const Config *cfg, Server **out) {
@@ -655,8 +662,7 @@ void srv_destroy(Server *s) {
     watcher_destroy(s->watcher);
     eng_destroy(s->engine);
     met_destroy(s->metrics);
-    free(s->bos_text);
-    free(s->eos_text);
+    api_chat_template_free(s->chat_template);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
 }

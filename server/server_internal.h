@@ -37,9 +37,7 @@ struct Server {
     struct MHD_Daemon *daemon;
     Deadlines *deadlines; /* request-timeout for receiving requests, or NULL */
     Engine *engine;
-    ChatTemplate chat_template;
-    char *bos_text; /* BOS / EOS token texts for chat templates, or NULL */
-    char *eos_text;
+    ApiChatTemplate *chat_template; /* NULL: the model has none and no key names one */
     Metrics *metrics;
     atomic_int listening; /* the daemon started (libmicrohttpd's messages go to stderr) */
     char mhd_error[256];  /* libmicrohttpd's last message while the daemon starts */
@@ -132,6 +130,21 @@ void completion_release_http(CompletionReq *cr, int completed_ok);
 /* The client went away before the answer was complete: abort the request's engine runs (its
  * KV blocks are freed at the next step). Safe to call more than once. */
 void completion_abandon(CompletionReq *cr);
+
+/* tokenize.c: POST /tokenize (detokenize 0) and /detokenize (1), body complete. */
+enum MHD_Result tokenize_answer(Server *s, struct MHD_Connection *conn, int detokenize,
+                                const char *body, size_t len);
+
+/* cors.c: CORS headers (allowed-origins and the keys after it). */
+/* 1 when the request is a CORS preflight this server answers (allowed-origins is set). */
+int cors_is_preflight(const Server *s, struct MHD_Connection *conn, const char *method);
+/* Answer the preflight: 204, or 400 naming what is not allowed. */
+enum MHD_Result cors_preflight(Server *s, struct MHD_Connection *conn);
+/* Add Access-Control-Allow-Origin (and Vary, -Credentials) for the request's Origin. */
+void cors_add_headers(const Server *s, struct MHD_Connection *conn, struct MHD_Response *r);
+
+/* 0 with a 404 in *err when `model` (NULL: not named) is not the served model's name. */
+int srv_model_known(const Server *s, const char *model, ApiError *err);
 
 /* Send an OpenAI-shaped error. */
 enum MHD_Result srv_send_error(Server *s, struct MHD_Connection *conn, const ApiError *err);

@@ -2,11 +2,11 @@
  *
  * Completions: every accepted form of prompt, defaults, every field read back, and one case
  * per bad input this layer can see (status 400, the right param, a message naming the
- * field, *req left zeroed). Chat: rendering of each template family against strings
- * written out by hand from the Hugging Face templates (Llama-2's from the published
- * llama-tokenizer test target), role errors, content parts, chat-only fields. Template
- * detection on real chat_template strings. Error JSON shape and escaping. Run from the
- * repository root. */
+ * field, *req left zeroed). Chat: rendering with each built-in template (Jinja sources in
+ * server/chat.c) against strings written out by hand from the Hugging Face templates
+ * (Llama-2's from the published llama-tokenizer test target): the output of the C renderers
+ * they replaced. Role errors, content parts, chat-only fields. Error JSON shape and escaping.
+ * Models' own templates: tests/test_chat.c. Run from the repository root. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,8 +28,36 @@ static Status comp(const char *json, ApiRequest *r, ApiError *e) {
     return api_parse_completion(json, strlen(json), &LIM, r, e);
 }
 
-static Status chat(ChatTemplate t, const char *json, ApiRequest *r, ApiError *e) {
-    return api_parse_chat(json, strlen(json), &LIM, t, NULL, NULL, r, e);
+/* The built-in templates by name; NULL: no template. */
+#define CHAT_CHATML "chatml"
+#define CHAT_LLAMA3 "llama3"
+#define CHAT_LLAMA2 "llama2"
+#define CHAT_ZEPHYR "zephyr"
+#define CHAT_NONE   NULL
+
+/* Template `setting` (a built-in name or a file; NULL: none) with the tokenizer's BOS / EOS
+ * texts; the fixed strftime_now clock of tests/data/chat_templates/conversations.json. */
+static ApiChatTemplate *template_of(const char *setting, const char *bos, const char *eos) {
+    if (!setting)
+        return NULL;
+    ApiChatTemplateSpec spec = {
+        .setting = setting, .bos_token = bos, .eos_token = eos, .now = 1722004205};
+    ApiChatTemplate *t = NULL;
+    if (api_chat_template_load(&spec, &t) != PL_OK || !t)
+        fail_msg("%s: %s", setting, pl_error());
+    return t;
+}
+
+static Status chat_with(const char *setting, const char *bos, const char *eos, const char *json,
+                        ApiRequest *r, ApiError *e) {
+    ApiChatTemplate *t = template_of(setting, bos, eos);
+    Status s = api_parse_chat(json, strlen(json), &LIM, t, r, e);
+    api_chat_template_free(t);
+    return s;
+}
+
+static Status chat(const char *setting, const char *json, ApiRequest *r, ApiError *e) {
+    return chat_with(setting, NULL, NULL, json, r, e);
 }
 
 static void assert_zeroed(const ApiRequest *r) {
@@ -56,7 +84,7 @@ static void bad(const char *json, const char *param, const char *needle) {
     check_error(comp(json, &r, &e), &r, &e, json, param, needle);
 }
 
-static void bad_chat(ChatTemplate t, const char *json, const char *param, const char *needle) {
+static void bad_chat(const char *t, const char *json, const char *param, const char *needle) {
     ApiRequest r;
     ApiError e;
     check_error(chat(t, json, &r, &e), &r, &e, json, param, needle);
@@ -572,13 +600,13 @@ static void test_error_json(void **state) {
     "{\"role\": \"assistant\", \"content\": \"I'm doing great. How can I help you today?\"}, "     \
     "{\"role\": \"user\", \"content\": \"I'd like to show off how chat templating works!\"}"
 
-static void expect_render(ChatTemplate t, const char *messages, const char *bos, const char *eos,
+static void expect_render(const char *t, const char *messages, const char *bos, const char *eos,
                           const char *want) {
     char json[4096];
     snprintf(json, sizeof json, "{\"messages\": [%s]}", messages);
     ApiRequest r;
     ApiError e;
-    Status s = api_parse_chat(json, strlen(json), &LIM, t, bos, eos, &r, &e);
+    Status s = chat_with(t, bos, eos, json, &r, &e);
     if (s != PL_OK)
         fail_msg("%s: %s", json, e.message);
     assert_int_equal(r.is_chat, 1);
@@ -685,7 +713,7 @@ static void test_role_errors(void **state) {
     bad_chat(CHAT_LLAMA2, "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}",
              "messages", "user message");
     /* unknown roles, in every family */
-    ChatTemplate all[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR};
+    const char *all[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR};
     for (int i = 0; i < 4; i++) {
         bad_chat(all[i],
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"tool\", "
@@ -704,7 +732,7 @@ static void test_role_errors(void **state) {
 }
 
 static void test_messages_errors(void **state) {
-    ChatTemplate t = CHAT_CHATML;
+    const char *t = CHAT_CHATML;
     bad_chat(t, "{\"prompt\": \"a\"}", "messages", "'messages' is required");
     bad_chat(t, "{\"messages\": null}", "messages", "'messages' is required");
     bad_chat(t, "{\"messages\": \"hi\"}", "messages", "'messages' must be a list");
@@ -791,7 +819,7 @@ static void test_chat_fields(void **state) {
         chat(CHAT_CHATML, "{" MSG ", \"logprobs\": false, \"top_logprobs\": 0}", &r, &e), PL_OK);
     assert_int_equal(r.logprobs, -1);
     api_request_free(&r);
-    ChatTemplate t = CHAT_CHATML;
+    const char *t = CHAT_CHATML;
     bad_chat(t, "{" MSG ", \"max_tokens\": 0}", "max_tokens", "'max_tokens' must be at least 1");
     bad_chat(t, "{" MSG ", \"max_completion_tokens\": -5}", "max_completion_tokens",
              "'max_completion_tokens'");
@@ -808,112 +836,6 @@ static void test_chat_fields(void **state) {
     bad_chat(t, "{" MSG ", \"top_p\": 0}", "top_p", "'top_p'");
     bad_chat(t, "{" MSG ", \"stop_token_ids\": [40000]}", "stop_token_ids", "out of vocabulary");
 #undef MSG
-}
-
-/* ---- template detection ------------------------------------------------------------------ */
-
-/* tokenizer_config.json's chat_template (NULL when it has none); caller frees. */
-static char *config_template(const char *path) {
-    json_error_t je;
-    json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* 1e30 max lengths */
-    if (!cfg)
-        fail_msg("%s: %s", path, je.text);
-    const char *t = json_string_value(json_object_get(cfg, "chat_template"));
-    char *out = t ? strdup(t) : NULL;
-    json_decref(cfg);
-    return out;
-}
-
-/* Hugging Face chat_template strings, verbatim. */
-static const char LLAMA2_CHAT_HF[] = /* meta-llama/Llama-2-7b-chat-hf */
-    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set "
-    "system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% "
-    "set system_message = false %}{% endif %}{% for message in loop_messages %}{% if "
-    "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation "
-    "roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == "
-    "0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + "
-    "'\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] "
-    "%}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + "
-    "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + "
-    "eos_token }}{% endif %}{% endfor %}";
-static const char MIXTRAL_HF[] = /* mistralai/Mixtral-8x7B-Instruct-v0.1 */
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
-    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-    "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ "
-    "'[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ "
-    "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
-    "roles are supported!') }}{% endif %}{% endfor %}";
-static const char LLAMA3_HF[] = /* meta-llama/Meta-Llama-3-8B-Instruct */
-    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
-    "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% "
-    "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
-    "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
-static const char CHATML_HF[] = /* the generic ChatML template of transformers' docs */
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
-    "'<|im_start|>assistant\n' }}{% endif %}";
-static const char GEMMA_HF[] = /* google/gemma-7b-it: a family we do not know */
-    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
-    "supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != "
-    "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-    "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') "
-    "%}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ "
-    "'<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% "
-    "endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}";
-
-static void test_detect(void **state) {
-    char *tiny = config_template("tests/data/tokenizers/tinyllama-1.1b-chat-v1.0/"
-                                 "tokenizer_config.json");
-    assert_non_null(tiny);
-    assert_int_equal(api_detect_chat_template(tiny), CHAT_ZEPHYR);
-    free(tiny);
-    /* SmolLM-135M (the base model) has ChatML special tokens but no chat_template */
-    char *smol = config_template("tests/data/tokenizers/smollm-135m/tokenizer_config.json");
-    assert_null(smol);
-    assert_int_equal(api_detect_chat_template(smol), CHAT_NONE);
-    assert_int_equal(api_detect_chat_template(LLAMA2_CHAT_HF), CHAT_LLAMA2);
-    assert_int_equal(api_detect_chat_template(MIXTRAL_HF), CHAT_LLAMA2);
-    assert_int_equal(api_detect_chat_template(LLAMA3_HF), CHAT_LLAMA3);
-    assert_int_equal(api_detect_chat_template(CHATML_HF), CHAT_CHATML);
-    assert_int_equal(api_detect_chat_template(GEMMA_HF), CHAT_NONE);
-    assert_int_equal(api_detect_chat_template(""), CHAT_NONE);
-    assert_int_equal(api_detect_chat_template(NULL), CHAT_NONE);
-    assert_int_equal(api_detect_chat_template("{{ '<|user|>' }}"), CHAT_NONE);
-}
-
-static void test_template_names(void **state) {
-    assert_int_equal(api_chat_template_by_name("chatml"), CHAT_CHATML);
-    assert_int_equal(api_chat_template_by_name("llama3"), CHAT_LLAMA3);
-    assert_int_equal(api_chat_template_by_name("llama2"), CHAT_LLAMA2);
-    assert_int_equal(api_chat_template_by_name("mistral"), CHAT_LLAMA2);
-    assert_int_equal(api_chat_template_by_name("zephyr"), CHAT_ZEPHYR);
-    assert_int_equal(api_chat_template_by_name("ChatML"), CHAT_NONE);
-    assert_int_equal(api_chat_template_by_name("gemma"), CHAT_NONE);
-    assert_int_equal(api_chat_template_by_name(""), CHAT_NONE);
-    assert_int_equal(api_chat_template_by_name(NULL), CHAT_NONE);
-    ChatTemplate all[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR};
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(api_chat_template_by_name(api_chat_template_name(all[i])), all[i]);
-    assert_string_equal(api_chat_template_name(CHAT_NONE), "none");
-    assert_string_equal(api_chat_template_name(CHAT_LLAMA2), "llama2");
-}
-
-/* The renderer straight, as the server could call it for a /tokenize-style endpoint. */
-static void test_render_direct(void **state) {
-    ApiError e;
-    ApiChatMessage m[] = {{"user", "hi", 2}};
-    size_t len;
-    char *s = api_chat_render(CHAT_LLAMA2, m, 1, "<s>", "</s>", &len, &e);
-    assert_string_equal(s, "<s>[INST] hi [/INST]");
-    free(s);
-    assert_null(api_chat_render(CHAT_NONE, m, 1, NULL, NULL, &len, &e));
-    assert_int_equal(e.status, 400);
-    assert_string_equal(e.param, "");
-    assert_null(api_chat_render(CHAT_LLAMA2, m, 0, NULL, NULL, &len, &e));
-    s = api_chat_render(CHAT_CHATML, m, 0, NULL, NULL, &len, &e);
-    assert_string_equal(s, "<|im_start|>assistant\n");
-    free(s);
 }
 
 /* NUL characters (JSON's \u0000) are text like any other: prompts, message contents and stop
@@ -940,14 +862,15 @@ static void test_nul_characters(void **state) {
     assert_int_equal(r.prompts[0].text_len, sizeof want - 1);
     assert_memory_equal(r.prompts[0].text, want, sizeof want);
     api_request_free(&r);
-    ApiChatMessage m[] = {{"user", " a\0 ", 4}};
-    size_t len;
-    char *s = api_chat_render(CHAT_LLAMA3, m, 1, NULL, NULL, &len, &e);
+    assert_int_equal(chat(CHAT_LLAMA3,
+                          "{\"messages\": [{\"role\": \"user\", \"content\": \" a\\u0000 \"}]}", &r,
+                          &e),
+                     PL_OK);
     static const char llama3[] = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\na\0"
                                  "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-    assert_int_equal(len, sizeof llama3 - 1);
-    assert_memory_equal(s, llama3, sizeof llama3);
-    free(s);
+    assert_int_equal(r.prompts[0].text_len, sizeof llama3 - 1);
+    assert_memory_equal(r.prompts[0].text, llama3, sizeof llama3);
+    api_request_free(&r);
     bad("{\"prompt\": \"a\", \"model\": \"m\\u0000\"}", "model", "u0000");
     bad_chat(CHAT_CHATML, "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"a\"}]}",
              "messages", "role");
@@ -976,9 +899,6 @@ int main(void) {
         cmocka_unit_test(test_messages_errors),
         cmocka_unit_test(test_content_parts),
         cmocka_unit_test(test_chat_fields),
-        cmocka_unit_test(test_detect),
-        cmocka_unit_test(test_template_names),
-        cmocka_unit_test(test_render_direct),
         cmocka_unit_test(test_nul_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -95,6 +95,11 @@ static void test_defaults(void **state) {
     assert_null(c.served_model_name);
     assert_null(c.api_key);
     assert_null(c.chat_template);
+    assert_null(c.allowed_origins);
+    assert_string_equal(c.allowed_methods[0], "*");
+    assert_null(c.allowed_methods[1]);
+    assert_string_equal(c.allowed_headers[0], "*");
+    assert_int_equal(c.allow_credentials, 0);
     assert_string_equal(c.host, "127.0.0.1");
     assert_int_equal(c.port, 8000);
     assert_string_equal(c.engine.dtype, "auto");
@@ -201,7 +206,11 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "max-request-bytes: 4096\n"
                                "request-timeout: 2.5\n"
                                "log-level: debug\n"
-                               "chat-template: llama3\n";
+                               "chat-template: llama3\n"
+                               "allowed-origins: [https://a.example, \"*\"]\n"
+                               "allowed-methods: [GET, POST]\n"
+                               "allowed-headers: Authorization, X-Trace\n"
+                               "allow-credentials: true\n";
 
 static void check_full(const Config *c) {
     assert_string_equal(c->model, "/models/llama");
@@ -238,6 +247,16 @@ static void check_full(const Config *c) {
     assert_true(c->request_timeout == 2.5);
     assert_string_equal(c->log_level, "debug");
     assert_string_equal(c->chat_template, "llama3");
+    assert_string_equal(c->allowed_origins[0], "https://a.example");
+    assert_string_equal(c->allowed_origins[1], "*");
+    assert_null(c->allowed_origins[2]);
+    assert_string_equal(c->allowed_methods[0], "GET");
+    assert_string_equal(c->allowed_methods[1], "POST");
+    assert_null(c->allowed_methods[2]);
+    assert_string_equal(c->allowed_headers[0], "Authorization");
+    assert_string_equal(c->allowed_headers[1], "X-Trace");
+    assert_null(c->allowed_headers[2]);
+    assert_int_equal(c->allow_credentials, 1);
 }
 
 static void test_full_config(void **state) {
@@ -422,8 +441,29 @@ static void test_enum_errors(void **state) {
                       "must be one of auto, float32, float16, bfloat16");
     expect_file_error("load-format: pt\n", PL_ERR_INVALID, "1", "key 'load-format' must be one");
     expect_file_error("log-level: loud\n", PL_ERR_INVALID, "1", "key 'log-level' must be one");
-    expect_file_error("chat-template: vicuna\n", PL_ERR_INVALID, "1",
-                      "key 'chat-template' must be one of chatml, llama3, llama2");
+}
+
+/* List keys: a YAML list of scalars, a flow list, or comma-separated text; never an empty
+ * item or a nested value. */
+static void test_list_errors(void **state) {
+    Config c;
+    cfg_init(&c);
+    if (load_text(&c, "allowed-origins:\n  - https://a.example\n  - '*'\n") != PL_OK)
+        fail_msg("%s", pl_error());
+    assert_string_equal(c.allowed_origins[1], "*");
+    assert_null(c.allowed_origins[2]);
+    cfg_free(&c);
+    expect_file_error("allowed-origins:\n  - a\n  - [b]\n", PL_ERR_INVALID, "2",
+                      "key 'allowed-origins' must be a list of strings");
+    expect_file_error("allowed-origins:\n  - a\n  - ''\n", PL_ERR_INVALID, "2",
+                      "key 'allowed-origins' must be a list of non-empty strings");
+    expect_file_error("allowed-methods: a,,b\n", PL_ERR_INVALID, "1",
+                      "must be a list of non-empty strings");
+    expect_file_error("allowed-headers: '[1, 2]'\n", PL_ERR_INVALID, "1",
+                      "must be a list of non-empty strings");
+    expect_file_error("allowed-headers: '[x'\n", PL_ERR_INVALID, "1", "must be a list");
+    expect_file_error("allowed-origins: {a: b}\n", PL_ERR_INVALID, "1",
+                      "must be a single value, got a mapping");
 }
 
 static void test_duplicate_key(void **state) {
@@ -595,6 +635,15 @@ static void test_flags(void **state) {
                      0);
     assert_int_equal(c.max_seqs_per_request, 9);
     assert_int_equal(c.max_connections_per_ip, 3);
+    /* CORS lists: a JSON list or comma-separated text */
+    assert_int_equal(PARSE(&c, rest, "--allowed-origins", "[\"*\"]", "--allowed-methods",
+                           " GET , POST", "--allow-credentials"),
+                     0);
+    assert_string_equal(c.allowed_origins[0], "*");
+    assert_null(c.allowed_origins[1]);
+    assert_string_equal(c.allowed_methods[1], "POST");
+    assert_null(c.allowed_methods[2]);
+    assert_int_equal(c.allow_credentials, 1);
     /* a value may look like a flag only after '=' */
     assert_int_equal(PARSE(&c, rest, "--api-key=--weird"), 0);
     assert_string_equal(c.api_key, "--weird");
@@ -752,6 +801,7 @@ int main(void) {
         cmocka_unit_test(test_type_errors),
         cmocka_unit_test(test_range_errors),
         cmocka_unit_test(test_enum_errors),
+        cmocka_unit_test(test_list_errors),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_yaml_syntax_error),
         cmocka_unit_test(test_missing_file),

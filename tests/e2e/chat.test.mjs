@@ -1,11 +1,17 @@
 // chat.test.mjs - POST /v1/chat/completions: the bundled model has no chat template (400
 // that says so); with --chat-template chatml chat works, plain and streaming, through curl
-// and through the official openai client.
+// and through the official openai client; a --chat-template FILE and a model folder's own
+// chat_template.jinja are rendered (Jinja) with the request's kwargs, and a template's
+// raise_exception is a 400; a template that does not parse stops the start-up.
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { startServer, curl, parseSSE, assertErrorShape, show, T, scaled } from './server.mjs';
+import { spawnSync } from 'node:child_process';
+import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startServer, curl, parseSSE, assertErrorShape, show, T, scaled, PAGELLM, MODEL_DIR, ROOT, freePort } from './server.mjs';
 
 const MESSAGES = [
     { role: 'system', content: 'You tell short stories.' },
@@ -122,6 +128,69 @@ describe('chat with --chat-template chatml', () => {
             const r = await chat(body);
             assert.equal(r.status, 400, `${name}: ${show(r)}`);
             assertErrorShape(r.json, name);
+        }
+    });
+});
+
+describe('chat with the model\'s own template and with --chat-template FILE', () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'pagellm-chat-'));
+    const model = path.join(dir, 'model');
+    const file = path.join(ROOT, 'tests/data/chat_templates/tinyllama-1.1b-chat-v1.0.jinja');
+    let own, fromFile;
+    before(async () => {
+        cpSync(MODEL_DIR, model, { recursive: true });
+        writeFileSync(path.join(model, 'chat_template.jinja'),
+                      "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}" +
+                      "{{ raise_exception('System role not supported') }}{% endif %}" +
+                      '[{{ m.role }}] {{ m.content }}\n{% endfor %}' +
+                      '{% if add_generation_prompt %}[assistant]{% if mood is defined %} ({{ mood }}){% endif %}{% endif %}');
+        own = await startServer(['--model', model]);
+        fromFile = await startServer(['--chat-template', file]);
+    }, T(30000));
+    after(async () => {
+        if (own) await own.stop();
+        if (fromFile) await fromFile.stop();
+        rmSync(dir, { recursive: true, force: true });
+    });
+
+    // The messages' prompt is `text`: /tokenize of both gives the same ids (a decode would
+    // not give the text back: SentencePiece puts a space after a special token).
+    const promptIs = async (srv, body, text) => {
+        const t = await curl(`${srv.url}/tokenize`, { body });
+        assert.equal(t.status, 200, show(t));
+        const want = await curl(`${srv.url}/tokenize`, { body: { prompt: text, add_special_tokens: false } });
+        assert.deepEqual(t.json.tokens, want.json.tokens, `the prompt of ${JSON.stringify(body)} is not ${JSON.stringify(text)}`);
+    };
+
+    it('the model folder\'s chat_template.jinja, with chat_template_kwargs', T(), async () => {
+        const user = [{ role: 'user', content: 'Hi' }];
+        const r = await curl(`${own.url}/v1/chat/completions`, { body: { messages: user, max_tokens: 4, temperature: 0 } });
+        assert.equal(r.status, 200, show(r));
+        await promptIs(own, { messages: user }, '<s>[user] Hi\n[assistant]');
+        await promptIs(own, { messages: user, chat_template_kwargs: { mood: 'calm' } }, '<s>[user] Hi\n[assistant] (calm)');
+        const bad = await curl(`${own.url}/v1/chat/completions`, {
+            body: { messages: [{ role: 'system', content: 's' }, ...user], max_tokens: 4 } });
+        assert.equal(bad.status, 400, show(bad));
+        assertErrorShape(bad.json, 'raise_exception');
+        assert.equal(bad.json.error.message, 'System role not supported');
+    });
+
+    it('--chat-template FILE (TinyLlama\'s template) through the openai client', T(), async () => {
+        const client = new OpenAI({ baseURL: `${fromFile.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: scaled(15000) });
+        const res = await client.chat.completions.create({ model: fromFile.model, messages: MESSAGES, max_tokens: 8, temperature: 0 });
+        assert.equal(res.choices[0].message.role, 'assistant');
+        await promptIs(fromFile, { messages: MESSAGES },
+                       '<|system|>\nYou tell short stories.</s>\n<|user|>\nTell me about a cat.</s>\n<|assistant|>\n');
+    });
+
+    it('a template that does not parse, or an unknown name, stops the start-up', T(), async () => {
+        const broken = path.join(dir, 'broken.jinja');
+        writeFileSync(broken, 'ok\n{% for m in messages %}');
+        for (const [arg, pattern] of [[broken, /broken\.jinja: line 2/], ['vicuna', /key 'chat-template' = 'vicuna'/]]) {
+            const port = String(await freePort());
+            const r = spawnSync(PAGELLM, ['serve', '--device', 'cpu', '--host', '127.0.0.1', '--port', port, '--chat-template', arg], { cwd: ROOT, encoding: 'utf8', timeout: scaled(20000) });
+            assert.equal(r.status, 1, r.stderr);
+            assert.match(r.stderr, pattern);
         }
     });
 });
