@@ -252,6 +252,12 @@ struct KernelOps {
     void (*logits_add)(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits,
                        int n);
 
+    /* Constrained decoding: for i < n, row rows[i] of logits[., vocab] keeps the logit of token
+     * t only where bit t % 32 of masks[i * words + t / 32] is set, words = (vocab + 31) / 32;
+     * the others become -inf. masks and rows in backend memory. */
+    void (*logits_mask)(const KernelOps *ops, float *logits, int vocab, const uint32_t *masks,
+                        const int32_t *rows, int n);
+
     /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
      * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as
      * models/weights.c's host fill; scale == 0: every element 1. NULL: the host fills. */

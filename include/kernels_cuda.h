@@ -334,6 +334,12 @@ void k_cuda_logprobs(float *lse, int32_t *top_ids, float *top_logprobs, const fl
  * entries for the same logit sum, in any order). Capturable; never allocates. */
 void k_cuda_logits_add(float *logits, int vocab, const LogitEdit *edits, int n, void *stream);
 
+/* The logits_mask op (kernels.h): rows rows[i] of logits keep the tokens whose bit is set in
+ * masks[i] ((vocab + 31) / 32 words), the others become -inf (all in device memory, n rows, at
+ * most 65535). Capturable; never allocates. */
+void k_cuda_logits_mask(float *logits, int vocab, const uint32_t *masks, const int32_t *rows, int n,
+                        void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,7 @@
     X(test_sample_race)                                                                            \
     X(test_logprobs)                                                                               \
     X(test_logits_add)                                                                             \
+    X(test_logits_mask)                                                                            \
     X(test_sample_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -725,6 +726,56 @@ static void test_logits_add(void **state) {
         free(got);
         free(edits);
         assert_int_equal(bad, 0);
+    }
+}
+
+/* The mask kernel gives the CPU op's rows bit for bit: random masks (all-ones, all-zero and
+ * mixed words), rows in any order, vocabularies with a partial last word. */
+static void test_logits_mask(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(405);
+    const int Vs[] = {70, 1000, 128256};
+    for (int v = 0; v < 3; v++) {
+        int V = Vs[v], rows = 7, n = 5, words = (V + 31) / 32;
+        size_t cells = (size_t)rows * V;
+        float *want = xmalloc(cells * sizeof(float)), *got = xmalloc(cells * sizeof(float));
+        for (size_t i = 0; i < cells; i++)
+            want[i] = rnd(-20, 20);
+        uint32_t *masks = xmalloc((size_t)n * words * sizeof *masks);
+        for (int i = 0; i < n * words; i++) {
+            uint64_t kind = rng_next() % 4;
+            masks[i] = kind == 0 ? 0u : kind == 1 ? 0xffffffffu : (uint32_t)rng_next();
+        }
+        int32_t idx[5] = {6, 0, 3, 2, 5};
+        float *d_logits;
+        uint32_t *d_masks;
+        int32_t *d_rows;
+        CUDA_CHECK(cudaMalloc((void **)&d_logits, cells * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void **)&d_masks, (size_t)n * words * sizeof *masks));
+        CUDA_CHECK(cudaMalloc((void **)&d_rows, sizeof idx));
+        CUDA_CHECK(cudaMemcpy(d_logits, want, cells * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(d_masks, masks, (size_t)n * words * sizeof *masks, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(d_rows, idx, sizeof idx, cudaMemcpyHostToDevice));
+        test_cpu_ops()->logits_mask(test_cpu_ops(), want, V, masks, idx, n);
+        k_cuda_logits_mask(d_logits, V, d_masks, d_rows, n, NULL);
+        CUDA_CHECK(cudaMemcpy(got, d_logits, cells * sizeof(float), cudaMemcpyDeviceToHost));
+        size_t bad = 0, masked = 0;
+        for (size_t i = 0; i < cells; i++) {
+            masked += isinf(want[i]);
+            if (memcmp(&got[i], &want[i], sizeof(float)) && bad++ < 5)
+                print_error("V %d: logit %zu: %g, want %g\n", V, i, (double)got[i],
+                            (double)want[i]);
+        }
+        CUDA_CHECK(cudaFree(d_logits));
+        CUDA_CHECK(cudaFree(d_masks));
+        CUDA_CHECK(cudaFree(d_rows));
+        free(want);
+        free(got);
+        free(masks);
+        assert_int_equal(bad, 0);
+        assert_true(masked > 0);
     }
 }
 

@@ -568,6 +568,38 @@ static void test_batch_rows_independent(void **state) {
     free(rows);
 }
 
+/* logits_mask: a masked row keeps exactly the tokens whose bit is set (vocab not a multiple
+ * of 32, so the last word is partial), rows not listed are untouched, and greedy sampling then
+ * picks the best allowed token. */
+static void test_logits_mask(void **state) {
+    (void)state;
+    enum { V = 70, WORDS = (V + 31) / 32 };
+    float logits[3][V];
+    for (int r = 0; r < 3; r++)
+        for (int t = 0; t < V; t++)
+            logits[r][t] = (float)((t * 7 + r * 13) % 23) - 11.0f;
+    float before[3][V];
+    memcpy(before, logits, sizeof logits);
+    uint32_t masks[2][WORDS] = {{0x5u, 0, 0x20u}, {0xffffffffu, 0x80000000u, 0}};
+    int32_t rows[2] = {2, 0};
+    const KernelOps *k = test_cpu_ops();
+    k->logits_mask(k, &logits[0][0], V, &masks[0][0], rows, 2);
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < V; t++) {
+            int keep = masks[i][t / 32] >> (t % 32) & 1u;
+            float got = logits[rows[i]][t], want = keep ? before[rows[i]][t] : -INFINITY;
+            assert_memory_equal(&got, &want, sizeof got);
+        }
+    assert_memory_equal(logits[1], before[1], sizeof logits[1]); /* not listed */
+    SamplingParams g = sampling_params_default();
+    TestDraw d = {&g, NULL, 0, NULL, 0};
+    int32_t tok = -1;
+    test_sample(k, &tok, logits[2], 1, V, &d);
+    int32_t best = before[2][0] >= before[2][2] ? 0 : 2; /* allowed: 0, 2 and 69 */
+    best = before[2][69] > before[2][best] ? 69 : best;
+    assert_int_equal(tok, best);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -585,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_repetition_penalty),
         cmocka_unit_test(test_frequency_presence_penalty),
         cmocka_unit_test(test_batch_rows_independent),
+        cmocka_unit_test(test_logits_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

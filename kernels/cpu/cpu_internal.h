@@ -54,6 +54,8 @@ void cpu_sample_rows(const KernelOps *ops, int32_t *tokens, float *token_logits,
                      int n, int vocab, const SampleRow *rows, const int32_t *history, int flags,
                      void *workspace, size_t workspace_bytes);
 void cpu_logits_add(const KernelOps *ops, float *logits, int vocab, const LogitEdit *edits, int n);
+void cpu_logits_mask(const KernelOps *ops, float *logits, int vocab, const uint32_t *masks,
+                     const int32_t *rows, int n);
 void cpu_logprobs(const KernelOps *ops, float *lse, int32_t *top_ids, float *top_logprobs,
                   const float *logits, int n, int vocab, int k);
 

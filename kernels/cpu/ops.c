@@ -44,6 +44,7 @@ static const KernelOps cpu_table = {
     .sample_workspace_bytes = cpu_sample_workspace_bytes,
     .sample_rows = cpu_sample_rows,
     .logits_add = cpu_logits_add,
+    .logits_mask = cpu_logits_mask,
     .logprobs = cpu_logprobs,
     .embedding_slice = cpu_embedding_slice,
     .vocab_logits_f32 = cpu_vocab_logits_f32,

@@ -405,6 +405,19 @@ void cpu_logits_add(const KernelOps *ops, float *logits, int vocab, const LogitE
     }
 }
 
+void cpu_logits_mask(const KernelOps *ops, float *logits, int vocab, const uint32_t *masks,
+                     const int32_t *rows, int n) {
+    size_t words = ((size_t)vocab + 31) / 32;
+    for (int i = 0; i < n; i++) {
+        PL_CHECK(rows[i] >= 0);
+        float *row = logits + (size_t)rows[i] * vocab;
+        const uint32_t *m = masks + (size_t)i * words;
+        for (int t = 0; t < vocab; t++)
+            if (!(m[t / 32] >> (t % 32) & 1u))
+                row[t] = -INFINITY;
+    }
+}
+
 /* The k best of a row into ids / vals (best first, the lower id first on equal logits),
  * k <= vocab: insertion into a sorted list, k is small. */
 static void row_top_k(const float *row, int vocab, int k, int32_t *ids, float *vals) {

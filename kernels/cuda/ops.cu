@@ -343,6 +343,11 @@ static void ops_logits_add(const KernelOps *ops, float *logits, int vocab, const
     k_cuda_logits_add(logits, vocab, edits, n, stream(ops));
 }
 
+static void ops_logits_mask(const KernelOps *ops, float *logits, int vocab, const uint32_t *masks,
+                            const int32_t *rows, int n) {
+    k_cuda_logits_mask(logits, vocab, masks, rows, n, stream(ops));
+}
+
 static void ops_fill_dummy(const KernelOps *ops, void *dst, DType dt, size_t n, uint64_t key,
                            float scale) {
     k_cuda_fill_dummy(dst, dt, n, key, scale, stream(ops));
@@ -469,6 +474,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.sample_rows = ops_sample_rows;
     o.logprobs = ops_logprobs;
     o.logits_add = ops_logits_add;
+    o.logits_mask = ops_logits_mask;
     o.fill_dummy = ops_fill_dummy;
 #ifdef PAGELLM_HAVE_NCCL
     o.all_reduce = ops_all_reduce<A>;
