@@ -41,6 +41,13 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
  * (when len is not NULL) gets its length. */
 char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len);
 
+/* The exact bytes token `id` adds inside a text (not at its start or end: a Metaspace or
+ * Strip decoder's dropped leading space is kept), malloc'd, not NUL-terminated as text may
+ * hold any byte (a byte-fallback or byte-level token may be part of a UTF-8 character); the
+ * length in *len. NULL for special tokens and ids without a string. For constrained decoding,
+ * which matches the output text byte by byte. */
+char *tok_token_bytes(const Tokenizer *t, int id, size_t *len);
+
 /* The vocabulary string of an id (e.g. "\u2581time", "<0x0A>", "\u0120the"), or NULL. */
 const char *tok_id_to_token(const Tokenizer *t, int id);
 

@@ -539,6 +539,87 @@ static void test_stream_byte_fallback(void **state) {
     tok_destroy(t);
 }
 
+/* tok_token_bytes: the output text after a prompt is the concatenation of its tokens' bytes
+ * (where that is valid UTF-8; elsewhere the stream shows U+FFFD), for every decoder family;
+ * and a few tokens by hand. */
+static void check_token_bytes(Tokenizer *t, const char *what) {
+    uint64_t seed = 88172645463325252ull;
+    int V = tok_vocab_size(t), checked = 0;
+    for (int round = 0; round < 2000 && checked < 200; round++) {
+        int32_t ids[9];
+        for (int k = 0; k < 9; k++) {
+            do {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                ids[k] = (int32_t)(seed % (uint64_t)V);
+            } while (tok_is_special(t, ids[k]) || !tok_id_to_token(t, ids[k]));
+        }
+        size_t n0 = 0; /* a prompt that ends inside a character would start the text */
+        char *b0 = tok_token_bytes(t, ids[0], &n0);
+        int whole = valid_utf8(b0, n0);
+        free(b0);
+        if (!whole)
+            continue;
+        Str want = {0}, got = {0};
+        str_add(&want, "");
+        str_add(&got, "");
+        TokStream *st = tok_stream_create(t, ids, 1);
+        for (int k = 1; k < 9; k++) {
+            size_t n = 0;
+            char *b = tok_token_bytes(t, ids[k], &n);
+            assert_non_null(b);
+            char *z = strndup(b, n);
+            str_add(&want, z);
+            free(z);
+            free(b);
+            str_add(&got, tok_stream_push(st, ids[k], NULL));
+        }
+        str_add(&got, tok_stream_finish(st, NULL));
+        tok_stream_destroy(st);
+        if (valid_utf8(want.p, strlen(want.p)) && !memchr(want.p, 0, strlen(want.p))) {
+            if (strcmp(got.p, want.p))
+                fail_msg("%s round %d: stream '%s', token bytes '%s'", what, round, got.p, want.p);
+            checked++;
+        }
+        free(want.p);
+        free(got.p);
+    }
+    print_message("%s: %d sequences\n", what, checked);
+    assert_true(checked >= 50);
+}
+
+static void test_token_bytes(void **state) {
+    (void)state;
+    const char *dirs[] = {TD "tinyllama-1.1b-chat-v1.0", TD "gpt2", TD "falcon-7b",
+                          TD "smollm-135m", "models/stories260K"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        Tokenizer *t = load_dir(dirs[i]);
+        check_token_bytes(t, dirs[i]);
+        tok_destroy(t);
+    }
+    Tokenizer *t = load_dir(TD "tinyllama-1.1b-chat-v1.0");
+    size_t n = 0;
+    char *b = tok_token_bytes(t, tok_token_to_id(t, "<0x0A>"), &n);
+    assert_int_equal(n, 1);
+    assert_int_equal(b[0], '\n');
+    free(b);
+    b = tok_token_bytes(t, tok_token_to_id(t, "\xe2\x96\x81Hi"), &n);
+    assert_int_equal(n, 3);
+    assert_memory_equal(b, " Hi", 3); /* inside a text the space stays */
+    free(b);
+    b = tok_token_bytes(t, tok_token_to_id(t, "<0xF0>"), &n); /* part of a character */
+    assert_int_equal(n, 1);
+    assert_int_equal((unsigned char)b[0], 0xF0);
+    free(b);
+    assert_null(tok_token_bytes(t, 2, &n)); /* </s>: special */
+    tok_destroy(t);
+    t = load_dir(TD "gpt2");
+    b = tok_token_bytes(t, tok_token_to_id(t, "\xc4\xa0the"), &n);
+    assert_int_equal(n, 4);
+    assert_memory_equal(b, " the", 4);
+    free(b);
+    tok_destroy(t);
+}
+
 /* GPT-2 byte-level tokens that split an emoji */
 static void test_stream_byte_level(void **state) {
     (void)state;
@@ -915,6 +996,7 @@ int main(void) {
         cmocka_unit_test(test_stream_tokenizers),
         cmocka_unit_test(test_stream_byte_fallback),
         cmocka_unit_test(test_stream_byte_level),
+        cmocka_unit_test(test_token_bytes),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_api),
         cmocka_unit_test(test_threads),

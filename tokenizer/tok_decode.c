@@ -162,7 +162,9 @@ static void flush_bytes(DecCtx *dc, TList *out, int mode, int at_end) {
     if (!b->n)
         return;
     tl_begin(out);
-    if (mode == DECODE_HF) {
+    if (mode == DECODE_TOKEN) {
+        tok_buf_put(&out->text, b->p, b->n);
+    } else if (mode == DECODE_HF) {
         if (tok_utf8_is_valid(b->p, b->n))
             tok_buf_put(&out->text, b->p, b->n);
         else
@@ -230,6 +232,10 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             for (int i = 0; i < src->n; i++) {
                 const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t a = 0, b = TLEN(src, i), cl = (size_t)d->strip_ch_len;
+                if (mode == DECODE_TOKEN) { /* the text's ends are elsewhere */
+                    tl_push(dst, s, b);
+                    continue;
+                }
                 for (int k = 0; k < d->start && b - a >= cl && !memcmp(s + a, d->strip_ch, cl); k++)
                     a += cl;
                 for (int k = 0; k < d->stop && b - a >= cl && !memcmp(s + b - cl, d->strip_ch, cl);
@@ -260,8 +266,11 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             }
             tl_begin(dst);
             size_t hold = 0;
-            tok_utf8_lossy(&dst->text, raw->p ? raw->p : "", raw->n,
-                           mode == DECODE_STREAM ? &hold : NULL);
+            if (mode == DECODE_TOKEN)
+                tok_buf_put(&dst->text, raw->p ? raw->p : "", raw->n);
+            else
+                tok_utf8_lossy(&dst->text, raw->p ? raw->p : "", raw->n,
+                               mode == DECODE_STREAM ? &hold : NULL);
             dc->held = hold;
             tl_end(dst);
             break;
@@ -270,7 +279,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
             for (int i = 0; i < src->n; i++) {
                 const char *s = src->text.p ? TOK(src, i) : ""; /* no text yet: empty tokens */
                 size_t n = TLEN(src, i), rl = (size_t)d->repl_len;
-                int drop = i == 0 && d->prepend_scheme != PREPEND_NEVER;
+                int drop = i == 0 && d->prepend_scheme != PREPEND_NEVER && mode != DECODE_TOKEN;
                 tl_begin(dst);
                 for (size_t j = 0; j < n;) {
                     if (n - j >= rl && !memcmp(s + j, d->repl, rl)) {
@@ -290,7 +299,7 @@ static void apply(const Decoder *d, DecCtx *dc, TList **in, TList **out, int mod
                 tl_begin(dst);
                 while (j < n) {
                     if (d->str_len && n - j >= d->str_len && !memcmp(s + j, d->str, d->str_len)) {
-                        if (i != src->n - 1)
+                        if (i != src->n - 1 || mode == DECODE_TOKEN)
                             tok_buf_putc(&dst->text, ' ');
                         j += d->str_len;
                     } else
@@ -333,7 +342,7 @@ size_t tok_decode_into(const Tokenizer *t, const int32_t *ids, int n, int skip_s
             tok_buf_putc(out, ' ');
         tok_buf_put(out, TOK(in, i), TLEN(in, i));
     }
-    if (!tok_utf8_is_valid(out->p, out->n)) { /* cannot happen with sane decoders; stay valid */
+    if (mode != DECODE_TOKEN && !tok_utf8_is_valid(out->p, out->n)) { /* stay valid */
         TBuf fixed = {0};
         tok_utf8_lossy(&fixed, out->p, out->n, NULL);
         tok_buf_free(out);

@@ -344,8 +344,10 @@ void tok_ctx_init(TokCtx *cx);
 void tok_ctx_free(TokCtx *cx);
 
 /* Decode modes: HF exactness, or streaming (a truncated UTF-8 tail is held back, and byte
- * fallback runs are converted per character so earlier text never changes). */
-enum { DECODE_HF = 0, DECODE_STREAM = 1, DECODE_STREAM_FINAL = 2 };
+ * fallback runs are converted per character so earlier text never changes), or one token's
+ * exact bytes inside a text (DECODE_TOKEN: no lossy UTF-8 conversion, nothing stripped or
+ * dropped that only the start or the end of a text loses). */
+enum { DECODE_HF = 0, DECODE_STREAM = 1, DECODE_STREAM_FINAL = 2, DECODE_TOKEN = 3 };
 typedef struct {
     TBuf text;
     uint32_t *o; /* [n] (offset, length) pairs into text */

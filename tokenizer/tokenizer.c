@@ -146,6 +146,19 @@ Status tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
     return PL_OK;
 }
 
+char *tok_token_bytes(const Tokenizer *t, int id, size_t *len) {
+    *len = 0;
+    if (id < 0 || id >= t->vocab_size || !t->toks[id] || (t->tok_flags[id] & TOKF_SPECIAL))
+        return NULL;
+    DecCtx dc = {0};
+    TBuf out = {0};
+    int32_t one = id;
+    tok_decode_into(t, &one, 1, 0, DECODE_TOKEN, &dc, &out);
+    tok_decctx_free(&dc);
+    *len = out.p ? out.n : 0;
+    return out.p ? out.p : pl_xstrdup("");
+}
+
 char *tok_decode(const Tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len) {
     DecCtx dc = {0};
     TBuf out = {0};
