@@ -36,8 +36,15 @@ static GrNode *make_char(GrBuilder *b) {
     uint32_t plain[] = {0, 0x10FFFF};
     uint32_t esc[] = {'"', '"', '\\', '\\', '/', '/', 'b', 'b',
                       'f', 'f', 'n',  'n',  'r', 'r', 't', 't'};
-    uint32_t hex[] = {'0', '9', 'a', 'f', 'A', 'F'};
-    GrNode *u = gr_seq(b, 2, gr_str(b, "u"), gr_rep(b, gr_class(b, hex, 3, 0, 0), 4, 4));
+    /* \u escapes of surrogates are left out: a lone one is invalid JSON to most parsers */
+    uint32_t hex[] = {'0', '9', 'a', 'f', 'A', 'F'},
+             first[] = {'0', '9', 'a', 'c', 'A', 'C', 'e', 'f', 'E', 'F'};
+    uint32_t d[] = {'d', 'd', 'D', 'D'};
+    GrNode *hex3 = gr_rep(b, gr_class(b, hex, 3, 0, 0), 3, 3);
+    GrNode *u = gr_seq(b, 2, gr_str(b, "u"),
+                       gr_alt(b, 2, gr_seq(b, 2, gr_class(b, first, 5, 0, 0), hex3),
+                              gr_seq(b, 3, gr_class(b, d, 2, 0, 0), gr_range(b, '0', '7'),
+                                     gr_rep(b, gr_class(b, hex, 3, 0, 0), 2, 2))));
     return gr_alt(b, 2, gr_class(b, plain, 1, 0, 1),
                   gr_seq(b, 2, gr_str(b, "\\"), gr_alt(b, 2, gr_class(b, esc, 8, 0, 0), u)));
 }
@@ -61,7 +68,7 @@ static GrNode *make_number(GrBuilder *b) {
     uint32_t e[] = {'e', 'e', 'E', 'E'}, sign[] = {'+', '+', '-', '-'};
     GrNode *exp = gr_rep(b,
                          gr_seq(b, 3, gr_class(b, e, 2, 0, 0),
-                                gr_rep(b, gr_class(b, sign, 2, 0, 0), 0, 1), digits(b, 1, 3)),
+                                gr_rep(b, gr_class(b, sign, 2, 0, 0), 0, 1), digits(b, 1, 2)),
                          0, 1);
     return gr_seq(b, 3, once(b, "integer", make_integer), frac, exp);
 }

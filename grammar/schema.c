@@ -273,7 +273,7 @@ static GrNode *array_node(Ctx *x, json_t *s) {
     int min = get_count(x, s, "minItems", 0), max = get_count(x, s, "maxItems", -1);
     int more_ok = !(json_is_false(items) || (prefix && !items));
     int emin = min > m ? min - m : 0, emax = !more_ok ? 0 : max < 0 ? -1 : max - m;
-    if (emax >= 0 && (emax < emin || max < m))
+    if ((emax >= 0 && emax < emin) || (max >= 0 && max < m))
         return gr_fail(b,
                        "the array's item counts cannot be met (minItems %d, maxItems %d, "
                        "%d prefixItems)",
