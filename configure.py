@@ -128,7 +128,9 @@ TEST_LAYERS = {
     "test_cli": ["cli"],  # runs build/pagellm
 }
 # Programs built beside the tests but never run by `ninja test` (benchmarks of one library):
-# source -> the libraries it links (with what those may call), built as build/tools/<name>.
+# source -> the libraries it links (with what those may call), built as build/tools/<name>
+# with the tests' includes and tests/support objects (the grammar benchmark reads vocabularies
+# through tests/support/hf_vocab.c).
 TOOL_PROGRAMS = {"tools/grammar_bench.c": ["grammar"]}
 # Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
 SCRIPT_TESTS = ["tests/test_layers.sh"]
@@ -904,8 +906,8 @@ def write_programs(w, archives, plan, tools):
     for src, libs in TOOL_PROGRAMS.items():
         if os.path.isfile(src):
             binary = "build/tools/" + os.path.splitext(os.path.basename(src))[0]
-            w.build([binary], "link", compile_edges(w, [src], [os.path.dirname(src)])
-                    + link_archives(archives, libs))
+            w.build([binary], "link", compile_edges(w, [src], test_includes)
+                    + support + link_archives(archives, libs))
             tools.append(binary)
     return pagellm, tests
 
