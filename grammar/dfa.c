@@ -48,7 +48,7 @@ int gr_intern(GrIntern *t, const uint32_t *key, size_t len, int *added) {
     for (; t->slots[j] >= 0; j = (j + 1) & (t->nslots - 1)) {
         int i = t->slots[j];
         size_t n = t->off[i + 1] - t->off[i];
-        if (n == len && !memcmp(t->pool + t->off[i], key, len * sizeof *key)) {
+        if (n == len && (!len || !memcmp(t->pool + t->off[i], key, len * sizeof *key))) {
             *added = 0;
             return i;
         }
@@ -63,7 +63,8 @@ int gr_intern(GrIntern *t, const uint32_t *key, size_t len, int *added) {
     }
     if (!t->n)
         t->off[0] = 0;
-    memcpy(t->pool + t->npool, key, len * sizeof *key);
+    if (len)
+        memcpy(t->pool + t->npool, key, len * sizeof *key);
     t->npool += len;
     t->off[t->n + 1] = t->npool;
     t->slots[j] = t->n;
@@ -170,7 +171,8 @@ static int close_and_intern(GrCompiled *c, Vec *work, Vec *seen, Vec *out) {
             }
         }
     }
-    qsort(out->v, out->n, sizeof *out->v, cmp_u64);
+    if (out->n)
+        qsort(out->v, out->n, sizeof *out->v, cmp_u64);
     uint32_t *key = pl_xmalloc((2 * out->n + 1) * sizeof *key);
     for (size_t i = 0; i < out->n; i++) {
         key[2 * i] = (uint32_t)(out->v[i] >> 32);

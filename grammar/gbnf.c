@@ -8,9 +8,12 @@
 #include "common.h"
 #include "gr_internal.h"
 
+enum { MAX_NESTING = 200 }; /* parentheses; the parser recurses on each */
+
 typedef struct {
     GrBuilder *b;
     const char *src, *p, *end;
+    int depth; /* open parentheses */
 } Parser;
 
 /* Record "line L column C: message" for the position p (first error wins); NULL. */
@@ -187,7 +190,9 @@ static GrNode *sequence(Parser *ps, int nested) {
             x = gr_class(ps->b, all, 1, 0, 0);
         } else if (c == '(') {
             const char *open = ps->p++;
-            x = alternates(ps, 1);
+            x = ++ps->depth > MAX_NESTING ? syntax(ps, open, "parentheses nested too deeply")
+                                          : alternates(ps, 1);
+            ps->depth--;
             space(ps, 1);
             if (x && (ps->p >= ps->end || *ps->p != ')'))
                 x = syntax(ps, open, "unclosed '('");
@@ -232,7 +237,7 @@ static GrNode *alternates(Parser *ps, int nested) {
 GrCompiled *gr_compile_gbnf(const char *src, size_t len, char *err, size_t errlen) {
     GrBuilder b;
     gr_builder_init(&b);
-    Parser ps = {&b, src, src, src + len};
+    Parser ps = {&b, src, src, src + len, 0};
     for (space(&ps, 1); ps.p < ps.end && !b.err[0]; space(&ps, 1)) {
         const char *name = ps.p;
         while (ps.p < ps.end && is_word(*ps.p))

@@ -181,18 +181,23 @@ int gr_dfa_has_exit(GrCompiled *c, int s);
 
 /* ---- the vocabulary trie --------------------------------------------------------------- */
 
+/* One trie node, in depth-first preorder (the root left out): 12 bytes, read in order. */
+typedef struct {
+    int32_t skip;   /* index just past the node's subtree */
+    int32_t token;  /* a token ending here, -1 none */
+    uint16_t depth; /* 1 for the root's children */
+    uint8_t byte;   /* the edge's byte into the node */
+} GrTrieNode;
+
 struct GrVocab {
-    int n;           /* tokens */
-    uint64_t id;     /* unique per vocabulary made, keys mask caches */
-    int nnodes;      /* trie nodes in depth-first preorder, root excluded */
-    uint8_t *byte;   /* [nnodes] edge byte into the node */
-    uint16_t *depth; /* [nnodes] 1 for the root's children */
-    int32_t *skip;   /* [nnodes] index past the node's subtree */
-    int32_t *token;  /* [nnodes] a token ending here, -1 none */
-    int32_t *same;   /* [n] the next token with the same bytes, -1 */
-    uint8_t **bytes; /* [n] token bytes (NULL: never allowed) */
-    uint32_t *lens;  /* [n] */
-    uint8_t *is_eos; /* [n] */
+    int n;       /* tokens */
+    uint64_t id; /* unique per vocabulary made, keys mask caches */
+    int nnodes;
+    GrTrieNode *node; /* [nnodes] */
+    int32_t *same;    /* [n] the next token with the same bytes, -1 */
+    uint8_t **bytes;  /* [n] token bytes (NULL: never allowed) */
+    uint32_t *lens;   /* [n] */
+    uint8_t *is_eos;  /* [n] */
     int *eos;
     int neos;
     int max_depth;

@@ -80,20 +80,25 @@ static int compute_mask(GrCompiled *c, const GrVocab *v, int s, uint32_t *mask) 
     memset(mask, 0, words * sizeof *mask);
     int *st = pl_xmalloc((v->max_depth + 1) * sizeof *st);
     st[0] = s;
+    int32_t **trans = c->dfa.trans; /* moves when a new state is made */
     for (int i = 0; i < v->nnodes;) {
-        int t = st[v->depth[i] - 1];
-        int32_t *row = c->dfa.trans[t];
-        t = row && row[v->byte[i]] != GR_UNKNOWN ? row[v->byte[i]] : gr_dfa_step(c, t, v->byte[i]);
+        const GrTrieNode *nd = &v->node[i];
+        int t = st[nd->depth - 1];
+        int32_t *row = trans[t];
+        if (!row || (t = row[nd->byte]) == GR_UNKNOWN) {
+            t = gr_dfa_step(c, st[nd->depth - 1], nd->byte);
+            trans = c->dfa.trans;
+        }
         if (t == GR_ERROR) {
             free(st);
             return -1;
         }
         if (t == GR_DEAD) {
-            i = v->skip[i];
+            i = nd->skip;
             continue;
         }
-        st[v->depth[i]] = t;
-        for (int tok = v->token[i]; tok >= 0; tok = v->same[tok])
+        st[nd->depth] = t;
+        for (int tok = nd->token; tok >= 0; tok = v->same[tok])
             mask[tok >> 5] |= 1u << (tok & 31);
         i++;
     }

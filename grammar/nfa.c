@@ -9,7 +9,7 @@
 #include "common.h"
 #include "gr_internal.h"
 
-enum { MAX_STATES = 4 << 20 };
+enum { MAX_STATES = 1 << 20 }; /* about 60 MB */
 
 static int new_state(GrNfa *a) {
     if (a->nst == a->cap) {

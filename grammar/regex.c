@@ -180,6 +180,8 @@ static GrNode *atom(Re *re, int depth) {
                 return re_fail(re, "lookaround and inline flags are not supported");
             }
         }
+        if (depth >= 200) /* the parser recurses on each group */
+            return re_fail(re, "groups nested too deeply");
         GrNode *x = alternation(re, depth + 1);
         if (x && (re->p >= re->end || *re->p != ')'))
             return re_fail(re, "missing ')'");

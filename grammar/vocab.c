@@ -66,10 +66,7 @@ GrVocab *gr_vocab_new(const char *const *token_bytes, const size_t *lens, int n,
     }
     qsort(toks, nt, sizeof *toks, cmp_tok);
     /* at most one node per byte of all tokens */
-    v->byte = pl_xmalloc(total + 1);
-    v->depth = pl_xmalloc((total + 1) * sizeof *v->depth);
-    v->skip = pl_xmalloc((total + 1) * sizeof *v->skip);
-    v->token = pl_xmalloc((total + 1) * sizeof *v->token);
+    v->node = pl_xmalloc((total + 1) * sizeof *v->node);
     int *path = pl_xmalloc((65536 + 1) * sizeof *path); /* node at each depth of the last token */
     int depth = 0, nn = 0;
     for (int t = 0; t < nt; t++) {
@@ -80,26 +77,25 @@ GrVocab *gr_vocab_new(const char *const *token_bytes, const size_t *lens, int n,
                 lcp++;
         }
         for (; depth > (int)lcp; depth--)
-            v->skip[path[depth]] = nn;
+            v->node[path[depth]].skip = nn;
         if (lcp == toks[t].len && t) { /* same bytes as the previous token */
-            int last = v->token[path[depth]];
+            int last = v->node[path[depth]].token;
             while (v->same[last] >= 0)
                 last = v->same[last];
             v->same[last] = toks[t].id;
             continue;
         }
         for (uint32_t i = lcp; i < toks[t].len; i++) {
-            v->byte[nn] = toks[t].s[i];
-            v->depth[nn] = (uint16_t)(i + 1);
-            v->token[nn] = -1;
+            v->node[nn] =
+                (GrTrieNode){.depth = (uint16_t)(i + 1), .byte = toks[t].s[i], .token = -1};
             path[++depth] = nn++;
         }
-        v->token[path[depth]] = toks[t].id;
+        v->node[path[depth]].token = toks[t].id;
         if (depth > v->max_depth)
             v->max_depth = depth;
     }
     for (; depth > 0; depth--)
-        v->skip[path[depth]] = nn;
+        v->node[path[depth]].skip = nn;
     v->nnodes = nn;
     free(path);
     free(toks);
@@ -116,10 +112,7 @@ void gr_vocab_free(GrVocab *v) {
     free(v->is_eos);
     free(v->same);
     free(v->eos);
-    free(v->byte);
-    free(v->depth);
-    free(v->skip);
-    free(v->token);
+    free(v->node);
     free(v);
 }
 

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#include <pthread.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -115,6 +116,10 @@ static void test_gbnf_errors(void **state) {
     ASSERT_ERROR('g', "root ::= \"a\" )", "line 1 column 14: unexpected character");
     ASSERT_ERROR('g', "a ::= \"x\"\na ::= \"y\"", "line 2 column 1: rule defined twice");
     ASSERT_ERROR('g', "item ::= \"x\"", "the grammar has no 'root' rule");
+    char deep[512] = "root ::= ";
+    memset(deep + 9, '(', 201);
+    assert_string_equal(error_of('g', deep), "line 1 column 210: parentheses nested too deeply");
+    assert_string_equal(error_of('r', deep + 9), "regex: groups nested too deeply at offset 201");
     ASSERT_ERROR('g', "root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"",
                  "rule 'expr' is left-recursive");
     ASSERT_ERROR('g', "root ::= a \"x\"\na ::= b?\nb ::= root", "rule 'root' is left-recursive");
@@ -397,20 +402,20 @@ static uint64_t rng_next(uint64_t *s) {
  * tokens), else any allowed token. The output
  * goes into out (NUL-terminated). Masks must allow exactly the tokens the matcher accepts:
  * every pick is accepted, and a random refused token is refused. */
-static size_t generate(GrCompiled *c, Vocab *vc, uint64_t seed0, char *out, size_t cap) {
+static int gen(GrCompiled *c, Vocab *vc, uint64_t seed0, char *out, size_t cap, size_t *len,
+               char *why, size_t whylen) {
     uint64_t seed = seed0;
     const HfVocab *hf = &vc->hf;
     size_t words = gr_vocab_mask_words(vc->v), n = 0;
     uint32_t *mask = malloc(words * sizeof *mask);
     int *ids = malloc(2 * hf->n * sizeof *ids), *closing = ids + hf->n;
     GrMatcher *m = gr_matcher_new(c, vc->v);
-    for (int step = 0;; step++) {
+    int step = 0, pick = -1;
+    for (; pick != hf->eos && step <= 5000 && n < cap; step++) {
         out[n] = 0;
-        if (step > 5000)
-            fail_msg("seed %llu: no end after 5000 tokens: %.300s...", (unsigned long long)seed0,
-                     out);
-        assert_int_equal(gr_matcher_fill_mask(m, mask), 0);
         int k = 0, nc = 0;
+        if (gr_matcher_fill_mask(m, mask))
+            break;
         for (size_t w = 0; w < words; w++)
             for (uint32_t bits = mask[w]; bits; bits &= bits - 1) {
                 int t = (int)(32 * w) + __builtin_ctz(bits);
@@ -419,30 +424,38 @@ static size_t generate(GrCompiled *c, Vocab *vc, uint64_t seed0, char *out, size
                     closing[nc++] = t;
             }
         if (!k)
-            fail_msg("seed %llu: no token allowed after '%.*s'", (unsigned long long)seed0, (int)n,
-                     out);
-        int pick = ids[rng_next(&seed) % k];
+            break;
+        pick = ids[rng_next(&seed) % k];
         if (nc && rng_next(&seed) % 4 == 0)
             pick = closing[rng_next(&seed) % nc];
         if (allowed(mask, hf->eos) && rng_next(&seed) % 2)
             pick = hf->eos;
         int refused = (int)(rng_next(&seed) % hf->n);
-        if (!allowed(mask, refused))
-            assert_int_equal(gr_matcher_accept(m, refused), -1);
-        if (gr_matcher_accept(m, pick))
-            fail_msg("seed %llu: token %d allowed but refused: %s", (unsigned long long)seed0, pick,
-                     gr_matcher_error(m));
-        if (pick == hf->eos)
+        if ((!allowed(mask, refused) && !gr_matcher_accept(m, refused)) ||
+            gr_matcher_accept(m, pick))
             break;
-        assert_true(n + hf->lens[pick] < cap);
-        memcpy(out + n, hf->bytes[pick], hf->lens[pick]);
-        n += hf->lens[pick];
+        if (pick != hf->eos && n + hf->lens[pick] < cap) {
+            memcpy(out + n, hf->bytes[pick], hf->lens[pick]);
+            n += hf->lens[pick];
+        }
     }
-    out[n] = 0;
-    assert_true(gr_matcher_is_finished(m));
+    out[n < cap ? n : cap - 1] = 0;
+    *len = n;
+    int ok = pick == hf->eos && gr_matcher_is_finished(m);
+    if (!ok)
+        snprintf(why, whylen, "seed %llu: stopped at step %d (%s) after '%.300s'",
+                 (unsigned long long)seed0, step, gr_matcher_error(m), out);
     gr_matcher_free(m);
     free(ids);
     free(mask);
+    return ok ? 0 : -1;
+}
+
+static size_t generate(GrCompiled *c, Vocab *vc, uint64_t seed, char *out, size_t cap) {
+    char why[512];
+    size_t n;
+    if (gen(c, vc, seed, out, cap, &n, why, sizeof why))
+        fail_msg("%s", why);
     return n;
 }
 
@@ -718,6 +731,50 @@ static void test_mask_equals_token_check(void **state) {
     free_vocab(vc);
 }
 
+/* Threads sharing one GrCompiled and GrVocab produce what one thread does alone. */
+typedef struct {
+    GrCompiled *c;
+    Vocab *vc;
+    int first, rc;
+    char out[8][4096];
+} Job;
+
+static void *job_run(void *arg) {
+    Job *j = arg;
+    char why[512];
+    size_t n;
+    for (int i = 0; i < 8 && !j->rc; i++)
+        j->rc = gen(j->c, j->vc, (uint64_t)(j->first + i), j->out[i], sizeof j->out[i], &n, why,
+                    sizeof why);
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    Vocab *vc = load_vocab("gpt2");
+    GrCompiled *shared = must('s', SCHEMAS[0]), *alone = must('s', SCHEMAS[0]);
+    Job *jobs = calloc(4, sizeof *jobs);
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (Job){.c = shared, .vc = vc, .first = 8 * t};
+        assert_int_equal(pthread_create(&th[t], NULL, job_run, &jobs[t]), 0);
+    }
+    for (int t = 0; t < 4; t++)
+        pthread_join(th[t], NULL);
+    char out[4096];
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(jobs[t].rc, 0);
+        for (int i = 0; i < 8; i++) {
+            generate(alone, vc, (uint64_t)(8 * t + i), out, sizeof out);
+            assert_string_equal(jobs[t].out[i], out);
+        }
+    }
+    free(jobs);
+    gr_compiled_free(shared);
+    gr_compiled_free(alone);
+    free_vocab(vc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf_constructs),
@@ -733,6 +790,7 @@ int main(void) {
         cmocka_unit_test(test_random_schemas_gpt2),
         cmocka_unit_test(test_random_schemas_tinyllama),
         cmocka_unit_test(test_random_regex_and_choice),
+        cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
