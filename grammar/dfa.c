@@ -4,7 +4,8 @@
  * final position when the input so far is a whole match), interned too. Each state's
  * transition on a byte is computed the first time it is asked for and kept, so a matcher
  * that goes back to a state it has seen (inside a string, between array items) only looks
- * up a table. Recursion gives a new stack per depth, hence the limits. */
+ * up a table. Recursion gives a new stack per depth, hence the limits. Local states (stack
+ * GR_BOTTOM in place of the context) are states of the same table. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,44 @@ static int push_stack(GrDfa *d, int parent, int ret) {
     return d->depth[id] > MAX_STACK_DEPTH ? -1 : id;
 }
 
+/* The state of the configurations in out (sorted here); GR_ERROR past the state limit. */
+static int intern_state(GrCompiled *c, Vec *out) {
+    GrDfa *d = &c->dfa;
+    const GrNfa *a = &c->nfa;
+    if (out->n)
+        qsort(out->v, out->n, sizeof *out->v, cmp_u64);
+    uint32_t *key = pl_xmalloc((2 * out->n + 1) * sizeof *key);
+    size_t n = 0;
+    for (size_t i = 0; i < out->n; i++)
+        if (!i || out->v[i] != out->v[i - 1]) {
+            key[2 * n] = (uint32_t)(out->v[i] >> 32);
+            key[2 * n++ + 1] = (uint32_t)out->v[i];
+        }
+    int added, id = gr_intern(&d->states, key, 2 * n, &added);
+    free(key);
+    if (added) {
+        if (id >= MAX_DFA_STATES) {
+            snprintf(d->err, sizeof d->err, "the constraint needs more than %d automaton states",
+                     MAX_DFA_STATES);
+            return GR_ERROR;
+        }
+        if (id >= d->cap) {
+            int cap = 2 * id + 64;
+            d->trans = pl_xrealloc(d->trans, cap * sizeof *d->trans);
+            d->accepts = pl_xrealloc(d->accepts, cap);
+            d->escapes = pl_xrealloc(d->escapes, cap);
+            memset(d->trans + d->cap, 0, (cap - d->cap) * sizeof *d->trans);
+            d->cap = cap;
+        }
+        d->accepts[id] = d->escapes[id] = 0;
+        for (size_t i = 0; i < out->n; i++) {
+            d->accepts[id] |= out->v[i] == CONF(0, a->final[a->root]);
+            d->escapes[id] |= out->v[i] == CONF(GR_BOTTOM, a->escape);
+        }
+    }
+    return id;
+}
+
 /* Seeds (configurations) to the state id of their closure; GR_ERROR past a limit. */
 static int close_and_intern(GrCompiled *c, Vec *work, Vec *seen, Vec *out) {
     GrDfa *d = &c->dfa;
@@ -165,40 +204,15 @@ static int close_and_intern(GrCompiled *c, Vec *work, Vec *seen, Vec *out) {
         if (s->final_of >= 0) {
             if (stk == 0)
                 push(out, conf); /* the root's end: a whole match */
+            else if (stk == GR_BOTTOM)
+                push(out, CONF(GR_BOTTOM, a->escape));
             else {
                 const uint32_t *k = d->stacks.pool + d->stacks.off[stk];
                 push(work, CONF(k[0], k[1]));
             }
         }
     }
-    if (out->n)
-        qsort(out->v, out->n, sizeof *out->v, cmp_u64);
-    uint32_t *key = pl_xmalloc((2 * out->n + 1) * sizeof *key);
-    for (size_t i = 0; i < out->n; i++) {
-        key[2 * i] = (uint32_t)(out->v[i] >> 32);
-        key[2 * i + 1] = (uint32_t)out->v[i];
-    }
-    int added, id = gr_intern(&d->states, key, 2 * out->n, &added);
-    free(key);
-    if (added) {
-        if (id >= MAX_DFA_STATES) {
-            snprintf(d->err, sizeof d->err, "the constraint needs more than %d automaton states",
-                     MAX_DFA_STATES);
-            return GR_ERROR;
-        }
-        if (id >= d->cap) {
-            int cap = 2 * id + 64;
-            d->trans = pl_xrealloc(d->trans, cap * sizeof *d->trans);
-            d->accepts = pl_xrealloc(d->accepts, cap);
-            memset(d->trans + d->cap, 0, (cap - d->cap) * sizeof *d->trans);
-            d->cap = cap;
-        }
-        int acc = 0;
-        for (size_t i = 0; i < out->n; i++)
-            acc |= out->v[i] == CONF(0, a->final[a->root]);
-        d->accepts[id] = (uint8_t)acc;
-    }
-    return id;
+    return intern_state(c, out);
 }
 
 int gr_dfa_init(GrCompiled *c, char *err, size_t errlen) {
@@ -207,6 +221,8 @@ int gr_dfa_init(GrCompiled *c, char *err, size_t errlen) {
     int added;
     uint32_t root[2] = {0, 0};
     gr_intern(&d->stacks, root, 2, &added); /* stack 0: empty */
+    uint32_t bottom[2] = {UINT32_MAX, UINT32_MAX};
+    gr_intern(&d->stacks, bottom, 2, &added); /* GR_BOTTOM */
     d->cap_stacks = 64;
     d->depth = pl_xcalloc(d->cap_stacks, sizeof *d->depth);
     Vec work = {0}, seen = {0}, out = {0};
@@ -261,16 +277,57 @@ int gr_dfa_has_exit(GrCompiled *c, int s) {
     return 0;
 }
 
+/* The deepest stack that both a and b sit on (a common prefix of the two). */
+static int common_stack(const GrDfa *d, int a, int b) {
+    while (a != b) {
+        int *deeper = d->depth[a] >= d->depth[b] ? &a : &b;
+        *deeper = (int)d->stacks.pool[d->stacks.off[*deeper]];
+    }
+    return a;
+}
+
+int gr_dfa_local(GrCompiled *c, int s) {
+    GrDfa *d = &c->dfa;
+    size_t n = (d->states.off[s + 1] - d->states.off[s]) / 2;
+    int cut = -1; /* the stack every configuration sits on: GR_BOTTOM replaces it */
+    for (size_t i = 0; i < n; i++) {
+        int stk = (int)d->states.pool[d->states.off[s] + 2 * i];
+        cut = cut < 0 ? stk : common_stack(d, cut, stk);
+    }
+    if (cut <= 0)
+        return s;
+    Vec out = {0};
+    int rets[64], id = 0;
+    for (size_t i = 0; i < n && id >= 0; i++) {
+        const uint32_t *k = d->states.pool + d->states.off[s] + 2 * i;
+        int nr = 0, stk = (int)k[0];
+        for (; stk != cut && nr < 64; stk = (int)d->stacks.pool[d->stacks.off[stk]])
+            rets[nr++] = (int)d->stacks.pool[d->stacks.off[stk] + 1];
+        for (stk = nr < 64 ? GR_BOTTOM : -1; nr && stk >= 0;)
+            stk = push_stack(d, stk, rets[--nr]);
+        id = stk;
+        push(&out, CONF(stk, k[1]));
+    }
+    id = id < 0 ? s : intern_state(c, &out); /* too deep to cut: no local state */
+    free(out.v);
+    return id;
+}
+
 void gr_dfa_free(GrDfa *d) {
     for (int i = 0; i < d->states.n; i++)
         free(d->trans[i]);
     free(d->trans);
     free(d->accepts);
+    free(d->escapes);
     free(d->depth);
     for (int i = 0; i < d->ncaches; i++) {
-        for (int s = 0; s < d->caches[i].cap; s++)
+        for (int s = 0; s < d->caches[i].cap; s++) {
             free(d->caches[i].masks[s]);
+            free(d->caches[i].esc[s]);
+        }
         free(d->caches[i].masks);
+        free(d->caches[i].esc);
+        free(d->caches[i].nesc);
     }
     free(d->caches);
     gr_intern_free(&d->stacks);

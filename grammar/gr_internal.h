@@ -119,6 +119,7 @@ typedef struct {
     int nst, cap;
     int *start, *final; /* [nrules] */
     int nrules, root;
+    int escape; /* a position without edges: "left the frames a local state knows" */
 } GrNfa;
 
 /* Compile the builder's rules (root = rule index) into nfa; 0, or -1 with b->err set. */
@@ -144,11 +145,20 @@ void gr_intern_free(GrIntern *t);
 
 enum { GR_DEAD = 0, GR_UNKNOWN = -1, GR_ERROR = -2 };
 
+/* Stack ids: 0 is the empty stack (the root rule's frame); GR_BOTTOM stands for "some stack
+ * not known here". A local state (gr_dfa_local) has GR_BOTTOM in place of the stack all its
+ * configurations sit on (the context it was called from), so the tokens it accepts without
+ * returning below that hold in every context; a return below it becomes the configuration
+ * (GR_BOTTOM, nfa.escape), and the state's `escapes` flag. */
+enum { GR_BOTTOM = 1 };
+
 typedef struct {
     uint64_t vocab_id;
     uint32_t **masks; /* [cap]: per DFA state, NULL until computed */
+    int32_t **esc;    /* [cap]: for a local state, the trie nodes where it escapes */
+    int *nesc;        /* [cap] */
     int cap;
-    size_t bytes; /* held by masks */
+    size_t bytes; /* held by masks and esc */
 } GrMaskCache;
 
 typedef struct {
@@ -158,6 +168,7 @@ typedef struct {
     GrIntern states;  /* key: sorted (stack, position) pairs; state 0 is the dead one */
     int32_t **trans;  /* [states.n][256], GR_UNKNOWN until computed; NULL until needed */
     uint8_t *accepts; /* [states.n] */
+    uint8_t *escapes; /* [states.n] holds (GR_BOTTOM, nfa.escape) */
     int cap;
     int initial;
     GrMaskCache *caches;
@@ -178,12 +189,16 @@ void gr_dfa_free(GrDfa *d);
 int gr_dfa_step(GrCompiled *c, int s, uint8_t byte);
 /* Whether any byte leads out of s. */
 int gr_dfa_has_exit(GrCompiled *c, int s);
+/* s with GR_BOTTOM for the deepest stack all its configurations sit on (s itself when that
+ * is the empty stack); GR_ERROR past the state limit. */
+int gr_dfa_local(GrCompiled *c, int s);
 
 /* ---- the vocabulary trie --------------------------------------------------------------- */
 
-/* One trie node, in depth-first preorder (the root left out): 12 bytes, read in order. */
+/* One trie node, in depth-first preorder (the root left out): 16 bytes, read in order. */
 typedef struct {
     int32_t skip;   /* index just past the node's subtree */
+    int32_t parent; /* -1 for the root's children */
     int32_t token;  /* a token ending here, -1 none */
     uint16_t depth; /* 1 for the root's children */
     uint8_t byte;   /* the edge's byte into the node */

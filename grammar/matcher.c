@@ -2,7 +2,10 @@
  * (dfa.c); the history of ids makes rollback and copies cheap. A mask is the vocabulary trie
  * scanned with the automaton (a subtree is skipped as soon as its first byte is rejected),
  * kept per (vocabulary, state) in the GrCompiled, so every later visit of that state by any
- * matcher is a copy. */
+ * matcher is a copy. A state first seen in a new context (a string in another property) starts
+ * from the mask of its local state, kept too: only the subtrees where a token leaves the
+ * rule it is in (a closing quote) are walked again, as xgrammar's context-independent token
+ * cache does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,14 +77,13 @@ static int walk(GrCompiled *c, int s, const uint8_t *p, size_t len) {
     return s;
 }
 
-/* The mask of state s over v, computed (under the lock); -1 on GR_ERROR. */
-static int compute_mask(GrCompiled *c, const GrVocab *v, int s, uint32_t *mask) {
-    size_t words = gr_vocab_mask_words(v);
-    memset(mask, 0, words * sizeof *mask);
-    int *st = pl_xmalloc((v->max_depth + 1) * sizeof *st);
-    st[0] = s;
+/* Walk the trie nodes [from, to), the states above them in st (by depth), setting the bits
+ * of the tokens the automaton accepts; with esc (a local walk), also list the nodes whose
+ * state escapes. -1 on GR_ERROR. */
+static int walk_trie(GrCompiled *c, const GrVocab *v, int *st, int from, int to, uint32_t *mask,
+                     GrMaskCache *esc_of, int local) {
     int32_t **trans = c->dfa.trans; /* moves when a new state is made */
-    for (int i = 0; i < v->nnodes;) {
+    for (int i = from; i < to;) {
         const GrTrieNode *nd = &v->node[i];
         int t = st[nd->depth - 1];
         int32_t *row = trans[t];
@@ -89,24 +91,96 @@ static int compute_mask(GrCompiled *c, const GrVocab *v, int s, uint32_t *mask) 
             t = gr_dfa_step(c, st[nd->depth - 1], nd->byte);
             trans = c->dfa.trans;
         }
-        if (t == GR_ERROR) {
-            free(st);
+        if (t == GR_ERROR)
             return -1;
-        }
         if (t == GR_DEAD) {
             i = nd->skip;
             continue;
+        }
+        if (esc_of && c->dfa.escapes[t]) {
+            int *n = &esc_of->nesc[local];
+            if (!(*n & (*n + 1))) /* a power of two minus one: grow */
+                esc_of->esc[local] =
+                    pl_xrealloc(esc_of->esc[local], 2 * (*n + 1) * sizeof **esc_of->esc);
+            esc_of->esc[local][(*n)++] = i;
         }
         st[nd->depth] = t;
         for (int tok = nd->token; tok >= 0; tok = v->same[tok])
             mask[tok >> 5] |= 1u << (tok & 31);
         i++;
     }
+    return 0;
+}
+
+static void cache_room(GrMaskCache *mc, int s) {
+    if (s < mc->cap)
+        return;
+    int cap = 2 * s + 64;
+    mc->masks = pl_xrealloc(mc->masks, cap * sizeof *mc->masks);
+    mc->esc = pl_xrealloc(mc->esc, cap * sizeof *mc->esc);
+    mc->nesc = pl_xrealloc(mc->nesc, cap * sizeof *mc->nesc);
+    memset(mc->masks + mc->cap, 0, (cap - mc->cap) * sizeof *mc->masks);
+    memset(mc->esc + mc->cap, 0, (cap - mc->cap) * sizeof *mc->esc);
+    memset(mc->nesc + mc->cap, 0, (cap - mc->cap) * sizeof *mc->nesc);
+    mc->cap = cap;
+}
+
+/* The mask of s from its local state L's (xgrammar's context-independent tokens): the tokens L
+ * accepts hold in any context; only below the nodes where L escapes does the walk go on from
+ * s itself, there the state the node's bytes lead s to. -1 on GR_ERROR. */
+static int mask_from_local(GrCompiled *c, GrMaskCache *mc, const GrVocab *v, int s, int L, int *st,
+                           uint32_t *mask) {
+    size_t words = gr_vocab_mask_words(v);
+    cache_room(mc, L);
+    if (!mc->masks[L]) {
+        uint32_t *lm = pl_xcalloc(words, sizeof *lm);
+        st[0] = L;
+        if (walk_trie(c, v, st, 0, v->nnodes, lm, mc, L)) {
+            free(lm);
+            return -1;
+        }
+        mc->masks[L] = lm;
+        mc->bytes += words * sizeof *lm + mc->nesc[L] * sizeof **mc->esc;
+    }
+    memcpy(mask, mc->masks[L], words * sizeof *mask);
+    int *path = st + v->max_depth + 1;
+    for (int k = 0, end = 0; k < mc->nesc[L]; k++) {
+        int e = mc->esc[L][k], np = 0, t = s;
+        if (e < end)
+            continue; /* inside a subtree walked already */
+        for (int j = e; j >= 0; j = v->node[j].parent)
+            path[np++] = j;
+        while (np && t > GR_DEAD)
+            t = gr_dfa_step(c, t, v->node[path[--np]].byte);
+        if (t == GR_ERROR)
+            return -1;
+        if (t == GR_DEAD)
+            continue;
+        st[v->node[e].depth] = t;
+        if (walk_trie(c, v, st, e + 1, v->node[e].skip, mask, NULL, 0))
+            return -1;
+        end = v->node[e].skip;
+    }
+    return 0;
+}
+
+/* The mask of state s over v, computed (under the lock); -1 on GR_ERROR. */
+static int compute_mask(GrCompiled *c, GrMaskCache *mc, const GrVocab *v, int s, uint32_t *mask) {
+    size_t words = gr_vocab_mask_words(v);
+    memset(mask, 0, words * sizeof *mask);
+    int *st = pl_xmalloc(2 * (v->max_depth + 1) * sizeof *st);
+    int L = gr_dfa_local(c, s), rc = -1;
+    if (L >= 0 && (L == s || c->dfa.escapes[L])) { /* nothing to share: walk from s */
+        st[0] = s;
+        rc = walk_trie(c, v, st, 0, v->nnodes, mask, NULL, 0);
+    } else if (L >= 0) {
+        rc = mask_from_local(c, mc, v, s, L, st, mask);
+    }
     free(st);
     if (c->dfa.accepts[s])
         for (int i = 0; i < v->neos; i++)
             mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
-    return 0;
+    return rc;
 }
 
 static GrMaskCache *cache_of(GrDfa *d, const GrVocab *v) {
@@ -133,14 +207,9 @@ int gr_matcher_fill_mask(GrMatcher *m, uint32_t *mask) {
     int rc = 0;
     if (s < mc->cap && mc->masks[s]) {
         memcpy(mask, mc->masks[s], words * sizeof *mask);
-    } else if ((rc = compute_mask(c, m->v, s, mask)) == 0 &&
+    } else if ((rc = compute_mask(c, mc, m->v, s, mask)) == 0 &&
                mc->bytes + words * sizeof *mask <= MASK_CACHE_BYTES) {
-        if (s >= mc->cap) {
-            int cap = 2 * s + 64;
-            mc->masks = pl_xrealloc(mc->masks, cap * sizeof *mc->masks);
-            memset(mc->masks + mc->cap, 0, (cap - mc->cap) * sizeof *mc->masks);
-            mc->cap = cap;
-        }
+        cache_room(mc, s);
         mc->masks[s] = pl_xmalloc(words * sizeof *mask);
         memcpy(mc->masks[s], mask, words * sizeof *mask);
         mc->bytes += words * sizeof *mask;

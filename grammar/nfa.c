@@ -208,6 +208,7 @@ int gr_nfa_build(GrBuilder *b, int root, GrNfa *a) {
         add_eps(a, end, a->final[r]);
         a->st[a->final[r]].final_of = r;
     }
+    a->escape = new_state(a);
     return check_left_recursion(b, a);
 }
 

@@ -86,8 +86,10 @@ GrVocab *gr_vocab_new(const char *const *token_bytes, const size_t *lens, int n,
             continue;
         }
         for (uint32_t i = lcp; i < toks[t].len; i++) {
-            v->node[nn] =
-                (GrTrieNode){.depth = (uint16_t)(i + 1), .byte = toks[t].s[i], .token = -1};
+            v->node[nn] = (GrTrieNode){.depth = (uint16_t)(i + 1),
+                                       .byte = toks[t].s[i],
+                                       .token = -1,
+                                       .parent = depth ? path[depth] : -1};
             path[++depth] = nn++;
         }
         v->node[path[depth]].token = toks[t].id;
