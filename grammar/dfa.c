@@ -13,7 +13,8 @@
 #include "common.h"
 #include "gr_internal.h"
 
-enum { MAX_DFA_STATES = 200000, MAX_STACK_DEPTH = 1000 };
+/* 64K states hold at most 64 MiB of transition rows */
+enum { MAX_DFA_STATES = 65536, MAX_STACK_DEPTH = 1000 };
 
 /* ---- interning ------------------------------------------------------------------------- */
 

@@ -13,8 +13,9 @@
 #include "common.h"
 #include "gr_internal.h"
 
-/* Masks kept per vocabulary: beyond this many bytes, masks are computed but not kept. */
-enum { MASK_CACHE_BYTES = 256 << 20, FINISHED = -1 };
+/* Masks kept per vocabulary (4096 states at 128k tokens): beyond that, masks are computed but
+ * not kept. */
+enum { MASK_CACHE_BYTES = 64 << 20, FINISHED = -1 };
 
 struct GrMatcher {
     GrCompiled *c;

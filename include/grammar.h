@@ -11,8 +11,13 @@
  * Speed: the automaton is determinized lazily (a state is a set of (stack, position) pairs,
  * stacks interned), and each state's transitions and each state's mask over a vocabulary are
  * computed once and kept in the GrCompiled, so every matcher of every request that shares the
- * GrCompiled reuses them; a mask of a state seen before is one copy. docs/ARCHITECTURE.md gives
- * the measured times (tools/grammar_bench.c).
+ * GrCompiled reuses them; a mask of a state seen before is one copy, and a state in a new
+ * context (a string of another property) reuses the context-free part of a state seen before.
+ * docs/ARCHITECTURE.md gives the measured times (tools/grammar_bench.c).
+ *
+ * Memory: a GrCompiled keeps at most 64 MiB of masks per vocabulary (later masks are computed
+ * each time) and 64K automaton states (1 KiB each); a constraint that needs more fails in
+ * gr_matcher_fill_mask / gr_matcher_accept with a message, as does nesting over 1000 rules.
  *
  * Threads: a GrCompiled and a GrVocab are immutable in meaning and may be shared by any number
  * of threads; the GrCompiled's caches are guarded by a mutex inside it. A GrMatcher belongs to
@@ -36,10 +41,10 @@ typedef struct GrMatcher GrMatcher;
 /* Compile a GBNF grammar (llama.cpp's syntax: `name ::= ...` rules, `|`, `( )`, `*` `+` `?`,
  * `{m}` `{m,}` `{m,n}`, "literals" with \n \t \r \\ \" \xHH \uHHHH \UHHHHHHHH escapes,
  * [a-z] and [^...] classes, `.` any character, # comments; the start rule is `root`).
- * Left-recursive rules are refused. Returns NULL with a message in err (errlen bytes, always
- * NUL-terminated when errlen > 0): syntax errors name line and column ("line 2 column 9:
- * expected '::='"), others the rule ("rule 'expr' is undefined"). The caller frees the result
- * with gr_compiled_free. */
+ * Left-recursive rules are refused, as are llama.cpp's token references (<[id]>). Returns NULL with
+ * a message in err (errlen bytes, always NUL-terminated when errlen > 0): syntax errors name line
+ * and column ("line 2 column 9: expected '::='"), others the rule ("rule 'expr' is
+ * left-recursive"). The caller frees the result with gr_compiled_free. */
 GrCompiled *gr_compile_gbnf(const char *src, size_t len, char *err, size_t errlen);
 
 /* Compile a JSON schema (OpenAI response_format json_schema, vLLM guided_json): type object
