@@ -153,12 +153,12 @@ static int intern_state(GrCompiled *c, Vec *out) {
         }
     int added, id = gr_intern(&d->states, key, 2 * n, &added);
     free(key);
+    if (id >= MAX_DFA_STATES) { /* interned, but never given a row: refused each time */
+        snprintf(d->err, sizeof d->err, "the constraint needs more than %d automaton states",
+                 MAX_DFA_STATES);
+        return GR_ERROR;
+    }
     if (added) {
-        if (id >= MAX_DFA_STATES) {
-            snprintf(d->err, sizeof d->err, "the constraint needs more than %d automaton states",
-                     MAX_DFA_STATES);
-            return GR_ERROR;
-        }
         if (id >= d->cap) {
             int cap = 2 * id + 64;
             d->trans = pl_xrealloc(d->trans, cap * sizeof *d->trans);

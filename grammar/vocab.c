@@ -48,9 +48,10 @@ GrVocab *gr_vocab_new(const char *const *token_bytes, const size_t *lens, int n,
     v->same = pl_xmalloc(n * sizeof *v->same);
     v->eos = pl_xmalloc((n_eos + 1) * sizeof *v->eos);
     v->neos = n_eos;
-    memcpy(v->eos, eos_ids, n_eos * sizeof *eos_ids);
-    for (int i = 0; i < n_eos; i++)
+    for (int i = 0; i < n_eos; i++) {
+        v->eos[i] = eos_ids[i];
         v->is_eos[eos_ids[i]] = 1;
+    }
     Tok *toks = pl_xmalloc(n * sizeof *toks);
     int nt = 0;
     size_t total = 0;

@@ -355,6 +355,49 @@ static void test_matcher(void **state) {
     assert_string_equal(err, "EOS id 12 is outside the vocabulary of 12");
 }
 
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The automaton's limits fail the call that meets them, with a message. */
+static void test_limits(void **state) {
+    (void)state;
+    const char *one[] = {"x"};
+    size_t len1 = 1;
+    char err[256], *text = malloc(200001);
+    GrVocab *v = gr_vocab_new(one, &len1, 1, NULL, 0, err, sizeof err);
+    GrCompiled *c = must('g', "root ::= \"(\" root \")\" | \"x\"");
+    GrMatcher *m = gr_matcher_new(c, v);
+    memset(text, '(', 1000);
+    assert_int_equal(gr_matcher_accept_bytes(m, text, 1000), 0);
+    assert_int_equal(gr_matcher_accept_bytes(m, "(", 1), -1);
+    assert_string_equal(gr_matcher_error(m), "the constraint nests deeper than 1000 rules");
+    gr_matcher_free(m);
+    gr_compiled_free(c);
+    c = must('r', "[ab]*a[ab]{16}"); /* a DFA of 2^17 states */
+    uint64_t seed = 5;
+    for (int i = 0; i < 200000; i++)
+        text[i] = "ab"[rng_next(&seed) & 1];
+    m = gr_matcher_new(c, v);
+    int rc = 0;
+    for (int i = 0; i < 200000 && !rc; i += 1000)
+        rc = gr_matcher_accept_bytes(m, text + i, 1000);
+    assert_int_equal(rc, -1);
+    assert_string_equal(gr_matcher_error(m),
+                        "the constraint needs more than 65536 automaton states");
+    uint32_t mask[1];
+    assert_int_equal(gr_matcher_fill_mask(m, mask), 0); /* the state before is still there */
+    for (int i = 0; i < 100; i++) /* and the states past the limit stay refused */
+        assert_int_equal(gr_matcher_accept_bytes(m, text + 1000 * (i % 5), 1000), -1);
+    gr_matcher_free(m);
+    gr_compiled_free(c);
+    gr_vocab_free(v);
+    free(text);
+}
+
 /* ---- real vocabularies ----------------------------------------------------------------- */
 
 typedef struct {
@@ -387,13 +430,6 @@ static void free_vocab(Vocab *vc) {
     hf_vocab_free(&vc->hf);
     free(vc->closing);
     free(vc);
-}
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 /* Generate with random allowed tokens until EOS: EOS half the time it is allowed, else a
@@ -786,6 +822,7 @@ int main(void) {
         cmocka_unit_test(test_schema_objects_arrays),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_matcher),
+        cmocka_unit_test(test_limits),
         cmocka_unit_test(test_mask_equals_token_check),
         cmocka_unit_test(test_random_schemas_gpt2),
         cmocka_unit_test(test_random_schemas_tinyllama),
