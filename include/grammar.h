@@ -49,8 +49,8 @@ GrCompiled *gr_compile_gbnf(const char *src, size_t len, char *err, size_t errle
 
 /* Compile a JSON schema (OpenAI response_format json_schema, vLLM guided_json): type object
  * (properties in declared order, required, additionalProperties false / true / a schema),
- * array (items, prefixItems, minItems, maxItems), string (enum, const, minLength, maxLength,
- * pattern, format date / time / date-time / uuid), integer (minimum, maximum,
+ * array (items, prefixItems - all of them present -, minItems, maxItems), string (enum, const,
+ * minLength, maxLength, pattern, format date / time / date-time / uuid), integer (minimum, maximum,
  * exclusiveMinimum, exclusiveMaximum), number, boolean, null, enum, const, anyOf, oneOf, allOf
  * of one schema, $ref to #/$defs/... or #/definitions/... (recursion allowed), type arrays
  * such as ["string", "null"]; annotations (title, description, default, examples, $schema,

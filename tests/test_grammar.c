@@ -5,8 +5,9 @@
  * equal to a token-by-token check on real vocabularies; and random constrained generation
  * with the GPT-2 and TinyLlama vocabularies (tests/data/tokenizers), 100 seeds per constraint,
  * every output checked by an independent judge: JSON parsed with jansson and validated
- * against the schema (validator below), regexes matched with PCRE2, choices compared. Run
- * from the repository root. */
+ * against the schema (validator below, and Python's jsonschema through
+ * tests/grammar_validate.py when python3-jsonschema is installed), regexes matched with PCRE2,
+ * choices compared. Run from the repository root. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -653,6 +656,9 @@ static const char *const SCHEMAS[] = {
     "\"$ref\":\"#/$defs/node\"}",
 };
 
+/* Every output with its schema, for tests/grammar_validate.py. */
+static json_t *cases;
+
 static void random_schemas(const char *vocab_name) {
     Vocab *vc = load_vocab(vocab_name);
     char *out = malloc(1 << 20);
@@ -669,6 +675,7 @@ static void random_schemas(const char *vocab_name) {
             if (!valid(x, s, s))
                 fail_msg("%s schema %zu seed %llu: invalid: %s", vocab_name, k,
                          (unsigned long long)seed, out);
+            json_array_append_new(cases, json_pack("{s:O, s:s}", "schema", s, "output", out));
             json_decref(x);
         }
         gr_compiled_free(c);
@@ -697,6 +704,38 @@ static void test_random_schemas_gpt2(void **state) {
 static void test_random_schemas_tinyllama(void **state) {
     (void)state;
     random_schemas("tinyllama-1.1b-chat-v1.0");
+}
+
+/* The outputs of the two tests above validated by Python's jsonschema as well (skipped,
+ * saying why, without python3-jsonschema). */
+static void test_random_schemas_jsonschema(void **state) {
+    (void)state;
+    const char *tmp = getenv("TMPDIR");
+    char path[512], cmd[700];
+    snprintf(path, sizeof path, "%s/pagellm-grammar.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_true(json_array_size(cases) >= 600);
+    json_t *root = json_pack("{s:O}", "cases", cases);
+    assert_int_equal(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    /* the python3 on PATH, else Debian's, where python3-jsonschema installs */
+    int code = 127;
+    static const char *const pythons[] = {"python3", "/usr/bin/python3"};
+    for (size_t p = 0; p < 2 && (code == 77 || code == 127); p++) {
+        snprintf(cmd, sizeof cmd, "%s tests/grammar_validate.py '%s'", pythons[p], path);
+        fflush(stdout);
+        int st = system(cmd);
+        code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    unlink(path);
+    if (code == 77 || code == 127) {
+        if (code == 127)
+            printf("test_random_schemas_jsonschema: SKIPPED: python3 is not installed\n");
+        skip();
+    }
+    assert_int_equal(code, 0);
 }
 
 static void test_random_regex_and_choice(void **state) {
@@ -826,8 +865,12 @@ int main(void) {
         cmocka_unit_test(test_mask_equals_token_check),
         cmocka_unit_test(test_random_schemas_gpt2),
         cmocka_unit_test(test_random_schemas_tinyllama),
+        cmocka_unit_test(test_random_schemas_jsonschema),
         cmocka_unit_test(test_random_regex_and_choice),
         cmocka_unit_test(test_threads),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    cases = json_array();
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    json_decref(cases);
+    return failed;
 }
