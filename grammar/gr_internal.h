@@ -90,8 +90,6 @@ GrNode *gr_json_char(GrBuilder *b);
 GrNode *gr_json_string(GrBuilder *b);
 GrNode *gr_json_integer(GrBuilder *b);
 GrNode *gr_json_number(GrBuilder *b);
-/* An object of any number of key: value members (key and value nodes given). */
-GrNode *gr_json_members(GrBuilder *b, GrNode *key, GrNode *value);
 /* Integers in [lo, hi], each bound optional (at most 16 digits). */
 GrNode *gr_json_int_range(GrBuilder *b, int has_lo, int64_t lo, int has_hi, int64_t hi);
 

@@ -83,17 +83,13 @@ GrNode *gr_json_number(GrBuilder *b) {
     return once(b, "number", make_number);
 }
 
-/* "{" ws ( member ( "," ws member )* )? "}" with member = key ws ":" ws value ws. */
-GrNode *gr_json_members(GrBuilder *b, GrNode *key, GrNode *value) {
-    GrNode *member = gr_seq(b, 5, key, gr_json_ws(b), gr_str(b, ":"),
-                            gr_seq(b, 2, gr_json_ws(b), value), gr_json_ws(b));
+/* "{" ws ( member ( "," ws member )* )? "}" with member = string ws ":" ws value ws. */
+static GrNode *make_object(GrBuilder *b) {
+    GrNode *member = gr_seq(b, 5, gr_json_string(b), gr_json_ws(b), gr_str(b, ":"),
+                            gr_seq(b, 2, gr_json_ws(b), gr_json_value_node(b)), gr_json_ws(b));
     GrNode *more = gr_rep(b, gr_seq(b, 3, gr_str(b, ","), gr_json_ws(b), member), 0, -1);
     return gr_seq(b, 4, gr_str(b, "{"), gr_json_ws(b), gr_rep(b, gr_seq(b, 2, member, more), 0, 1),
                   gr_str(b, "}"));
-}
-
-static GrNode *make_object(GrBuilder *b) {
-    return gr_json_members(b, gr_json_string(b), gr_json_value_node(b));
 }
 
 static GrNode *make_array(GrBuilder *b) {
