@@ -161,10 +161,11 @@ static GrNode *postfix(Parser *ps, GrNode *x) {
     if (min >= 0 && ps->p < ps->end && *ps->p == ',') {
         ps->p++;
         space(ps, 0);
-        max = ps->p < ps->end && *ps->p == '}' ? -1 : parse_int(ps);
-        space(ps, 0);
-        if (max == -1 && *ps->p != '}')
+        if (ps->p < ps->end && *ps->p == '}')
+            max = -1;
+        else if ((max = parse_int(ps)) < 0)
             min = -1;
+        space(ps, 0);
     }
     if (min < 0 || ps->p >= ps->end || *ps->p != '}' || (max >= 0 && max < min))
         return syntax(ps, start, "expected {m}, {m,} or {m,n} with m <= n < 100000");

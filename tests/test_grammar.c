@@ -116,6 +116,9 @@ static void test_gbnf_errors(void **state) {
                  "line 1 column 13: expected {m}, {m,} or {m,n} "
                  "with m <= n < 100000");
     ASSERT_ERROR('g', "root ::= \"\\q\"", "line 1 column 11: unknown escape");
+    ASSERT_ERROR('g', "root ::= \"a\"{1,",
+                 "line 1 column 13: expected {m}, {m,} or {m,n} "
+                 "with m <= n < 100000");
     ASSERT_ERROR('g', "root ::= \"a\" )", "line 1 column 14: unexpected character");
     ASSERT_ERROR('g', "a ::= \"x\"\na ::= \"y\"", "line 2 column 1: rule defined twice");
     ASSERT_ERROR('g', "item ::= \"x\"", "the grammar has no 'root' rule");
