@@ -28,6 +28,7 @@ void gr_builder_free(GrBuilder *b) {
     free(b->names);
     free(b->bodies);
     free(b->used_at);
+    gr_intern_free(&b->index);
     memset(b, 0, sizeof *b);
 }
 
@@ -58,9 +59,13 @@ void *gr_fail(GrBuilder *b, const char *fmt, ...) {
 }
 
 int gr_rule(GrBuilder *b, const char *name, size_t len) {
-    for (int i = 0; i < b->nrules; i++)
-        if (strlen(b->names[i]) == len && !memcmp(b->names[i], name, len))
-            return i;
+    uint32_t *key = pl_xcalloc(len / 4 + 2, sizeof *key);
+    key[0] = (uint32_t)len;
+    memcpy(key + 1, name, len);
+    int added, r = gr_intern(&b->index, key, len / 4 + 2, &added);
+    free(key);
+    if (!added)
+        return r;
     if (b->nrules == b->cap) {
         b->cap = b->cap ? 2 * b->cap : 32;
         b->names = pl_xrealloc(b->names, b->cap * sizeof *b->names);

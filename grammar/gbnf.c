@@ -91,9 +91,18 @@ static int64_t parse_char(Parser *ps) {
 
 static GrNode *alternates(Parser *ps, int nested);
 
+/* Bytes from the parser's position to the first unescaped `close` (or the end): what sizes a
+ * literal's or a class's buffer (a character of source gives at most 4 bytes, or one range). */
+static size_t extent(const Parser *ps, char close) {
+    const char *q = ps->p;
+    while (q < ps->end && *q != close)
+        q += *q == '\\' && q + 1 < ps->end ? 2 : 1;
+    return (size_t)(q - ps->p);
+}
+
 static GrNode *literal(Parser *ps) {
     const char *start = ps->p++;
-    uint8_t *buf = gr_alloc(ps->b, 4 * (size_t)(ps->end - ps->p) + 1);
+    uint8_t *buf = gr_alloc(ps->b, 4 * extent(ps, '"') + 1);
     size_t n = 0;
     while (ps->p < ps->end && *ps->p != '"') {
         int64_t cp = parse_char(ps);
@@ -111,7 +120,7 @@ static GrNode *char_class(Parser *ps) {
     const char *start = ps->p++;
     int negate = ps->p < ps->end && *ps->p == '^';
     ps->p += negate;
-    uint32_t *r = gr_alloc(ps->b, 2 * sizeof *r * (size_t)(ps->end - ps->p + 1));
+    uint32_t *r = gr_alloc(ps->b, 2 * sizeof *r * (extent(ps, ']') + 1));
     int n = 0;
     while (ps->p < ps->end && *ps->p != ']') {
         int64_t lo = parse_char(ps), hi = lo;

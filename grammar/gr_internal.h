@@ -15,6 +15,21 @@
 
 #include "grammar.h"
 
+/* ---- interned keys (arrays of uint32) -------------------------------------------------- */
+
+typedef struct {
+    uint32_t *pool; /* keys back to back */
+    size_t npool, cap_pool;
+    size_t *off; /* [n + 1]: key i is pool[off[i] .. off[i + 1]) */
+    int n, cap;
+    int *slots; /* open addressing, -1 empty; nslots a power of two */
+    size_t nslots;
+} GrIntern;
+
+/* Index of the key (added when new); *added says which. */
+int gr_intern(GrIntern *t, const uint32_t *key, size_t len, int *added);
+void gr_intern_free(GrIntern *t);
+
 /* ---- rule trees ---------------------------------------------------------------------- */
 
 typedef enum { GN_BYTES, GN_RANGE, GN_SEQ, GN_ALT, GN_REP, GN_REF } GrNodeKind;
@@ -36,6 +51,7 @@ typedef struct {
     char **names;    /* [nrules] */
     GrNode **bodies; /* [nrules]; NULL while undefined */
     int *used_at;    /* [nrules]: source offset of the first reference, -1 if none */
+    GrIntern index;  /* the names, interned in rule order: a name's id is its rule's */
     int nrules, cap;
     char err[512]; /* first error; "" while none */
 } GrBuilder;
@@ -123,21 +139,6 @@ typedef struct {
 /* Compile the builder's rules (root = rule index) into nfa; 0, or -1 with b->err set. */
 int gr_nfa_build(GrBuilder *b, int root, GrNfa *nfa);
 void gr_nfa_free(GrNfa *nfa);
-
-/* ---- interned keys (arrays of uint32) -------------------------------------------------- */
-
-typedef struct {
-    uint32_t *pool; /* keys back to back */
-    size_t npool, cap_pool;
-    size_t *off; /* [n + 1]: key i is pool[off[i] .. off[i + 1]) */
-    int n, cap;
-    int *slots; /* open addressing, -1 empty; nslots a power of two */
-    size_t nslots;
-} GrIntern;
-
-/* Index of the key (added when new); *added says which. */
-int gr_intern(GrIntern *t, const uint32_t *key, size_t len, int *added);
-void gr_intern_free(GrIntern *t);
 
 /* ---- the lazily determinized automaton ------------------------------------------------- */
 

@@ -112,11 +112,25 @@ static int emit(GrNfa *a, const GrNode *x, int from) {
     return -1;
 }
 
-/* The calls rule makes before reading a byte (into calls[]), and whether it can end so: the
- * states reached from its start through epsilons and nullable rules' calls (a queue in stack;
- * reach, all 0 on entry, is cleared on the way out). */
+typedef struct {
+    int *v;
+    int n, cap;
+} Ints;
+
+static void ints_push(Ints *l, int x) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->v = pl_xrealloc(l->v, l->cap * sizeof *l->v);
+    }
+    l->v[l->n++] = x;
+}
+
+/* Whether rule can end without reading a byte, and (when calls is not NULL) the (rule,
+ * callee) pairs of the calls it makes before reading one: the states reached from its start
+ * through epsilons and nullable rules' calls (a queue in stack; reach, all 0 on entry, is
+ * cleared on the way out). */
 static int left_calls(const GrNfa *a, int rule, const uint8_t *nullable, uint8_t *reach, int *stack,
-                      uint8_t *calls) {
+                      Ints *calls) {
     int n = 0;
     stack[n++] = a->start[rule];
     reach[a->start[rule]] = 1;
@@ -125,7 +139,10 @@ static int left_calls(const GrNfa *a, int rule, const uint8_t *nullable, uint8_t
         for (int i = 0; i <= s->neps; i++) {
             int t = i < s->neps ? s->eps[i] : -1;
             if (i == s->neps && s->call >= 0) {
-                calls[s->call] = 1;
+                if (calls) {
+                    ints_push(calls, rule);
+                    ints_push(calls, s->call);
+                }
                 t = nullable[s->call] ? s->ret : -1;
             }
             if (t >= 0 && !reach[t]) {
@@ -140,51 +157,74 @@ static int left_calls(const GrNfa *a, int rule, const uint8_t *nullable, uint8_t
     return ends;
 }
 
-/* Depth-first search for a cycle of left calls through r (color: 0 new, 1 on the path,
- * 2 done); on one, returns 0 and sets *at to a rule on it. */
-static int left_cycle(const uint8_t *calls, int nr, int r, int *color, int *at) {
-    if (color[r] == 1) {
-        *at = r;
-        return 0;
+/* A rule on a cycle of the graph (pairs (from, to) in e, nr nodes), or -1: an iterative
+ * depth-first search (color 0 new, 1 on the path, 2 done). */
+static int find_cycle(const Ints *e, int nr) {
+    int *first = pl_xcalloc(nr + 1, sizeof *first), *to = pl_xmalloc((e->n / 2 + 1) * sizeof *to);
+    for (int i = 0; i < e->n; i += 2) /* edges grouped by their first rule */
+        first[e->v[i] + 1]++;
+    for (int r = 0; r < nr; r++)
+        first[r + 1] += first[r];
+    int *fill = pl_xmalloc((nr + 1) * sizeof *fill), found = -1;
+    memcpy(fill, first, (nr + 1) * sizeof *fill);
+    for (int i = 0; i < e->n; i += 2)
+        to[fill[e->v[i]]++] = e->v[i + 1];
+    int *color = pl_xcalloc(nr, sizeof *color), *path = pl_xmalloc(nr * sizeof *path);
+    int *next = pl_xmalloc(nr * sizeof *next);
+    for (int r0 = 0; r0 < nr && found < 0; r0++) {
+        if (color[r0])
+            continue;
+        int depth = 0;
+        path[depth++] = r0;
+        color[r0] = 1;
+        next[r0] = first[r0];
+        while (depth && found < 0) {
+            int r = path[depth - 1];
+            if (next[r] == first[r + 1]) {
+                color[r] = 2;
+                depth--;
+                continue;
+            }
+            int c = to[next[r]++];
+            if (color[c] == 1)
+                found = c;
+            else if (!color[c]) {
+                color[c] = 1;
+                next[c] = first[c];
+                path[depth++] = c;
+            }
+        }
     }
-    if (color[r] == 2)
-        return -1;
-    color[r] = 1;
-    for (int j = 0; j < nr; j++)
-        if (calls[(size_t)r * nr + j] && left_cycle(calls, nr, j, color, at) >= 0)
-            return 0;
-    color[r] = 2;
-    return -1;
+    free(first);
+    free(to);
+    free(fill);
+    free(color);
+    free(path);
+    free(next);
+    return found;
 }
 
 static int check_left_recursion(GrBuilder *b, const GrNfa *a) {
-    int nr = a->nrules, ok = 0;
+    int nr = a->nrules;
     uint8_t *nullable = pl_xcalloc(nr, 1), *reach = pl_xcalloc(a->nst, 1);
-    uint8_t *calls = pl_xcalloc((size_t)nr * nr, 1);
     int *stack = pl_xmalloc(a->nst * sizeof *stack);
     for (int changed = 1; changed;) { /* nullable to a fixed point */
         changed = 0;
-        for (int r = 0; r < nr; r++) {
-            if (nullable[r])
-                continue;
-            if (left_calls(a, r, nullable, reach, stack, calls + (size_t)r * nr))
+        for (int r = 0; r < nr; r++)
+            if (!nullable[r] && left_calls(a, r, nullable, reach, stack, NULL))
                 nullable[r] = changed = 1;
-        }
     }
+    Ints calls = {0};
     for (int r = 0; r < nr; r++)
-        left_calls(a, r, nullable, reach, stack, calls + (size_t)r * nr);
-    int *color = pl_xcalloc(nr, sizeof *color);
-    for (int r = 0, at = 0; r < nr && !ok; r++)
-        if (left_cycle(calls, nr, r, color, &at) >= 0) {
-            gr_fail(b, "rule '%s' is left-recursive", b->names[at]);
-            ok = -1;
-        }
-    free(color);
+        left_calls(a, r, nullable, reach, stack, &calls);
+    int at = find_cycle(&calls, nr);
+    if (at >= 0)
+        gr_fail(b, "rule '%s' is left-recursive", b->names[at]);
+    free(calls.v);
     free(nullable);
     free(reach);
-    free(calls);
     free(stack);
-    return ok;
+    return at >= 0 ? -1 : 0;
 }
 
 int gr_nfa_build(GrBuilder *b, int root, GrNfa *a) {

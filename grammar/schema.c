@@ -18,6 +18,7 @@ typedef struct {
     json_t *root;
     char unsupported[400]; /* ", "-separated keyword names */
     int nrules;            /* counter for the names of helper rules */
+    int depth;             /* schemas being converted, one inside the other */
 } Ctx;
 
 static void unsupported(Ctx *x, const char *what) {
@@ -200,26 +201,42 @@ typedef struct {
     GrNode **member; /* [n] "\"key\"" ws ":" ws value ws */
     int *req;        /* [n] */
     GrNode *extra;   /* additional member, or NULL */
-    GrNode **tails;  /* [2 * (n + 1)] */
+    GrNode **tails;  /* [2 * (n + 1)], see tails() */
 } Props;
 
-static GrNode *tail(Ctx *x, Props *p, int i, int comma) {
+/* The member lists as rules, tails[2 * i + comma]: the members from property i on, comma
+ * saying whether one was written before. Made from the last property back (a loop: objects
+ * may have many properties), and only those the first one leads to. */
+static GrNode *tails(Ctx *x, Props *p) {
     GrBuilder *b = x->b;
-    GrNode **t = &p->tails[2 * i + comma];
-    if (*t)
-        return *t;
-    GrNode *sep = comma ? gr_seq(b, 2, gr_str(b, ","), gr_json_ws(b)) : gr_empty(b);
-    GrNode *body;
-    if (i == p->n) {
-        if (!p->extra)
-            return *t = gr_empty(b);
-        GrNode *more = gr_rep(b, gr_seq(b, 3, gr_str(b, ","), gr_json_ws(b), p->extra), 0, -1);
-        body = gr_rep(b, gr_seq(b, 3, sep, p->extra, more), 0, 1);
-    } else {
-        GrNode *take = gr_seq(b, 3, sep, p->member[i], tail(x, p, i + 1, 1));
-        body = p->req[i] ? take : gr_alt(b, 2, take, tail(x, p, i + 1, comma));
-    }
-    return *t = helper(x, body);
+    uint8_t *need = gr_alloc(b, 2 * (p->n + 1));
+    need[0] = 1;
+    for (int i = 0; i < p->n; i++)
+        for (int c = 0; c < 2; c++)
+            if (need[2 * i + c]) {
+                need[2 * (i + 1) + 1] = 1;
+                need[2 * (i + 1) + c] |= !p->req[i];
+            }
+    for (int i = p->n; i >= 0; i--)
+        for (int c = 0; c < 2; c++) {
+            if (!need[2 * i + c])
+                continue;
+            GrNode *sep = c ? gr_seq(b, 2, gr_str(b, ","), gr_json_ws(b)) : gr_empty(b), *body;
+            if (i == p->n && !p->extra) {
+                p->tails[2 * i + c] = gr_empty(b);
+                continue;
+            }
+            if (i == p->n) {
+                GrNode *more =
+                    gr_rep(b, gr_seq(b, 3, gr_str(b, ","), gr_json_ws(b), p->extra), 0, -1);
+                body = gr_rep(b, gr_seq(b, 3, sep, p->extra, more), 0, 1);
+            } else {
+                GrNode *take = gr_seq(b, 3, sep, p->member[i], p->tails[2 * (i + 1) + 1]);
+                body = p->req[i] ? take : gr_alt(b, 2, take, p->tails[2 * (i + 1) + c]);
+            }
+            p->tails[2 * i + c] = helper(x, body);
+        }
+    return p->tails[0];
 }
 
 static GrNode *object_node(Ctx *x, json_t *s) {
@@ -235,7 +252,7 @@ static GrNode *object_node(Ctx *x, json_t *s) {
     p.req = gr_alloc(b, (p.n + 1) * sizeof *p.req);
     p.tails = gr_alloc(b, 2 * (p.n + 1) * sizeof *p.tails);
     const char *key;
-    json_t *value;
+    json_t *value, *index = json_object(); /* property name -> its position */
     int i = 0;
     json_object_foreach(props, key, value) {
         json_t *name = json_string(key);
@@ -243,25 +260,28 @@ static GrNode *object_node(Ctx *x, json_t *s) {
         json_decref(name);
         p.member[i] = helper(x, gr_seq(b, 5, k, gr_json_ws(b), gr_str(b, ":"),
                                        gr_seq(b, 2, gr_json_ws(b), conv(x, value)), gr_json_ws(b)));
-        size_t j;
-        json_t *r;
-        json_array_foreach(req, j, r) p.req[i] |=
-            json_is_string(r) && !strcmp(json_string_value(r), key);
-        i++;
+        json_object_set_new(index, key, json_integer(i++));
     }
     size_t j;
     json_t *r;
     json_array_foreach(req, j, r) {
-        if (!json_is_string(r) || !json_object_get(props, json_string_value(r)))
-            return gr_fail(b, "required property %s is not in properties",
-                           json_is_string(r) ? json_string_value(r) : "(not a string)");
+        json_t *at = json_is_string(r) ? json_object_get(index, json_string_value(r)) : NULL;
+        if (!at) {
+            gr_fail(b, "required property %s is not in properties",
+                    json_is_string(r) ? json_string_value(r) : "(not a string)");
+            break;
+        }
+        p.req[json_integer_value(at)] = 1;
     }
+    json_decref(index);
+    if (b->err[0])
+        return NULL;
     if (addl && !json_is_false(addl)) {
         GrNode *v = json_is_true(addl) ? gr_json_value_node(b) : conv(x, addl);
         p.extra = helper(x, gr_seq(b, 5, gr_json_string(b), gr_json_ws(b), gr_str(b, ":"),
                                    gr_seq(b, 2, gr_json_ws(b), v), gr_json_ws(b)));
     }
-    return gr_seq(b, 4, gr_str(b, "{"), gr_json_ws(b), tail(x, &p, 0, 0), gr_str(b, "}"));
+    return gr_seq(b, 4, gr_str(b, "{"), gr_json_ws(b), tails(x, &p), gr_str(b, "}"));
 }
 
 static GrNode *array_node(Ctx *x, json_t *s) {
@@ -347,7 +367,19 @@ static GrNode *alternatives(Ctx *x, json_t *arr, json_t *s, int kind) {
     return gr_list(x->b, GN_ALT, alts, n);
 }
 
+static GrNode *conv_schema(Ctx *x, json_t *s);
+
+/* The converter recurses on each subschema: bounded, as the parsers are. */
 static GrNode *conv(Ctx *x, json_t *s) {
+    if (x->depth >= 100)
+        return gr_fail(x->b, "the schema nests deeper than 100 levels");
+    x->depth++;
+    GrNode *n = conv_schema(x, s);
+    x->depth--;
+    return n;
+}
+
+static GrNode *conv_schema(Ctx *x, json_t *s) {
     GrBuilder *b = x->b;
     if (json_is_true(s))
         return gr_json_value_node(b);
@@ -400,7 +432,7 @@ static GrNode *conv(Ctx *x, json_t *s) {
 }
 
 GrNode *gr_schema_node(GrBuilder *b, json_t *schema) {
-    Ctx x = {b, schema, "", 0};
+    Ctx x = {b, schema, "", 0, 0};
     if (!schema)
         return gr_fail(b, "no schema");
     GrNode *n = conv(&x, schema);

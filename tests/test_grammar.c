@@ -282,6 +282,13 @@ static void test_schema_errors(void **state) {
                  "required property b is not in properties");
     ASSERT_ERROR('s', "{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}",
                  "minimum 5 is above maximum 1");
+    char deep[2048] = "";
+    for (int i = 0; i < 101; i++)
+        strcat(deep, "{\"items\":");
+    strcat(deep, "{}");
+    for (int i = 0; i < 101; i++)
+        strcat(deep, "}");
+    ASSERT_ERROR('s', deep, "the schema nests deeper than 100 levels");
     ASSERT_ERROR('s', "{\"type\":\"string\",\"pattern\":\"(a\"}", "regex: missing ')' at offset 2");
 }
 
