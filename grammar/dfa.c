@@ -113,7 +113,9 @@ static int insert(Vec *seen, uint64_t conf) {
         free(seen->v);
         *seen = bigger;
     }
-    size_t j = (conf * 0x9E3779B97F4A7C15ull >> 20) & (seen->cap - 1);
+    uint64_t h = conf ^ conf >> 29; /* the stack is in the high half: mix it down */
+    h *= 0xBF58476D1CE4E5B9ull;
+    size_t j = (h ^ h >> 32) & (seen->cap - 1);
     for (; seen->v[j]; j = (j + 1) & (seen->cap - 1))
         if (seen->v[j] == conf + 1)
             return 0;
