@@ -136,6 +136,7 @@ static int mask_from_local(GrCompiled *c, GrMaskCache *mc, const GrVocab *v, int
     if (!mc->masks[L]) {
         uint32_t *lm = pl_xcalloc(words, sizeof *lm);
         st[0] = L;
+        mc->nesc[L] = 0; /* what a failed walk left */
         if (walk_trie(c, v, st, 0, v->nnodes, lm, mc, L)) {
             free(lm);
             return -1;
