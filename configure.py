@@ -55,8 +55,8 @@ TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils",
 # looks at them: without them those parts are skipped, not the build.
 OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox"}
 # Python modules only some tests need (test_jinja compares the jinja library with Python's
-# jinja2, else skips that test); as with OPTIONAL_TOOLS, only --install-deps looks at them.
-OPTIONAL_PYTHON = {"jinja2": "python3-jinja2"}
+# jinja2, test_grammar validates generated JSON with jsonschema, else they skip those tests); as with OPTIONAL_TOOLS, only --install-deps looks at them.
+OPTIONAL_PYTHON = {"jinja2": "python3-jinja2", "jsonschema": "python3-jsonschema"}
 E2E_SCRIPT = "tests/e2e/run.sh"
 
 # The layers, lowest first, as data: (library, its source folders, the libraries it may call).
@@ -74,13 +74,14 @@ LAYERS = [
     ("kernels", ["kernels/cpu", "kernels"], ["kernels_cuda", "common"]),
     ("tokenizer", ["tokenizer"], ["common"]),
     ("jinja", ["jinja"], ["common"]),
+    ("grammar", ["grammar"], ["common"]),
     ("models", ["models"], ["kernels", "common"]),
     ("scheduler", ["scheduler"], ["common"]),
-    ("engine", ["engine"], ["models", "scheduler", "kernels", "tokenizer", "common"]),
-    ("server", ["server"], ["engine", "tokenizer", "jinja", "kernels", "common"]),
+    ("engine", ["engine"], ["models", "scheduler", "kernels", "tokenizer", "grammar", "common"]),
+    ("server", ["server"], ["engine", "tokenizer", "jinja", "grammar", "kernels", "common"]),
     ("bench", ["bench"], ["engine", "tokenizer", "kernels", "common"]),
     ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer", "jinja",
-                      "kernels", "common"]),
+                      "grammar", "kernels", "common"]),
 ]
 PROGRAM = "cli"  # built as build/pagellm (its own folder's objects + what it may call)
 # Edges allowed for some symbols only (fnmatch patterns): the server and the bench take just
@@ -93,7 +94,7 @@ PART_ORDER = {
                "request", "runner", "runner_forward"],
 }
 # Libraries whose every exported symbol has one of these prefixes (checked with the layers).
-EXPORT_PREFIXES = {"tokenizer": ["tok_"], "jinja": ["jinja_"]}
+EXPORT_PREFIXES = {"tokenizer": ["tok_"], "jinja": ["jinja_"], "grammar": ["gr_"]}
 # Folders whose private headers stay private: tests do not get -I for them either.
 SEALED_FOLDERS = ["tokenizer"]
 # The libraries each test binary exercises: it links those and what they may call, nothing
@@ -101,6 +102,7 @@ SEALED_FOLDERS = ["tokenizer"]
 TEST_LAYERS = {
     "test_tokenizer": ["tokenizer"],
     "test_jinja": ["jinja"],
+    "test_grammar": ["grammar"],
     "test_kernels_cpu": ["kernels"],
     "test_sampling": ["kernels"],
     "test_attention_cuda": ["kernels"],
@@ -126,10 +128,15 @@ TEST_LAYERS = {
     "test_bench": ["bench"],
     "test_cli": ["cli"],  # runs build/pagellm
 }
+# Programs built beside the tests but never run by `ninja test` (benchmarks of one library):
+# source -> the libraries it links (with what those may call), built as build/tools/<name>
+# with the tests' includes and tests/support objects (the grammar benchmark reads vocabularies
+# through tests/support/hf_vocab.c).
+TOOL_PROGRAMS = {"tools/grammar_bench.c": ["grammar"]}
 # Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
 SCRIPT_TESTS = ["tests/test_layers.sh"]
 SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "jinja",
-                  "models", "scheduler", "engine", "server", "bench", "cli", "tests",
+                  "grammar", "models", "scheduler", "engine", "server", "bench", "cli", "tests",
                   "tests/support"]
 
 
@@ -869,8 +876,9 @@ def link_archives(archives, names):
     return [archives[lib] for lib in link_closure(names) if lib in archives]
 
 
-def write_programs(w, archives, plan):
-    """build/pagellm and the test binaries; returns (pagellm or None, tests). Each links only
+def write_programs(w, archives, plan, tools):
+    """build/pagellm, the test binaries and TOOL_PROGRAMS (appended to tools); returns
+    (pagellm or None, tests). Each links only
     the libraries of its layer and below (LAYERS, TEST_LAYERS). Tests may include the private
     headers of every folder but SEALED_FOLDERS (white-box unit tests)."""
     pagellm = None
@@ -896,6 +904,12 @@ def write_programs(w, archives, plan):
                 obj + support + link_archives(archives, TEST_LAYERS.get(name, [PROGRAM])),
                 variables={"libs": "$test_libs"})
         tests.append(binary)
+    for src, libs in TOOL_PROGRAMS.items():
+        if os.path.isfile(src):
+            binary = "build/tools/" + os.path.splitext(os.path.basename(src))[0]
+            w.build([binary], "link", compile_edges(w, [src], test_includes)
+                    + support + link_archives(archives, libs))
+            tools.append(binary)
     return pagellm, tests
 
 
@@ -919,7 +933,8 @@ def write_ninja(cfg, plan):
     write_variables(w, cfg)
     write_rules(w, cfg)
     archives = write_libraries(w, plan)
-    pagellm, tests = write_programs(w, archives, plan)
+    tools = []
+    pagellm, tests = write_programs(w, archives, plan, tools)
     w.newline()
     w.comment("`ninja test`: every test binary, the script tests (tests/test_layers.sh: the "
               "layering check), then the end-to-end suite, through tests/run_tests.sh")
@@ -932,7 +947,7 @@ def write_ninja(cfg, plan):
     w.build(["build.ninja"], "configure", implicit=["configure.py"] + watched_folders())
     w.newline()
     w.lines.append("default " + " ".join(map(esc_path, ([pagellm] if pagellm else [])
-                                             + tests + list(archives.values()))))
+                                             + tests + tools + list(archives.values()))))
     # build/ first: ninja would create it, changing the mtime of the folder "." (watched
     # while a source folder is missing) after build.ninja's, and so regenerate once more.
     os.makedirs("build", exist_ok=True)

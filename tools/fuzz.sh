@@ -9,9 +9,9 @@
 #                                             seed corpus and tests/fuzz/crashes/TARGET/)
 #
 # Builds with clang -fsanitize=fuzzer,address,undefined -g -O1 straight from the product's
-# sources (common/ kernels/ tokenizer/ models/ scheduler/ engine/ server/ bench/, CPU code
-# only) with the include flags configure.py uses, into build/fuzz/ (a ninja file of its own
-# there; configure.py and build.ninja are not touched). A run uses leak detection,
+# sources (common/ kernels/ tokenizer/ grammar/ models/ scheduler/ engine/ server/ bench/,
+# CPU code only) with the include flags configure.py uses, into build/fuzz/ (a ninja file of
+# its own there; configure.py and build.ninja are not touched). A run uses leak detection,
 # -rss_limit_mb=2048 and -timeout=10, keeps its log in build/fuzz/logs/TARGET.log and
 # crash/leak/timeout inputs in build/fuzz/artifacts/TARGET/, prints one summary line, and exits
 # non-zero on any crash, leak, timeout or out-of-memory.
@@ -29,7 +29,7 @@ CC=${CC:-clang}
 declare -A PKG_DEB=([jansson]=libjansson-dev [libpcre2-8]=libpcre2-dev [yaml-0.1]=libyaml-dev
                     [libcurl]=libcurl4-openssl-dev)
 # Source folders in link order (a folder may call only those after it), as configure.py's LAYERS.
-LAYERS=(bench server engine scheduler models tokenizer kernels common)
+LAYERS=(bench server engine scheduler models grammar tokenizer kernels common)
 
 die() {
     echo "fuzz.sh: $*" >&2
