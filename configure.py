@@ -79,7 +79,7 @@ LAYERS = [
     ("scheduler", ["scheduler"], ["common"]),
     ("engine", ["engine"], ["models", "scheduler", "kernels", "tokenizer", "grammar", "common"]),
     ("server", ["server"], ["engine", "tokenizer", "jinja", "grammar", "kernels", "common"]),
-    ("bench", ["bench"], ["engine", "tokenizer", "kernels", "common"]),
+    ("bench", ["bench"], ["engine", "tokenizer", "grammar", "kernels", "common"]),
     ("cli", ["cli"], ["bench", "server", "engine", "scheduler", "models", "tokenizer", "jinja",
                       "grammar", "kernels", "common"]),
 ]
@@ -91,7 +91,7 @@ NARROW_EDGES = {("server", "kernels"): ["sampling_*"], ("bench", "kernels"): ["s
 # after it, so no part calls back up into one that uses it (checked with the layers).
 PART_ORDER = {
     "engine": ["generate", "engine", "step", "overlap", "output", "sampler", "logit_edits",
-               "request", "runner", "runner_forward"],
+               "request", "constraint", "runner", "runner_forward"],
 }
 # Libraries whose every exported symbol has one of these prefixes (checked with the layers).
 EXPORT_PREFIXES = {"tokenizer": ["tok_"], "jinja": ["jinja_"], "grammar": ["gr_"]}

@@ -128,6 +128,22 @@ if want 7; then
         "$sw" 55 GB/s ">= 45 GB/s, overlapped" "$(ge "$sw" 45)"
 fi
 
+# 10. the cost of structured output: decode step at batch 64 with every request following a
+# JSON schema (bench/json_schema_items.json: an array of at least 100 objects, so no sample
+# completes within the run) against the same batch unconstrained; the floor is the
+# unconstrained step (the constraint's masks, built on the host, and their upload are the cost)
+if want 10; then
+    lat64=(bench latency "${model[@]}" --batch-size 64 --input-len 128 --output-len 128
+           --num-iters-warmup 1 --num-iters 3 --max-model-len 2048)
+    $bin "${lat64[@]}" >"$out/latency-b64.log" 2>&1
+    $bin "${lat64[@]}" --json-schema bench/json_schema_items.json >"$out/latency-b64-schema.log" 2>&1
+    d64=$(num 'Decode step \(batch 64\): median [0-9.]+' <"$out/latency-b64.log")
+    s64=$(num 'Decode step \(batch 64\): median [0-9.]+' <"$out/latency-b64-schema.log")
+    lim=$(awk -v d="$d64" 'BEGIN{printf "%.3f", d * 1.1}')
+    row "decode step, batch 64, JSON schema (unconstrained: $d64 ms)" "$s64" "$d64" ms \
+        "<= 1.1x unconstrained" "$(le "$s64" "$lim")"
+fi
+
 echo "pagellm $(git rev-parse --short HEAD 2>/dev/null), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
 echo "| workload | measured | floor | measured / floor | target | result |"
 echo "| --- | --- | --- | --- | --- | --- |"

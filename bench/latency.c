@@ -1,14 +1,18 @@
 /* latency.c - `pagellm bench latency`: vLLM's offline latency benchmark on the engine API.
  * One batch of --batch-size random prompts (--input-len token ids each, as vLLM's dummy
  * prompts) runs to completion per iteration, --output-len tokens per prompt (ignore_eos,
- * temperature 1). Besides vLLM's average and percentile latencies it times every engine
- * step once the whole batch has its first token: those steps are pure decode steps of the
- * batch, the number the decode performance work targets. */
+ * temperature 1), each following a JSON schema with --json-schema. Besides vLLM's average and
+ * percentile latencies it times every engine step once the whole batch has its first token:
+ * those steps are pure decode steps of the batch, the number the decode performance work
+ * targets. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "bench_internal.h"
+#include "grammar.h"
 
 typedef struct {
     double *v;
@@ -28,7 +32,8 @@ static void add(Times *t, double x) {
  * every request of the batch got a token from it (after all first tokens, before any has
  * finished), so its time is that of a step of the whole batch. */
 static double run_batch(Engine *e, const BenchOfflineOptions *o, int32_t *const *prompts,
-                        uint64_t seed, Times *decode, Times *prefill, long *tokens) {
+                        GrCompiled *schema, uint64_t seed, Times *decode, Times *prefill,
+                        long *tokens) {
     int b = o->batch_size, started = 0, done = 0;
     double t0 = pl_now();
     for (int i = 0; i < b; i++) {
@@ -38,6 +43,7 @@ static double run_batch(Engine *e, const BenchOfflineOptions *o, int32_t *const 
         r.params.sampling = sampling_params_default();
         r.params.sampling.temperature = 1.0f;
         r.params.sampling.seed = seed + (uint64_t)i;
+        r.params.constraint = schema;
         if (eng_add_request(e, &r, NULL) != PL_OK) {
             fprintf(stderr, "pagellm bench latency: %s\n", pl_error());
             eng_abort_all(e);
@@ -113,28 +119,48 @@ static json_t *results_json(const Times *lat, const Times *dec, const Times *pre
         bst_median(pre->v, pre->n) * 1e3);
 }
 
+/* The --json-schema file compiled, or NULL (none, or an error, printed: *rc = 1). */
+static GrCompiled *load_schema(const char *path, int *rc) {
+    if (!path)
+        return NULL;
+    json_error_t je;
+    json_t *schema = json_load_file(path, 0, &je);
+    char err[512] = "";
+    GrCompiled *c = schema ? gr_compile_json_schema(schema, err, sizeof err) : NULL;
+    json_decref(schema);
+    if (!c) {
+        fprintf(stderr, "pagellm bench latency: --json-schema %s: %s\n", path,
+                schema ? err : je.text);
+        *rc = 1;
+    }
+    return c;
+}
+
 int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
+    int rc = 0;
+    GrCompiled *schema = load_schema(o->json_schema, &rc);
+    if (rc)
+        return rc;
     BenchRng rng;
     brng_seed(&rng, seed);
     int32_t **prompts = pl_xcalloc((size_t)o->batch_size, sizeof *prompts);
     for (int i = 0; i < o->batch_size; i++)
         prompts[i] = bench_random_ids(&rng, o->data.input_len, e);
     Times lat = {0}, dec = {0}, pre = {0};
-    int rc = 0;
     long tokens = 0, warm_tokens = 0;
     BenchProgress bar;
     printf("Warming up...\n");
     fflush(stdout);
     bench_progress_start(&bar, o->num_iters_warmup, "warm-up iterations", o->disable_progress);
     for (int it = 0; it < o->num_iters_warmup && rc == 0; it++) {
-        rc = run_batch(e, o, prompts, seed, NULL, NULL, &warm_tokens) < 0;
+        rc = run_batch(e, o, prompts, schema, seed, NULL, NULL, &warm_tokens) < 0;
         bench_progress_step(&bar, rc == 0);
     }
     bench_progress_end(&bar);
     bench_progress_start(&bar, o->num_iters, "iterations", o->disable_progress || rc);
     EngineStats before = eng_stats(e);
     for (int it = 0; it < o->num_iters && rc == 0; it++) {
-        double s = run_batch(e, o, prompts, seed, &dec, &pre, &tokens);
+        double s = run_batch(e, o, prompts, schema, seed, &dec, &pre, &tokens);
         rc = s < 0;
         if (!rc)
             add(&lat, s);
@@ -143,7 +169,7 @@ int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
     bench_progress_end(&bar);
     long expected = (long)o->num_iters * o->batch_size * o->data.output_len;
     if (rc == 0) {
-        if (tokens != expected)
+        if (tokens != expected && !schema) /* a constrained sample ends when complete */
             fprintf(stderr, "WARNING: %ld tokens generated, %ld expected\n", tokens, expected);
         print_results(&lat, &dec, &pre, o);
         EngineStats after = eng_stats(e);
@@ -178,5 +204,6 @@ int bench_latency_run(Engine *e, const BenchOfflineOptions *o, uint64_t seed) {
     free(lat.v);
     free(dec.v);
     free(pre.v);
+    gr_compiled_free(schema);
     return rc;
 }

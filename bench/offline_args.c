@@ -41,6 +41,8 @@ static const char latency_help[] =
     "  --num-iters N             measured iterations (default 30)\n"
     "  --swap-blocks N           then time swapping N KV blocks out to the swap space and\n"
     "                            back in (default 0: not measured)\n"
+    "  --json-schema F           every request follows the JSON schema in file F (structured\n"
+    "                            output: the cost of the constraint); it ends when complete\n"
     "  --output-json F           also write the results as JSON\n"
     "  --disable-tqdm            no progress bar\n"
     "\n"
@@ -65,6 +67,7 @@ void bench_offline_options_init(BenchOfflineOptions *o, int latency) {
 void bench_offline_options_free(BenchOfflineOptions *o) {
     free(o->dataset_path);
     free(o->output_json);
+    free(o->json_schema);
     memset(o, 0, sizeof *o);
 }
 
@@ -83,6 +86,12 @@ int bench_offline_flag(BenchOfflineOptions *o, int latency, int argc, char **arg
     }
     if (!latency)
         return bflag_dataset(cmd, &o->data, &o->dataset_path, 0, argc, argv, i);
+    if ((r = bflag_value(cmd, "--json-schema", argc, argv, i, &v)) != 0) {
+        if (r < 0)
+            return -1;
+        bflag_set_str(&o->json_schema, v);
+        return 1;
+    }
     static const char *const names[] = {"--input-len",        "--output-len", "--batch-size",
                                         "--num-iters-warmup", "--num-iters",  "--swap-blocks"};
     static const long lows[] = {1, 1, 1, 0, 1, 0};

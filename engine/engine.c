@@ -274,6 +274,7 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
     Engine *e = pl_xcalloc(1, sizeof *e);
     e->cfg = *cfg;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gr_mu, NULL);
     pthread_cond_init(&e->work, NULL);
     if ((st = open_backends(e)) != PL_OK || (st = pick_batch_limits(e)) != PL_OK ||
         (st = eng_ranks_start(e)) != PL_OK)
@@ -348,6 +349,10 @@ void eng_destroy(Engine *e) {
     free(e->smp.top_vals);
     free(e->smp.raw_rows);
     free(e->smp.edits);
+    free(e->smp.masks);
+    free(e->smp.mask_rows);
+    gr_vocab_free(e->gr_vocab);
+    pthread_mutex_destroy(&e->gr_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     free(e);
@@ -442,6 +447,8 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
 
 Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     Status st = validate_request(e, r);
+    if (st == PL_OK && r->params.constraint)
+        st = eng_constraint_vocab(e);
     if (st != PL_OK)
         return st;
     Request *q = pl_xcalloc(1, sizeof *q);

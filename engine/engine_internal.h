@@ -50,7 +50,8 @@ typedef struct {
     TokStream *stream; /* NULL without a tokenizer */
     int num_generated;
     FinishReason finish;
-    int pending_row; /* its row in the pending step (asynchronous scheduling), -1 if none */
+    int pending_row;    /* its row in the pending step (asynchronous scheduling), -1 if none */
+    GrMatcher *matcher; /* structured output: where its text is in the constraint, or NULL */
 } SeqData;
 
 struct Request {
@@ -118,7 +119,9 @@ typedef struct {
     float *d_lse, *h_lse;                   /* [max_num_seqs] */
     int32_t *d_top_ids, *h_top_ids;         /* [max_num_seqs, max_top_logprobs] */
     float *d_top_vals, *h_top_vals;
-    LogitEdit *d_edits; /* [DEVICE_EDITS_CAP] */
+    LogitEdit *d_edits;   /* [DEVICE_EDITS_CAP] */
+    uint32_t *d_masks;    /* [max_num_seqs, mask words]: structured output's allowed tokens */
+    int32_t *d_mask_rows; /* [max_num_seqs] */
     void *workspace;
     size_t workspace_bytes;
 } DeviceSampler;
@@ -210,6 +213,8 @@ typedef struct {
     size_t raw_cap;
     LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
     size_t edits_cap;
+    uint32_t *masks;    /* [max_num_seqs, mask words] allowed tokens of the constrained rows */
+    int32_t *mask_rows; /* [max_num_seqs] their rows (eng_constraint_masks) */
 } Sampler;
 
 /* The output (output.c): the events of the last step and the text they point into. */
@@ -235,6 +240,8 @@ struct Engine {
     BlockManager *bm;
     Scheduler *sched;
     int64_t next_seq_id;
+    GrVocab *gr_vocab; /* structured output's view of the vocabulary, made on first use */
+    pthread_mutex_t gr_mu;
     ModelRunner run;
     Sampler smp;
     Output out;
@@ -326,6 +333,22 @@ int eng_has_penalty(const SamplingParams *p);
 
 /* Room for k more top logprobs in the step's arrays; returns the offset of the first. */
 size_t eng_top_reserve(Engine *e, size_t k);
+
+/* ---- constraint.c: structured output ---- */
+
+/* Make e->gr_vocab (and the host mask buffers) once; any thread. Fails without a tokenizer. */
+Status eng_constraint_vocab(Engine *e);
+
+/* A new sample's matcher (NULL without a constraint). */
+void eng_constraint_start(Engine *e, SeqData *d);
+
+/* The allowed-token masks of the constrained rows among rows[n] (logits row i is rows[i]'s)
+ * into e->smp.masks, their row numbers into e->smp.mask_rows; returns how many. */
+int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n);
+
+/* Advance d's matcher on the token drawn: 0, 1 when the text is now complete (nothing but
+ * EOS may follow), -1 when the token is not allowed (the constraint failed). */
+int eng_constraint_accept(SeqData *d, int32_t token);
 
 /* ---- logit_edits.c: logit_bias and min_tokens ---- */
 

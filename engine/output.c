@@ -110,6 +110,11 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     Request *r = d->req;
     if (placeholder) /* the last token stands for this one */
         seq->num_tokens--;
+    int complete = eng_constraint_accept(d, token);
+    if (complete < 0) { /* a token outside the constraint: nothing allowed could be drawn */
+        finish_sequence(e, seq, FINISH_ABORT, -1, "", 0, NULL);
+        return;
+    }
     if (is_stop_token(e, d, token)) {
         finish_sequence(e, seq, FINISH_STOP, -1, "", 0, NULL);
         return;
@@ -119,8 +124,9 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     e->generated_tokens++;
     size_t len = 0;
     const char *text = d->stream ? tok_stream_push(d->stream, token, &len) : "";
-    if (d->num_generated >= r->params.max_tokens || seq->num_tokens >= e->max_model_len) {
-        finish_sequence(e, seq, FINISH_LENGTH, token, text, len, lp);
+    if (complete || d->num_generated >= r->params.max_tokens ||
+        seq->num_tokens >= e->max_model_len) {
+        finish_sequence(e, seq, complete ? FINISH_STOP : FINISH_LENGTH, token, text, len, lp);
         return;
     }
     emit(e, r, d->index, token, arena_put(e, text, len), len, FINISH_NONE, lp);

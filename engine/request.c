@@ -12,6 +12,7 @@ void eng_start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
     d->sampling.seed += (uint64_t)index;
     d->stream = e->tok ? tok_stream_create(e->tok, r->prompt, r->num_prompt) : NULL;
     d->pending_row = -1;
+    eng_constraint_start(e, d);
     seq->owner = d;
     r->seqs[index] = seq;
     r->num_started++;
@@ -23,6 +24,7 @@ void eng_request_free(Engine *e, Request *r) {
             sched_remove(e->sched, r->seqs[i]);
         seq_destroy(r->seqs[i]);
         tok_stream_destroy(r->data[i].stream);
+        gr_matcher_free(r->data[i].matcher);
     }
     free(r->seqs);
     free(r->data);

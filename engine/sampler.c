@@ -42,6 +42,8 @@ Status eng_device_sampler_init(Engine *e) {
              {(void **)&ds->d_top_ids, top * sizeof(int32_t)},
              {(void **)&ds->d_top_vals, top * sizeof(float)},
              {(void **)&ds->d_edits, DEVICE_EDITS_CAP * sizeof(LogitEdit)},
+             {(void **)&ds->d_masks, s * (((size_t)vocab + 31) / 32) * sizeof(uint32_t)},
+             {(void **)&ds->d_mask_rows, s * sizeof(int32_t)},
              {&ds->workspace, ds->workspace_bytes}};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (!(*d[i].p = ops->alloc(ops, d[i].bytes)))
@@ -58,8 +60,9 @@ Status eng_device_sampler_init(Engine *e) {
 
 void eng_device_sampler_free(Engine *e) {
     DeviceSampler *ds = &e->smp.dev;
-    void *d[] = {ds->d_rows,    ds->d_history,  ds->d_tokens, ds->d_token_logits, ds->d_lse,
-                 ds->d_top_ids, ds->d_top_vals, ds->d_edits,  ds->workspace};
+    void *d[] = {ds->d_rows,  ds->d_history,   ds->d_tokens,   ds->d_token_logits,
+                 ds->d_lse,   ds->d_top_ids,   ds->d_top_vals, ds->d_edits,
+                 ds->d_masks, ds->d_mask_rows, ds->workspace};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             e->ops->free(e->ops, d[i]);
@@ -162,6 +165,14 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
         PL_CHECK((size_t)edits <= DEVICE_EDITS_CAP); /* eng_device_sample_ok */
         ops->to_device(ops, ds->d_edits, e->smp.edits, (size_t)edits * sizeof(LogitEdit));
         ops->logits_add(ops, e->run.ranks[0].d.logits, vocab, ds->d_edits, edits);
+    }
+    int masked = eng_constraint_masks(e, datas, n);
+    if (masked) {
+        size_t words = ((size_t)vocab + 31) / 32;
+        ops->to_device(ops, ds->d_masks, e->smp.masks, (size_t)masked * words * sizeof(uint32_t));
+        ops->to_device(ops, ds->d_mask_rows, e->smp.mask_rows, (size_t)masked * sizeof(int32_t));
+        ops->logits_mask(ops, e->run.ranks[0].d.logits, vocab, ds->d_masks, ds->d_mask_rows,
+                         masked);
     }
     int flags = (penalties ? 0 : SAMPLE_NO_PENALTIES) | (argmax_only ? SAMPLE_ARGMAX_ONLY : 0);
     ops->sample_rows(ops, ds->d_tokens, want_lp ? ds->d_token_logits : NULL,
@@ -303,6 +314,8 @@ void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, Ro
         int edits = eng_collect_edits(e, &d, 1);
         if (edits) /* after the raw logprobs, before forks copy the row */
             host->logits_add(host, row, vocab, e->smp.edits, edits);
+        if (eng_constraint_masks(e, &d, 1)) /* mask_rows[0] is 0: this row */
+            host->logits_mask(host, row, vocab, e->smp.masks, e->smp.mask_rows, 1);
         if (r->n > r->num_started) /* before sampling modifies the row in place */
             sample_forks(e, seq, row, vocab);
         if (eng_has_penalty(&d->sampling))

@@ -35,7 +35,8 @@ static void take_inbox(Engine *e) {
         /* logit edits: min_tokens' masks follow each token, so the host must have seen the
          * last one; and only waiting steps fall back to the host when they are too many */
         r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling) ||
-                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0;
+                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0 ||
+                           r->params.constraint; /* its masks follow each token too */
         e->num_sync_requests += r->sync_sampling || r->n > 1;
         if (e->active_n == e->active_cap) {
             e->active_cap = e->active_cap ? 2 * e->active_cap : 16;

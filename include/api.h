@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "grammar.h"
 #include "sampling.h"
 
 #define API_MAX_STOP 16
@@ -74,9 +75,10 @@ typedef struct {
     int echo;          /* completions: prepend the prompt to the text */
     int ignore_eos;
     char *user;
-    int is_chat; /* parsed from /v1/chat/completions: prompts[0].text is the rendered
-                  * template, which already holds any BOS text, so the server
-                  * tokenizes it with add_special = 0 (as vLLM does for chat) */
+    GrCompiled *constraint; /* owned: structured output (response_format, guided_*), or NULL */
+    int is_chat;            /* parsed from /v1/chat/completions: prompts[0].text is the rendered
+                             * template, which already holds any BOS text, so the server
+                             * tokenizes it with add_special = 0 (as vLLM does for chat) */
 } ApiRequest;
 
 /* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
@@ -166,6 +168,11 @@ void api_sampling_params(const ApiRequest *req, SamplingParams *sp);
 
 /* Free what `req` owns and zero it (safe to call twice). */
 void api_request_free(ApiRequest *req);
+
+/* The structured-output constraint of a request body (response_format, guided_json,
+ * guided_regex, guided_choice, guided_grammar or structured_outputs; at most one) compiled into
+ * *out (NULL: none). Returns 0, or -1 with a 400 naming the field in err. (structured.c) */
+int api_parse_constraint(struct json_t *o, GrCompiled **out, ApiError *err);
 
 /* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
  * from the status (400 invalid_request_error, 401 authentication_error, 404

@@ -112,6 +112,7 @@ typedef struct {
     int num_iters_warmup;     /* latency: 10 */
     int num_iters;            /* latency: 30 */
     int swap_blocks;          /* latency: KV blocks to time a swap round trip of; 0 = none */
+    char *json_schema;        /* latency: owned path of a JSON schema every request follows */
     char *output_json;        /* owned; NULL = none */
     int disable_progress;
 } BenchOfflineOptions;

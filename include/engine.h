@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "grammar.h"
 #include "model.h"
 #include "sampling.h"
 #include "scheduler.h"
@@ -92,6 +93,9 @@ typedef struct {
     const int32_t *stop_token_ids; /* finish with "stop" when one is sampled (copied) */
     int num_stop_token_ids;
     SamplingParams sampling;
+    GrCompiled *constraint; /* structured output (grammar.h): every sample's text follows it,
+                             * ending with "stop" once complete; NULL = none. Borrowed: it
+                             * must stay valid until the request's last event. */
 } GenerateParams;
 
 typedef struct {

@@ -407,10 +407,7 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
         if (!v)
             continue;
         const char *s = json_string_value(v);
-        json_t *type = json_is_object(v) ? json_object_get(v, "type") : NULL;
         if ((!strcmp(*names, "tool_choice") && s && !strcmp(s, "none")) ||
-            (!strcmp(*names, "response_format") && json_is_string(type) &&
-             !strcmp(json_string_value(type), "text")) ||
             (!strcmp(*names, "suffix") && s && !s[0]))
             continue;
         return bad(err, *names, "'%s' is not supported by this server", *names);
@@ -418,9 +415,8 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
     return 0;
 }
 
-static const char *const UNSUPPORTED_COMMON[] = {
-    "response_format",    "guided_json",     "guided_regex",      "guided_choice", "guided_grammar",
-    "structured_outputs", "prompt_logprobs", "allowed_token_ids", "bad_words",     NULL};
+static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", "allowed_token_ids",
+                                                 "bad_words", NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
 static const char *const UNSUPPORTED_CHAT[] = {"tools",         "tool_choice", "functions",
                                                "function_call", "audio",       "prediction",
@@ -454,6 +450,7 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         parse_logit_bias(o, lim, r, err) ||
         opt_int_in(o, "min_tokens", 0, INT_MAX, &r->min_tokens, err) < 0 ||
         refuse_unsupported(o, UNSUPPORTED_COMMON, err) ||
+        api_parse_constraint(o, &r->constraint, err) < 0 ||
         opt_bool(o, "stream", "stream", &r->stream, err) < 0)
         return -1;
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
@@ -727,5 +724,6 @@ void api_request_free(ApiRequest *req) {
     free(req->logit_bias_ids);
     free(req->logit_bias_values);
     free(req->user);
+    gr_compiled_free(req->constraint);
     memset(req, 0, sizeof *req);
 }

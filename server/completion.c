@@ -626,7 +626,8 @@ static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const L
                          .top_logprobs = q->logprobs > 0 ? q->logprobs : 0,
                          .stop_token_ids = q->stop_token_ids,
                          .num_stop_token_ids = q->num_stop_token_ids,
-                         .sampling = sampling_params_default()};
+                         .sampling = sampling_params_default(),
+                         .constraint = q->constraint};
     SamplingParams *sp = &gp.sampling;
     api_sampling_params(q, sp);
     if (!q->has_seed) { /* an unseeded request still needs its own random stream */

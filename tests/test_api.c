@@ -448,9 +448,22 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
     bad("{\"prompt\": \"x\", \"max_tokens\": 4, \"min_tokens\": 5}", "min_tokens",
         "must not exceed");
     bad("{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix", "not supported");
-    bad("{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", "response_format",
-        "not supported");
-    bad("{\"prompt\": \"x\", \"guided_regex\": \"a+\"}", "guided_regex", "not supported");
+    /* structured output: compiled into the request's constraint, or a 400 naming the field */
+    assert_int_equal(
+        comp("{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", &r, &e),
+        PL_OK);
+    assert_non_null(r.constraint);
+    assert_true(gr_compiled_accepts(r.constraint, "{}", 2));
+    assert_false(gr_compiled_accepts(r.constraint, "[]", 2));
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"x\", \"guided_regex\": \"a+\"}", &r, &e), PL_OK);
+    assert_true(gr_compiled_accepts(r.constraint, "aaa", 3));
+    assert_false(gr_compiled_accepts(r.constraint, "ab", 2));
+    api_request_free(&r);
+    bad("{\"prompt\": \"x\", \"guided_json\": {\"type\": \"array\", \"uniqueItems\": true}}",
+        "guided_json", "uniqueItems");
+    bad("{\"prompt\": \"x\", \"guided_choice\": [\"a\"], \"guided_regex\": \"a\"}", "guided_choice",
+        "only one");
     const char *chat_ok = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
                           "\"tool_choice\": \"none\", \"tools\": null, \"logit_bias\": {\"1\": 1}}";
     assert_int_equal(chat(CHAT_CHATML, chat_ok, &r, &e), PL_OK);
@@ -467,7 +480,7 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
     bad_chat(CHAT_CHATML,
              "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
              "\"response_format\": {\"type\": \"json_schema\"}}",
-             "response_format", "not supported");
+             "response_format", "json_schema.schema");
     /* chat's max_tokens defaults to what is left of the context: min_tokens is checked then */
     assert_int_equal(chat(CHAT_CHATML,
                           "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "

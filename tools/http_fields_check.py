@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """http_fields_check.py - the sampling fields of a running server on the bundled model, over
 HTTP, with python3's standard library only: for the GPU host, where the Node end-to-end suite
-cannot run (no node there). The same checks as tests/e2e/sampling_fields.test.mjs, and a
-concurrent batch mixing biased, masked, penalised and plain rows in one step.
+cannot run (no node there). The same checks as tests/e2e/sampling_fields.test.mjs, a
+concurrent batch mixing biased, masked, penalised and plain rows in one step, and structured
+output (tests/e2e/structured.test.mjs) with n = 1 rows, which a GPU samples on the device
+(masks uploaded with the rows), concurrent with unconstrained ones.
 
     build/pagellm serve --port 8011 &    # on the bundled model (models/stories260K)
     tools/http_fields_check.py http://localhost:8011
@@ -64,5 +66,35 @@ for i, b, s, r in res:
     if ok and i % 3 == 0 and "presence_penalty" not in b: ok = j["usage"]["completion_tokens"] == 8
     if ok and i % 3 == 1: ok = j["usage"]["completion_tokens"] == 3
     check(f"concurrent {i} {json.dumps({k: v for k, v in b.items() if k != 'stop_token_ids'})}", ok, r)
+# structured output: one sample per request (the device path on a GPU), 40 at once
+import re
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}, "mood": {"enum": ["happy", "sad"]},
+          "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}},
+          "required": ["name", "age", "mood", "tags"], "additionalProperties": False}
+def schema_ok(t):
+    try:
+        v = json.loads(t)
+    except ValueError:
+        return False
+    return (set(v) == set(schema["required"]) and isinstance(v["name"], str) and len(v["name"]) <= 12
+            and isinstance(v["age"], int) and 0 <= v["age"] <= 120 and v["mood"] in ("happy", "sad")
+            and 1 <= len(v["tags"]) <= 3 and all(isinstance(x, str) and len(x) <= 6 for x in v["tags"]))
+pattern = "[A-Z][a-z]{2,8} (is|was) [0-9]{1,3} (cats|dogs)\\."
+kinds = [({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}, schema_ok),
+         ({"guided_regex": pattern}, lambda t: re.fullmatch(pattern, t) is not None),
+         ({"guided_choice": ["red", "green", "blue sky"]}, lambda t: t in ("red", "green", "blue sky")),
+         ({}, lambda t: True)]
+res = []
+def constrained(i):
+    extra, _ = kinds[i % 4]
+    b = dict({"prompt": "Once upon a time", "max_tokens": 300, "temperature": 1, "seed": 100 + i}, **extra)
+    res.append((i, *post("/v1/completions", b)))
+ts = [threading.Thread(target=constrained, args=(i,)) for i in range(40)]
+[t.start() for t in ts]; [t.join() for t in ts]
+for i, s, r in sorted(res):
+    j = json.loads(r)
+    ok = s == 200 and (i % 4 == 3 or j["choices"][0]["finish_reason"] == "stop") and kinds[i % 4][1](j["choices"][0]["text"])
+    check(f"structured {i} ({list(kinds[i % 4][0]) or ['plain']})", ok, r)
 print("FAILS", fails)
 sys.exit(1 if fails else 0)

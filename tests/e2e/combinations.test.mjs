@@ -21,9 +21,10 @@
 // every chat choice's first delta. Where the generator knows the request is invalid (a value
 // out of range, a wrong type, a cross-field rule broken), a 200 is a failure too, and where
 // it knows the request is valid, a 4xx is; values it is unsure of accept either. suffix,
-// tools, tool_choice and response_format (and vLLM's guided_* and the like) must be refused
-// with a 400 that names them (tools and tool_choice on chat, suffix on completions; the other
-// endpoint may ignore them). After the run the server must answer /health and exit 0 on
+// tools and tool_choice (and vLLM's fields pagellm does not implement), and malformed
+// structured-output constraints (response_format, guided_*), must be refused with a 400 that
+// names them (tools and tool_choice on chat, suffix on completions; the other endpoint may
+// ignore them). After the run the server must answer /health and exit 0 on
 // SIGTERM (under ASan: no leak).
 //
 // PAGELLM_COMBO_SEED (default 34) and PAGELLM_COMBO_COUNT (default 2000) set the mix; each
@@ -207,11 +208,14 @@ const REFUSED = {
                    [{ type: 'function', function: { name: 'g' } }], 'x', {}), ...any([], null)],
     tool_choice: [...bad('auto', 'required', { type: 'function', function: { name: 'f' } }, 5),
                   ...any('none', null)],
-    response_format: [...bad({ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 's', schema: {} } },
-                             'json', 5), ...any({ type: 'text' }, null)],
-    // vLLM's structured-output and other fields pagellm does not implement.
-    guided_json: [...bad({ type: 'object' }, '{}'), ...any(null)],
-    guided_choice: [...bad(['a', 'b']), ...any(null)],
+    // Structured output: a malformed constraint is refused naming its field; a valid one is
+    // served (its own semantics: tests/e2e/structured.test.mjs), two at once are refused.
+    response_format: [...bad('json', 5, { type: 'xml' }, { type: 'json_schema' }),
+                      ...any({ type: 'text' }, null, { type: 'json_object' },
+                             { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object' } } })],
+    guided_json: [...bad(5, '{', { type: 'object', uniqueItems: true }), ...any(null, { type: 'object' }, '{}')],
+    guided_choice: [...bad([], [1], 'x'), ...any(null, ['a', 'b'])],
+    // Fields pagellm does not implement.
     prompt_logprobs: [...bad(1, 0), ...any(null)],
     bad_words: [...bad(['the']), ...any(null, [])],
     allowed_token_ids: [...bad([1, 2, 3]), ...any(null, [])],

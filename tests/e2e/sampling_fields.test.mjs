@@ -122,11 +122,11 @@ describe('sampling fields', () => {
     it('fields not implemented are refused with a 400 naming them', T(), async () => {
         const cases = [
             [complete, { prompt: 'Hi', suffix: 'end' }, 'suffix'],
-            [complete, { prompt: 'Hi', response_format: { type: 'json_object' } }, 'response_format'],
+            [complete, { prompt: 'Hi', prompt_logprobs: 1 }, 'prompt_logprobs'],
             [chat, { messages: [{ role: 'user', content: 'Hi' }],
                      tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
-            [chat, { messages: [{ role: 'user', content: 'Hi' }], response_format: { type: 'json_object' } },
-             'response_format'],
+            [chat, { messages: [{ role: 'user', content: 'Hi' }], allowed_token_ids: [1, 2] },
+             'allowed_token_ids'],
         ];
         for (const [send, body, param] of cases) {
             const r = await send(body);
