@@ -133,8 +133,9 @@ TEST_LAYERS = {
     "test_bench": ["bench"],
     "test_cli": ["cli"],  # runs build/pagellm
 }
-# Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
-SCRIPT_TESTS = ["tests/test_layers.sh"]
+# Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries):
+# the layering check, and tensor-parallel ranks as MPI processes (skipped without MPI).
+SCRIPT_TESTS = ["tests/test_layers.sh", "tests/test_mpi.sh"]
 SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "jinja",
                   "models", "scheduler", "engine", "server", "bench", "cli", "tests",
                   "tests/support"]
