@@ -1,5 +1,6 @@
 /* args.c - flag handling shared by the subcommands: numbers with range checks, the
  * configuration (file, then --key flags, then validation) and the bundled model's location. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,10 @@ void cli_mpi_begin(const EngineConfig *cfg) {
     }
     if (rank == 0)
         return;
+    /* mpirun passes SIGINT and SIGTERM to every rank: rank 0 drains and then ends the others
+     * (a follower in the middle of a job would leave rank 0 waiting for it) */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     int rc = eng_follow(cfg);
     k_mpi_finalize();
     exit(rc);
