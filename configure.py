@@ -4,8 +4,9 @@
     ./configure.py [options] && ninja && ninja test
 
 It finds a C compiler, the six libraries (through pkg-config, or through the .pc files of
-a folder of unpacked Debian packages given with --deps-prefix) and CUDA (nvcc plus cuBLAS,
-cuBLASLt and cudart; NCCL when present), then writes build.ninja at the repository root.
+a folder of unpacked Debian packages given with --deps-prefix), CUDA (nvcc plus cuBLAS,
+cuBLASLt and cudart; NCCL when present) and MPI when present (tensor-parallel ranks as
+processes under mpirun), then writes build.ninja at the repository root.
 Everything it builds goes under build/:
 
     build/lib<name>.a        one static library per layer of LAYERS (its source folders)
@@ -53,7 +54,13 @@ TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils",
 # Commands that only some tests and features need: the end-to-end suite (tests/e2e/run.sh,
 # run by `ninja test`) and `bench serve --sweep-rates` plots (gnuplot). Only --install-deps
 # looks at them: without them those parts are skipped, not the build.
-OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox"}
+OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox",
+                  "mpirun": "openmpi-bin"}
+# Optional libraries: pkg-config module -> Debian package. MPI (Open MPI's ompi-c, else what
+# `mpicc --showme` says) runs tensor-parallel ranks as processes (`mpirun -np N pagellm ...`,
+# PAGELLM_HAVE_MPI); without it the build goes on and only that mode is missing.
+# --install-deps installs them.
+OPTIONAL_LIBRARIES = {"ompi-c": "libopenmpi-dev"}
 # Python modules only some tests need (test_jinja compares the jinja library with Python's
 # jinja2, test_grammar validates generated JSON with jsonschema, else they skip those tests); as with OPTIONAL_TOOLS, only --install-deps looks at them.
 OPTIONAL_PYTHON = {"jinja2": "python3-jinja2", "jsonschema": "python3-jsonschema"}
@@ -133,8 +140,9 @@ TEST_LAYERS = {
 # with the tests' includes and tests/support objects (the grammar benchmark reads vocabularies
 # through tests/support/hf_vocab.c).
 TOOL_PROGRAMS = {"tools/grammar_bench.c": ["grammar"]}
-# Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries).
-SCRIPT_TESTS = ["tests/test_layers.sh"]
+# Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries):
+# the layering check, and tensor-parallel ranks as MPI processes (skipped without MPI).
+SCRIPT_TESTS = ["tests/test_layers.sh", "tests/test_mpi.sh"]
 SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "jinja",
                   "grammar", "models", "scheduler", "engine", "server", "bench", "cli", "tests",
                   "tests/support"]
@@ -240,6 +248,9 @@ def parse_args(argv):
         help="first install the missing Debian packages (libraries, ninja, pkg-config, gcc) "
              "with apt-get, through sudo when not root")
     parser.add_argument(
+        "--without-mpi", action="store_true",
+        help="build without MPI even where it is found (no `mpirun -np N` tensor parallelism)")
+    parser.add_argument(
         "--cc", metavar="CC",
         help="C compiler (default: $CC, else gcc, else clang)")
     args = parser.parse_args(argv)
@@ -262,6 +273,8 @@ def regen_args(args, cc):
         out.append("--debug")
     if args.asan:
         out.append("--asan")
+    if args.without_mpi:
+        out.append("--without-mpi")
     if args.deps_prefix:
         rel = os.path.relpath(args.deps_prefix, ROOT)
         out.append("--deps-prefix=" + (args.deps_prefix if rel.startswith("..") else rel))
@@ -342,7 +355,8 @@ def missing_packages(have_cc):
                 if not importlib.util.find_spec(m) and not dpkg_installed(OPTIONAL_PYTHON[m])]
     if not have_cc:
         missing.append("gcc")
-    wanted = list(LIBRARIES.values()) + list(TEST_LIBRARIES.values()) + ["libc6-dev"]
+    wanted = (list(LIBRARIES.values()) + list(TEST_LIBRARIES.values())
+              + list(OPTIONAL_LIBRARIES.values()) + ["libc6-dev"])
     for package in wanted:
         choices = [package] + ALTERNATIVES.get(package, [])
         if not any(dpkg_installed(p) for p in choices):
@@ -710,6 +724,25 @@ def detect_cuda(args, cc):
     return Cuda(True, why, nvcc, dedup(include), libs, bool(nccl_inc and nccl_lib))
 
 
+def detect_mpi(args):
+    """(C flags, link words, why) for MPI: pkg-config's ompi-c, else `mpicc --showme`; empty
+    flags when it is not found or --without-mpi."""
+    hint = "install libopenmpi-dev (or ./configure.py --install-deps)"
+    if args.without_mpi:
+        return [], [], "off: --without-mpi"
+    if shutil.which("pkg-config") and run(["pkg-config", "--exists", "ompi-c"])[0] == 0:
+        version = " ".join(pkg_config(["--modversion", "ompi-c"]))
+        return (["-DPAGELLM_HAVE_MPI=1"] + pkg_config(["--cflags", "ompi-c"]),
+                pkg_config(["--libs", "ompi-c"]), "Open MPI %s (pkg-config ompi-c)" % version)
+    if shutil.which("mpicc"):
+        s1, comp = run(["mpicc", "--showme:compile"])
+        s2, link = run(["mpicc", "--showme:link"])
+        if s1 == 0 and s2 == 0:
+            return (["-DPAGELLM_HAVE_MPI=1"] + shlex.split(comp), shlex.split(link),
+                    "mpicc --showme")
+    return [], [], "off: not found (%s)" % hint
+
+
 def cuda_flags(cuda, args):
     """(C flags, nvcc flags, link words) for the CUDA backend."""
     if not cuda.on:
@@ -1027,15 +1060,16 @@ def configure(args):
     libs = PrefixLibs(args.deps_prefix, cc) if args.deps_prefix else SystemLibs()
     cuda = detect_cuda(args, cc)
     cuda_cflags, nvccflags, cuda_link = cuda_flags(cuda, args)
+    mpi_cflags, mpi_link, mpi_why = detect_mpi(args)
     link = libs.libs(list(LIBRARIES))
     test_link = libs.libs(list(LIBRARIES) + list(TEST_LIBRARIES))
     cfg = {
         "cc": cc,
-        "cflags": compile_flags(args, libs, cuda_cflags),
+        "cflags": compile_flags(args, libs, cuda_cflags) + mpi_cflags,
         "ldflags": (["-pthread", "-Wl,--as-needed"] + (ASAN_FLAGS if args.asan else [])
                     + ["-Wl,-rpath," + d for d in libs.rpath]),
-        "libs": link + cuda_link + ["-lm"],
-        "test_libs": test_link + cuda_link + ["-lm"],
+        "libs": link + cuda_link + mpi_link + ["-lm"],
+        "test_libs": test_link + cuda_link + mpi_link + ["-lm"],
         "nvcc": cuda.nvcc if cuda.on else None,
         "nvccflags": nvccflags,
         "nvccflags_sm90a": sm90a_flags(nvccflags, args),
@@ -1045,6 +1079,7 @@ def configure(args):
     where = " from " + args.deps_prefix if args.deps_prefix else ""
     info("libraries%s: %s" % (where, libs.describe(list(LIBRARIES) + list(TEST_LIBRARIES))))
     info("CUDA: %s (%s)" % ("on" if cuda.on else "off", cuda.why))
+    info("MPI: %s" % mpi_why)
     probe(cfg)
     check_layer_table()
     plan = library_plan(cuda)

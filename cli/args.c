@@ -1,11 +1,13 @@
 /* args.c - flag handling shared by the subcommands: numbers with range checks, the
  * configuration (file, then --key flags, then validation) and the bundled model's location. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "kernels.h"
 
 const char *cli_default_model_dir(void) {
     static char path[4096];
@@ -107,7 +109,57 @@ int cli_parse_command(const char *command, const char *help, int argc, char **ar
     return cli_config_end(cfg) ? -1 : 1;
 }
 
+/* The launcher's rank of this process before MPI is up (to print an error once). */
+static int launched_rank(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i]))
+            return atoi(getenv(vars[i]));
+    return 0;
+}
+
+void cli_mpi_begin(const EngineConfig *cfg) {
+    int launched = k_mpi_launched_size(), tp = cfg->tensor_parallel_size;
+    if (k_mpi_active() || (launched <= 1 && tp <= 1))
+        return;
+    if (launched <= 1) /* in-process ranks (CUDA), or k_open says why not */
+        return;
+    int rank = launched_rank(), size = 0;
+    if (k_mpi_init(&rank, &size) != PL_OK) {
+        if (rank == 0)
+            fprintf(stderr, "pagellm: %s\n", pl_error());
+        exit(1);
+    }
+    if (size != tp) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "pagellm: mpirun started %d processes but tensor-parallel-size is %d: run "
+                    "one process per rank (mpirun -np N pagellm ... --tensor-parallel-size N)\n",
+                    size, tp);
+        k_mpi_finalize();
+        exit(1);
+    }
+    if (rank == 0)
+        return;
+    /* mpirun passes SIGINT and SIGTERM to every rank: rank 0 drains and then ends the others
+     * (a follower in the middle of a job would leave rank 0 waiting for it) */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    int rc = eng_follow(cfg);
+    k_mpi_finalize();
+    exit(rc);
+}
+
+int cli_mpi_end(int rc) {
+    if (k_mpi_active()) {
+        eng_mpi_release(rc != 0);
+        k_mpi_finalize();
+    }
+    return rc;
+}
+
 Engine *cli_engine_create(const EngineConfig *cfg) {
+    cli_mpi_begin(cfg);
     Engine *e;
     if (eng_create(cfg, &e) != PL_OK) {
         fprintf(stderr, "pagellm: %s\n", pl_error());

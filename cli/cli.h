@@ -49,7 +49,17 @@ int cli_parse_command(const char *command, const char *help, int argc, char **ar
 /* Report an argument that is neither a config key nor the command's own flag (exit 2). */
 int cli_unknown_flag(const char *command, const char *arg);
 
-/* Create the engine, printing "pagellm: <error>" on failure. */
+/* Create the engine, printing "pagellm: <error>" on failure. Calls cli_mpi_begin first. */
 Engine *cli_engine_create(const EngineConfig *cfg);
+
+/* Under mpirun with several processes (one tensor-parallel rank each): start MPI; ranks > 0
+ * follow rank 0's engine (eng_follow) and exit here with its code. Returns on rank 0 and
+ * without mpirun; exits 1 with the reason when MPI cannot be used (a build without MPI, a
+ * process count other than tensor-parallel-size). */
+void cli_mpi_begin(const EngineConfig *cfg);
+
+/* At the end of main: under MPI, rank 0 ends the followers (if no engine did) and every
+ * rank finalizes MPI. Returns rc. */
+int cli_mpi_end(int rc);
 
 #endif

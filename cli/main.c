@@ -35,13 +35,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "generate"))
-        return cmd_generate(argc - 1, argv + 1);
+        return cli_mpi_end(cmd_generate(argc - 1, argv + 1));
     if (!strcmp(cmd, "serve"))
-        return cmd_serve(argc - 1, argv + 1);
+        return cli_mpi_end(cmd_serve(argc - 1, argv + 1));
     if (!strcmp(cmd, "logits"))
-        return cmd_logits(argc - 1, argv + 1);
+        return cli_mpi_end(cmd_logits(argc - 1, argv + 1));
     if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 1, argv + 1);
+        return cli_mpi_end(cmd_bench(argc - 1, argv + 1));
     fprintf(stderr, "pagellm: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

@@ -22,6 +22,7 @@ int cmd_serve(int argc, char **argv) {
         cfg_free(&cfg);
         return rc;
     }
+    cli_mpi_begin(&cfg.engine); /* ranks > 0 of an MPI job follow here, no HTTP server */
     Server *s;
     rc = 1;
     if (srv_start(&cfg, &s) == PL_OK) {

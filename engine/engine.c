@@ -87,10 +87,12 @@ static Status open_backends(Engine *e) {
     Status st = pick_backend(&e->cfg, &o);
     if (st != PL_OK)
         return st;
+    o.mpi = o.size > 1 && k_mpi_active(); /* one rank per process: this one's */
     e->run.backends = pl_xcalloc((size_t)o.size, sizeof *e->run.backends);
     if ((st = k_open(&o, e->run.backends)) != PL_OK)
         return st;
     e->run.tp = o.size;
+    e->run.mpi = o.mpi;
     e->ops = e->run.backends[0];
     e->smp.host = e->ops;
     if (e->ops->host_memory)
@@ -319,6 +321,22 @@ Status eng_create(const EngineConfig *cfg, Engine **out) {
 fail:
     eng_destroy(e);
     return st;
+}
+
+int eng_follow(const EngineConfig *cfg) {
+    Engine *e = pl_xcalloc(1, sizeof *e);
+    e->cfg = *cfg;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    Status st = check_config(cfg);
+    if (st == PL_OK && (st = open_backends(e)) == PL_OK && !e->run.mpi)
+        st = pl_error_set(PL_ERR_INVALID, "not a rank of an MPI job (tensor-parallel-size %d)",
+                          cfg->tensor_parallel_size);
+    if (st == PL_OK)
+        st = eng_ranks_start(e);
+    int rc = eng_ranks_follow(e, st); /* answers every job with st when that failed */
+    eng_destroy(e);
+    return rc;
 }
 
 void eng_destroy(Engine *e) {

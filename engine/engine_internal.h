@@ -175,8 +175,14 @@ typedef struct {
  * run together, the step batch they upload and the decode graphs they replay. */
 typedef struct {
     int tp;               /* tensor-parallel ranks */
-    KernelOps **backends; /* [tp] opened backends, rank r's drives device r */
-    Rank *ranks;          /* [tp] */
+    int mpi;              /* the ranks are MPI processes: this one runs ranks[0] only (rank 0
+                           * broadcasts every job, the others follow: eng_ranks_follow) */
+    int local;            /* ranks of this process: tp, or 1 under MPI */
+    int failed;           /* a job of some rank failed (MPI: followers exit 1) */
+    KernelOps **backends; /* [tp] opened backends, rank r's drives device r (MPI: [0] only) */
+    Rank *ranks;          /* [local] */
+    char *wire;           /* MPI: a job's data as broadcast */
+    size_t wire_cap;
     pthread_mutex_t job_mu;
     pthread_cond_t job_cv, job_done_cv;
     RankJob job; /* the current job, for the workers */
@@ -394,8 +400,15 @@ Status eng_ranks_start(Engine *e);
 void eng_ranks_stop(Engine *e);
 
 /* Every rank does `job` at once (rank 0 on the calling thread); the first error of a rank is
- * returned (and set as this thread's error). */
+ * returned (and set as this thread's error). Under MPI rank 0 broadcasts the job and the data
+ * it reads (the host batch, block copies, swaps, prompt ids) and gathers every rank's result;
+ * "rank r: <message>" for a failure of rank r > 0. */
 Status eng_ranks_run(Engine *e, const RankJob *job);
+
+/* MPI rank > 0: run the jobs rank 0 broadcasts until JOB_EXIT; returns the exit code. With
+ * setup != PL_OK (this rank could not open its backend; the message is this thread's error)
+ * the ranks were not started and every job answers that error. */
+int eng_ranks_follow(Engine *e, Status setup);
 
 /* A rank's part of eng_prompt_logits (runner_forward.c): a private KV pool, the whole prompt as
  * one chunk, rank 0's logits of every position to the host. */

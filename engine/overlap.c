@@ -24,7 +24,9 @@ Status eng_overlap_start(Engine *e) {
     int backend =
         ops->scatter_tokens &&
         (ops->host_memory || (ops->to_host_async && ops->event_create && e->smp.dev.d_rows));
-    int ranks = e->run.tp == 1 || (ops->copy_peer && ops->stream_wait && ops->event_create);
+    /* ranks as MPI processes: not yet (the sampled tokens would go to the others by MPI) */
+    int ranks =
+        e->run.tp == 1 || (!e->run.mpi && ops->copy_peer && ops->stream_wait && ops->event_create);
     e->overlap = e->cfg.async_scheduling && ranks && backend;
     if (!e->overlap)
         return PL_OK;

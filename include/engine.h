@@ -61,6 +61,15 @@ typedef struct Engine Engine;
 Status eng_create(const EngineConfig *cfg, Engine **out);
 void eng_destroy(Engine *e);
 
+/* Tensor-parallel ranks as MPI processes (mpirun -np N, k_mpi_init done, N =
+ * tensor-parallel-size): rank 0 creates the engine as usual and broadcasts each rank job; every
+ * other process calls eng_follow instead, which opens its rank, runs the jobs rank 0 sends
+ * until the engine ends, and returns the process's exit code (1 when a job of any rank
+ * failed). Rank 0 calls eng_mpi_release at its end: it ends the followers if no engine did
+ * (failed: they exit 1). Both are no-ops without MPI. */
+int eng_follow(const EngineConfig *cfg);
+void eng_mpi_release(int failed);
+
 /* The model's tokenizer, or NULL when its folder has no tokenizer.json (then only token-id
  * interfaces such as eng_prompt_logits work). */
 const Tokenizer *eng_tokenizer(const Engine *e);

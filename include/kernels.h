@@ -314,6 +314,9 @@ typedef struct {
                             * at n (never more than the CPUs this process may run on); 0 = all */
     int custom_all_reduce; /* cuda, size > 1: the one-shot all-reduce over peer memory for
                             * small messages where the GPUs reach each other (else NCCL) */
+    int mpi;               /* size > 1: the ranks are the processes of an MPI job (k_mpi_init
+                            * called, its size = size): open only this process's rank, into
+                            * ranks[0], its collectives over MPI (the cpu backend) */
 } KernelOpenOptions;
 
 /* Devices of a backend this process can open: 1 for "cpu"; the visible GPUs for "cuda" (0
@@ -325,6 +328,34 @@ int k_device_count(const char *backend);
  * (unknown backend or dtype, too few devices, no NCCL) returns its Status with a message
  * and opens nothing. */
 Status k_open(const KernelOpenOptions *o, KernelOps **ranks);
+
+/* ---- MPI: tensor-parallel ranks as the processes of an MPI job (kernels/mpi.c) ---------
+ * One process per rank, started by mpirun; rank 0 drives the others with broadcasts. Without
+ * an MPI build (no PAGELLM_HAVE_MPI) k_mpi_init fails with how to get one and the rest are
+ * no-ops. MPI is called from one thread at a time (MPI_THREAD_SERIALIZED). */
+
+/* The size of the job this process was started in by an MPI launcher (Open MPI's
+ * OMPI_COMM_WORLD_SIZE, else PMI_SIZE), 0 when none started it. Needs no MPI. */
+int k_mpi_launched_size(void);
+
+/* Initialise MPI (once): this process's rank and the job's size. */
+Status k_mpi_init(int *rank, int *size);
+
+/* The job's size after k_mpi_init succeeded with more than one process, else 0. */
+int k_mpi_active(void);
+
+/* Broadcast bytes from rank 0. Ranks > 0 wait for it sleeping between polls, for ever (rank 0
+ * may be idle); rank 0's send returns once it is on its way. */
+Status k_mpi_bcast(void *buf, size_t bytes);
+
+/* Rank 0: gather `bytes` from every rank into all[size][bytes] (its own included), waiting at
+ * most timeout_s seconds (<= 0: for ever); on a timeout, late[r] = 1 for the ranks that did
+ * not answer and PL_ERR_IO. Ranks > 0: send theirs (late and all unused). */
+Status k_mpi_gather(const void *mine, void *all, size_t bytes, double timeout_s, int *late);
+
+/* End MPI: finalize (every rank, at the end), or abort the whole job with `code`. */
+void k_mpi_finalize(void);
+void k_mpi_abort(int code);
 
 /* Close the ranks k_open made (all of them, after every op has finished); NULL entries are
  * skipped. */

@@ -41,7 +41,12 @@ Status k_open(const KernelOpenOptions *o, KernelOps **ranks) {
     opt.size = o->size > 1 ? o->size : 1;
     if (!strcmp(o->backend, "cpu"))
         return cpu_open(&opt, ranks);
+    opt.mpi = o->mpi && opt.size > 1;
 #ifdef PAGELLM_HAVE_CUDA
+    if (!strcmp(o->backend, "cuda") && opt.mpi)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "the cuda backend does not run as MPI processes yet (its ranks "
+                            "are threads of one process: run without mpirun, or device cpu)");
     if (!strcmp(o->backend, "cuda"))
         return k_cuda_open(&opt, ranks);
 #else

@@ -512,9 +512,13 @@ Status cfg_validate(const Config *c) {
                             "never be scheduled; raise max-num-batched-tokens or enable "
                             "chunked prefill",
                             e->max_model_len, e->max_num_batched_tokens);
-    if (c->engine.tensor_parallel_size > 1 && e->device && !strcmp(e->device, "cpu"))
+    /* the cpu backend's ranks are MPI processes only (a launcher sets these variables) */
+    int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_SIZE");
+    if (c->engine.tensor_parallel_size > 1 && e->device && !strcmp(e->device, "cpu") && !launched)
         return pl_error_set(PL_ERR_INVALID,
-                            "tensor-parallel-size %d needs device cuda (device is cpu)",
+                            "tensor-parallel-size %d with device cpu runs as %d MPI processes "
+                            "(mpirun -np %d pagellm ...); in one process it needs device cuda",
+                            c->engine.tensor_parallel_size, c->engine.tensor_parallel_size,
                             c->engine.tensor_parallel_size);
     return PL_OK;
 }

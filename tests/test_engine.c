@@ -453,7 +453,7 @@ static void test_unsupported_settings_are_errors(void **state) {
     Engine *e = NULL;
     assert_int_equal(eng_create(&c, &e), PL_ERR_UNSUPPORTED);
     assert_null(e);
-    assert_non_null(strstr(pl_error(), "tensor-parallel-size 2 needs the cuda backend"));
+    assert_non_null(strstr(pl_error(), "tensor-parallel-size 2 on the cpu backend runs as 2 MPI"));
     c = base_config();
     c.device = "cpu";
     c.dtype = "bfloat16";

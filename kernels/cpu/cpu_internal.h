@@ -128,6 +128,8 @@ void cpu_parallel(CpuPool *pool, CpuTaskFn fn, void *ctx, int want);
 /* A CPU backend's state (KernelOps.state). */
 typedef struct {
     CpuPool *pool;
+    float *gather;       /* MPI rank: all_reduce's [size, count] parts (grown as needed) */
+    size_t gather_count; /* its capacity in floats */
 } CpuState;
 
 static inline CpuPool *cpu_pool(const KernelOps *ops) {
@@ -137,5 +139,10 @@ static inline CpuPool *cpu_pool(const KernelOps *ops) {
 /* The CPU backend's k_open and k_close (one rank). */
 Status cpu_open(const KernelOpenOptions *o, KernelOps **out);
 void cpu_close(KernelOps *ops);
+
+/* An opened CPU rank becomes rank `rank` of an MPI job of `size` processes (kernels/mpi.c):
+ * its all_reduce, all_reduce_add_rmsnorm and all_gather over MPI. PL_ERR_UNSUPPORTED without
+ * an MPI build. */
+Status cpu_mpi_join(KernelOps *ops, int size);
 
 #endif

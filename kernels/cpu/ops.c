@@ -55,16 +55,22 @@ Status cpu_open(const KernelOpenOptions *o, KernelOps **out) {
     if (o->act != DT_F32)
         return pl_error_set(PL_ERR_UNSUPPORTED, "the cpu backend computes in float32, not %s",
                             pl_dtype_name(o->act));
-    if (o->size > 1)
+    if (o->size > 1 && !o->mpi)
         return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "tensor-parallel-size %d needs the cuda backend built with NCCL "
-                            "(the cpu backend has no all-reduce)",
-                            o->size);
+                            "tensor-parallel-size %d on the cpu backend runs as %d MPI "
+                            "processes (mpirun -np %d pagellm ...), or in one process on the "
+                            "cuda backend built with NCCL",
+                            o->size, o->size, o->size);
     CpuState *st = pl_xcalloc(1, sizeof *st);
     st->pool = cpu_pool_create(o->cpu_threads);
     KernelOps *k = pl_xmalloc(sizeof *k);
     *k = cpu_table;
     k->state = st;
+    Status s = o->size > 1 ? cpu_mpi_join(k, o->size) : PL_OK;
+    if (s != PL_OK) {
+        cpu_close(k);
+        return s;
+    }
     *out = k;
     return PL_OK;
 }
@@ -72,6 +78,7 @@ Status cpu_open(const KernelOpenOptions *o, KernelOps **out) {
 void cpu_close(KernelOps *ops) {
     CpuState *st = ops->state;
     cpu_pool_destroy(st->pool);
+    free(st->gather);
     free(st);
     free(ops);
 }
