@@ -306,13 +306,13 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     if (ops->matmul_qkv_rope_cache) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
-                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
-                                   kv_layout, l);
+                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, NULL,
+                                   kv_cache, kv_layout, l);
         return;
     }
     ops->matmul(ops, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
     ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
-                        kv_cache, kv_layout, l);
+                        NULL, kv_cache, kv_layout, l);
 }
 
 /* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
