@@ -113,6 +113,7 @@ TEST_LAYERS = {
     "test_checkpoint": ["models"],
     "test_config": ["models"],
     "test_tensor_parallel": ["models"],
+    "test_families": ["models"],
     "test_block_manager": ["scheduler"],
     "test_scheduler": ["scheduler"],
     "test_engine": ["engine"],
