@@ -68,25 +68,28 @@ __global__ __launch_bounds__(32) void moe_route_kernel(const T *x, const void *r
     for (int e = 0; e < E; e++)
         p[e] /= z;
     int picked[MOE_MAX_TOP_K];
-    float sum = 0.0f;
+    float pw[MOE_MAX_TOP_K], sum = 0.0f;
     for (int j = 0; j < top_k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++)
             if (p[e] >= 0.0f && (best < 0 || p[e] > p[best]))
                 best = e;
         picked[j] = best;
+        pw[j] = p[best];
         sum += p[best];
-        p[best] = -p[best] - 1.0f; /* taken (probabilities are >= 0) */
+        p[best] = -1.0f; /* taken (probabilities are >= 0) */
     }
     for (int j = 0; j < top_k; j++) { /* increasing expert id */
         int lo = j;
         for (int i = j + 1; i < top_k; i++)
             if (picked[i] < picked[lo])
                 lo = i;
-        int e = picked[lo];
+        const int e = picked[lo];
+        const float pe = pw[lo];
         picked[lo] = picked[j];
+        pw[lo] = pw[j];
         picked[j] = e;
-        float pe = -(p[e] + 1.0f);
+        pw[j] = pe;
         ids[(size_t)t * top_k + j] = e;
         weights[(size_t)t * top_k + j] = renormalize ? pe / sum : pe;
     }
