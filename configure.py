@@ -118,6 +118,7 @@ TEST_LAYERS = {
     "test_scheduler": ["scheduler"],
     "test_engine": ["engine"],
     "test_golden": ["engine"],
+    "test_families_engine": ["engine"],
     "test_tp_cuda": ["engine"],
     "test_api": ["server"],
     "test_chat": ["server"],
