@@ -127,16 +127,23 @@ static void own(ModelWeights *w, void *buf) {
     w->fused[w->num_fused++] = buf;
 }
 
-/* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
- * in a buffer owned by w. */
-static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
+/* The common dtype of parts[0..n) (F32 when they differ) and their rows in all. */
+static DType parts_dtype(const Tensor *parts, int n, int64_t *rows) {
     DType dt = parts[0].dtype;
-    int64_t rows = 0;
+    *rows = 0;
     for (int i = 0; i < n; i++) {
-        rows += parts[i].shape[0];
+        *rows += parts[i].shape[0];
         if (parts[i].dtype != dt)
             dt = DT_F32;
     }
+    return dt;
+}
+
+/* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
+ * in a buffer owned by w. */
+static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
+    int64_t rows;
+    DType dt = parts_dtype(parts, n, &rows);
     int64_t cols = parts[0].ndim == 2 ? parts[0].shape[1] : 1;
     size_t es = pl_dtype_size(dt);
     char *buf = pl_xmalloc((size_t)rows * (size_t)cols * es);
@@ -172,6 +179,36 @@ static void take_cols(ModelWeights *w, Tensor *t, int64_t c0, int64_t cols) {
     own(w, buf);
     t->data = buf;
     t->shape[1] = cols;
+}
+
+/* out = columns [c0, c0 + cols) of the 2-D parts[0..n) stacked row-wise, in their common dtype
+ * (F32 when they differ), in a buffer owned by w: one copy, where take_cols then fuse_rows
+ * would make two. */
+static void fuse_cols(ModelWeights *w, Tensor *out, const Tensor *parts, int n, int64_t c0,
+                      int64_t cols) {
+    int64_t rows;
+    DType dt = parts_dtype(parts, n, &rows);
+    size_t es = pl_dtype_size(dt);
+    char *buf = pl_xmalloc((size_t)rows * (size_t)cols * es);
+    char *at = buf;
+    for (int i = 0; i < n; i++) {
+        const Tensor *p = &parts[i];
+        size_t pes = pl_dtype_size(p->dtype), width = (size_t)p->shape[1];
+        for (int64_t r = 0; r < p->shape[0]; r++, at += (size_t)cols * es) {
+            size_t first = (size_t)r * width + (size_t)c0;
+            if (p->dtype == dt)
+                memcpy(at, (const char *)p->data + first * pes, (size_t)cols * es);
+            else
+                for (int64_t c = 0; c < cols; c++)
+                    ((float *)(void *)at)[c] = element_f32(p->data, p->dtype, first + (size_t)c);
+        }
+    }
+    own(w, buf);
+    *out = parts[0];
+    out->data = buf;
+    out->dtype = dt;
+    out->shape[0] = rows;
+    out->shape[1] = cols;
 }
 
 /* The shard's vocabulary rows [first_vocab, first_vocab + num_vocab) of a [V, H] tensor: a
@@ -219,11 +256,10 @@ static Status bind_experts(ModelWeights *w, Binder *b, const ModelConfig *cfg, c
             break;
         for (int k = 0; k < 2; k++)
             gu[2 * e + k] = row_view(&gu[2 * e + k], sh->first_moe_inter, sh->moe_intermediate);
-        take_cols(w, &dn[e], sh->first_moe_inter, sh->moe_intermediate);
     }
     if (s == PL_OK) {
         fuse_rows(w, &l->experts_gate_up, gu, (int)(2 * E));
-        fuse_rows(w, &l->experts_down, dn, (int)E);
+        fuse_cols(w, &l->experts_down, dn, (int)E, sh->first_moe_inter, sh->moe_intermediate);
         int64_t gu_shape[3] = {E, 2 * (int64_t)sh->moe_intermediate, H};
         int64_t dn_shape[3] = {E, H, sh->moe_intermediate};
         l->experts_gate_up.ndim = l->experts_down.ndim = 3;
