@@ -53,6 +53,10 @@ static Status alloc_scratch(Model *m) {
                     : ops->act == DT_F32 ? 0
                                          : (size_t)c->vocab_size;
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    int dense = 0; /* a layer with the dense MLP, whose scratch is below (Mixtral has none) */
+    for (int l = 0; l < c->num_layers; l++)
+        dense |= !model_layer_is_moe(c, l);
+    const size_t inter = dense ? (size_t)c->intermediate_size : 0;
     m->moe_ws_bytes =
         c->num_experts > 0
             ? ops->moe_workspace_bytes(ops, m->max_num_tokens, c->num_experts,
@@ -67,8 +71,8 @@ static Status alloc_scratch(Model *m) {
              {&m->q, t * qd},
              {&m->attn, t * qd},
              {&m->proj, t * c->hidden_size},
-             {&m->gate_up, t * 2 * c->intermediate_size},
-             {&m->act, t * c->intermediate_size},
+             {&m->gate_up, t * 2 * inter},
+             {&m->act, t * inter},
              {&m->picked, t * c->hidden_size},
              {&m->logits, t * logits},
              {&m->moe_ws, m->moe_ws_bytes}};
