@@ -264,18 +264,25 @@ static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *
 
 /* Mixture-of-experts keys: Mixtral's num_local_experts (every layer sparse, always
  * renormalized) or Qwen3-MoE's num_experts, norm_topk_prob, decoder_sparse_step and
- * mlp_only_layers. */
+ * mlp_only_layers. transformers 5 writes Qwen3-MoE's expert count as num_local_experts too
+ * (Hub configs say num_experts): either is taken, num_experts first. */
 static Status parse_moe(json_t *root, const char *path, ModelConfig *cfg) {
     int mixtral = strcmp(cfg->architecture, "MixtralForCausalLM") == 0;
     if (!mixtral && strcmp(cfg->architecture, "Qwen3MoeForCausalLM") != 0)
         return PL_OK;
     Status s;
     cfg->decoder_sparse_step = 1;
+    const char *count = mixtral ? "num_local_experts" : "num_experts";
+    if (!get(root, count))
+        count = mixtral ? "num_experts" : "num_local_experts";
+    if (!get(root, count))
+        return pl_error_set(PL_ERR_FORMAT, "%s: missing key '%s'", path,
+                            mixtral ? "num_local_experts" : "num_experts");
     if (mixtral) {
         cfg->moe_intermediate_size = cfg->intermediate_size;
         cfg->norm_topk_prob = 1;
-        s = get_int(root, path, "num_local_experts", 1, 0, 1, &cfg->num_experts);
-    } else if (!(s = get_int(root, path, "num_experts", 1, 0, 1, &cfg->num_experts)) &&
+        s = get_int(root, path, count, 1, 0, 1, &cfg->num_experts);
+    } else if (!(s = get_int(root, path, count, 1, 0, 1, &cfg->num_experts)) &&
                !(s = get_int(root, path, "moe_intermediate_size", 1, 0, 1,
                              &cfg->moe_intermediate_size)) &&
                !(s = get_bool(root, path, "norm_topk_prob", 0, &cfg->norm_topk_prob))) {

@@ -374,6 +374,16 @@ static void test_qwen3_moe(void **state) {
                              " \"intermediate_size\": 128, \"num_hidden_layers\": 6,"
                              " \"num_attention_heads\": 4, \"vocab_size\": 100}";
     expect_error(parse(no_experts, &c), PL_ERR_FORMAT, "test/config.json", "'num_experts'");
+    /* transformers 5.17 writes Qwen3-MoE's count as num_local_experts */
+    const char *v5 = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 2, \"vocab_size\": 256, \"num_local_experts\": 4,"
+                     " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48,"
+                     " \"norm_topk_prob\": true, \"mlp_only_layers\": [0]}";
+    assert_int_equal(parse(v5, &c), PL_OK);
+    assert_int_equal(c.num_experts, 4);
+    assert_false(model_layer_is_moe(&c, 0));
+    assert_true(model_layer_is_moe(&c, 1));
 }
 
 /* Mixtral-8x7B's config.json: 8 local experts of intermediate_size, top 2, always
