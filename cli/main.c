@@ -9,7 +9,8 @@
 static const char usage[] =
     "usage: pagellm <command> [flags]\n"
     "\n"
-    "An LLM inference server for Llama-family models (Llama 2/3, Mistral, Qwen2).\n"
+    "An LLM inference server for Llama-family models (Llama 2/3, Mistral, Qwen2, Qwen3,\n"
+    "Mixtral, Qwen3-MoE).\n"
     "\n"
     "commands:\n"
     "  serve      run the OpenAI-compatible HTTP server\n"

@@ -63,6 +63,15 @@ typedef struct {
     const float *inv_freq; /* [head_dim / 2], backend memory */
 } Rope;
 
+/* Per-head RMSNorm of q and k after the projection and before RoPE (Qwen3's q_norm, k_norm):
+ * each head's vector x[D] becomes w * (x * rsqrt(mean(x^2) + eps)), the weight multiplied last
+ * as rmsnorm does; q and k are weights of shape [D] in backend memory. */
+typedef struct {
+    Tensor q;
+    Tensor k;
+    float eps;
+} QkNorm;
+
 /* One row of sampling (arrays of these in backend memory): a sequence's sampling parameters
  * (SamplingParams' fields) and where its tokens are in the packed history. */
 typedef struct {
@@ -184,10 +193,12 @@ struct KernelOps {
     /* The attention block's input in one op, on the fused projection's output
      * qkv[n, (nh + 2 nkv) D] (each row: q heads, k heads, v heads): q_out[n, nh, D] = q rotated
      * by rope, and the rotated k and v stored in the cache slots as kv_write does (qkv's k
-     * part is left rotated). nkv = l->num_kv_heads. Same results as rope then kv_write. */
+     * part is left rotated). nkv = l->num_kv_heads. Same results as rope then kv_write. With
+     * qk_norm (NULL: none), each q and k head is first normalized by it (rounded to the act
+     * dtype, as an rmsnorm's output), then rotated. */
     void (*qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                            const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                           void *kv_cache, const KvLayout *l, int layer);
+                           const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer);
 
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
      * Query head h reads KV head h / (nh / nkv). */
@@ -205,7 +216,25 @@ struct KernelOps {
     void (*matmul_qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, const void *x,
                                   const Tensor *w, const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                  void *kv_cache, const KvLayout *l, int layer);
+                                  const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
+                                  int layer);
+
+    /* A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in one op, on rows x[n, H]. Per row:
+     * router logits r = x router^T (router [E, H]), p = softmax(r) in fp32, the top_k experts
+     * by p (the lower id first on ties), their p divided by their sum when renormalize; then
+     *     out[i] = sum over those experts e, in increasing e, of p_e * down_e(silu(g) * u),
+     *     [g; u] = gate_up_e x_i
+     * with gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and down [E, H, I].
+     * Each expert's intermediate dim may be one tensor-parallel rank's slice (out is then a
+     * partial sum to all-reduce). The workspace (backend memory) holds
+     * moe_workspace_bytes(max_rows >= n, E, I, top_k) bytes; a backend is free to route,
+     * group the rows by expert and run grouped GEMMs in it. Nothing is allocated and the
+     * host never waits (the op can be recorded in a graph). NULL on backends without it. */
+    size_t (*moe_workspace_bytes)(const KernelOps *ops, int max_rows, int num_experts, int inter,
+                                  int top_k);
+    void (*moe_mlp)(const KernelOps *ops, void *out, const void *x, const Tensor *router,
+                    const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
+                    void *workspace, size_t workspace_bytes);
     void (*matmul_silu_mul)(const KernelOps *ops, void *out, void *gate_up, const void *x,
                             const Tensor *w, int n);
 

@@ -118,7 +118,17 @@ void k_cuda_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k
  * rotated in place, the rotated k and v converted into the cache. */
 void k_cuda_qkv_rope_cache(void *q_out, void *qkv, DType act, const int32_t *positions,
                            const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                           void *kv_cache, const KvLayout *l, int layer, void *stream);
+                           const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer,
+                           void *stream);
+
+/* The CPU moe_mlp op (kernels/cuda/moe.cu): a routing kernel (router logits in the act
+ * dtype, fp32 softmax, top-k, renormalization), then one kernel for every (row, expert) pair's
+ * silu(gate) * up and one for the weighted sum of their down projections. A first version:
+ * correct, graph-safe, reading only the experts each row picked, but without grouped GEMMs. */
+size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int inter, int top_k);
+void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
+                    const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
+                    void *workspace, size_t workspace_bytes, void *stream);
 
 /* Copy whole KV blocks in one launch: block src_dst[2i] of src_pool to block src_dst[2i+1] of
  * dst_pool for i < n (src_dst [2n] int32 on the device; both pools device memory, possibly
@@ -212,8 +222,8 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
                    const Tensor *bias, int n, void *stream);
 
 /* A projection and the op after it, fused where k_cuda_matmul would take its GEMV (n <= 2,
- * 16-bit weights; for qkv also a cache in the act dtype), else the two calls; the same results
- * either way. k_cuda_matmul_qkv_rope_cache = k_cuda_matmul(qkv, x, w, bias) then
+ * 16-bit weights; for qkv also a cache in the act dtype and no qk_norm), else the two calls; the
+ * same results either way. k_cuda_matmul_qkv_rope_cache = k_cuda_matmul(qkv, x, w, bias) then
  * k_cuda_qkv_rope_cache(q_out, qkv, ...); k_cuda_matmul_silu_mul = k_cuda_matmul(gate_up, x,
  * w) then k_cuda_silu_mul(out, gate_up, n, N / 2) (beyond the GEMV's rows also the own GEMM
  * below, equal but for the order of the K sums). qkv and gate_up are scratch of the
@@ -221,7 +231,8 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
 void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
                                   const Tensor *w, const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                  void *kv_cache, const KvLayout *l, int layer, void *stream);
+                                  const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
+                                  int layer, void *stream);
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream);
 

@@ -1,9 +1,10 @@
 /* model.h - model configuration (config.json), weights and the forward pass.
  *
  * A Model is a decoder-only transformer of the Llama family (LlamaForCausalLM,
- * MistralForCausalLM, Qwen2ForCausalLM): its config, its weights (mmapped from safetensors,
- * or random for load-format dummy) and its scratch buffers. model_forward runs one step of a
- * batch over the paged KV cache through a backend's KernelOps. */
+ * MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixture-of-experts
+ * MixtralForCausalLM and Qwen3MoeForCausalLM): its config, its weights (mmapped from
+ * safetensors, or random for load-format dummy) and its scratch buffers. model_forward runs one
+ * step of a batch over the paged KV cache through a backend's KernelOps. */
 #ifndef PAGELLM_MODEL_H
 #define PAGELLM_MODEL_H
 
@@ -12,7 +13,8 @@
 #include "common.h"
 #include "kernels.h"
 
-#define MODEL_MAX_EOS 8
+#define MODEL_MAX_EOS      8
+#define MODEL_MAX_MLP_ONLY 256 /* Qwen3-MoE mlp_only_layers entries */
 
 typedef struct {
     char architecture[64]; /* "LlamaForCausalLM", ... */
@@ -32,12 +34,25 @@ typedef struct {
     float rope_high_freq_factor;
     int rope_original_max_position;
     int tie_word_embeddings;
-    int qkv_bias;                     /* Qwen2, or attention_bias: q/k/v projections carry biases */
+    int qkv_bias; /* Qwen2, or attention_bias: q/k/v projections carry biases */
+    int qk_norm;  /* Qwen3: per-head RMSNorm of q and k before RoPE */
+    /* Mixture of experts (num_experts 0: a dense MLP in every layer). Layer l is sparse when
+     * model_layer_is_moe says so; the others are dense with intermediate_size. */
+    int num_experts;           /* Mixtral num_local_experts, Qwen3-MoE num_experts */
+    int num_experts_per_tok;   /* top-k */
+    int moe_intermediate_size; /* each expert's (Mixtral: intermediate_size) */
+    int norm_topk_prob;        /* renormalize the top-k weights (Mixtral: always) */
+    int decoder_sparse_step;   /* Qwen3-MoE: layers l with (l + 1) % step == 0 are sparse */
+    int num_mlp_only;          /* Qwen3-MoE mlp_only_layers: dense whatever the step */
+    int mlp_only_layers[MODEL_MAX_MLP_ONLY];
     DType torch_dtype;                /* dtype the checkpoint declares */
     int bos_token_id;                 /* -1 if none */
     int eos_token_ids[MODEL_MAX_EOS]; /* from generation_config.json, else config.json */
     int num_eos;
 } ModelConfig;
+
+/* Whether layer l's MLP is a mixture of experts (else the dense SwiGLU MLP). */
+int model_layer_is_moe(const ModelConfig *cfg, int layer);
 
 /* Parse config.json text (`path` names it in errors) into cfg. */
 Status model_config_parse(const char *json_text, const char *path, ModelConfig *cfg);
@@ -47,7 +62,8 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
 Status model_config_load(const char *dir, ModelConfig *cfg);
 
 /* One tensor-parallel rank's part of the model (Megatron-style): query heads, KV heads
- * (replicated when there are fewer KV heads than ranks), MLP columns and vocabulary rows of
+ * (replicated when there are fewer KV heads than ranks), MLP columns (of every expert: the
+ * router is whole on every rank) and vocabulary rows of
  * the embedding and LM head. The vocabulary is cut into `size` slices of num_vocab rows
  * (ceil(vocab / size) rounded up to a multiple of 8); rows past the vocabulary are padding
  * (zero weights, their logits dropped). */
@@ -55,6 +71,7 @@ typedef struct {
     int rank, size;                                          /* rank in [0, size) */
     int num_heads, num_kv_heads, intermediate, num_vocab;    /* this rank's */
     int first_head, first_kv_head, first_inter, first_vocab; /* where they start in the whole */
+    int moe_intermediate, first_moe_inter; /* each expert's columns (0 without experts) */
 } ModelShard;
 
 /* The shard of `rank` of `size` ranks; errors when the heads or the MLP do not split. */

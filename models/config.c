@@ -1,8 +1,9 @@
 /* config.c - parse a Hugging Face config.json (+ generation_config.json) into ModelConfig.
  *
- * Accepts what transformers 4.x and 5.x write for LlamaForCausalLM, MistralForCausalLM and
- * Qwen2ForCausalLM: `torch_dtype` or (5.x) `dtype`; `rope_theta` + `rope_scaling` or (5.x)
- * `rope_parameters` holding both. Every error is one line naming the file and the key. */
+ * Accepts what transformers 4.x and 5.x write for LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM: `torch_dtype`
+ * or (5.x) `dtype`; `rope_theta` + `rope_scaling` or (5.x) `rope_parameters` holding both. Every
+ * error is one line naming the file and the key. */
 #include "model.h"
 
 #include <jansson.h>
@@ -13,20 +14,24 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const supported_archs[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                              "Qwen2ForCausalLM"};
-#define SUPPORTED_LIST "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+/* Each supported architecture and the model_type that names it in config.json files without
+ * `architectures`. */
+static const struct {
+    const char *arch, *model_type;
+} supported_archs[] = {
+    {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
+    {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
+    {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
+};
+enum { NUM_ARCHS = sizeof supported_archs / sizeof supported_archs[0] };
+#define SUPPORTED_LIST                                                                             \
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "                   \
+    "MixtralForCausalLM, Qwen3MoeForCausalLM"
 
-/* config.json files without `architectures` still name their family in `model_type`. */
 static const char *arch_from_model_type(const char *mt) {
-    if (!mt)
-        return NULL;
-    if (strcmp(mt, "llama") == 0)
-        return "LlamaForCausalLM";
-    if (strcmp(mt, "mistral") == 0)
-        return "MistralForCausalLM";
-    if (strcmp(mt, "qwen2") == 0)
-        return "Qwen2ForCausalLM";
+    for (int i = 0; mt && i < NUM_ARCHS; i++)
+        if (strcmp(mt, supported_archs[i].model_type) == 0)
+            return supported_archs[i].arch;
     return NULL;
 }
 
@@ -237,7 +242,7 @@ static Status parse_dtype(json_t *root, const char *path, ModelConfig *cfg) {
 static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *cfg) {
     int use = 1;
     Status s;
-    if (strcmp(cfg->architecture, "Qwen2ForCausalLM") == 0) {
+    if (strncmp(cfg->architecture, "Qwen", 4) == 0) { /* Qwen2, Qwen3, Qwen3-MoE */
         if ((s = get_bool(root, path, "use_sliding_window", 0, &use)) != PL_OK)
             return s;
         int max_window_layers = 0;
@@ -255,6 +260,68 @@ static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *
     if (window > 0 && window < cfg->max_position_embeddings)
         cfg->max_position_embeddings = window;
     return PL_OK;
+}
+
+/* Mixture-of-experts keys: Mixtral's num_local_experts (every layer sparse, always
+ * renormalized) or Qwen3-MoE's num_experts, norm_topk_prob, decoder_sparse_step and
+ * mlp_only_layers. transformers 5 writes Qwen3-MoE's expert count as num_local_experts too
+ * (Hub configs say num_experts): either is taken, num_experts first. */
+static Status parse_moe(json_t *root, const char *path, ModelConfig *cfg) {
+    int mixtral = strcmp(cfg->architecture, "MixtralForCausalLM") == 0;
+    if (!mixtral && strcmp(cfg->architecture, "Qwen3MoeForCausalLM") != 0)
+        return PL_OK;
+    Status s;
+    cfg->decoder_sparse_step = 1;
+    const char *count = mixtral ? "num_local_experts" : "num_experts";
+    if (!get(root, count))
+        count = mixtral ? "num_experts" : "num_local_experts";
+    if (!get(root, count))
+        return pl_error_set(PL_ERR_FORMAT, "%s: missing key '%s'", path,
+                            mixtral ? "num_local_experts" : "num_experts");
+    if (mixtral) {
+        cfg->moe_intermediate_size = cfg->intermediate_size;
+        cfg->norm_topk_prob = 1;
+        s = get_int(root, path, count, 1, 0, 1, &cfg->num_experts);
+    } else if (!(s = get_int(root, path, count, 1, 0, 1, &cfg->num_experts)) &&
+               !(s = get_int(root, path, "moe_intermediate_size", 1, 0, 1,
+                             &cfg->moe_intermediate_size)) &&
+               !(s = get_bool(root, path, "norm_topk_prob", 0, &cfg->norm_topk_prob))) {
+        s = get_int(root, path, "decoder_sparse_step", 0, 1, 1, &cfg->decoder_sparse_step);
+    }
+    if (s || (s = get_int(root, path, "num_experts_per_tok", 1, 0, 1, &cfg->num_experts_per_tok)))
+        return s;
+    if (cfg->num_experts_per_tok > cfg->num_experts)
+        return pl_error_set(PL_ERR_FORMAT,
+                            "%s: key 'num_experts_per_tok' (%d) is more than the %d experts", path,
+                            cfg->num_experts_per_tok, cfg->num_experts);
+    json_t *only = mixtral ? NULL : get(root, "mlp_only_layers");
+    if (only && !json_is_array(only))
+        return pl_error_set(PL_ERR_FORMAT, "%s: key 'mlp_only_layers' must be a list of layers",
+                            path);
+    if (only && json_array_size(only) > MODEL_MAX_MLP_ONLY)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: key 'mlp_only_layers' lists %zu layers (at most %d supported)",
+                            path, json_array_size(only), MODEL_MAX_MLP_ONLY);
+    for (size_t i = 0; only && i < json_array_size(only); i++) {
+        json_t *v = json_array_get(only, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= cfg->num_layers)
+            return pl_error_set(PL_ERR_FORMAT,
+                                "%s: key 'mlp_only_layers' must list layers in [0, %d)", path,
+                                cfg->num_layers);
+        cfg->mlp_only_layers[cfg->num_mlp_only++] = (int)json_integer_value(v);
+    }
+    return PL_OK;
+}
+
+int model_layer_is_moe(const ModelConfig *c, int layer) {
+    if (c->num_experts <= 0 ||
+        (layer + 1) % (c->decoder_sparse_step > 0 ? c->decoder_sparse_step : 1) != 0)
+        return 0;
+    for (int i = 0; i < c->num_mlp_only; i++)
+        if (c->mlp_only_layers[i] == layer)
+            return 0;
+    return 1;
 }
 
 Status model_config_parse(const char *json_text, const char *path, ModelConfig *cfg) {
@@ -289,8 +356,8 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
         }
     }
     int known = 0;
-    for (size_t i = 0; i < sizeof supported_archs / sizeof supported_archs[0]; i++)
-        known |= strcmp(arch, supported_archs[i]) == 0;
+    for (int i = 0; i < NUM_ARCHS; i++)
+        known |= strcmp(arch, supported_archs[i].arch) == 0;
     if (!known) {
         s = pl_error_set(PL_ERR_UNSUPPORTED,
                          "%s: unsupported architecture '%s' (supported: " SUPPORTED_LIST ")", path,
@@ -299,6 +366,8 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
     }
     snprintf(cfg->architecture, sizeof cfg->architecture, "%s", arch);
     int is_qwen2 = strcmp(arch, "Qwen2ForCausalLM") == 0;
+    cfg->qk_norm =
+        strcmp(arch, "Qwen3ForCausalLM") == 0 || strcmp(arch, "Qwen3MoeForCausalLM") == 0;
 
     /* Sizes. */
     if ((s = get_int(root, path, "hidden_size", 1, 0, 1, &cfg->hidden_size)) ||
@@ -363,7 +432,7 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
         goto done;
     }
     cfg->qkv_bias = is_qwen2 || attn_bias;
-    if ((s = apply_sliding_window(root, path, cfg)))
+    if ((s = apply_sliding_window(root, path, cfg)) || (s = parse_moe(root, path, cfg)))
         goto done;
 
     /* Special tokens. */

@@ -1,4 +1,5 @@
-/* llama.c - the Llama-family decoder (Llama 2/3, Mistral, Qwen2): load and forward pass.
+/* llama.c - the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, and the mixture-of-
+ * experts Mixtral and Qwen3-MoE): load and forward pass.
  *
  * The forward pass is a fixed sequence of KernelOps calls over a packed batch (prefill
  * chunks and decode tokens of many sequences together), with K/V written to and read from
@@ -39,6 +40,8 @@ struct Model {
     void *picked;   /* [T, H]: normed rows whose logits are wanted */
     void *logits;   /* [T, V] in act dtype, before widening (unused when act is F32); with
                      * tensor parallelism every rank's LM-head slice [size, T, num_vocab] */
+    void *moe_ws;   /* the backend's moe_mlp workspace for T rows (NULL: none needed) */
+    size_t moe_ws_bytes;
     size_t scratch_bytes;
 };
 
@@ -50,6 +53,15 @@ static Status alloc_scratch(Model *m) {
                     : ops->act == DT_F32 ? 0
                                          : (size_t)c->vocab_size;
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    int dense = 0; /* a layer with the dense MLP, whose scratch is below (Mixtral has none) */
+    for (int l = 0; l < c->num_layers; l++)
+        dense |= !model_layer_is_moe(c, l);
+    const size_t inter = dense ? (size_t)c->intermediate_size : 0;
+    m->moe_ws_bytes =
+        c->num_experts > 0
+            ? ops->moe_workspace_bytes(ops, m->max_num_tokens, c->num_experts,
+                                       m->shard.moe_intermediate, c->num_experts_per_tok)
+            : 0;
     struct {
         void **p;
         size_t bytes;
@@ -59,10 +71,11 @@ static Status alloc_scratch(Model *m) {
              {&m->q, t * qd},
              {&m->attn, t * qd},
              {&m->proj, t * c->hidden_size},
-             {&m->gate_up, t * 2 * c->intermediate_size},
-             {&m->act, t * c->intermediate_size},
+             {&m->gate_up, t * 2 * inter},
+             {&m->act, t * inter},
              {&m->picked, t * c->hidden_size},
-             {&m->logits, t * logits}};
+             {&m->logits, t * logits},
+             {&m->moe_ws, m->moe_ws_bytes}};
     for (size_t i = 0; i < sizeof s / sizeof *s; i++) {
         m->scratch_bytes += s[i].bytes;
         if (s[i].bytes && !(*s[i].p = ops->alloc(ops, s[i].bytes)))
@@ -83,8 +96,10 @@ static int list_tensors(ModelWeights *w, int num_layers, Tensor **out) {
         out[n++] = &w->lm_head;
     for (int l = 0; l < num_layers; l++) {
         LayerWeights *lw = &w->layers[l];
-        Tensor *t[] = {&lw->attn_norm, &lw->wqkv,      &lw->bqkv,  &lw->wo,
-                       &lw->mlp_norm,  &lw->w_gate_up, &lw->w_down};
+        Tensor *t[LAYER_MAX_TENSORS] = {
+            &lw->attn_norm,       &lw->wqkv,        &lw->bqkv,   &lw->wo,     &lw->mlp_norm,
+            &lw->w_gate_up,       &lw->w_down,      &lw->q_norm, &lw->k_norm, &lw->router,
+            &lw->experts_gate_up, &lw->experts_down};
         for (size_t i = 0; i < sizeof t / sizeof *t; i++)
             if (t[i]->data)
                 out[n++] = t[i];
@@ -106,7 +121,7 @@ static size_t tensor_bytes(const Tensor *t) {
 static Status upload_weights(Model *m) {
     if (m->ops->host_memory || m->w.device)
         return PL_OK;
-    Tensor **list = pl_xmalloc((size_t)(3 + 7 * m->cfg.num_layers) * sizeof *list);
+    Tensor **list = pl_xmalloc((size_t)(3 + LAYER_MAX_TENSORS * m->cfg.num_layers) * sizeof *list);
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
     m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
@@ -152,13 +167,15 @@ static Status upload_weights(Model *m) {
 enum { VOCAB_SLICE_ALIGN = 8 };
 
 Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
+    const int moe_inter = c->num_experts > 0 ? c->moe_intermediate_size : 0;
     if (size <= 1) {
         *out = (ModelShard){.rank = 0,
                             .size = 1,
                             .num_heads = c->num_heads,
                             .num_kv_heads = c->num_kv_heads,
                             .intermediate = c->intermediate_size,
-                            .num_vocab = c->vocab_size};
+                            .num_vocab = c->vocab_size,
+                            .moe_intermediate = moe_inter};
         return PL_OK;
     }
     if (c->num_heads % size || c->intermediate_size % size ||
@@ -168,7 +185,14 @@ Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
                             "heads, %d KV heads and intermediate size %d must divide by it (or "
                             "the KV heads divide it)",
                             size, c->num_heads, c->num_kv_heads, c->intermediate_size);
+    if (moe_inter % size)
+        return pl_error_set(PL_ERR_INVALID,
+                            "tensor-parallel-size %d does not split this model: the experts' "
+                            "intermediate size %d must divide by it",
+                            size, moe_inter);
     ModelShard s = {.rank = rank, .size = size};
+    s.moe_intermediate = moe_inter / size;
+    s.first_moe_inter = rank * s.moe_intermediate;
     s.num_heads = c->num_heads / size;
     s.first_head = rank * s.num_heads;
     s.intermediate = c->intermediate_size / size;
@@ -205,12 +229,16 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
                           "tensor-parallel-size %d: the %s backend has no "
                           "all-reduce (needs CUDA with NCCL)",
                           m->shard.size, m->ops->name);
+    if (st == PL_OK && m->cfg.num_experts > 0 && !m->ops->moe_mlp)
+        st = pl_error_set(PL_ERR_UNSUPPORTED, "%s: the %s backend has no mixture-of-experts op",
+                          m->cfg.architecture, m->ops->name);
     if (st != PL_OK)
         goto fail;
     m->local = m->cfg;
     m->local.num_heads = m->shard.num_heads;
     m->local.num_kv_heads = m->shard.num_kv_heads;
     m->local.intermediate_size = m->shard.intermediate;
+    m->local.moe_intermediate_size = m->shard.moe_intermediate;
     if (opt->load_dummy) {
         st = weights_dummy(&m->cfg, opt->seed,
                            m->ops->host_memory || !m->ops->fill_dummy ? NULL : m->ops, &m->shard,
@@ -255,8 +283,8 @@ void model_destroy(Model *m) {
     free(m->uploaded);
     weights_free(&m->w);
     st_close(m->ckpt);
-    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->qkv,    m->q,     m->attn,
-                       m->proj,     m->gate_up,  m->act,    m->picked, m->logits};
+    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->qkv,    m->q,      m->attn,
+                       m->proj,     m->gate_up,  m->act,    m->picked, m->logits, m->moe_ws};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         if (scratch[i])
             ops->free(ops, scratch[i]);
@@ -279,17 +307,11 @@ static const Tensor *bias_or_null(const Tensor *b) {
     return b->data ? b : NULL;
 }
 
-/* residual += x w^T (a row-parallel projection: summed over the ranks first when they hold
- * partial sums), then normed = rmsnorm(residual) * norm; one op where the backend fuses them. */
-static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
+/* residual += m->proj (summed over the ranks first when they hold partial sums), then normed =
+ * rmsnorm(residual) * norm. */
+static void add_norm(Model *m, const Tensor *norm, int n) {
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
-    if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
-        ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
-                                c->rms_norm_eps);
-        return;
-    }
-    ops->matmul(ops, m->proj, x, w, NULL, n);
     if (m->shard.size > 1)
         ops->all_reduce_add_rmsnorm(ops, m->residual, m->proj, m->normed, norm, n, c->hidden_size,
                                     c->rms_norm_eps);
@@ -298,21 +320,36 @@ static void project_add_norm(Model *m, const Tensor *w, const void *x, const Ten
                          c->rms_norm_eps);
 }
 
+/* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm; one op
+ * where the backend fuses them. */
+static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
+    const KernelOps *ops = m->ops;
+    if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
+        ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
+                                m->local.rms_norm_eps);
+        return;
+    }
+    ops->matmul(ops, m->proj, x, w, NULL, n);
+    add_norm(m, norm, n);
+}
+
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
  * fused op where the backend has it). */
 static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *batch,
                             void *kv_cache, const KvLayout *kv_layout, int l) {
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
+    const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
+    const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
     if (ops->matmul_qkv_rope_cache) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
-                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, kv_cache,
-                                   kv_layout, l);
+                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, qk_norm,
+                                   kv_cache, kv_layout, l);
         return;
     }
     ops->matmul(ops, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
     ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
-                        kv_cache, kv_layout, l);
+                        qk_norm, kv_cache, kv_layout, l);
 }
 
 /* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
@@ -325,6 +362,22 @@ static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
     }
     ops->matmul(ops, m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
     ops->silu_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
+}
+
+/* The MLP block of layer lw on the normed rows, its output added to the residual stream and
+ * normed by `next` (the next layer's pre-norm or the final norm): a dense SwiGLU MLP, or a
+ * mixture of experts in one op (its partial sums all-reduced with tensor parallelism). */
+static void mlp_block(Model *m, const LayerWeights *lw, const Tensor *next, int n) {
+    const ModelConfig *c = &m->local;
+    const KernelOps *ops = m->ops;
+    if (!lw->moe) {
+        mlp_activation(m, lw, n);
+        project_add_norm(m, &lw->w_down, m->act, next, n);
+        return;
+    }
+    ops->moe_mlp(ops, m->proj, m->normed, &lw->router, &lw->experts_gate_up, &lw->experts_down, n,
+                 c->num_experts_per_tok, c->norm_topk_prob, m->moe_ws, m->moe_ws_bytes);
+    add_norm(m, next, n);
 }
 
 /* Vocabulary-parallel LM head: this rank's logits slice for the picked rows, written in place
@@ -362,13 +415,12 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
         attention_input(m, lw, batch, kv_cache, kv_layout, l);
         ops->attention(ops, m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
         project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
-        mlp_activation(m, lw, n);
-        /* the next layer's pre-norm; after the last layer the final norm, if logits are wanted
-         * (else nothing reads the last MLP's output) */
+        /* then the next layer's pre-norm; after the last layer the final norm, if logits are
+         * wanted (else nothing reads the last MLP's output) */
         if (l + 1 < c->num_layers)
-            project_add_norm(m, &lw->w_down, m->act, &m->w.layers[l + 1].attn_norm, n);
+            mlp_block(m, lw, &m->w.layers[l + 1].attn_norm, n);
         else if (num_logits > 0)
-            project_add_norm(m, &lw->w_down, m->act, &m->w.final_norm, n);
+            mlp_block(m, lw, &m->w.final_norm, n);
     }
     if (num_logits == 0)
         return;
@@ -386,7 +438,7 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
 }
 
 size_t model_weight_bytes(const Model *m) {
-    Tensor *list[3 + 7 * m->cfg.num_layers];
+    Tensor *list[3 + LAYER_MAX_TENSORS * m->cfg.num_layers];
     ModelWeights w = m->w;
     int n = list_tensors(&w, m->cfg.num_layers, list);
     size_t total = 0;

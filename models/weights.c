@@ -127,16 +127,23 @@ static void own(ModelWeights *w, void *buf) {
     w->fused[w->num_fused++] = buf;
 }
 
-/* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
- * in a buffer owned by w. */
-static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
+/* The common dtype of parts[0..n) (F32 when they differ) and their rows in all. */
+static DType parts_dtype(const Tensor *parts, int n, int64_t *rows) {
     DType dt = parts[0].dtype;
-    int64_t rows = 0;
+    *rows = 0;
     for (int i = 0; i < n; i++) {
-        rows += parts[i].shape[0];
+        *rows += parts[i].shape[0];
         if (parts[i].dtype != dt)
             dt = DT_F32;
     }
+    return dt;
+}
+
+/* out = the rows of parts[0..n) concatenated, in their common dtype (F32 when they differ),
+ * in a buffer owned by w. */
+static void fuse_rows(ModelWeights *w, Tensor *out, const Tensor *parts, int n) {
+    int64_t rows;
+    DType dt = parts_dtype(parts, n, &rows);
     int64_t cols = parts[0].ndim == 2 ? parts[0].shape[1] : 1;
     size_t es = pl_dtype_size(dt);
     char *buf = pl_xmalloc((size_t)rows * (size_t)cols * es);
@@ -174,6 +181,36 @@ static void take_cols(ModelWeights *w, Tensor *t, int64_t c0, int64_t cols) {
     t->shape[1] = cols;
 }
 
+/* out = columns [c0, c0 + cols) of the 2-D parts[0..n) stacked row-wise, in their common dtype
+ * (F32 when they differ), in a buffer owned by w: one copy, where take_cols then fuse_rows
+ * would make two. */
+static void fuse_cols(ModelWeights *w, Tensor *out, const Tensor *parts, int n, int64_t c0,
+                      int64_t cols) {
+    int64_t rows;
+    DType dt = parts_dtype(parts, n, &rows);
+    size_t es = pl_dtype_size(dt);
+    char *buf = pl_xmalloc((size_t)rows * (size_t)cols * es);
+    char *at = buf;
+    for (int i = 0; i < n; i++) {
+        const Tensor *p = &parts[i];
+        size_t pes = pl_dtype_size(p->dtype), width = (size_t)p->shape[1];
+        for (int64_t r = 0; r < p->shape[0]; r++, at += (size_t)cols * es) {
+            size_t first = (size_t)r * width + (size_t)c0;
+            if (p->dtype == dt)
+                memcpy(at, (const char *)p->data + first * pes, (size_t)cols * es);
+            else
+                for (int64_t c = 0; c < cols; c++)
+                    ((float *)(void *)at)[c] = element_f32(p->data, p->dtype, first + (size_t)c);
+        }
+    }
+    own(w, buf);
+    *out = parts[0];
+    out->data = buf;
+    out->dtype = dt;
+    out->shape[0] = rows;
+    out->shape[1] = cols;
+}
+
 /* The shard's vocabulary rows [first_vocab, first_vocab + num_vocab) of a [V, H] tensor: a
  * view, or (rows past V: the last slice's padding) a zero-padded copy owned by w. */
 static void take_vocab_rows(ModelWeights *w, Tensor *t, const ModelShard *sh) {
@@ -191,6 +228,48 @@ static void take_vocab_rows(ModelWeights *w, Tensor *t, const ModelShard *sh) {
     own(w, buf);
     t->data = buf;
     t->shape[0] = sh->num_vocab;
+}
+
+/* Layer `layer`'s router and experts (Hub names: Mixtral's block_sparse_moe.experts.E.w1/w3/w2,
+ * Qwen3-MoE's mlp.experts.E.gate_proj/up_proj/down_proj), each expert cut to the shard's
+ * intermediate columns and fused: gate_up [E, 2 Im, H], down [E, H, Im]. */
+static Status bind_experts(ModelWeights *w, Binder *b, const ModelConfig *cfg, const ModelShard *sh,
+                           int layer, LayerWeights *l) {
+    const int mixtral = strcmp(cfg->architecture, "MixtralForCausalLM") == 0;
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    const char *proj[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj",
+                           mixtral ? "w2" : "down_proj"};
+    const int64_t E = cfg->num_experts, H = cfg->hidden_size, I = cfg->moe_intermediate_size;
+    char n[192];
+    snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", layer, block);
+    Status s = bind(b, n, E, H, &l->router);
+    if (s != PL_OK)
+        return s;
+    Tensor *gu = pl_xcalloc((size_t)(2 * E), sizeof *gu), *dn = pl_xcalloc((size_t)E, sizeof *dn);
+    for (int64_t e = 0; e < E && s == PL_OK; e++) {
+        for (int k = 0; k < 3 && s == PL_OK; k++) {
+            snprintf(n, sizeof n, "model.layers.%d.%s.experts.%lld.%s.weight", layer, block,
+                     (long long)e, proj[k]);
+            s = k < 2 ? bind(b, n, I, H, &gu[2 * e + k]) : bind(b, n, H, I, &dn[e]);
+        }
+        if (s != PL_OK)
+            break;
+        for (int k = 0; k < 2; k++)
+            gu[2 * e + k] = row_view(&gu[2 * e + k], sh->first_moe_inter, sh->moe_intermediate);
+    }
+    if (s == PL_OK) {
+        fuse_rows(w, &l->experts_gate_up, gu, (int)(2 * E));
+        fuse_cols(w, &l->experts_down, dn, (int)E, sh->first_moe_inter, sh->moe_intermediate);
+        int64_t gu_shape[3] = {E, 2 * (int64_t)sh->moe_intermediate, H};
+        int64_t dn_shape[3] = {E, H, sh->moe_intermediate};
+        l->experts_gate_up.ndim = l->experts_down.ndim = 3;
+        memcpy(l->experts_gate_up.shape, gu_shape, sizeof gu_shape);
+        memcpy(l->experts_down.shape, dn_shape, sizeof dn_shape);
+        l->moe = 1;
+    }
+    free(gu);
+    free(dn);
+    return s;
 }
 
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
@@ -249,7 +328,16 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
         }
         BIND("self_attn.o_proj.weight", H, QD, &l->wo);
         take_cols(w, &l->wo, (int64_t)sh.first_head * D, (int64_t)sh.num_heads * D);
+        if (cfg->qk_norm) {
+            BIND("self_attn.q_norm.weight", D, 0, &l->q_norm);
+            BIND("self_attn.k_norm.weight", D, 0, &l->k_norm);
+        }
         BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
+        if (model_layer_is_moe(cfg, i)) {
+            if ((s = bind_experts(w, &b, cfg, &sh, i, l)))
+                goto fail;
+            continue;
+        }
         BIND("mlp.gate_proj.weight", I, H, &gate_up[0]);
         BIND("mlp.up_proj.weight", I, H, &gate_up[1]);
         for (int k = 0; k < 2; k++)
@@ -418,6 +506,9 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
     const int L = cfg->num_layers;
     const float inv_qd = 1.0f / sqrtf((float)cfg->num_heads * cfg->head_dim);
     const float inv_i = 1.0f / sqrtf((float)cfg->intermediate_size);
+    const float inv_mi =
+        1.0f / sqrtf((float)(cfg->moe_intermediate_size > 0 ? cfg->moe_intermediate_size : 1));
+    const int64_t E = cfg->num_experts, MI = sh.moe_intermediate, D = cfg->head_dim;
     w->layers = pl_xcalloc((size_t)L, sizeof *w->layers);
 
     /* Scales: a projection with U(-1/sqrt(fan_in), +) keeps unit-RMS input at output RMS
@@ -425,7 +516,7 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
      * with standard deviation ~1; biases are small. */
     const float inv_h = 1.0f / sqrtf((float)H);
     const float emb = sqrtf(3.0f) * inv_h;
-    size_t cap = 3 + (size_t)L * 7, n = 0;
+    size_t cap = 3 + (size_t)L * LAYER_MAX_TENSORS, n = 0;
     DummySpec *spec = pl_xmalloc(cap * sizeof *spec);
 #define ADD(tensor, kind_, scale_, d0, d1)                                                         \
     do {                                                                                           \
@@ -435,6 +526,15 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
         t_->shape[0] = (d0);                                                                       \
         t_->shape[1] = (d1);                                                                       \
         spec[n++] = (DummySpec){t_, kind_, scale_, tensor_elems(t_), 0, 0, 0};                     \
+    } while (0)
+#define ADD3(tensor, scale_, d0, d1, d2)                                                           \
+    do {                                                                                           \
+        ADD(tensor, FILL_UNIFORM, scale_, (d0) * (d1), d2);                                        \
+        Tensor *t3_ = (tensor);                                                                    \
+        t3_->ndim = 3;                                                                             \
+        t3_->shape[0] = (d0);                                                                      \
+        t3_->shape[1] = (d1);                                                                      \
+        t3_->shape[2] = (d2);                                                                      \
     } while (0)
     /* the shard's vocabulary rows that exist (the last slice may end in padding) */
     int64_t vocab_rows = cfg->vocab_size - sh.first_vocab;
@@ -454,10 +554,22 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
             ADD(&l->bqkv, FILL_UNIFORM, 0.01f, QD + 2 * KD, 0);
         ADD(&l->wo, FILL_UNIFORM, inv_qd, H, QD);
         ADD(&l->mlp_norm, FILL_ONES, 0, H, 0);
+        if (cfg->qk_norm) {
+            ADD(&l->q_norm, FILL_ONES, 0, D, 0);
+            ADD(&l->k_norm, FILL_ONES, 0, D, 0);
+        }
+        if (model_layer_is_moe(cfg, i)) {
+            l->moe = 1;
+            ADD(&l->router, FILL_UNIFORM, inv_h, E, H);
+            ADD3(&l->experts_gate_up, inv_h, E, 2 * MI, H);
+            ADD3(&l->experts_down, inv_mi, E, H, MI);
+            continue;
+        }
         ADD(&l->w_gate_up, FILL_UNIFORM, inv_h, 2 * I, H);
         ADD(&l->w_down, FILL_UNIFORM, inv_i, H, I);
     }
 #undef ADD
+#undef ADD3
     PL_CHECK(n <= cap);
     for (size_t i = 0; i < n; i++)
         spec[i].key = stream_key(spec[i].whole ? seed : rank_seed, i, spec[i].first);

@@ -15,9 +15,19 @@ typedef struct {
     Tensor bqkv;      /* [(Hq + 2 Hkv) D]; data NULL when no qkv bias */
     Tensor wo;        /* [H, Hq*D] */
     Tensor mlp_norm;  /* [H] post_attention_layernorm */
-    Tensor w_gate_up; /* [2 I, H]: gate_proj rows, then up_proj rows */
-    Tensor w_down;    /* [H, I] */
+    Tensor w_gate_up; /* [2 I, H]: gate_proj rows, then up_proj rows (dense layers) */
+    Tensor w_down;    /* [H, I] (dense layers) */
+    Tensor q_norm;    /* [D] self_attn.q_norm (Qwen3); data NULL when none */
+    Tensor k_norm;    /* [D] self_attn.k_norm */
+    /* a mixture-of-experts layer (moe 1): router and the experts' fused projections */
+    int moe;
+    Tensor router;          /* [E, H] mlp.gate / block_sparse_moe.gate */
+    Tensor experts_gate_up; /* [E, 2 Im, H]: expert e's gate_proj (w1) rows, then up_proj (w3) */
+    Tensor experts_down;    /* [E, H, Im]: down_proj (w2) */
 } LayerWeights;
+
+/* Tensors of one layer at most (list_tensors in llama.c). */
+enum { LAYER_MAX_TENSORS = 12 };
 
 typedef struct {
     Tensor embed;            /* [V, H] model.embed_tokens.weight */

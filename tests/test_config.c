@@ -296,6 +296,126 @@ static void test_attention_bias_and_model_type(void **state) {
     assert_true(c.qkv_bias);
 }
 
+/* Qwen3-0.6B's config.json (transformers 4.51): explicit head_dim 128 with hidden 1024 and 16
+ * heads, q/k norms, no q/k/v bias, tied embeddings, no sliding window. */
+static void test_qwen3(void **state) {
+    ModelConfig c;
+    const char *j =
+        "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false,"
+        " \"attention_dropout\": 0.0, \"bos_token_id\": 151643, \"eos_token_id\": 151645,"
+        " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024,"
+        " \"initializer_range\": 0.02, \"intermediate_size\": 3072,"
+        " \"max_position_embeddings\": 40960, \"max_window_layers\": 28, \"model_type\": \"qwen3\","
+        " \"num_attention_heads\": 16, \"num_hidden_layers\": 28, \"num_key_value_heads\": 8,"
+        " \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000,"
+        " \"sliding_window\": null, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+        " \"transformers_version\": \"4.51.0\", \"use_cache\": true, \"use_sliding_window\": false,"
+        " \"vocab_size\": 151936}";
+    assert_int_equal(parse(j, &c), PL_OK);
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.num_heads * c.head_dim, 2048); /* != hidden_size */
+    assert_true(c.qk_norm);
+    assert_false(c.qkv_bias);
+    assert_true(c.tie_word_embeddings);
+    assert_int_equal(c.num_experts, 0);
+    assert_int_equal(c.max_position_embeddings, 40960);
+    assert_false(model_layer_is_moe(&c, 0));
+    /* model_type alone */
+    const char *mt = "{\"model_type\": \"qwen3\", \"hidden_size\": 64,"
+                     " \"intermediate_size\": 128, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4, \"vocab_size\": 100}";
+    assert_int_equal(parse(mt, &c), PL_OK);
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+    assert_false(c.qkv_bias);
+}
+
+/* Qwen3-30B-A3B's config.json: 128 experts of 768, top 8, renormalized, every layer sparse. */
+static void test_qwen3_moe(void **state) {
+    ModelConfig c;
+    const char *j =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false,"
+        " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, \"eos_token_id\": 151645,"
+        " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+        " \"intermediate_size\": 6144, \"max_position_embeddings\": 40960,"
+        " \"max_window_layers\": 48, \"mlp_only_layers\": [], \"model_type\": \"qwen3_moe\","
+        " \"moe_intermediate_size\": 768, \"norm_topk_prob\": true, \"num_attention_heads\": 32,"
+        " \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+        " \"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": 1e-06,"
+        " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001,"
+        " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+        " \"use_sliding_window\": false, \"vocab_size\": 151936}";
+    assert_int_equal(parse(j, &c), PL_OK);
+    assert_string_equal(c.architecture, "Qwen3MoeForCausalLM");
+    assert_true(c.qk_norm);
+    assert_int_equal(c.num_experts, 128);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 768);
+    assert_true(c.norm_topk_prob);
+    for (int l = 0; l < 48; l++)
+        assert_true(model_layer_is_moe(&c, l));
+    /* dense layers: mlp_only_layers and decoder_sparse_step */
+    const char *base = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 64,"
+                       " \"intermediate_size\": 128, \"num_hidden_layers\": 6,"
+                       " \"num_attention_heads\": 4, \"vocab_size\": 100, \"num_experts\": 8,"
+                       " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32";
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [3]}", base);
+    assert_int_equal(parse(buf, &c), PL_OK);
+    assert_false(c.norm_topk_prob); /* transformers' default */
+    int want[6] = {0, 1, 0, 0, 0, 1};
+    for (int l = 0; l < 6; l++)
+        assert_int_equal(model_layer_is_moe(&c, l), want[l]);
+    snprintf(buf, sizeof buf, "%s, \"mlp_only_layers\": [6]}", base);
+    expect_error(parse(buf, &c), PL_ERR_FORMAT, "test/config.json", "'mlp_only_layers'");
+    snprintf(buf, sizeof buf, "%s, \"num_experts_per_tok\": 9}", base);
+    expect_error(parse(buf, &c), PL_ERR_FORMAT, "test/config.json", "'num_experts_per_tok'");
+    const char *no_experts = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 64,"
+                             " \"intermediate_size\": 128, \"num_hidden_layers\": 6,"
+                             " \"num_attention_heads\": 4, \"vocab_size\": 100}";
+    expect_error(parse(no_experts, &c), PL_ERR_FORMAT, "test/config.json", "'num_experts'");
+    /* transformers 5.17 writes Qwen3-MoE's count as num_local_experts */
+    const char *v5 = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 2, \"vocab_size\": 256, \"num_local_experts\": 4,"
+                     " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 48,"
+                     " \"norm_topk_prob\": true, \"mlp_only_layers\": [0]}";
+    assert_int_equal(parse(v5, &c), PL_OK);
+    assert_int_equal(c.num_experts, 4);
+    assert_false(model_layer_is_moe(&c, 0));
+    assert_true(model_layer_is_moe(&c, 1));
+}
+
+/* Mixtral-8x7B's config.json: 8 local experts of intermediate_size, top 2, always
+ * renormalized; a null sliding_window. */
+static void test_mixtral(void **state) {
+    ModelConfig c;
+    const char *j =
+        "{\"architectures\": [\"MixtralForCausalLM\"], \"attention_dropout\": 0.0,"
+        " \"bos_token_id\": 1, \"eos_token_id\": 2, \"hidden_act\": \"silu\","
+        " \"hidden_size\": 4096, \"initializer_range\": 0.02, \"intermediate_size\": 14336,"
+        " \"max_position_embeddings\": 32768, \"model_type\": \"mixtral\","
+        " \"num_attention_heads\": 32, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 32,"
+        " \"num_key_value_heads\": 8, \"num_local_experts\": 8, \"output_router_logits\": false,"
+        " \"rms_norm_eps\": 1e-05, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.02,"
+        " \"sliding_window\": null, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+        " \"use_cache\": true, \"vocab_size\": 32000}";
+    assert_int_equal(parse(j, &c), PL_OK);
+    assert_string_equal(c.architecture, "MixtralForCausalLM");
+    assert_false(c.qk_norm);
+    assert_false(c.qkv_bias);
+    assert_int_equal(c.num_experts, 8);
+    assert_int_equal(c.num_experts_per_tok, 2);
+    assert_int_equal(c.moe_intermediate_size, 14336);
+    assert_true(c.norm_topk_prob);
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_true(model_layer_is_moe(&c, 0) && model_layer_is_moe(&c, 31));
+    ModelShard sh;
+    assert_int_equal(model_shard(&c, 1, 2, &sh), PL_OK);
+    assert_int_equal(sh.moe_intermediate, 7168);
+    assert_int_equal(sh.first_moe_inter, 7168);
+}
+
 static void test_eos_forms(void **state) {
     ModelConfig c;
     assert_int_equal(parse(llama_with("\"eos_token_id\": 7, \"bos_token_id\": null"), &c), PL_OK);
@@ -340,6 +460,12 @@ static void test_unknown_architecture(void **state) {
     const char *j = "{\"architectures\": [\"GPT2LMHeadModel\"], \"hidden_size\": 64}";
     expect_error(parse(j, &c), PL_ERR_UNSUPPORTED, "test/config.json", "'GPT2LMHeadModel'");
     assert_non_null(strstr(pl_error(), "LlamaForCausalLM"));
+    assert_non_null(strstr(pl_error(), "Qwen3ForCausalLM"));
+    assert_non_null(strstr(pl_error(), "MixtralForCausalLM"));
+    assert_non_null(strstr(pl_error(), "Qwen3MoeForCausalLM"));
+    /* a family of the same makers that is not supported stays an error naming it */
+    j = "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"hidden_size\": 64}";
+    expect_error(parse(j, &c), PL_ERR_UNSUPPORTED, "test/config.json", "'Qwen2MoeForCausalLM'");
     expect_error(parse("{\"hidden_size\": 64}", &c), PL_ERR_FORMAT, "test/config.json",
                  "'architectures'");
     expect_error(parse("{\"architectures\": \"LlamaForCausalLM\"}", &c), PL_ERR_FORMAT,
@@ -530,6 +656,9 @@ int main(void) {
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_mistral_and_sliding_window),
         cmocka_unit_test(test_attention_bias_and_model_type),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_qwen3_moe),
+        cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_eos_forms),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_unknown_architecture),

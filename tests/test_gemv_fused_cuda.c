@@ -7,7 +7,8 @@
  * 6 (odd pairs), grouped and plain attention, K = 64, 1024 and 36 (K % 8 != 0: no GEMV, so no
  * fusion), at every n no bias, an f32 bias with the last row padding (slot -1), and a bias in
  * the act dtype, at random non-zero positions (k rotated into the cache). The whole cache is
- * compared, untouched slots included, and q_out / out exactly.
+ * compared, untouched slots included, and q_out / out exactly. With Qwen3's q/k norms the
+ * fused op must run as the two calls (the norm in the rope launch), with the same bits.
  *
  * Which path ran is observed, not assumed: the fused kernel never writes the projection's
  * scratch (qkv / gate_up), the two calls do. So each case poisons the scratch and checks that
@@ -101,6 +102,7 @@ typedef struct {
     int D, nh, nkv, K, n;
     DType bias_dt, cache_dt;
     int pad_last, forced_off;
+    int qk_norm; /* Qwen3's per-head q/k norms (in the weight dtype): never fused */
 } QkvCase;
 
 /* The fused op and the two calls from the same cache; 0 when q_out and the whole cache are
@@ -139,20 +141,31 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
     k_cuda_memset(q_b, POISON, qn * es);
     k_cuda_memset(qkv_b, POISON, qkvn * es);
     const Tensor *bias = q.bias_dt != DT_OTHER ? &b.dev : NULL;
+    Weight qw = {0}, kw = {0};
+    QkNorm qk = {0};
+    if (q.qk_norm) {
+        qw = make_weight(q.c.wdt, 1, q.D, 0, 0.5f, 1.5f);
+        kw = make_weight(q.c.wdt, 1, q.D, 0, 0.5f, 1.5f);
+        qk = (QkNorm){qw.dev, kw.dev, 1e-6f};
+    }
+    const QkNorm *qkp = q.qk_norm ? &qk : NULL;
     k_cuda_matmul(g, qkv_a, dx, q.c.act, &w.dev, bias, n, NULL);
-    k_cuda_qkv_rope_cache(q_a, qkv_a, q.c.act, dpos, dslots, n, q.nh, &rope.rope, cache_a, &l,
+    k_cuda_qkv_rope_cache(q_a, qkv_a, q.c.act, dpos, dslots, n, q.nh, &rope.rope, qkp, cache_a, &l,
                           layer, NULL);
     k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx, q.c.act, &w.dev, bias, dpos, dslots, n, q.nh,
-                                 &rope.rope, cache_b, &l, layer, NULL);
+                                 &rope.rope, qkp, cache_b, &l, layer, NULL);
     k_cuda_synchronize();
     char what[192];
     snprintf(what, sizeof what, "qkv act %s w %s bias %s cache %s D %d nh %d nkv %d K %d n %d%s%s",
              dn(q.c.act), dn(q.c.wdt), q.bias_dt != DT_OTHER ? dn(q.bias_dt) : "-", dn(q.cache_dt),
              q.D, q.nh, q.nkv, q.K, n, q.pad_last ? " last row padding" : "",
-             q.forced_off ? " (cuBLASLt forced)" : "");
+             q.forced_off ? " (cuBLASLt forced)"
+             : q.qk_norm  ? " qk_norm"
+                          : "");
     int bad = differ(what, q_a, q_b, qn * es, es);
     bad += differ(what, cache_a, cache_b, cache_n * ces, ces);
-    int fused = expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) && q.cache_dt == q.c.act;
+    int fused =
+        expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) && q.cache_dt == q.c.act && !q.qk_norm;
     if (still_poisoned(qkv_b, qkvn * es) != fused) {
         print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");
         bad++;
@@ -160,6 +173,10 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
     free_weight(&w);
     if (bias)
         free_weight(&b);
+    if (q.qk_norm) {
+        free_weight(&qw);
+        free_weight(&kw);
+    }
     free(x);
     free(cache);
     free(perm);
@@ -189,9 +206,16 @@ static void test_fused_qkv_rope_cache(void **state) {
                          * dtype */
                         DType bdt = bi == 1 ? DT_F32 : bi == 2 ? c.act : DT_OTHER;
                         QkvCase q = {c,      heads[hi][0], heads[hi][1], heads[hi][2], ks[ki],
-                                     ns[ni], bdt,          c.act,        bi == 1,      0};
+                                     ns[ni], bdt,          c.act,        bi == 1,      0,
+                                     0};
                         bad += qkv_case(g, q);
                     }
+    /* with q/k norms the decode-sized call runs as the two calls, the norm in the rope launch */
+    for (int ci = 0; ci < NCOMBOS; ci++)
+        for (int ni = 0; ni < 3; ni++, cases++) {
+            QkvCase q = {combos[ci], 128, 4, 2, 1024, ns[ni], DT_OTHER, combos[ci].act, 0, 0, 1};
+            bad += qkv_case(g, q);
+        }
     print_message("fused qkv: %d cases, %d differing\n", cases, bad);
     k_cuda_gemm_destroy(g);
     assert_int_equal(bad, 0);
@@ -259,12 +283,12 @@ static void test_fused_fallbacks(void **state) {
     KCudaGemm *g = k_cuda_gemm_create(1 << 20);
     int bad = 0;
     for (int n = 1; n <= 2; n++) {
-        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, DT_F32, 0, 0};
+        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, DT_F32, 0, 0, 0};
         bad += qkv_case(g, q); /* bf16 activations, f32 cache */
     }
     k_cuda_gemm_force(g, KC_GEMM_CUBLASLT, 0);
     for (int n = 1; n <= 2; n++) {
-        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, combos[0].act, 0, 1};
+        QkvCase q = {combos[0], 128, 8, 2, 512, n, DT_OTHER, combos[0].act, 0, 1, 0};
         bad += qkv_case(g, q);
         bad += silu_case(g, combos[0], 172, 512, n, 1);
     }

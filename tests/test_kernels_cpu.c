@@ -553,13 +553,163 @@ static void test_qkv_rope_cache(void **state) {
     int64_t slots[N] = {8, -1, 2, 23, 16};
     ops->rope(ops, q, k, pos, N, NH, NKV, &rope);
     ops->kv_write(ops, ref_cache, &l, 1, k, v, slots, N);
-    ops->qkv_rope_cache(ops, q_out, qkv, pos, slots, N, NH, &rope, fused_cache, &l, 1);
+    ops->qkv_rope_cache(ops, q_out, qkv, pos, slots, N, NH, &rope, NULL, fused_cache, &l, 1);
     assert_memory_equal(q_out, q, sizeof q);
     assert_memory_equal(fused_cache, ref_cache, total * sizeof(float));
     for (int t = 0; t < N; t++) /* k is left rotated in place, v untouched */
         assert_memory_equal(qkv + t * ROW + QD, k + t * KVD, sizeof(float) * KVD);
     free(fused_cache);
     free(ref_cache);
+}
+
+/* With a QkNorm: each q and k head normalized (reference in double) before the rotation. */
+static void test_qkv_rope_cache_qk_norm(void **state) {
+    (void)state;
+    const KernelOps *ops = test_cpu_ops();
+    rng_seed(11);
+    enum { N = 4, NH = 4, NKV = 2, D = 16, QD = NH * D, KVD = NKV * D, ROW = QD + 2 * KVD };
+    KvLayout l = {
+        .num_layers = 2, .num_kv_heads = NKV, .head_dim = D, .block_size = 8, .dtype = DT_F32};
+    size_t total = 3 * k_kv_block_elems(&l);
+    float *cache = calloc(total, sizeof(float)), *ref_cache = calloc(total, sizeof(float));
+    float qkv[N * ROW], q[N * QD], k[N * KVD], v[N * KVD], q_out[N * QD], qw[D], kw[D];
+    fill(qkv, N * ROW, -3, 3);
+    fill(qw, D, 0.5f, 1.5f);
+    fill(kw, D, 0.5f, 1.5f);
+    const float eps = 1e-6f;
+    for (int t = 0; t < N; t++) {
+        for (int h = 0; h < NH + NKV; h++) {
+            const float *x = qkv + t * ROW + h * D;
+            float *dst = h < NH ? q + t * QD + h * D : k + t * KVD + (h - NH) * D;
+            const float *w = h < NH ? qw : kw;
+            double ss = 0;
+            for (int d = 0; d < D; d++)
+                ss += (double)x[d] * x[d];
+            double inv = 1.0 / sqrt(ss / D + eps);
+            for (int d = 0; d < D; d++)
+                dst[d] = (float)(w[d] * (x[d] * inv));
+        }
+        memcpy(v + t * KVD, qkv + t * ROW + QD + KVD, sizeof(float) * KVD);
+    }
+    float inv_freq[D / 2];
+    k_rope_inv_freq(inv_freq, D, 1e6f, 0, 0, 0, 0);
+    Rope rope = {D, inv_freq};
+    int32_t pos[N] = {0, 5, 11, 30};
+    int64_t slots[N] = {3, 9, -1, 17};
+    ops->rope(ops, q, k, pos, N, NH, NKV, &rope);
+    ops->kv_write(ops, ref_cache, &l, 0, k, v, slots, N);
+    QkNorm qk = {{qw, DT_F32, 1, {D}}, {kw, DT_F32, 1, {D}}, eps};
+    ops->qkv_rope_cache(ops, q_out, qkv, pos, slots, N, NH, &rope, &qk, cache, &l, 0);
+    double want_q[N * QD], *want_cache = malloc(total * sizeof(double));
+    for (int i = 0; i < N * QD; i++)
+        want_q[i] = q[i];
+    for (size_t i = 0; i < total; i++)
+        want_cache[i] = ref_cache[i];
+    assert_int_equal(report("qk_norm q", q_out, want_q, NULL, N * QD, 1e-6, 1e-5), 0);
+    assert_int_equal(report("qk_norm cache", cache, want_cache, NULL, total, 1e-6, 1e-5), 0);
+    free(want_cache);
+    free(cache);
+    free(ref_cache);
+}
+
+/* moe_mlp reference in double: router softmax, top-k (lower id first on ties), experts. */
+static void ref_moe(double *out, const float *x, const float *router, const float *gate_up,
+                    const float *down, int n, int E, int H, int I, int top_k, int renorm) {
+    for (int t = 0; t < n; t++) {
+        const float *xr = x + (size_t)t * H;
+        double p[16], z = 0, mx = -INFINITY;
+        for (int e = 0; e < E; e++) {
+            double a = 0;
+            for (int h = 0; h < H; h++)
+                a += (double)router[e * H + h] * xr[h];
+            p[e] = a;
+            mx = fmax(mx, a);
+        }
+        for (int e = 0; e < E; e++)
+            z += p[e] = exp(p[e] - mx);
+        int taken[16] = {0};
+        double sel = 0, wgt[16] = {0};
+        for (int j = 0; j < top_k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || p[e] > p[best]))
+                    best = e;
+            taken[best] = 1;
+            sel += p[best] / z;
+        }
+        for (int e = 0; e < E; e++)
+            if (taken[e])
+                wgt[e] = renorm ? p[e] / z / sel : p[e] / z;
+        for (int h = 0; h < H; h++)
+            out[t * H + h] = 0;
+        for (int e = 0; e < E; e++) {
+            if (!taken[e])
+                continue;
+            double act[64];
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0;
+                for (int h = 0; h < H; h++) {
+                    g += (double)gate_up[((size_t)e * 2 * I + i) * H + h] * xr[h];
+                    u += (double)gate_up[((size_t)e * 2 * I + I + i) * H + h] * xr[h];
+                }
+                act[i] = g / (1 + exp(-g)) * u;
+            }
+            for (int h = 0; h < H; h++) {
+                double d = 0;
+                for (int i = 0; i < I; i++)
+                    d += (double)down[((size_t)e * H + h) * I + i] * act[i];
+                out[t * H + h] += wgt[e] * d;
+            }
+        }
+    }
+}
+
+static void test_moe_mlp(void **state) {
+    (void)state;
+    const KernelOps *ops = test_cpu_ops();
+    rng_seed(12);
+    enum { N = 6, E = 5, H = 24, I = 16 };
+    float x[N * H], router[E * H], gate_up[E * 2 * I * H], down[E * H * I], out[N * H], one[H];
+    fill(x, N * H, -1, 1);
+    fill(router, E * H, -0.5f, 0.5f);
+    fill(gate_up, E * 2 * I * H, -0.3f, 0.3f);
+    fill(down, E * H * I, -0.3f, 0.3f);
+    Tensor tr = {router, DT_F32, 2, {E, H}}, tg = {gate_up, DT_F32, 3, {E, 2 * I, H}},
+           td = {down, DT_F32, 3, {E, H, I}};
+    double want[N * H];
+    for (int top_k = 1; top_k <= 3; top_k++)
+        for (int renorm = 0; renorm < 2; renorm++) {
+            ops->moe_mlp(ops, out, x, &tr, &tg, &td, N, top_k, renorm, NULL, 0);
+            ref_moe(want, x, router, gate_up, down, N, E, H, I, top_k, renorm);
+            char what[64];
+            snprintf(what, sizeof what, "moe top %d renorm %d", top_k, renorm);
+            assert_int_equal(report(what, out, want, NULL, N * H, 1e-6, 1e-5), 0);
+            /* a row alone gives the same bits as in the batch */
+            ops->moe_mlp(ops, one, x + 3 * H, &tr, &tg, &td, 1, top_k, renorm, NULL, 0);
+            assert_memory_equal(one, out + 3 * H, sizeof one);
+        }
+    /* bf16 weights: the same op on the rounded values */
+    uint16_t gu16[E * 2 * I * H], dn16[E * H * I];
+    for (int i = 0; i < E * 2 * I * H; i++)
+        gate_up[i] = pl_bf16_to_f32(gu16[i] = pl_f32_to_bf16(gate_up[i]));
+    for (int i = 0; i < E * H * I; i++)
+        down[i] = pl_bf16_to_f32(dn16[i] = pl_f32_to_bf16(down[i]));
+    Tensor tg16 = {gu16, DT_BF16, 3, {E, 2 * I, H}}, td16 = {dn16, DT_BF16, 3, {E, H, I}};
+    ops->moe_mlp(ops, out, x, &tr, &tg16, &td16, N, 2, 1, NULL, 0);
+    ref_moe(want, x, router, gate_up, down, N, E, H, I, 2, 1);
+    assert_int_equal(report("moe bf16", out, want, NULL, N * H, 1e-6, 1e-5), 0);
+    /* equal probabilities (a zero router): the lower ids win, weights 1/2 each renormalized */
+    memset(router, 0, sizeof router);
+    ops->moe_mlp(ops, out, x, &tr, &tg16, &td16, N, 2, 1, NULL, 0);
+    ref_moe(want, x, router, gate_up, down, N, E, H, I, 2, 1);
+    assert_int_equal(report("moe ties", out, want, NULL, N * H, 1e-6, 1e-5), 0);
+    Tensor tg0 = tg16, td0 = td16; /* experts 0 and 1 alone: the same sum */
+    tg0.shape[0] = td0.shape[0] = 2;
+    Tensor tr0 = tr;
+    tr0.shape[0] = 2;
+    float two[N * H];
+    ops->moe_mlp(ops, two, x, &tr0, &tg0, &td0, N, 2, 1, NULL, 0);
+    assert_memory_equal(two, out, sizeof two);
 }
 
 /* One sequence of the attention test: its full K/V history and where the batch starts. */
@@ -906,6 +1056,8 @@ int main(void) {
         cmocka_unit_test(test_kv_geometry),
         cmocka_unit_test(test_kv_write),
         cmocka_unit_test(test_qkv_rope_cache),
+        cmocka_unit_test(test_qkv_rope_cache_qk_norm),
+        cmocka_unit_test(test_moe_mlp),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_long),
         cmocka_unit_test(test_attention_single),

@@ -42,6 +42,8 @@
     X(test_rope)                                                                                   \
     X(test_kv_write)                                                                               \
     X(test_qkv_rope_cache)                                                                         \
+    X(test_qkv_rope_cache_qk_norm)                                                                 \
+    X(test_moe_mlp)                                                                                \
     X(test_copy_blocks)                                                                            \
     X(test_scatter_tokens)                                                                         \
     X(test_dummy_fill)
@@ -402,8 +404,10 @@ static void test_rope(void **state) {
 }
 
 /* One qkv_rope_cache (or kv_write alone) case against cpu rope then cpu kv_write on an F32
- * cache: q, k and the whole cache (untouched slots included) are compared. */
-static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fused) {
+ * cache: q, k and the whole cache (untouched slots included) are compared. With qk (fused
+ * only: Qwen3's q/k norms of dtype qk_dt), against the CPU qkv_rope_cache with them. */
+static int kv_case_qk(DType act, DType cdt, int D, int nkv, int G, int bs, int fused, int qk,
+                      DType qk_dt) {
     const KernelOps *cpu = test_cpu_ops();
     KvLayout l = {
         .num_layers = 3, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
@@ -438,22 +442,36 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     RopePair rp = make_rope(D, 0);
     KvLayout dl = l;
     dl.dtype = cdt;
-    if (fused) {
+    Weight qw = {0}, kw = {0};
+    if (qk) {
+        qw = make_weight(qk_dt, 1, D, 0, 0.5f, 1.5f);
+        kw = make_weight(qk_dt, 1, D, 0, 0.5f, 1.5f);
+        QkNorm hn = {qw.host, kw.host, 1e-6f}, dn_ = {qw.dev, kw.dev, 1e-6f};
+        k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, &dn_, dcache, &dl, layer,
+                              NULL);
+        /* the reference: the CPU op itself on the same rows (k left rotated in qkv) */
+        cpu->qkv_rope_cache(cpu, q, qkv, pos, slots, n, nh, &rp.host, &hn, cache, &l, layer);
+        for (int t = 0; t < n; t++)
+            memcpy(k + t * kvd, qkv + t * row + qd, kvd * sizeof(float));
+    } else if (fused) {
         cpu->rope(cpu, q, k, pos, n, nh, nkv, &rp.host);
-        k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, dcache, &dl, layer,
+        k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, NULL, dcache, &dl, layer,
                               NULL);
     } else {
         k_cuda_kv_write(dcache, &dl, layer, dk, dv, act, dslots, n, NULL);
     }
-    /* what the CPU sequence stores: k as rounded to act by the rope, in the cache's dtype */
-    for (size_t i = 0; i < nk; i++) {
-        k[i] = round_to(k[i], act);
+    if (!qk) {
+        /* what the CPU sequence stores: k as rounded to act by the rope, in the cache's dtype */
+        for (size_t i = 0; i < nk; i++) {
+            k[i] = round_to(k[i], act);
+        }
+        cpu->kv_write(cpu, cache, &l, layer, k, v, slots, n);
     }
-    cpu->kv_write(cpu, cache, &l, layer, k, v, slots, n);
     int bad = 0;
     char what[128];
-    snprintf(what, sizeof what, "%s act %s cache %s D %d nkv %d G %d bs %d",
-             fused ? "qkv_rope_cache" : "kv_write", dn(act), dn(cdt), D, nkv, G, bs);
+    snprintf(what, sizeof what, "%s act %s cache %s D %d nkv %d G %d bs %d%s%s",
+             fused ? "qkv_rope_cache" : "kv_write", dn(act), dn(cdt), D, nkv, G, bs,
+             qk ? " qk_norm " : "", qk ? dn(qk_dt) : "");
     float *got = xmalloc(cache_n * sizeof(float));
     download_as(got, dcache, cache_n, cdt);
     char cw[160];
@@ -491,7 +509,15 @@ static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fuse
     k_cuda_free(dslots);
     k_cuda_free(dpos);
     free_rope(&rp);
+    if (qk) {
+        free_weight(&qw);
+        free_weight(&kw);
+    }
     return bad;
+}
+
+static int kv_case(DType act, DType cdt, int D, int nkv, int G, int bs, int fused) {
+    return kv_case_qk(act, cdt, D, nkv, G, bs, fused, 0, DT_F32);
 }
 
 static void kv_sweep(int fused) {
@@ -520,6 +546,89 @@ static void test_qkv_rope_cache(void **state) {
     REQUIRE_GPU();
     rng_seed(8);
     kv_sweep(1);
+}
+
+/* Qwen3's per-head q/k RMSNorm before the rotation: head dims with pairs that fill a warp,
+ * do not (48: 24 pairs) and span several passes (256), GQA, norm weights in each dtype. */
+static void test_qkv_rope_cache_qk_norm(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(18);
+    const int dims[] = {48, 64, 128, 256};
+    const int kvh[] = {1, 2, 8};
+    int bad = 0;
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int di = 0; di < 4; di++)
+            for (int hi = 0; hi < 3; hi++)
+                bad += kv_case_qk(acts[ai], acts[(ai + hi) % N_ACTS], dims[di], kvh[hi],
+                                  hi == 2 ? 4 : 2, 16, 1, 1, wdts[(di + hi) % 3]);
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------- mixture of experts ---------------- */
+
+/* k_cuda_moe_mlp against the CPU op on the same (rounded) inputs: routing with and without
+ * renormalization, top-1 to top-4, weights in each dtype, decode-sized and prefill-sized n. */
+static int moe_case(DType act, DType wdt, int n, int E, int H, int I, int top_k, int renorm) {
+    const KernelOps *cpu = test_cpu_ops();
+    float *x = rand_vec((size_t)n * H, -1, 1, act);
+    Weight router = make_weight(wdt, 2, E, H, -0.5f, 0.5f);
+    Weight gu = make_weight(wdt, 2, (int64_t)E * 2 * I, H, -0.2f, 0.2f);
+    Weight dw = make_weight(wdt, 2, (int64_t)E * H, I, -0.2f, 0.2f);
+    for (int i = 0; i < 2; i++) { /* [E, 2I, H] and [E, H, I] */
+        Tensor *g = i ? &gu.dev : &gu.host, *d = i ? &dw.dev : &dw.host;
+        g->ndim = d->ndim = 3;
+        g->shape[0] = d->shape[0] = E;
+        g->shape[1] = 2 * I;
+        g->shape[2] = H;
+        d->shape[1] = H;
+        d->shape[2] = I;
+    }
+    size_t len = (size_t)n * H;
+    float *ref = xmalloc(len * sizeof(float)), *got = xmalloc(len * sizeof(float));
+    cpu->moe_mlp(cpu, ref, x, &router.host, &gu.host, &dw.host, n, top_k, renorm, NULL, 0);
+    size_t ws_bytes = k_cuda_moe_workspace_bytes(act, n, E, I, top_k);
+    void *ws = k_cuda_malloc(ws_bytes), *dx = upload_as(x, len, act), *dout = poisoned(len, act);
+    k_cuda_moe_mlp(dout, dx, act, &router.dev, &gu.dev, &dw.dev, n, top_k, renorm, ws, ws_bytes,
+                   NULL);
+    download_as(got, dout, len, act);
+    char what[128];
+    snprintf(what, sizeof what, "moe_mlp act %s w %s n %d E %d H %d I %d top %d renorm %d", dn(act),
+             dn(wdt), n, E, H, I, top_k, renorm);
+    /* the router's logits are fp32 on both sides (the inputs are the same rounded values), so
+     * the picks agree unless two probabilities tie within the sums' rounding; 16-bit
+     * activations round g, u, silu(g) u and each expert's output, errors of the outputs' scale
+     * (not of each element's), so the tolerance is scaled by the largest |output| */
+    double scale = 1.0;
+    for (size_t i = 0; i < len; i++)
+        scale = fmax(scale, fabs(ref[i]));
+    int bad = check_close(what, got, ref, len, atol_of(act) * scale);
+    k_cuda_free(ws);
+    k_cuda_free(dx);
+    k_cuda_free(dout);
+    free(x);
+    free(ref);
+    free(got);
+    free_weight(&router);
+    free_weight(&gu);
+    free_weight(&dw);
+    return bad;
+}
+
+static void test_moe_mlp(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(19);
+    int bad = 0;
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int wi = 0; wi < 3; wi++) {
+            bad += moe_case(acts[ai], wdts[wi], 1, 8, 64, 48, 2, 1);
+            bad += moe_case(acts[ai], wdts[wi], 37, 8, 256, 96, 2, 1);
+        }
+    bad += moe_case(DT_F32, DT_F32, 5, 4, 64, 24, 1, 0);
+    bad += moe_case(DT_F32, DT_BF16, 9, 16, 128, 64, 4, 0);
+    bad += moe_case(DT_BF16, DT_BF16, 64, 128, 512, 128, 8, 1); /* Qwen3-30B-A3B's routing */
+    assert_int_equal(bad, 0);
 }
 
 /* ---------------- copy_blocks ---------------- */

@@ -5,7 +5,8 @@
  * and 4 ranks equal one rank's, for stories260K (vocabulary 512) and for it cut to 509 tokens
  * (the last slice ends in padding); with 8 ranks (one query head each, the 4 KV heads
  * replicated over pairs of ranks) for it cut to 168 MLP columns; the vocabulary slices'
- * arithmetic; and dummy weights' vocabulary slices equal the rows of the whole model's. */
+ * arithmetic; dummy weights' vocabulary slices equal the rows of the whole model's; and 2 ranks
+ * of the tiny Qwen3, Qwen3-MoE and Mixtral checkpoints of tests/data/families equal one. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -196,6 +197,29 @@ static void test_eight_ranks_replicate_kv_heads(void **state) {
     check_ranks_match_one(mlp_dir, 512, 8);
 }
 
+/* Qwen3 (q/k norms), Qwen3-MoE and Mixtral (every expert's intermediate columns split, the
+ * router whole) from tests/data/families/ (written by transformers; skipped without it). */
+static void test_families_match_one_rank(void **state) {
+    (void)state;
+    static const char *names[] = {"qwen3", "qwen3-moe", "mixtral"};
+    int ran = 0;
+    for (int i = 0; i < 3; i++) {
+        char dir[128], cfg[160];
+        snprintf(dir, sizeof dir, "tests/data/families/%s", names[i]);
+        snprintf(cfg, sizeof cfg, "%s/model.safetensors", dir);
+        if (access(cfg, R_OK) != 0)
+            continue;
+        ModelConfig c;
+        assert_int_equal(model_config_load(dir, &c), PL_OK);
+        check_ranks_match_one(dir, c.vocab_size, 2);
+        ran++;
+    }
+    if (!ran) {
+        print_message("tests/data/families: no checkpoints, skipped\n");
+        skip();
+    }
+}
+
 /* ---- shard arithmetic and dummy weights ------------------------------------------------ */
 
 static void test_vocab_slices(void **state) {
@@ -271,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_logits_match_one_rank),
         cmocka_unit_test(test_uneven_vocabulary_matches_one_rank),
         cmocka_unit_test(test_eight_ranks_replicate_kv_heads),
+        cmocka_unit_test(test_families_match_one_rank),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

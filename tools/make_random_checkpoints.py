@@ -21,16 +21,48 @@ logits are O(1) (so greedy argmax is meaningful): norm weights ~ U(0.5, 1.5) rat
 biases ~ N(0, 0.1^2) rather than 0, projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1)
 (untied) or N(0, 1/sqrt(hidden)) (tied, so the logits stay moderate).
 
+  OUTDIR/qwen3      Qwen3ForCausalLM, float32: hidden 256, 4 heads of head_dim 128 (heads x
+                     head_dim = 512 != hidden), 2 KV heads, per-head q/k RMSNorm, no q/k/v bias,
+                     intermediate 512, vocab 512, tied embeddings, rope_theta 1e6
+  OUTDIR/qwen3-moe   Qwen3MoeForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, 8 experts
+                     of moe_intermediate 128, top 2, norm_topk_prob true; layer 0 dense
+                     (mlp_only_layers [0], intermediate 384), the others sparse; vocab 512, untied
+  OUTDIR/mixtral     MixtralForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, 4 experts
+                     of intermediate 256, top 2; vocab 512, untied, rope_theta 1e6
+
+Mixture-of-experts checkpoints are written as Hub checkpoints are: one tensor per expert and
+projection (Mixtral: model.layers.N.block_sparse_moe.gate.weight and
+block_sparse_moe.experts.E.{w1,w2,w3}.weight; Qwen3-MoE: model.layers.N.mlp.gate.weight and
+mlp.experts.E.{gate_proj,up_proj,down_proj}.weight), whatever layout this transformers version
+keeps in memory (5.x fuses the experts into mlp.experts.gate_up_proj [E, 2I, H] and
+mlp.experts.down_proj [E, H, I]). Each folder is reloaded with from_pretrained and its logits
+must equal the in-memory model's; the tensor names written are printed.
+
+With --tiny DIR it also writes, for each of qwen3, qwen3-moe and mixtral, a tiny version (hidden
+64, 2-3 layers, vocab 256; a few hundred KB in float32) into DIR/<name>/ (meant to be committed
+as tests/data/families/<name>/): config.json, generation_config.json, model.safetensors and
+expected.json, which holds the fixed prompt (16 token ids), the float32 logits of every prompt
+position ("logits", [16][256], 8 significant digits) and the greedy 16-token continuation
+("greedy_ids": argmax of the last position, appended, run again without a KV cache, EOS
+ignored), with each greedy step's top-1/top-2 logit margin ("greedy_margins").
+
 Needs torch, transformers (4.4x or 5.x), safetensors; no network and no tokenizer (the
 comparison works on token ids). Usage:
 
     python3 tools/make_random_checkpoints.py OUTDIR [--seed 0] [--layers 3] [--wide]
+                                             [--only qwen3,qwen3-moe,mixtral] [--tiny DIR]
+
+e.g. the reference data of tests/test_families.c:
+
+    python3 tools/make_random_checkpoints.py /tmp/rc --only qwen3,qwen3-moe,mixtral \
+        --tiny /tmp/refdata/families
 """
 import argparse
 import copy
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -66,8 +98,10 @@ def randomize(model, tied, seed):
             elif "embed_tokens" in name:
                 std = hidden ** -0.25 if tied else 1.0
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
-            else:  # [out, in] projections and an untied lm_head
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+            elif name.endswith(".gate.weight"):  # MoE router [E, H]: decisive top-k margins
+                p.copy_(torch.randn(p.shape, generator=gen) * 2 / math.sqrt(p.shape[-1]))
+            else:  # [out, in] projections (or [E, out, in] experts) and an untied lm_head
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
     if tied:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
@@ -126,6 +160,223 @@ def build_qwen2(layers, seed):
     return model
 
 
+def build_qwen3(layers, seed, hidden=256, heads=4, head_dim=128, kv_heads=2, intermediate=512,
+                vocab=512):
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **rope_kwargs(1000000.0),
+    )
+    model = transformers.Qwen3ForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=True, seed=seed + 3)
+    return model
+
+
+def build_qwen3_moe(layers, seed, hidden=256, heads=4, head_dim=64, kv_heads=2, intermediate=384,
+                    moe_intermediate=96, experts=8, top_k=2, vocab=512, tied=False):
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        moe_intermediate_size=moe_intermediate,
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+        attention_bias=False,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **rope_kwargs(1000000.0),
+    )
+    model = transformers.Qwen3MoeForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=tied, seed=seed + 4)
+    return model
+
+
+def build_mixtral(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=320, experts=4,
+                  top_k=2, vocab=512):
+    torch.manual_seed(seed)
+    cfg = transformers.MixtralConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=None,
+        router_jitter_noise=0.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **rope_kwargs(1000000.0),
+    )
+    model = transformers.MixtralForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=False, seed=seed + 5)
+    return model
+
+
+def hub_tensors(model):
+    """The model's weights under the names Hub checkpoints use: per-expert MoE tensors (5.x
+    keeps them fused in memory as mlp.experts.gate_up_proj [E, 2I, H] and
+    mlp.experts.down_proj [E, H, I], gate rows first), Mixtral's block_sparse_moe prefix, no
+    lm_head when tied."""
+    cfg = model.config
+    mixtral = cfg.model_type == "mixtral"
+    hidden = cfg.hidden_size
+    inter = cfg.intermediate_size if mixtral else getattr(cfg, "moe_intermediate_size", None)
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = {}
+    for key, t in model.state_dict().items():
+        t = t.detach()
+        if key == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        m = re.match(r"(model\.layers\.\d+)\.(mlp|block_sparse_moe)\.(.*)$", key)
+        if not m or not (m.group(3).startswith("experts.") or m.group(3) == "gate.weight"):
+            out[key] = t.contiguous().clone()
+            continue
+        prefix = f"{m.group(1)}.{'block_sparse_moe' if mixtral else 'mlp'}"
+        rest = m.group(3)
+        if rest in ("experts.gate_up_proj", "experts.down_proj"):
+            if rest == "experts.gate_up_proj":
+                if t.shape[1] != 2 * inter:  # stored [E, H, 2I]
+                    t = t.transpose(1, 2)
+                assert tuple(t.shape[1:]) == (2 * inter, hidden), (key, t.shape)
+                parts = [(names[0], t[:, :inter]), (names[1], t[:, inter:])]
+            else:
+                if t.shape[1] != hidden:  # stored [E, I, H]
+                    t = t.transpose(1, 2)
+                assert tuple(t.shape[1:]) == (hidden, inter), (key, t.shape)
+                parts = [(names[2], t)]
+            for name, w in parts:
+                for e in range(w.shape[0]):
+                    out[f"{prefix}.experts.{e}.{name}.weight"] = w[e].contiguous().clone()
+        else:  # the router, or 4.x per-expert tensors already named as on the Hub
+            out[f"{prefix}.{rest}"] = t.contiguous().clone()
+    return out
+
+
+def save_hub(model, outdir, dtype):
+    """Config files by save_pretrained, weights as one model.safetensors of hub_tensors."""
+    from safetensors.torch import save_file
+
+    model = model.to(dtype)
+    if TRANSFORMERS_5:
+        model.config.dtype = dtype
+    else:
+        model.config.torch_dtype = dtype
+    os.makedirs(outdir, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # as model.save_pretrained sets it
+    model.config.save_pretrained(outdir)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(outdir)
+    for f in os.listdir(outdir):
+        if f.endswith(".safetensors") or f.endswith(".safetensors.index.json"):
+            os.remove(os.path.join(outdir, f))
+    tensors = hub_tensors(model)
+    save_file(tensors, os.path.join(outdir, "model.safetensors"), metadata={"format": "pt"})
+    return tensors
+
+
+def print_names(outdir, tensors):
+    """The tensor names written, layer numbers and expert numbers folded."""
+    folded = {}
+    for k, t in tensors.items():
+        f = re.sub(r"\.experts\.\d+\.", ".experts.E.", re.sub(r"layers\.\d+\.", "layers.N.", k))
+        folded.setdefault(f, tuple(t.shape))
+    print(f"  {outdir}: {len(tensors)} tensors")
+    for f in sorted(folded):
+        print(f"    {f} {list(folded[f])}")
+
+
+def reference_ids(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids], dtype=torch.long), use_cache=False).logits[0].float()
+
+
+def check_logits(outdir, reference):
+    """Reload the folder (transformers maps Hub names to its own) and require the same logits."""
+    kw = {"dtype": torch.float32} if TRANSFORMERS_5 else {"torch_dtype": torch.float32}
+    again = type(reference).from_pretrained(outdir, attn_implementation="eager", **kw).eval()
+    ids = torch.randint(0, reference.config.vocab_size, (24,),
+                        generator=torch.Generator().manual_seed(7)).tolist()
+    a, b = reference_ids(reference.float(), ids), reference_ids(again, ids)
+    err = (a - b).abs().max().item()
+    if err > 1e-5 * max(1.0, a.abs().max().item()):
+        sys.exit(f"error: {outdir}: logits differ by {err:g} after reload")
+    return again
+
+
+def write_expected(outdir, model, seed, n_prompt=16, n_new=16):
+    """expected.json: the prompt, the float32 logits of every prompt position, the greedy
+    continuation (argmax, ties to the lower id as torch.argmax; no KV cache, EOS ignored)."""
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(seed + 99)
+    prompt = torch.randint(0, vocab, (n_prompt,), generator=gen).tolist()
+    logits = reference_ids(model, prompt)
+    seq, margins = list(prompt), []
+    for _ in range(n_new):
+        last = reference_ids(model, seq)[-1]
+        top = torch.topk(last, 2)
+        margins.append(float(f"{(top.values[0] - top.values[1]).item():.4g}"))
+        seq.append(int(torch.argmax(last).item()))
+    doc = {
+        "generator": "tools/make_random_checkpoints.py --tiny",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "architecture": model.config.architectures[0] if model.config.architectures
+        else type(model).__name__,
+        "prompt_ids": prompt,
+        "logits": [[float(f"{x:.8g}") for x in row] for row in logits.tolist()],
+        "greedy_ids": seq[n_prompt:],
+        "greedy_margins": margins,
+    }
+    with open(os.path.join(outdir, "expected.json"), "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+        f.write("\n")
+    print(f"  {outdir}/expected.json: prompt {prompt}, greedy {doc['greedy_ids']}, "
+          f"smallest greedy margin {min(margins):.3g}")
+
+
+def tiny_models(seed):
+    """Tiny versions of the new families for tests/data/families/ (a few hundred KB each)."""
+    return [
+        ("qwen3", build_qwen3(2, seed, hidden=64, heads=2, head_dim=48, kv_heads=1,
+                              intermediate=64, vocab=256)),
+        ("qwen3-moe", build_qwen3_moe(2, seed, hidden=64, heads=2, head_dim=32, kv_heads=1,
+                                      intermediate=64, moe_intermediate=48, experts=4, top_k=2,
+                                      vocab=256, tied=True)),
+        ("mixtral", build_mixtral(2, seed, hidden=64, heads=4, kv_heads=2, intermediate=24,
+                                  experts=4, top_k=2, vocab=256)),
+    ]
+
+
 def save(model, outdir, dtype, max_shard_size=None):
     model = model.to(dtype)
     # Declare the weights' dtype in config.json (transformers 5 writes `dtype`).
@@ -165,25 +416,56 @@ def main():
     ap.add_argument("--layers", type=int, default=3, help="decoder layers of each model")
     ap.add_argument("--wide", action="store_true",
                     help="also write llama-wide/ (for tensor-parallel sizes 4 and 8)")
+    ap.add_argument("--only", help="comma-separated names of the models to write (default all)")
+    ap.add_argument("--tiny", metavar="DIR",
+                    help="also write tiny qwen3, qwen3-moe and mixtral models with expected.json "
+                         "into DIR/<name>/ (tests/data/families/)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-
-    llama = build_llama(args.layers, args.seed)
-    qwen2 = build_qwen2(args.layers, args.seed)
-    outputs = [
-        (llama, "llama", torch.float32, None),
-        (qwen2, "qwen2", torch.float32, None),
-        (llama, "llama-bf16", torch.bfloat16, "4MB"),
-    ]
+    only = set(args.only.split(",")) if args.only else None
+    builders = {
+        "llama": lambda: build_llama(args.layers, args.seed),
+        "qwen2": lambda: build_qwen2(args.layers, args.seed),
+        "qwen3": lambda: build_qwen3(args.layers, args.seed),
+        "qwen3-moe": lambda: build_qwen3_moe(args.layers, args.seed),
+        "mixtral": lambda: build_mixtral(args.layers, args.seed),
+    }
+    outputs = [("llama", "llama", torch.float32, None),
+               ("qwen2", "qwen2", torch.float32, None),
+               ("llama", "llama-bf16", torch.bfloat16, "4MB"),
+               ("qwen3", "qwen3", torch.float32, None),
+               ("qwen3-moe", "qwen3-moe", torch.float32, None),
+               ("mixtral", "mixtral", torch.float32, None)]
     if args.wide:
-        wide = build_llama(2, args.seed, heads=64, kv_heads=8, intermediate=2048)
-        outputs.append((wide, "llama-wide", torch.float32, "2GB"))
-    for model, name, dtype, shard in outputs:
+        builders["llama-wide"] = lambda: build_llama(2, args.seed, heads=64, kv_heads=8,
+                                                     intermediate=2048)
+        outputs.append(("llama-wide", "llama-wide", torch.float32, "2GB"))
+    if only is not None:
+        unknown = only - {name for _, name, _, _ in outputs}
+        if unknown:
+            sys.exit(f"error: --only: unknown model(s) {', '.join(sorted(unknown))}")
+        outputs = [o for o in outputs if o[1] in only]
+    built = {}
+    for key, name, dtype, shard in outputs:
+        if key not in built:
+            built[key] = builders[key]()
         path = os.path.join(args.outdir, name)
         # A copy, so that saving in bf16 leaves the fp32 model intact for the next one.
-        clone = copy.deepcopy(model)
-        save(clone, path, dtype, shard)
-        check(path, clone)
+        clone = copy.deepcopy(built[key])
+        if key in ("qwen3-moe", "mixtral"):
+            print_names(path, save_hub(clone, path, dtype))
+            check_logits(path, clone)
+        else:
+            save(clone, path, dtype, shard)
+            check(path, clone)
+    if args.tiny:
+        for name, model in tiny_models(args.seed):
+            path = os.path.join(args.tiny, name)
+            print_names(path, save_hub(model, path, torch.float32))
+            again = check_logits(path, model)
+            write_expected(path, again, args.seed)
+            size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+            print(f"  {path}: {size / 1024:.0f} KB")
     print("ok")
 
 

@@ -4,7 +4,8 @@
  * (a float product, as torch computes it), out[i] = x1 cos - x2 sin,
  * out[i + D/2] = x2 cos + x1 sin. cos/sin are computed once per token for all heads.
  * qkv_rope_cache is the same rotation on the fused QKV projection's rows, with q copied out
- * and the rotated k and v stored in the paged cache (kv_write, attention.c). */
+ * and the rotated k and v stored in the paged cache (kv_write, attention.c), after an optional
+ * per-head RMSNorm of q and k (Qwen3). */
 #include <math.h>
 #include <string.h>
 
@@ -51,7 +52,7 @@ void cpu_rope(const KernelOps *ops, void *q_, void *k_, const int32_t *positions
 
 void cpu_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                         const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                        void *kv_cache, const KvLayout *l, int layer) {
+                        const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer) {
     int D = rope->head_dim, nkv = l->num_kv_heads, half = D / 2;
     PL_CHECK(D == l->head_dim && D % 2 == 0 && half <= ROPE_MAX_HALF);
     size_t qd = (size_t)nh * D, kvd = (size_t)nkv * D, row = qd + 2 * kvd;
@@ -59,6 +60,10 @@ void cpu_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const int3
     for (int t = 0; t < n; t++) {
         float *x = (float *)qkv + (size_t)t * row, *q = (float *)q_out + (size_t)t * qd;
         memcpy(q, x, qd * sizeof(float));
+        if (qk_norm) { /* each head a row of D: Qwen3's q_norm and k_norm, before RoPE */
+            cpu_rmsnorm(ops, q, q, &qk_norm->q, nh, D, qk_norm->eps);
+            cpu_rmsnorm(ops, x + qd, x + qd, &qk_norm->k, nkv, D, qk_norm->eps);
+        }
         angles(c, s, half, positions[t], rope);
         rotate(q, nh, D, c, s);
         rotate(x + qd, nkv, D, c, s);

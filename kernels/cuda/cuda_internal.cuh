@@ -68,6 +68,18 @@ __device__ __forceinline__ float silu_times(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
 
+/* Element j of a bias or norm weight in any of the weight dtypes, as fp32. */
+__device__ __forceinline__ float load_any(const void *p, int dt, int j) {
+    switch (dt) {
+        case DT_F32:
+            return ((const float *)p)[j];
+        case DT_F16:
+            return __half2float(((const f16 *)p)[j]);
+        default:
+            return __bfloat162float(((const bf16 *)p)[j]);
+    }
+}
+
 /* 8 consecutive elements (16-byte aligned for 16-bit types and for float) as fp32. */
 __device__ __forceinline__ void load8(float out[8], const float *p) {
     float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);

@@ -124,18 +124,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, (gemv_min_blocks<NX, R, U>))
     epi.template store<NX, R>(acc, t, lane);
 }
 
-/* Element j of a bias in any of the weight dtypes, as fp32. */
-__device__ __forceinline__ float load_any(const void *p, int dt, int j) {
-    switch (dt) {
-        case DT_F32:
-            return ((const float *)p)[j];
-        case DT_F16:
-            return __half2float(((const f16 *)p)[j]);
-        default:
-            return __bfloat162float(((const bf16 *)p)[j]);
-    }
-}
-
 /* A bias the epilogues can read (load_any): F32, F16 or BF16. */
 static inline bool gemv_bias_dtype_ok(DType dt) {
     return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16;

@@ -118,20 +118,23 @@ static void launch_fused(DType act, DType wt, int n, int tasks, const void *x, c
 void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
                                   const Tensor *w, const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                  void *kv_cache, const KvLayout *l, int layer, void *stream) {
+                                  const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
+                                  int layer, void *stream) {
     const Tensor *b = bias && bias->data ? bias : NULL;
     const int D = l->head_dim, nkv = l->num_kv_heads;
-    /* anything the two calls would reject goes to them, for their error message */
+    /* anything the two calls would reject goes to them, for their error message; a per-head
+     * norm needs the whole head's sum of squares, which a task's pair of rows does not have:
+     * the projection, then the norm in the rotation's launch */
     const bool fits =
-        g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 && D % 2 == 0 &&
-        D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D && rope &&
-        rope->inv_freq && rope->head_dim == D && l->dtype == act && layer >= 0 &&
+        !qk_norm && g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 &&
+        D % 2 == 0 && D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D &&
+        rope && rope->inv_freq && rope->head_dim == D && l->dtype == act && layer >= 0 &&
         layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
     if (!fits || !fused_takes(g, act, w, x, n)) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
-        k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, kv_cache, l,
-                              layer, stream);
+        k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
+                              kv_cache, l, layer, stream);
         return;
     }
     RopeKv a = {};

@@ -234,18 +234,34 @@ static void ops_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l
 template <DType A>
 static void ops_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv,
                                const int32_t *positions, const int64_t *slot_mapping, int n, int nh,
-                               const Rope *rope, void *kv_cache, const KvLayout *l, int layer) {
-    k_cuda_qkv_rope_cache(q_out, qkv, A, positions, slot_mapping, n, nh, rope, kv_cache, l, layer,
-                          stream(ops));
+                               const Rope *rope, const QkNorm *qk_norm, void *kv_cache,
+                               const KvLayout *l, int layer) {
+    k_cuda_qkv_rope_cache(q_out, qkv, A, positions, slot_mapping, n, nh, rope, qk_norm, kv_cache, l,
+                          layer, stream(ops));
 }
 
 template <DType A>
 static void ops_matmul_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const void *x,
                                       const Tensor *w, const Tensor *bias, const int32_t *positions,
                                       const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                      void *kv_cache, const KvLayout *l, int layer) {
+                                      const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
+                                      int layer) {
     k_cuda_matmul_qkv_rope_cache(gemm(ops), q_out, qkv, x, A, w, bias, positions, slot_mapping, n,
-                                 nh, rope, kv_cache, l, layer, stream(ops));
+                                 nh, rope, qk_norm, kv_cache, l, layer, stream(ops));
+}
+
+template <DType A>
+static size_t ops_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts,
+                                      int inter, int top_k) {
+    return k_cuda_moe_workspace_bytes(A, max_rows, num_experts, inter, top_k);
+}
+
+template <DType A>
+static void ops_moe_mlp(const KernelOps *ops, void *out, const void *x, const Tensor *router,
+                        const Tensor *gate_up, const Tensor *down, int n, int top_k,
+                        int renormalize, void *workspace, size_t workspace_bytes) {
+    k_cuda_moe_mlp(out, x, A, router, gate_up, down, n, top_k, renormalize, workspace,
+                   workspace_bytes, stream(ops));
 }
 
 template <DType A>
@@ -465,6 +481,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;
     o.matmul_add_rmsnorm = ops_matmul_add_rmsnorm<A>;
+    o.moe_workspace_bytes = ops_moe_workspace_bytes<A>;
+    o.moe_mlp = ops_moe_mlp<A>;
     o.gather_rows = ops_gather_rows<A>;
     o.to_f32 = ops_to_f32<A>;
     o.embedding_slice = ops_embedding_slice<A>;

@@ -6,7 +6,9 @@
  * receives that rounded k (and v) converted to its own dtype, at (slot / bs) * block_elems + layer
  * * 2 * half + (V ? half : 0) + (slot % bs) * Hkv * D with slot -1 (padding) skipped. The same
  * kernel serves rope alone (no cache), kv_write alone (no rotation) and both on the fused QKV
- * projection's rows (q rotated into its own buffer, as attention reads it). */
+ * projection's rows (q rotated into its own buffer, as attention reads it), there with an
+ * optional per-head RMSNorm of q and k first (Qwen3: one warp per head, which reduces the
+ * head's sum of squares before rotating its pairs). */
 #include "rope.cuh"
 
 /* ROPE_MANY_BLOCKS: (token, head) pairs from which a block takes several heads, up to
@@ -17,6 +19,26 @@ enum {
     ROPE_BLOCK_THREADS = 512,
     ROPE_VEC_THREADS = 128
 };
+
+/* 1 / rms of a head's D = 2 hd elements x (the thread's pairs i, i + hd; one warp per head, so
+ * blockDim.x == 32), as norm.cu computes it. */
+template <typename T> __device__ __forceinline__ float head_inv_rms(const T *x, int hd, float eps) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+        ss += x1 * x1 + x2 * x2;
+    }
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)(2 * hd) + eps);
+}
+
+/* The pair (x[i], x[i + hd]) normalized: w * (x * inv), rounded to T as rmsnorm's output. */
+template <typename T>
+__device__ __forceinline__ void norm_pair(float &x1, float &x2, const void *w, int dt, int i,
+                                          int hd, float inv) {
+    x1 = to_f32(from_f32<T>(load_any(w, dt, i) * (x1 * inv)));
+    x2 = to_f32(from_f32<T>(load_any(w, dt, i + hd) * (x2 * inv)));
+}
 
 /* Thread row threadIdx.y of block (t, b) handles token t's head y = b * blockDim.y +
  * threadIdx.y of the nh q heads, then the nkv k heads, then the nkv v heads, one thread per
@@ -44,8 +66,11 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
         const T *x = q + (size_t)t * a.r.q_stride + (size_t)y * D;
         T *o = (T *)a.r.q_out + ((size_t)t * nh + y) * D;
         float pos = (float)a.positions[t];
+        const float inv = a.q_norm ? head_inv_rms<T>(x, hd, a.norm_eps) : 0.0f;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+            if (a.q_norm)
+                norm_pair<T>(x1, x2, a.q_norm, a.norm_dt, i, hd, inv);
             rope_rotate<T>(x1, x2, pos, inv_freq[i]);
             o[i] = from_f32<T>(x1);
             o[i + hd] = from_f32<T>(x2);
@@ -55,10 +80,14 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
         if (!k || !(rotate || kdst))
             return;
         T *x = k + (size_t)t * a.r.k_stride + (size_t)h * D;
+        const float inv = a.k_norm ? head_inv_rms<T>(x, hd, a.norm_eps) : 0.0f;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
-            if (rotate) {
-                rope_rotate<T>(x1, x2, (float)a.positions[t], inv_freq[i]);
+            if (a.k_norm)
+                norm_pair<T>(x1, x2, a.k_norm, a.norm_dt, i, hd, inv);
+            if (rotate || a.k_norm) {
+                if (rotate)
+                    rope_rotate<T>(x1, x2, (float)a.positions[t], inv_freq[i]);
                 x[i] = from_f32<T>(x1);
                 x[i + hd] = from_f32<T>(x2);
             }
@@ -137,15 +166,26 @@ __global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a)
     }
 }
 
-/* One entry for the three launchers: rope (l == NULL), kv_write (rope == NULL), both. */
+/* One entry for the three launchers: rope (l == NULL), kv_write (rope == NULL), both; qk_norm
+ * (NULL: none) only with both. */
 static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *positions,
                            const int64_t *slot_mapping, int n, int nh, int nkv, const Rope *rope,
-                           void *kv_cache, const KvLayout *l, int layer, void *stream,
-                           const char *what) {
+                           const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer,
+                           void *stream, const char *what) {
     int D = rope ? rope->head_dim : l->head_dim;
     KC_REQUIRE(D > 0 && D % 2 == 0 && D / 2 <= ROPE_MAX_HALF, "%s: head_dim %d unsupported", what,
                D);
     RopeKv a = {*r, positions, rope ? rope->inv_freq : NULL, nh, nkv, D, kv_cache, slot_mapping, 1};
+    if (qk_norm) {
+        const Tensor *qn = &qk_norm->q, *kn = &qk_norm->k;
+        KC_REQUIRE(qn->ndim == 1 && qn->shape[0] == D && kn->ndim == 1 && kn->shape[0] == D &&
+                       qn->dtype == kn->dtype && qn->data && kn->data,
+                   "%s: q and k norm weights must be [%d] of one dtype", what, D);
+        a.q_norm = qn->data;
+        a.k_norm = kn->data;
+        a.norm_dt = (int)qn->dtype;
+        a.norm_eps = qk_norm->eps;
+    }
     DType cdt = DT_F32;
     if (l) {
         KC_REQUIRE(l->head_dim == D && l->num_kv_heads == nkv,
@@ -159,7 +199,8 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     if (n <= 0)
         return;
     const size_t es = pl_dtype_size(act), ces = pl_dtype_size(cdt);
-    const bool vec = D % 16 == 0 && kc_aligned16(r->q) && kc_aligned16(r->q_out) &&
+    /* the vector form has no per-head reduction: with a qk norm, the warp-per-head form */
+    const bool vec = !qk_norm && D % 16 == 0 && kc_aligned16(r->q) && kc_aligned16(r->q_out) &&
                      kc_aligned16(r->k) && kc_aligned16(r->v) && kc_aligned16(kv_cache) &&
                      (r->q_stride * es) % 16 == 0 && (r->k_stride * es) % 16 == 0 &&
                      (r->v_stride * es) % 16 == 0 && (size_t)D * nkv * ces % 16 == 0;
@@ -175,6 +216,8 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     }
     int threads = ((D / 2 + 31) / 32) * 32;
     threads = threads > ROPE_MAX_THREADS ? ROPE_MAX_THREADS : threads;
+    if (qk_norm)
+        threads = 32; /* one warp per head: head_inv_rms reduces over the warp */
     const int heads = nh + 2 * nkv;
     const int per_block = (size_t)n * heads >= ROPE_MANY_BLOCKS ? ROPE_BLOCK_THREADS / threads : 1;
     dim3 grid((unsigned)n, (unsigned)((heads + per_block - 1) / per_block));
@@ -189,7 +232,7 @@ void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, i
                  const Rope *rope, void *stream) {
     int D = rope->head_dim;
     RopeRows r = {q, q, (size_t)nh * D, k, (size_t)nkv * D, NULL, 0};
-    launch_rope_kv(&r, act, positions, NULL, n, nh, nkv, rope, NULL, NULL, 0, stream,
+    launch_rope_kv(&r, act, positions, NULL, n, nh, nkv, rope, NULL, NULL, NULL, 0, stream,
                    "k_cuda_rope");
 }
 
@@ -197,17 +240,18 @@ void k_cuda_kv_write(void *kv_cache, const KvLayout *l, int layer, const void *k
                      DType act, const int64_t *slot_mapping, int n, void *stream) {
     size_t kvd = (size_t)l->num_kv_heads * l->head_dim;
     RopeRows r = {NULL, NULL, 0, (void *)k, kvd, v, kvd};
-    launch_rope_kv(&r, act, NULL, slot_mapping, n, 0, l->num_kv_heads, NULL, kv_cache, l, layer,
-                   stream, "k_cuda_kv_write");
+    launch_rope_kv(&r, act, NULL, slot_mapping, n, 0, l->num_kv_heads, NULL, NULL, kv_cache, l,
+                   layer, stream, "k_cuda_kv_write");
 }
 
 void k_cuda_qkv_rope_cache(void *q_out, void *qkv, DType act, const int32_t *positions,
                            const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                           void *kv_cache, const KvLayout *l, int layer, void *stream) {
+                           const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer,
+                           void *stream) {
     size_t D = (size_t)l->head_dim, qd = nh * D, kvd = l->num_kv_heads * D, row = qd + 2 * kvd;
     size_t es = pl_dtype_size(act);
     char *base = (char *)qkv;
     RopeRows r = {qkv, q_out, row, base + qd * es, row, base + (qd + kvd) * es, row};
-    launch_rope_kv(&r, act, positions, slot_mapping, n, nh, l->num_kv_heads, rope, kv_cache, l,
-                   layer, stream, "k_cuda_qkv_rope_cache");
+    launch_rope_kv(&r, act, positions, slot_mapping, n, nh, l->num_kv_heads, rope, qk_norm,
+                   kv_cache, l, layer, stream, "k_cuda_qkv_rope_cache");
 }

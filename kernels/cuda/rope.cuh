@@ -20,9 +20,10 @@ typedef struct {
     size_t v_stride;
 } RopeRows;
 
-/* One launch: the rows, the rotation (inv_freq NULL: none) and the cache (NULL: none; slot
+/* One launch: the rows, the rotation (inv_freq NULL: none), the cache (NULL: none; slot
  * s of a token lands at (s / bs) * block_elems + layer_off + (s % bs) * nkv * D, v `half`
- * elements after k). */
+ * elements after k) and the per-head RMSNorm of q and k before the rotation (q_norm NULL:
+ * none; weights [D] of dtype norm_dt). */
 typedef struct {
     RopeRows r;
     const int32_t *positions;
@@ -32,6 +33,9 @@ typedef struct {
     const int64_t *slot_mapping;
     int bs;
     size_t block_elems, layer_off, half;
+    const void *q_norm, *k_norm;
+    int norm_dt;
+    float norm_eps;
 } RopeKv;
 
 /* Token t's k row in the cache, or NULL (no cache, or a padding slot). */
