@@ -61,6 +61,8 @@ static int add_shorthand(Ranges *rs, char c) {
 
 /* One literal character (after a backslash when esc); -1 with the error set. */
 static int64_t re_char(Re *re, int esc) {
+    if (re->p >= re->end)
+        return (re_fail(re, "the pattern ends inside an escape or a range"), -1);
     if (esc) {
         char c = *re->p++;
         int digits = c == 'x' ? 2 : c == 'u' ? 4 : 0;

@@ -156,6 +156,7 @@ static void test_regex_constructs(void **state) {
     ASSERT_ERROR('r', "ab)", "regex: unmatched ')' at offset 2");
     ASSERT_ERROR('r', "*a", "regex: nothing to repeat at offset 0");
     ASSERT_ERROR('r', "[b-a]", "regex: character range out of order at offset 4");
+    ASSERT_ERROR('r', "[a-\\", "regex: the pattern ends inside an escape or a range at offset 4");
 }
 
 static void test_choice(void **state) {
