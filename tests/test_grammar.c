@@ -274,6 +274,8 @@ static void test_schema_errors(void **state) {
                  "{\"type\":\"object\",\"patternProperties\":{},\"properties\":{\"a\":"
                  "{\"type\":\"string\",\"format\":\"email\"}}}",
                  "unsupported JSON schema keyword(s): patternProperties, format=email");
+    ASSERT_ERROR('s', "{\"\":1,\"not\":{},\"items\":{\"not\":{},\"\":2,\"nots\":3}}",
+                 "unsupported JSON schema keyword(s): \"\", not, nots");
     ASSERT_ERROR('s', "{\"allOf\":[{\"type\":\"string\"},{\"minLength\":1}]}",
                  "unsupported JSON schema keyword(s): allOf");
     ASSERT_ERROR('s', "{\"$ref\":\"#/$defs/missing\"}",
