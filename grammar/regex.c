@@ -172,7 +172,7 @@ static GrNode *atom(Re *re, int depth) {
         if (re->p < re->end && *re->p == '?') {
             if (re->end - re->p >= 2 && re->p[1] == ':')
                 re->p += 2;
-            else if (re->end - re->p >= 2 && (re->p[1] == 'P' || re->p[1] == '<') &&
+            else if (re->end - re->p >= 3 && (re->p[1] == 'P' || re->p[1] == '<') &&
                      (re->p[1] == 'P' || (re->p[2] != '=' && re->p[2] != '!'))) {
                 const char *close = memchr(re->p, '>', (size_t)(re->end - re->p));
                 if (!close)

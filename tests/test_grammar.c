@@ -153,6 +153,7 @@ static void test_regex_constructs(void **state) {
                  "regex: ^ and $ are supported only at the ends of the pattern at "
                  "offset 1");
     ASSERT_ERROR('r', "(ab", "regex: missing ')' at offset 3");
+    ASSERT_ERROR('r', "(?<", "regex: lookaround and inline flags are not supported at offset 1");
     ASSERT_ERROR('r', "ab)", "regex: unmatched ')' at offset 2");
     ASSERT_ERROR('r', "*a", "regex: nothing to repeat at offset 0");
     ASSERT_ERROR('r', "[b-a]", "regex: character range out of order at offset 4");
