@@ -394,12 +394,22 @@ static void test_limits(void **state) {
     assert_string_equal(gr_matcher_error(m), "the constraint nests deeper than 1000 rules");
     gr_matcher_free(m);
     gr_compiled_free(c);
+    c = must('g', "root ::= d\nd ::= [0-9] d{0,3}"); /* 3^n parses of n digits */
+    m = gr_matcher_new(c, v);
+    int rc = 0;
+    for (int i = 0; i < 40 && !rc; i++)
+        rc = gr_matcher_accept_bytes(m, "7", 1);
+    assert_int_equal(rc, -1);
+    assert_string_equal(gr_matcher_error(m),
+                        "the constraint is too ambiguous (over 20000 parses at once)");
+    gr_matcher_free(m);
+    gr_compiled_free(c);
     c = must('r', "[ab]*a[ab]{16}"); /* a DFA of 2^17 states */
     uint64_t seed = 5;
     for (int i = 0; i < 200000; i++)
         text[i] = "ab"[rng_next(&seed) & 1];
     m = gr_matcher_new(c, v);
-    int rc = 0;
+    rc = 0;
     for (int i = 0; i < 200000 && !rc; i += 1000)
         rc = gr_matcher_accept_bytes(m, text + i, 1000);
     assert_int_equal(rc, -1);
