@@ -14,7 +14,9 @@
 #include "gr_internal.h"
 
 /* 64K states hold at most 64 MiB of transition rows */
-enum { MAX_DFA_STATES = 65536, MAX_STACK_DEPTH = 1000 };
+/* An ambiguous grammar can make a state hold exponentially many stacks (llama.cpp's stacks
+ * have the same weakness): a state's configurations are bounded too. */
+enum { MAX_DFA_STATES = 65536, MAX_STACK_DEPTH = 1000, MAX_CONFIGS = 20000, MAX_STACKS = 1 << 21 };
 
 /* ---- interning ------------------------------------------------------------------------- */
 
@@ -126,10 +128,13 @@ static int insert(Vec *seen, uint64_t conf) {
 
 #define CONF(stk, q) ((uint64_t)(uint32_t)(stk) << 32 | (uint32_t)(q))
 
-/* The stack `parent` with return position `ret` pushed; -1 past the depth limit. */
+/* The stack `parent` with return position `ret` pushed; -1 past the depth limit, -2 past
+ * the number of stacks (interned, so the check is on the id). */
 static int push_stack(GrDfa *d, int parent, int ret) {
     uint32_t key[2] = {(uint32_t)parent, (uint32_t)ret};
     int added, id = gr_intern(&d->stacks, key, 2, &added);
+    if (id >= MAX_STACKS)
+        return -2;
     if (added) {
         if (id >= d->cap_stacks) {
             d->cap_stacks = 2 * id + 64;
@@ -189,6 +194,11 @@ static int close_and_intern(GrCompiled *c, Vec *work, Vec *seen, Vec *out) {
         uint64_t conf = work->v[--work->n];
         if (!insert(seen, conf))
             continue;
+        if (seen->n > MAX_CONFIGS) {
+            snprintf(d->err, sizeof d->err,
+                     "the constraint is too ambiguous (over %d parses at once)", MAX_CONFIGS);
+            return GR_ERROR;
+        }
         int stk = (int)(conf >> 32), q = (int)(uint32_t)conf;
         const GrState *s = &a->st[q];
         if (s->nedges)
@@ -198,8 +208,12 @@ static int close_and_intern(GrCompiled *c, Vec *work, Vec *seen, Vec *out) {
         if (s->call >= 0) {
             int ns = push_stack(d, stk, s->ret);
             if (ns < 0) {
-                snprintf(d->err, sizeof d->err, "the constraint nests deeper than %d rules",
-                         MAX_STACK_DEPTH);
+                if (ns == -1)
+                    snprintf(d->err, sizeof d->err, "the constraint nests deeper than %d rules",
+                             MAX_STACK_DEPTH);
+                else
+                    snprintf(d->err, sizeof d->err, "the constraint needs more than %d stacks",
+                             MAX_STACKS);
                 return GR_ERROR;
             }
             push(work, CONF(ns, a->start[s->call]));

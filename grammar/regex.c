@@ -61,6 +61,8 @@ static int add_shorthand(Ranges *rs, char c) {
 
 /* One literal character (after a backslash when esc); -1 with the error set. */
 static int64_t re_char(Re *re, int esc) {
+    if (re->p >= re->end)
+        return (re_fail(re, "the pattern ends inside an escape or a range"), -1);
     if (esc) {
         char c = *re->p++;
         int digits = c == 'x' ? 2 : c == 'u' ? 4 : 0;
@@ -170,7 +172,7 @@ static GrNode *atom(Re *re, int depth) {
         if (re->p < re->end && *re->p == '?') {
             if (re->end - re->p >= 2 && re->p[1] == ':')
                 re->p += 2;
-            else if (re->end - re->p >= 2 && (re->p[1] == 'P' || re->p[1] == '<') &&
+            else if (re->end - re->p >= 3 && (re->p[1] == 'P' || re->p[1] == '<') &&
                      (re->p[1] == 'P' || (re->p[2] != '=' && re->p[2] != '!'))) {
                 const char *close = memchr(re->p, '>', (size_t)(re->end - re->p));
                 if (!close)

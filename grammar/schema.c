@@ -21,12 +21,17 @@ typedef struct {
     int depth;             /* schemas being converted, one inside the other */
 } Ctx;
 
+/* Add a keyword to the list, once (an empty key is named ""). */
 static void unsupported(Ctx *x, const char *what) {
     char *u = x->unsupported;
-    size_t n = strlen(what);
-    for (char *p = strstr(u, what); p; p = strstr(p + 1, what))
-        if ((p == u || p[-1] == ' ') && (p[n] == ',' || !p[n]))
-            return; /* named already */
+    size_t n = strlen(what = *what ? what : "\"\"");
+    for (const char *p = u; *p;) { /* the names so far, ", "-separated */
+        size_t k = strcspn(p, ",");
+        if (k == n && !memcmp(p, what, n))
+            return;
+        p += k + (p[k] == ','); /* a name may hold ", " itself: then it is named twice */
+        p += *p == ' ';
+    }
     size_t len = strlen(u);
     snprintf(u + len, sizeof x->unsupported - len, "%s%s", len ? ", " : "", what);
 }

@@ -17,7 +17,8 @@
  *
  * Memory: a GrCompiled keeps at most 64 MiB of masks per vocabulary (later masks are computed
  * each time) and 64K automaton states (1 KiB each); a constraint that needs more fails in
- * gr_matcher_fill_mask / gr_matcher_accept with a message, as does nesting over 1000 rules.
+ * gr_matcher_fill_mask / gr_matcher_accept with a message, as does nesting over 1000 rules
+ * or an ambiguity of over 20000 parses at once (a grammar such as d ::= [0-9] d{0,3}).
  *
  * Threads: a GrCompiled and a GrVocab are immutable in meaning and may be shared by any number
  * of threads; the GrCompiled's caches are guarded by a mutex inside it. A GrMatcher belongs to

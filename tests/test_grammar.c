@@ -153,9 +153,11 @@ static void test_regex_constructs(void **state) {
                  "regex: ^ and $ are supported only at the ends of the pattern at "
                  "offset 1");
     ASSERT_ERROR('r', "(ab", "regex: missing ')' at offset 3");
+    ASSERT_ERROR('r', "(?<", "regex: lookaround and inline flags are not supported at offset 1");
     ASSERT_ERROR('r', "ab)", "regex: unmatched ')' at offset 2");
     ASSERT_ERROR('r', "*a", "regex: nothing to repeat at offset 0");
     ASSERT_ERROR('r', "[b-a]", "regex: character range out of order at offset 4");
+    ASSERT_ERROR('r', "[a-\\", "regex: the pattern ends inside an escape or a range at offset 4");
 }
 
 static void test_choice(void **state) {
@@ -273,6 +275,8 @@ static void test_schema_errors(void **state) {
                  "{\"type\":\"object\",\"patternProperties\":{},\"properties\":{\"a\":"
                  "{\"type\":\"string\",\"format\":\"email\"}}}",
                  "unsupported JSON schema keyword(s): patternProperties, format=email");
+    ASSERT_ERROR('s', "{\"\":1,\"not\":{},\"items\":{\"not\":{},\"\":2,\"nots\":3}}",
+                 "unsupported JSON schema keyword(s): \"\", not, nots");
     ASSERT_ERROR('s', "{\"allOf\":[{\"type\":\"string\"},{\"minLength\":1}]}",
                  "unsupported JSON schema keyword(s): allOf");
     ASSERT_ERROR('s', "{\"$ref\":\"#/$defs/missing\"}",
@@ -390,12 +394,22 @@ static void test_limits(void **state) {
     assert_string_equal(gr_matcher_error(m), "the constraint nests deeper than 1000 rules");
     gr_matcher_free(m);
     gr_compiled_free(c);
+    c = must('g', "root ::= d\nd ::= [0-9] d{0,3}"); /* 3^n parses of n digits */
+    m = gr_matcher_new(c, v);
+    int rc = 0;
+    for (int i = 0; i < 40 && !rc; i++)
+        rc = gr_matcher_accept_bytes(m, "7", 1);
+    assert_int_equal(rc, -1);
+    assert_string_equal(gr_matcher_error(m),
+                        "the constraint is too ambiguous (over 20000 parses at once)");
+    gr_matcher_free(m);
+    gr_compiled_free(c);
     c = must('r', "[ab]*a[ab]{16}"); /* a DFA of 2^17 states */
     uint64_t seed = 5;
     for (int i = 0; i < 200000; i++)
         text[i] = "ab"[rng_next(&seed) & 1];
     m = gr_matcher_new(c, v);
-    int rc = 0;
+    rc = 0;
     for (int i = 0; i < 200000 && !rc; i += 1000)
         rc = gr_matcher_accept_bytes(m, text + i, 1000);
     assert_int_equal(rc, -1);
