@@ -98,7 +98,7 @@ NARROW_EDGES = {("server", "kernels"): ["sampling_*"], ("bench", "kernels"): ["s
 # after it, so no part calls back up into one that uses it (checked with the layers).
 PART_ORDER = {
     "engine": ["generate", "engine", "step", "overlap", "output", "sampler", "logit_edits",
-               "request", "constraint", "runner", "runner_forward"],
+               "request", "constraint", "runner", "runner_mpi", "rank_jobs", "runner_forward"],
 }
 # Libraries whose every exported symbol has one of these prefixes (checked with the layers).
 EXPORT_PREFIXES = {"tokenizer": ["tok_"], "jinja": ["jinja_"], "grammar": ["gr_"]}

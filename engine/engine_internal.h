@@ -405,10 +405,23 @@ void eng_ranks_stop(Engine *e);
  * "rank r: <message>" for a failure of rank r > 0. */
 Status eng_ranks_run(Engine *e, const RankJob *job);
 
+/* ---- runner_mpi.c: ranks as MPI processes ---- */
+
+/* MPI rank 0's eng_ranks_run: broadcast the job and its data, run it, gather the results. */
+Status eng_mpi_run(Engine *e, const RankJob *job);
+
 /* MPI rank > 0: run the jobs rank 0 broadcasts until JOB_EXIT; returns the exit code. With
  * setup != PL_OK (this rank could not open its backend; the message is this thread's error)
  * the ranks were not started and every job answers that error. */
 int eng_ranks_follow(Engine *e, Status setup);
+
+/* Rank 0: whether the followers were sent their JOB_EXIT already (one engine per process). */
+int eng_mpi_exit_sent(void);
+
+/* ---- rank_jobs.c: one rank's part of each job ---- */
+
+/* Rank r does job j (its status and error message in r->status, r->error). */
+void eng_rank_do(Engine *e, Rank *r, const RankJob *j);
 
 /* A rank's part of eng_prompt_logits (runner_forward.c): a private KV pool, the whole prompt as
  * one chunk, rank 0's logits of every position to the host. */
