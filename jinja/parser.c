@@ -646,28 +646,25 @@ static JNode *parse_not(Parser *P) {
     return parse_compare(P);
 }
 
-static JNode *parse_and(Parser *P) {
-    JNode *left = parse_not(P);
-    while (is_name(cur(P), "and")) {
+/* operand (word operand)*, left-associative: `and` over `not`, `or` over `and`. */
+static JNode *parse_word_chain(Parser *P, const char *word, int kind, JNode *(*operand)(Parser *)) {
+    JNode *left = operand(P);
+    while (is_name(cur(P), word)) {
         int line = next(P)->line;
-        JNode *n = node(P, N_AND, line);
+        JNode *n = node(P, kind, line);
         n->a = left;
-        n->b = parse_not(P);
+        n->b = operand(P);
         left = n;
     }
     return left;
 }
 
+static JNode *parse_and(Parser *P) {
+    return parse_word_chain(P, "and", N_AND, parse_not);
+}
+
 static JNode *parse_or(Parser *P) {
-    JNode *left = parse_and(P);
-    while (is_name(cur(P), "or")) {
-        int line = next(P)->line;
-        JNode *n = node(P, N_OR, line);
-        n->a = left;
-        n->b = parse_and(P);
-        left = n;
-    }
-    return left;
+    return parse_word_chain(P, "or", N_OR, parse_and);
 }
 
 static JNode *parse_expression(Parser *P, int with_condexpr) {
