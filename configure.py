@@ -111,6 +111,7 @@ TEST_LAYERS = {
     "test_jinja": ["jinja"],
     "test_grammar": ["grammar"],
     "test_kernels_cpu": ["kernels"],
+    "test_fp8": ["kernels"],
     "test_sampling": ["kernels"],
     "test_attention_cuda": ["kernels"],
     "test_gemm_sm90a_cuda": ["kernels"],

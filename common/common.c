@@ -3,6 +3,7 @@
 #include "common.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +137,7 @@ size_t pl_dtype_size(DType t) {
         case DT_F32: return 4;
         case DT_F16:
         case DT_BF16: return 2;
+        case DT_F8E4M3: return 1;
         case DT_OTHER: return 0;
     }
     return 0;
@@ -146,6 +148,7 @@ const char *pl_dtype_name(DType t) {
         case DT_F32: return "F32";
         case DT_F16: return "F16";
         case DT_BF16: return "BF16";
+        case DT_F8E4M3: return "F8_E4M3";
         case DT_OTHER: return "other";
     }
     return "other";
@@ -220,4 +223,37 @@ uint16_t pl_f32_to_f16(float f) {
     if (rem > 0x1000u || (rem == 0x1000u && (half & 1)))
         half++;
     return (uint16_t)half;
+}
+
+float pl_f8e4m3_to_f32(uint8_t q) {
+    int exp = (q >> 3) & 15, man = q & 7;
+    float v;
+    if (exp == 15 && man == 7)
+        v = NAN;
+    else if (exp == 0)
+        v = ldexpf((float)man, -9); /* subnormal: man / 8 * 2^-6 */
+    else
+        v = ldexpf((float)(8 + man), exp - 10); /* (1 + man / 8) * 2^(exp - 7) */
+    return (q & 0x80) ? -v : v;
+}
+
+uint8_t pl_f32_to_f8e4m3(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) /* NaN */
+        return sign | 0x7f;
+    if (a >= 0x43e00000u) /* >= 448 = 1.75 * 2^8, infinity included: saturate */
+        return sign | 0x7e;
+    if (a < 0x3c800000u) { /* below 2^-6, the smallest normal: a multiple of 2^-9 */
+        float mag;
+        memcpy(&mag, &a, 4);
+        return sign | (uint8_t)rintf(mag * 512.0f); /* 8 (= 2^-6) when it rounds up */
+    }
+    uint32_t q = ((((a >> 23) & 0xffu) - 127u + 7u) << 3) | ((a >> 20) & 7u);
+    uint32_t rem = a & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (q & 1u)))
+        q++; /* never past 0x7e: a < 448 here */
+    return sign | (uint8_t)q;
 }

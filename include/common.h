@@ -31,9 +31,12 @@ typedef enum {
     PL_ERR_NOT_FOUND,   /* a named thing does not exist */
 } Status;
 
-/* Element types of weights and activations. DT_OTHER marks a safetensors dtype pagellm
- * reads past but cannot compute with (I64, U8, ...). */
-typedef enum { DT_F32, DT_F16, DT_BF16, DT_OTHER } DType;
+/* Element types of weights and activations. DT_F8E4M3 is OCP fp8 e4m3fn (1 sign, 4 exponent
+ * bits of bias 7, 3 mantissa bits, no infinities, largest finite 448; safetensors "F8_E4M3"),
+ * used for fp8 weights and the fp8 KV cache with fp32 scales beside it, never for activations
+ * between ops. DT_OTHER marks a safetensors dtype pagellm reads past but cannot compute with
+ * (I64, U8, ...). */
+typedef enum { DT_F32, DT_F16, DT_BF16, DT_F8E4M3, DT_OTHER } DType;
 
 /* Bytes per element (0 for DT_OTHER) and the safetensors / config.json name ("BF16"). */
 size_t pl_dtype_size(DType t);
@@ -85,6 +88,17 @@ float pl_bf16_to_f32(uint16_t h);
 uint16_t pl_f32_to_bf16(float f);
 float pl_f16_to_f32(uint16_t h);
 uint16_t pl_f32_to_f16(float f);
+
+/* fp8 e4m3fn <-> fp32. Encoding rounds to nearest even and saturates: |f| >= 448 (infinities
+ * too) gives +-448, NaN gives NaN (0x7f, sign kept); as CUDA's __nv_cvt_float_to_fp8 with
+ * __NV_SATFINITE. Decoding is exact. */
+float pl_f8e4m3_to_f32(uint8_t q);
+uint8_t pl_f32_to_f8e4m3(float f);
+
+/* The largest finite e4m3 value, and the smallest scale a dynamic fp8 quantization uses (so an
+ * all-zero row still gets a finite, non-zero scale; vLLM's 1 / (448 * 512)). */
+#define PL_F8E4M3_MAX       448.0f
+#define PL_F8E4M3_MIN_SCALE (1.0f / (448.0f * 512.0f))
 
 #ifdef __cplusplus
 }

@@ -21,12 +21,32 @@
 #include "common.h"
 #include "sampling.h"
 
-/* A weight or activation in backend memory, row-major. 1-D tensors have ndim 1. */
+/* How an fp8 weight is scaled (Tensor.fp8; kind FP8_SCALE_NONE for every other tensor).
+ * Element (r, c) of an fp8 weight [N, K] stands for dec(q[r, c]) * s, s the scale of its group:
+ *   FP8_SCALE_TENSOR   w_scale[0]
+ *   FP8_SCALE_CHANNEL  w_scale[r]                     (one per output row)
+ *   FP8_SCALE_BLOCK    w_scale[(r / B) * ceil(K / B) + c / B], B = block (blocks of B x B;
+ *                      the layout of "fp8" checkpoints' weight_scale_inv)
+ * input_scale > 0 is a static scale for the activations matmul quantizes (compressed-tensors'
+ * input_scale); 0 means dynamic scales, computed per row of x (per row and block of B columns
+ * with FP8_SCALE_BLOCK). */
+typedef enum { FP8_SCALE_NONE, FP8_SCALE_TENSOR, FP8_SCALE_CHANNEL, FP8_SCALE_BLOCK } Fp8ScaleKind;
+typedef struct {
+    Fp8ScaleKind kind;
+    int block;            /* B, FP8_SCALE_BLOCK only */
+    const float *w_scale; /* fp32, backend memory */
+    float input_scale;
+} Fp8Scales;
+
+/* A weight or activation in backend memory, row-major. 1-D tensors have ndim 1. A DT_F8E4M3
+ * tensor is a weight with its scales in fp8 (zeros elsewhere: designated initializers leave
+ * it so). */
 typedef struct {
     void *data;
     DType dtype;
     int ndim;
     int64_t shape[4];
+    Fp8Scales fp8;
 } Tensor;
 
 /* Shape of the paged KV pool (one tensor-parallel rank's heads). */
@@ -35,7 +55,11 @@ typedef struct {
     int num_kv_heads;
     int head_dim;
     int block_size; /* tokens per block */
-    DType dtype;    /* element type stored in the cache (the ops' act dtype) */
+    DType dtype;    /* element type stored in the cache: the ops' act dtype, or DT_F8E4M3 */
+    /* DT_F8E4M3 only: per-layer scales, host memory, kv_scale[2 layer] for K and [2 layer + 1]
+     * for V (NULL: all 1). A value x is stored as e4m3(x * (1 / s)), rounded to the act dtype
+     * first as a 16-bit cache would hold it, and read back as dec(q) * s, in fp32. */
+    const float *kv_scale;
 } KvLayout;
 
 /* Elements in one physical block, and in one layer's K (or V) half of it. */
@@ -178,7 +202,14 @@ struct KernelOps {
     void (*add_rmsnorm)(const KernelOps *ops, void *residual, const void *delta, void *out,
                         const Tensor *w, int n, int dim, float eps);
 
-    /* out[n, N] = x[n, K] * w^T (+ bias), w of shape [N, K], bias [N] or NULL. */
+    /* out[n, N] = x[n, K] * w^T (+ bias), w of shape [N, K], bias [N] or NULL.
+     * An fp8 weight (w->dtype DT_F8E4M3, scales in w->fp8) multiplies fp8 activations: each
+     * group of x's row i (the whole row; blocks of B columns with FP8_SCALE_BLOCK), its values
+     * as fp32, gets the scale s = input_scale, or when that is 0, max(amax / 448,
+     * PL_F8E4M3_MIN_SCALE) over the group, and is quantized to q = e4m3(x * (1 / s)); then
+     *     out[i, j] = sum over groups g of dot_g(dec(q_i), dec(w_j)) * (s_x[i, g] * s_w(j, g))
+     * (+ bias), fp32 products and sums (the order within a dot is the backend's), rounded
+     * once to the act dtype. kernels/cpu/matmul_fp8.c is the reference. */
     void (*matmul)(const KernelOps *ops, void *out, const void *x, const Tensor *w,
                    const Tensor *bias, int n);
 

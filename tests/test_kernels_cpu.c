@@ -598,7 +598,9 @@ static void test_qkv_rope_cache_qk_norm(void **state) {
     int64_t slots[N] = {3, 9, -1, 17};
     ops->rope(ops, q, k, pos, N, NH, NKV, &rope);
     ops->kv_write(ops, ref_cache, &l, 0, k, v, slots, N);
-    QkNorm qk = {{qw, DT_F32, 1, {D}}, {kw, DT_F32, 1, {D}}, eps};
+    QkNorm qk = {{.data = qw, .dtype = DT_F32, .ndim = 1, .shape = {D}},
+                 {.data = kw, .dtype = DT_F32, .ndim = 1, .shape = {D}},
+                 eps};
     ops->qkv_rope_cache(ops, q_out, qkv, pos, slots, N, NH, &rope, &qk, cache, &l, 0);
     double want_q[N * QD], *want_cache = malloc(total * sizeof(double));
     for (int i = 0; i < N * QD; i++)
@@ -674,8 +676,9 @@ static void test_moe_mlp(void **state) {
     fill(router, E * H, -0.5f, 0.5f);
     fill(gate_up, E * 2 * I * H, -0.3f, 0.3f);
     fill(down, E * H * I, -0.3f, 0.3f);
-    Tensor tr = {router, DT_F32, 2, {E, H}}, tg = {gate_up, DT_F32, 3, {E, 2 * I, H}},
-           td = {down, DT_F32, 3, {E, H, I}};
+    Tensor tr = {.data = router, .dtype = DT_F32, .ndim = 2, .shape = {E, H}},
+           tg = {.data = gate_up, .dtype = DT_F32, .ndim = 3, .shape = {E, 2 * I, H}},
+           td = {.data = down, .dtype = DT_F32, .ndim = 3, .shape = {E, H, I}};
     double want[N * H];
     for (int top_k = 1; top_k <= 3; top_k++)
         for (int renorm = 0; renorm < 2; renorm++) {
@@ -694,7 +697,8 @@ static void test_moe_mlp(void **state) {
         gate_up[i] = pl_bf16_to_f32(gu16[i] = pl_f32_to_bf16(gate_up[i]));
     for (int i = 0; i < E * H * I; i++)
         down[i] = pl_bf16_to_f32(dn16[i] = pl_f32_to_bf16(down[i]));
-    Tensor tg16 = {gu16, DT_BF16, 3, {E, 2 * I, H}}, td16 = {dn16, DT_BF16, 3, {E, H, I}};
+    Tensor tg16 = {.data = gu16, .dtype = DT_BF16, .ndim = 3, .shape = {E, 2 * I, H}},
+           td16 = {.data = dn16, .dtype = DT_BF16, .ndim = 3, .shape = {E, H, I}};
     ops->moe_mlp(ops, out, x, &tr, &tg16, &td16, N, 2, 1, NULL, 0);
     ref_moe(want, x, router, gate_up, down, N, E, H, I, 2, 1);
     assert_int_equal(report("moe bf16", out, want, NULL, N * H, 1e-6, 1e-5), 0);

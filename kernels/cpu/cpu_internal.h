@@ -25,6 +25,9 @@ void cpu_add_rmsnorm(const KernelOps *ops, void *residual, const void *delta, vo
                      const Tensor *w, int n, int dim, float eps);
 void cpu_matmul(const KernelOps *ops, void *out, const void *x, const Tensor *w, const Tensor *bias,
                 int n);
+/* matmul with an fp8 weight (matmul_fp8.c; cpu_matmul calls it for DT_F8E4M3 weights). */
+void cpu_matmul_fp8(const KernelOps *ops, float *out, const float *x, const Tensor *w,
+                    const Tensor *bias, int n);
 void cpu_rope(const KernelOps *ops, void *q, void *k, const int32_t *positions, int n, int nh,
               int nkv, const Rope *rope);
 void cpu_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer, const void *k,

@@ -221,10 +221,14 @@ static void matmul_task(void *ctx, int tid, int nt) {
 void cpu_matmul(const KernelOps *ops, void *out, const void *x, const Tensor *w, const Tensor *bias,
                 int n) {
     PL_CHECK(w->ndim == 2);
-    PL_CHECK(w->dtype == DT_F32 || w->dtype == DT_F16 || w->dtype == DT_BF16);
     int N = (int)w->shape[0], K = (int)w->shape[1];
     if (bias && bias->data)
         PL_CHECK(bias->ndim == 1 && bias->shape[0] == N);
+    if (w->dtype == DT_F8E4M3) {
+        cpu_matmul_fp8(ops, out, x, w, bias && bias->data ? bias : NULL, n);
+        return;
+    }
+    PL_CHECK(w->dtype == DT_F32 || w->dtype == DT_F16 || w->dtype == DT_BF16);
     if (n <= 0 || N <= 0)
         return;
     MatmulJob jb = {
