@@ -174,6 +174,93 @@ void api_request_free(ApiRequest *req);
  * *out (NULL: none). Returns 0, or -1 with a 400 naming the field in err. (structured.c) */
 int api_parse_constraint(struct json_t *o, GrCompiled **out, ApiError *err);
 
+/* ---- tool calls and reasoning in a chat answer (tool_parser.c) ---------------------------
+ *
+ * The model's output text is split as vLLM's reasoning and tool parsers split it: the
+ * reasoning (before </think>) first, then in the rest the tool calls of one format, and what
+ * is left is the content. One parser serves both answers: fed the whole text at once for a
+ * JSON body, or piece by piece as tokens arrive for SSE, where it holds back text that may be
+ * the start of a marker until it is decided, and hands out deltas: reasoning text, content
+ * text, the start of call k (id, name), a fragment of call k's arguments. A call's arguments
+ * are the exact JSON text of its arguments value in the output, so the fragments concatenate
+ * to what the whole-text parse gives. */
+
+typedef enum {
+    API_TOOLS_OFF = 0,     /* no tool-call parsing */
+    API_TOOLS_HERMES,      /* <tool_call>{"name": .., "arguments": {..}}</tool_call>, several */
+    API_TOOLS_LLAMA3_JSON, /* [<|python_tag|>]{"name": .., "parameters": {..}}; {..} */
+    API_TOOLS_MISTRAL,     /* [TOOL_CALLS][{"name": .., "arguments": {..}}, ..] or
+                            * [TOOL_CALLS]name[ARGS]{..} (repeated) */
+    API_TOOLS_JSON_LIST,   /* [{"name": .., "parameters": {..}}, ..]: tool_choice required or
+                            * named without a parser (vLLM's format for required) */
+} ApiToolFormat;
+
+typedef enum {
+    API_REASONING_OFF = 0,
+    API_REASONING_DEEPSEEK_R1, /* the output starts inside <think> (the template opens it) */
+    API_REASONING_QWEN3,       /* reasoning when the output opens <think> (or the prompt does) */
+} ApiReasoning;
+
+/* A parser name (the tool-call-parser / reasoning-parser keys; NULL = off) as the enum. */
+ApiToolFormat api_tool_format(const char *name);
+ApiReasoning api_reasoning_parser(const char *name);
+
+typedef enum {
+    API_DELTA_REASONING,
+    API_DELTA_CONTENT,
+    API_DELTA_CALL,
+    API_DELTA_ARGS
+} ApiDeltaKind;
+
+typedef struct {
+    ApiDeltaKind kind;
+    int index;        /* CALL, ARGS: the call, from 0 */
+    const char *id;   /* CALL: "call_" and 24 random characters */
+    const char *name; /* CALL: the function (NUL-terminated) */
+    const char *text; /* REASONING, CONTENT, ARGS: len bytes, valid only during the callback */
+    size_t len;
+} ApiDelta;
+
+typedef void (*ApiDeltaFn)(void *ctx, const ApiDelta *d);
+
+typedef struct ApiOutputParser ApiOutputParser;
+
+/* A parser for one answer. in_reasoning: the output starts inside a think block (the prompt
+ * ends with an open <think>); deepseek_r1 always does. Free with api_output_parser_free. */
+ApiOutputParser *api_output_parser_new(ApiToolFormat tools, ApiReasoning reasoning,
+                                       int in_reasoning);
+void api_output_parser_free(ApiOutputParser *p);
+
+/* Feed the next len bytes of output (final: the output ends here, flush what is held); each
+ * delta decided goes to emit(ctx, delta), in order. Output that breaks the format stops the
+ * tool parsing: the text from there on is content. */
+void api_output_parser_feed(ApiOutputParser *p, const char *text, size_t len, int final,
+                            ApiDeltaFn emit, void *ctx);
+
+/* Calls started so far (the answer's finish_reason is "tool_calls" when > 0). */
+int api_output_parser_calls(const ApiOutputParser *p);
+
+typedef struct {
+    char id[32];
+    char *name;      /* owned */
+    char *arguments; /* owned JSON text */
+} ApiToolCall;
+
+typedef struct {
+    char *reasoning; /* owned, NULL when none; reasoning_len bytes */
+    size_t reasoning_len;
+    char *content; /* owned, NULL when none (JSON null) */
+    size_t content_len;
+    ApiToolCall *calls; /* owned [num_calls] */
+    int num_calls;
+} ApiChatOutput;
+
+/* The whole output at once. Malformed tool calls (a call that does not parse as JSON, a
+ * name missing) leave no calls: the text after the reasoning is all content. */
+void api_parse_chat_output(ApiToolFormat tools, ApiReasoning reasoning, int in_reasoning,
+                           const char *text, size_t len, ApiChatOutput *out);
+void api_chat_output_free(ApiChatOutput *o);
+
 /* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
  * from the status (400 invalid_request_error, 401 authentication_error, 404
  * not_found_error, 5xx server_error ...); param NULL or "" serialises as null. */
