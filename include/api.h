@@ -28,12 +28,16 @@ typedef struct {
     const char *code; /* machine code or NULL (serialised as null) */
 } ApiError;
 
-/* Limits the server checks requests against; a field <= 0 is not checked. */
+/* Limits the server checks requests against (a field <= 0 is not checked), and its chat
+ * settings (zeros: none). */
 typedef struct {
-    int max_model_len; /* prompt + max_tokens must fit */
-    int max_n;         /* upper bound of n and best_of */
-    int vocab_size;    /* token ids must be below */
-    int max_logprobs;  /* upper bound of logprobs (top-k) */
+    int max_model_len;            /* prompt + max_tokens must fit */
+    int max_n;                    /* upper bound of n and best_of */
+    int vocab_size;               /* token ids must be below */
+    int max_logprobs;             /* upper bound of logprobs (top-k) */
+    const char *tool_call_parser; /* the tool-call-parser key: hermes, llama3_json, mistral */
+    int enable_auto_tool_choice;  /* tool_choice "auto" accepted */
+    const char *reasoning_parser; /* the reasoning-parser key: deepseek_r1, qwen3 */
 } ApiLimits;
 
 /* One prompt: text, or token ids (exactly one of the two set). */
@@ -79,6 +83,11 @@ typedef struct {
     int is_chat;            /* parsed from /v1/chat/completions: prompts[0].text is the rendered
                              * template, which already holds any BOS text, so the server
                              * tokenizes it with add_special = 0 (as vLLM does for chat) */
+    int tool_format;        /* chat: an ApiToolFormat: how tool calls are read from the output (0:
+                             * not: no tools, or tool_choice none) */
+    int reasoning;          /* chat: an ApiReasoning: the reasoning parser (0: none) */
+    int in_reasoning;       /* chat: the output starts inside a think block: deepseek_r1, or the
+                             * rendered prompt ends with an open <think>; never when constrained */
 } ApiRequest;
 
 /* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
@@ -199,6 +208,8 @@ typedef enum {
     API_REASONING_OFF = 0,
     API_REASONING_DEEPSEEK_R1, /* the output starts inside <think> (the template opens it) */
     API_REASONING_QWEN3,       /* reasoning when the output opens <think> (or the prompt does) */
+    /* either way a leading <think> is stripped; without one and not in_reasoning, the output
+     * is all content */
 } ApiReasoning;
 
 /* A parser name (the tool-call-parser / reasoning-parser keys; NULL = off) as the enum. */
@@ -225,8 +236,9 @@ typedef void (*ApiDeltaFn)(void *ctx, const ApiDelta *d);
 
 typedef struct ApiOutputParser ApiOutputParser;
 
-/* A parser for one answer. in_reasoning: the output starts inside a think block (the prompt
- * ends with an open <think>); deepseek_r1 always does. Free with api_output_parser_free. */
+/* A parser for one answer. in_reasoning: the output starts inside a think block (deepseek_r1,
+ * or the prompt ends with an open <think>; not for a constrained output, which starts where the
+ * constraint does). Free with api_output_parser_free. */
 ApiOutputParser *api_output_parser_new(ApiToolFormat tools, ApiReasoning reasoning,
                                        int in_reasoning);
 void api_output_parser_free(ApiOutputParser *p);
@@ -261,11 +273,23 @@ void api_parse_chat_output(ApiToolFormat tools, ApiReasoning reasoning, int in_r
                            const char *text, size_t len, ApiChatOutput *out);
 void api_chat_output_free(ApiChatOutput *o);
 
+/* A chat body's tools, tool_choice and parallel_tool_calls (tools.c): each malformed field a
+ * 400 naming it; sets r->tool_format, and for tool_choice "required" or a named function
+ * r->constraint (a grammar of the calls, arguments following each function's parameters
+ * schema: a 400 names an unsupported keyword; one with response_format already set is a 400).
+ * "auto" (the default with tools) needs lim->enable_auto_tool_choice. Returns 0 or -1. */
+int api_parse_tools(struct json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err);
+
 /* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
  * from the status (400 invalid_request_error, 401 authentication_error, 404
  * not_found_error, 5xx server_error ...); param NULL or "" serialises as null. */
 void api_error_set(ApiError *err, int status, const char *type, const char *param, const char *fmt,
                    ...) __attribute__((format(printf, 5, 6)));
+
+/* A 400 invalid_request_error about `param` (printf-style message); returns -1, so that
+ * parsers can `return api_refuse(...)`. */
+int api_refuse(ApiError *err, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
 char *api_error_json(const ApiError *err);

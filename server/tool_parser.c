@@ -649,7 +649,7 @@ ApiOutputParser *api_output_parser_new(ApiToolFormat tools, ApiReasoning reasoni
     ApiOutputParser *p = pl_xcalloc(1, sizeof *p);
     p->fmt = tools;
     p->rs = reasoning == API_REASONING_OFF ? R_OFF : R_START;
-    p->in_reasoning = in_reasoning || reasoning == API_REASONING_DEEPSEEK_R1;
+    p->in_reasoning = in_reasoning;
     p->ts = tools == API_TOOLS_OFF           ? T_PLAIN
             : tools == API_TOOLS_LLAMA3_JSON ? T_START
             : tools == API_TOOLS_JSON_LIST   ? T_START

@@ -269,17 +269,22 @@ static void test_json_list(void **state) {
 static void test_reasoning(void **state) {
     (void)state;
     ApiChatOutput o =
-        parse(0, API_REASONING_DEEPSEEK_R1, 0, "Let me think.\n</think>\n\nThe answer is 4.");
+        parse(0, API_REASONING_DEEPSEEK_R1, 1, "Let me think.\n</think>\n\nThe answer is 4.");
     assert_string_equal(o.reasoning, "Let me think.\n");
     assert_string_equal(o.content, "\n\nThe answer is 4.");
     api_chat_output_free(&o);
-    o = parse(0, API_REASONING_DEEPSEEK_R1, 0, "<think>Hmm.</think>Four.");
+    o = parse(0, API_REASONING_DEEPSEEK_R1, 1, "<think>Hmm.</think>Four.");
     assert_string_equal(o.reasoning, "Hmm.");
     assert_string_equal(o.content, "Four.");
     api_chat_output_free(&o);
-    o = parse(0, API_REASONING_DEEPSEEK_R1, 0, "Still thinking </thi"); /* cut off: all reasoning */
+    o = parse(0, API_REASONING_DEEPSEEK_R1, 1, "Still thinking </thi"); /* cut off: all reasoning */
     assert_string_equal(o.reasoning, "Still thinking </thi");
     assert_null(o.content);
+    api_chat_output_free(&o);
+
+    o = parse(0, API_REASONING_DEEPSEEK_R1, 0, "{\"a\": 1}"); /* constrained: starts outside */
+    assert_null(o.reasoning);
+    assert_string_equal(o.content, "{\"a\": 1}");
     api_chat_output_free(&o);
 
     o = parse(0, API_REASONING_QWEN3, 0, "<think>\nhmm < 3\n</think>\n\nHi");
