@@ -226,7 +226,7 @@ typedef enum {
 typedef struct {
     ApiDeltaKind kind;
     int index;        /* CALL, ARGS: the call, from 0 */
-    const char *id;   /* CALL: "call_" and 24 random characters */
+    const char *id;   /* CALL: "call_" and 24 random characters (mistral: 9 characters) */
     const char *name; /* CALL: the function (NUL-terminated) */
     const char *text; /* REASONING, CONTENT, ARGS: len bytes, valid only during the callback */
     size_t len;

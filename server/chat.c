@@ -252,6 +252,21 @@ static json_t *message_text(json_t *m, size_t i, const char *role, ApiError *err
     return out;
 }
 
+/* An assistant message's tool_calls[].function.arguments as objects: OpenAI sends them as JSON
+ * text, templates expect mappings (vLLM and transformers convert them the same way). Text that
+ * is no JSON is left as it is. */
+static void tool_call_arguments(json_t *m) {
+    size_t i;
+    json_t *tc;
+    json_array_foreach(json_object_get(m, "tool_calls"), i, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+        if (parsed)
+            json_object_set_new(fn, "arguments", parsed);
+    }
+}
+
 /* body.messages as the template sees them: each message copied with its content as a string. */
 static json_t *chat_messages(json_t *body, ApiError *err) {
     json_t *arr = field(body, "messages");
@@ -275,8 +290,9 @@ static json_t *chat_messages(json_t *body, ApiError *err) {
             api_error_set(err, 400, NULL, "messages",
                           "'messages[%zu].role' must be a string without \\u0000", i);
         } else if ((text = message_text(m, i, json_string_value(role), err))) {
-            json_t *copy = json_copy(m);
+            json_t *copy = json_deep_copy(m);
             json_object_set_new(copy, "content", text);
+            tool_call_arguments(copy);
             json_array_append_new(out, copy);
             continue;
         }

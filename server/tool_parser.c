@@ -94,17 +94,19 @@ ApiReasoning api_reasoning_parser(const char *name) {
                                         : API_REASONING_OFF;
 }
 
-/* "call_" and 24 random letters and digits, as OpenAI's ids look. */
-static void new_call_id(char id[32]) {
+/* "call_" and 24 random letters and digits, as OpenAI's ids look; for mistral 9 letters and
+ * digits, as vLLM makes them (Mistral's templates refuse other ids in the history). */
+static void new_call_id(char id[32], int mistral) {
     static const char A[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     unsigned char r[24];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
         for (size_t i = 0; i < sizeof r; i++)
             r[i] = (unsigned char)rand();
-    memcpy(id, "call_", 5);
-    for (int i = 0; i < 24; i++)
-        id[5 + i] = A[r[i] % (sizeof A - 1)];
-    id[29] = 0;
+    int at = mistral ? 0 : 5, n = mistral ? 9 : 24;
+    memcpy(id, "call_", (size_t)at);
+    for (int i = 0; i < n; i++)
+        id[at + i] = A[r[i] % (sizeof A - 1)];
+    id[at + n] = 0;
 }
 
 /* ---- JSON scanning over a prefix --------------------------------------------------------- */
@@ -296,7 +298,7 @@ static void call_begin(ApiOutputParser *p) {
     p->calls++;
     p->started = p->args_seen = 0;
     p->args_sent = 0;
-    new_call_id(p->id);
+    new_call_id(p->id, p->fmt == API_TOOLS_MISTRAL);
 }
 
 /* The CALL delta of the current call, its name given as the JSON string at s[0, n) or as the
