@@ -131,7 +131,9 @@ struct json_t;
 
 /* Render the chat prompt of a request body (a JSON object): messages [{role, content: a
  * string or a list of {type: text, text} parts (joined with "\n", as vLLM does), any other
- * keys}], add_generation_prompt (default true), continue_final_message (default false; the
+ * keys; an assistant's tool_calls[].function.arguments given as JSON text become objects, as
+ * templates expect}], chat_template (the request's own Jinja template instead of t; a parse
+ * error is a 400 naming its line; with it t may be NULL), add_generation_prompt (default true), continue_final_message (default false; the
  * text then ends after the final message's content), chat_template_kwargs (merged into the
  * context), documents, tools (the "tool_use" template when the model has one). *text is
  * malloc'd (NUL-terminated, *len bytes, which may hold NUL characters). Failures are 400s
@@ -144,7 +146,9 @@ Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **tex
  * template writes any BOS, so the server tokenizes it without special tokens). Sampling
  * fields as for completions (no best_of, echo); `max_tokens` or `max_completion_tokens` (the
  * latter wins; default -1: see api_check_length); `logprobs` is a bool with `top_logprobs`
- * (0-20). `tools` and the other fields of tool calling are refused. */
+ * (0-20); tools, tool_choice and parallel_tool_calls (api_parse_tools, with lim's
+ * tool-call-parser and enable-auto-tool-choice); the reasoning parser from lim. The legacy
+ * `functions` and `function_call` are refused. */
 Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
                       const ApiChatTemplate *tmpl, ApiRequest *req, ApiError *err);
 
