@@ -133,12 +133,13 @@ struct json_t;
  * string or a list of {type: text, text} parts (joined with "\n", as vLLM does), any other
  * keys; an assistant's tool_calls[].function.arguments given as JSON text become objects, as
  * templates expect}], chat_template (the request's own Jinja template instead of t; a parse
- * error is a 400 naming its line; with it t may be NULL), add_generation_prompt (default true), continue_final_message (default false; the
- * text then ends after the final message's content), chat_template_kwargs (merged into the
- * context), documents, tools (the "tool_use" template when the model has one). *text is
- * malloc'd (NUL-terminated, *len bytes, which may hold NUL characters). Failures are 400s
- * with *err filled: bad fields, t NULL ("the model has no chat template"), and render errors
- * (param "messages"; a template's raise_exception gives its message as is). */
+ * error is a 400 naming its line; with it t may be NULL), add_generation_prompt (default
+ * true), continue_final_message (default false; the text then ends after the final message's
+ * content), chat_template_kwargs (merged into the context), documents, tools (the "tool_use"
+ * template when the model has one). *text is malloc'd (NUL-terminated, *len bytes, which may
+ * hold NUL characters). Failures are 400s with *err filled: bad fields, t NULL without a
+ * chat_template ("the model has no chat template"), and render errors (param "messages"; a
+ * template's raise_exception gives its message as is). */
 Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **text, size_t *len,
                        ApiError *err);
 
