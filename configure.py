@@ -132,6 +132,7 @@ TEST_LAYERS = {
     "test_tp_cuda": ["engine"],
     "test_api": ["server"],
     "test_chat": ["server"],
+    "test_tool_parser": ["server"],
     "test_config_file": ["server"],
     "test_deadline": ["server"],
     "test_metrics": ["server"],

@@ -245,8 +245,19 @@ static GrNode *alternates(Parser *ps, int nested) {
 }
 
 GrCompiled *gr_compile_gbnf(const char *src, size_t len, char *err, size_t errlen) {
+    return gr_compile_gbnf_schemas(src, len, NULL, NULL, 0, err, errlen);
+}
+
+GrCompiled *gr_compile_gbnf_schemas(const char *src, size_t len, const char *const *names,
+                                    json_t *const *schemas, int n, char *err, size_t errlen) {
     GrBuilder b;
     gr_builder_init(&b);
+    for (int i = 0; i < n && !b.err[0]; i++) { /* defined first: the text may not redefine them */
+        GrNode *body = gr_schema_node(&b, schemas[i]);
+        int r = gr_rule(&b, names[i], strlen(names[i]));
+        b.bodies[r] = body;
+        b.used_at[r] = 0;
+    }
     Parser ps = {&b, src, src, src + len, 0};
     for (space(&ps, 1); ps.p < ps.end && !b.err[0]; space(&ps, 1)) {
         const char *name = ps.p;

@@ -18,6 +18,8 @@ typedef struct {
     json_t *root;
     char unsupported[400]; /* ", "-separated keyword names */
     int nrules;            /* counter for the names of helper rules */
+    int ns;                /* this schema's prefix in rule names (several schemas may share
+                            * one builder: gr_compile_gbnf_schemas) */
     int depth;             /* schemas being converted, one inside the other */
 } Ctx;
 
@@ -77,7 +79,7 @@ static GrNode *conv(Ctx *x, json_t *s);
 /* A new helper rule with this body; a reference to it. */
 static GrNode *helper(Ctx *x, GrNode *body) {
     char name[32];
-    snprintf(name, sizeof name, "s%d", x->nrules++);
+    snprintf(name, sizeof name, "%d s%d", x->ns, x->nrules++);
     int r = gr_rule(x->b, name, strlen(name));
     x->b->bodies[r] = body;
     return body ? gr_ref(x->b, r) : NULL;
@@ -92,7 +94,7 @@ static GrNode *literal_json(Ctx *x, json_t *v) {
 
 static GrNode *ref(Ctx *x, const char *path) {
     char name[300];
-    snprintf(name, sizeof name, "ref %.290s", path);
+    snprintf(name, sizeof name, "%d ref %.280s", x->ns, path);
     int before = x->b->nrules, r = gr_rule(x->b, name, strlen(name));
     if (r < before)
         return gr_ref(x->b, r); /* made already, or being made (recursion) */
@@ -437,7 +439,7 @@ static GrNode *conv_schema(Ctx *x, json_t *s) {
 }
 
 GrNode *gr_schema_node(GrBuilder *b, json_t *schema) {
-    Ctx x = {b, schema, "", 0, 0};
+    Ctx x = {b, schema, "", 0, b->nrules, 0};
     if (!schema)
         return gr_fail(b, "no schema");
     GrNode *n = conv(&x, schema);

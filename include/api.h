@@ -28,12 +28,16 @@ typedef struct {
     const char *code; /* machine code or NULL (serialised as null) */
 } ApiError;
 
-/* Limits the server checks requests against; a field <= 0 is not checked. */
+/* Limits the server checks requests against (a field <= 0 is not checked), and its chat
+ * settings (zeros: none). */
 typedef struct {
-    int max_model_len; /* prompt + max_tokens must fit */
-    int max_n;         /* upper bound of n and best_of */
-    int vocab_size;    /* token ids must be below */
-    int max_logprobs;  /* upper bound of logprobs (top-k) */
+    int max_model_len;            /* prompt + max_tokens must fit */
+    int max_n;                    /* upper bound of n and best_of */
+    int vocab_size;               /* token ids must be below */
+    int max_logprobs;             /* upper bound of logprobs (top-k) */
+    const char *tool_call_parser; /* the tool-call-parser key: hermes, llama3_json, mistral */
+    int enable_auto_tool_choice;  /* tool_choice "auto" accepted */
+    const char *reasoning_parser; /* the reasoning-parser key: deepseek_r1, qwen3 */
 } ApiLimits;
 
 /* One prompt: text, or token ids (exactly one of the two set). */
@@ -79,6 +83,11 @@ typedef struct {
     int is_chat;            /* parsed from /v1/chat/completions: prompts[0].text is the rendered
                              * template, which already holds any BOS text, so the server
                              * tokenizes it with add_special = 0 (as vLLM does for chat) */
+    int tool_format;        /* chat: an ApiToolFormat: how tool calls are read from the output (0:
+                             * not: no tools, or tool_choice none) */
+    int reasoning;          /* chat: an ApiReasoning: the reasoning parser (0: none) */
+    int in_reasoning;       /* chat: the output starts inside a think block: deepseek_r1, or the
+                             * rendered prompt ends with an open <think>; never when constrained */
 } ApiRequest;
 
 /* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
@@ -122,12 +131,15 @@ struct json_t;
 
 /* Render the chat prompt of a request body (a JSON object): messages [{role, content: a
  * string or a list of {type: text, text} parts (joined with "\n", as vLLM does), any other
- * keys}], add_generation_prompt (default true), continue_final_message (default false; the
- * text then ends after the final message's content), chat_template_kwargs (merged into the
- * context), documents, tools (the "tool_use" template when the model has one). *text is
- * malloc'd (NUL-terminated, *len bytes, which may hold NUL characters). Failures are 400s
- * with *err filled: bad fields, t NULL ("the model has no chat template"), and render errors
- * (param "messages"; a template's raise_exception gives its message as is). */
+ * keys; an assistant's tool_calls[].function.arguments given as JSON text become objects, as
+ * templates expect}], chat_template (the request's own Jinja template instead of t; a parse
+ * error is a 400 naming its line; with it t may be NULL), add_generation_prompt (default
+ * true), continue_final_message (default false; the text then ends after the final message's
+ * content), chat_template_kwargs (merged into the context), documents, tools (the "tool_use"
+ * template when the model has one). *text is malloc'd (NUL-terminated, *len bytes, which may
+ * hold NUL characters). Failures are 400s with *err filled: bad fields, t NULL without a
+ * chat_template ("the model has no chat template"), and render errors (param "messages"; a
+ * template's raise_exception gives its message as is). */
 Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **text, size_t *len,
                        ApiError *err);
 
@@ -135,7 +147,9 @@ Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **tex
  * template writes any BOS, so the server tokenizes it without special tokens). Sampling
  * fields as for completions (no best_of, echo); `max_tokens` or `max_completion_tokens` (the
  * latter wins; default -1: see api_check_length); `logprobs` is a bool with `top_logprobs`
- * (0-20). `tools` and the other fields of tool calling are refused. */
+ * (0-20); tools, tool_choice and parallel_tool_calls (api_parse_tools, with lim's
+ * tool-call-parser and enable-auto-tool-choice); the reasoning parser from lim. The legacy
+ * `functions` and `function_call` are refused. */
 Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
                       const ApiChatTemplate *tmpl, ApiRequest *req, ApiError *err);
 
@@ -174,11 +188,113 @@ void api_request_free(ApiRequest *req);
  * *out (NULL: none). Returns 0, or -1 with a 400 naming the field in err. (structured.c) */
 int api_parse_constraint(struct json_t *o, GrCompiled **out, ApiError *err);
 
+/* ---- tool calls and reasoning in a chat answer (tool_parser.c) ---------------------------
+ *
+ * The model's output text is split as vLLM's reasoning and tool parsers split it: the
+ * reasoning (before </think>) first, then in the rest the tool calls of one format, and what
+ * is left is the content. One parser serves both answers: fed the whole text at once for a
+ * JSON body, or piece by piece as tokens arrive for SSE, where it holds back text that may be
+ * the start of a marker until it is decided, and hands out deltas: reasoning text, content
+ * text, the start of call k (id, name), a fragment of call k's arguments. A call's arguments
+ * are the exact JSON text of its arguments value in the output, so the fragments concatenate
+ * to what the whole-text parse gives. */
+
+typedef enum {
+    API_TOOLS_OFF = 0,     /* no tool-call parsing */
+    API_TOOLS_HERMES,      /* <tool_call>{"name": .., "arguments": {..}}</tool_call>, several */
+    API_TOOLS_LLAMA3_JSON, /* [<|python_tag|>]{"name": .., "parameters": {..}}; {..} */
+    API_TOOLS_MISTRAL,     /* [TOOL_CALLS][{"name": .., "arguments": {..}}, ..] or
+                            * [TOOL_CALLS]name[ARGS]{..} (repeated) */
+    API_TOOLS_JSON_LIST,   /* [{"name": .., "parameters": {..}}, ..]: tool_choice required or
+                            * named without a parser (vLLM's format for required) */
+} ApiToolFormat;
+
+typedef enum {
+    API_REASONING_OFF = 0,
+    API_REASONING_DEEPSEEK_R1, /* the output starts inside <think> (the template opens it) */
+    API_REASONING_QWEN3,       /* reasoning when the output opens <think> (or the prompt does) */
+    /* either way a leading <think> is stripped; without one and not in_reasoning, the output
+     * is all content */
+} ApiReasoning;
+
+/* A parser name (the tool-call-parser / reasoning-parser keys; NULL = off) as the enum. */
+ApiToolFormat api_tool_format(const char *name);
+ApiReasoning api_reasoning_parser(const char *name);
+
+typedef enum {
+    API_DELTA_REASONING,
+    API_DELTA_CONTENT,
+    API_DELTA_CALL,
+    API_DELTA_ARGS
+} ApiDeltaKind;
+
+typedef struct {
+    ApiDeltaKind kind;
+    int index;        /* CALL, ARGS: the call, from 0 */
+    const char *id;   /* CALL: "call_" and 24 random characters (mistral: 9 characters) */
+    const char *name; /* CALL: the function (NUL-terminated) */
+    const char *text; /* REASONING, CONTENT, ARGS: len bytes, valid only during the callback */
+    size_t len;
+} ApiDelta;
+
+typedef void (*ApiDeltaFn)(void *ctx, const ApiDelta *d);
+
+typedef struct ApiOutputParser ApiOutputParser;
+
+/* A parser for one answer. in_reasoning: the output starts inside a think block (deepseek_r1,
+ * or the prompt ends with an open <think>; not for a constrained output, which starts where the
+ * constraint does). Free with api_output_parser_free. */
+ApiOutputParser *api_output_parser_new(ApiToolFormat tools, ApiReasoning reasoning,
+                                       int in_reasoning);
+void api_output_parser_free(ApiOutputParser *p);
+
+/* Feed the next len bytes of output (final: the output ends here, flush what is held); each
+ * delta decided goes to emit(ctx, delta), in order. Output that breaks the format stops the
+ * tool parsing: the text from there on is content. */
+void api_output_parser_feed(ApiOutputParser *p, const char *text, size_t len, int final,
+                            ApiDeltaFn emit, void *ctx);
+
+/* Calls started so far (the answer's finish_reason is "tool_calls" when > 0). */
+int api_output_parser_calls(const ApiOutputParser *p);
+
+typedef struct {
+    char id[32];
+    char *name;      /* owned */
+    char *arguments; /* owned JSON text */
+} ApiToolCall;
+
+typedef struct {
+    char *reasoning; /* owned, NULL when none; reasoning_len bytes */
+    size_t reasoning_len;
+    char *content; /* owned, NULL when none (JSON null) */
+    size_t content_len;
+    ApiToolCall *calls; /* owned [num_calls] */
+    int num_calls;
+} ApiChatOutput;
+
+/* The whole output at once. Malformed tool calls (a call that does not parse as JSON, a
+ * name missing) leave no calls: the text after the reasoning is all content. */
+void api_parse_chat_output(ApiToolFormat tools, ApiReasoning reasoning, int in_reasoning,
+                           const char *text, size_t len, ApiChatOutput *out);
+void api_chat_output_free(ApiChatOutput *o);
+
+/* A chat body's tools, tool_choice and parallel_tool_calls (tools.c): each malformed field a
+ * 400 naming it; sets r->tool_format, and for tool_choice "required" or a named function
+ * r->constraint (a grammar of the calls, arguments following each function's parameters
+ * schema: a 400 names an unsupported keyword; one with response_format already set is a 400).
+ * "auto" (the default with tools) needs lim->enable_auto_tool_choice. Returns 0 or -1. */
+int api_parse_tools(struct json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err);
+
 /* Fill an error (printf-style message, cut to fit at a UTF-8 boundary). type NULL picks one
  * from the status (400 invalid_request_error, 401 authentication_error, 404
  * not_found_error, 5xx server_error ...); param NULL or "" serialises as null. */
 void api_error_set(ApiError *err, int status, const char *type, const char *param, const char *fmt,
                    ...) __attribute__((format(printf, 5, 6)));
+
+/* A 400 invalid_request_error about `param` (printf-style message); returns -1, so that
+ * parsers can `return api_refuse(...)`. */
+int api_refuse(ApiError *err, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
 char *api_error_json(const ApiError *err);

@@ -60,6 +60,10 @@ typedef struct {
     const char *log_level;      /* static; "debug", "info", "warning", "error"; default "info" */
     char *chat_template;        /* owned; a template file or a built-in name (chatml, llama3,
                                  * llama2, zephyr); NULL = the model's own */
+    /* chat tool calls and reasoning (vLLM's flags and parser names) */
+    const char *tool_call_parser; /* static; "hermes", "llama3_json", "mistral"; NULL = none */
+    int enable_auto_tool_choice;  /* tool_choice "auto" accepted (needs tool_call_parser) */
+    const char *reasoning_parser; /* static; "deepseek_r1", "qwen3"; NULL = none */
     /* CORS (as vLLM's, through Starlette's CORSMiddleware): lists are owned, NULL-terminated */
     char **allowed_origins; /* Origins answered with CORS headers ("*": any); NULL = no CORS */
     char **allowed_methods; /* methods a preflight may ask for ("*": any); default {"*"} */

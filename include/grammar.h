@@ -48,6 +48,14 @@ typedef struct GrMatcher GrMatcher;
  * left-recursive"). The caller frees the result with gr_compiled_free. */
 GrCompiled *gr_compile_gbnf(const char *src, size_t len, char *err, size_t errlen);
 
+/* gr_compile_gbnf where the grammar may also refer to n rules given as JSON schemas: rule
+ * names[i] matches what schemas[i] allows (as gr_compile_json_schema). The text must not
+ * define those names itself. For a grammar around JSON values, such as a tool call
+ * `"<tool_call>" ... "\"arguments\": " args0 ... "</tool_call>"` whose args0 is a function's
+ * parameters schema. A schema's error (unsupported keywords named) is the error. */
+GrCompiled *gr_compile_gbnf_schemas(const char *src, size_t len, const char *const *names,
+                                    json_t *const *schemas, int n, char *err, size_t errlen);
+
 /* Compile a JSON schema (OpenAI response_format json_schema, vLLM guided_json): type object
  * (properties in declared order, required, additionalProperties false / true / a schema),
  * array (items, prefixItems - all of them present -, minItems, maxItems), string (enum, const,

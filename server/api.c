@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "api.h"
+#include "jinja.h"
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
@@ -107,11 +108,7 @@ char *api_error_json(const ApiError *err) {
     return s;
 }
 
-/* A 400 about `param`; returns -1 so parsers can `return bad(...)`. */
-static int bad(ApiError *err, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int bad(ApiError *err, const char *param, const char *fmt, ...) {
+int api_refuse(ApiError *err, const char *param, const char *fmt, ...) {
     char msg[sizeof err->message];
     va_list ap;
     va_start(ap, fmt);
@@ -148,7 +145,7 @@ static int opt_int(json_t *o, const char *key, long long *out, ApiError *err) {
     json_t *v = field(o, key);
     if (!v)
         return 0;
-    return as_int(v, out) ? 1 : bad(err, key, "'%s' must be an integer", key);
+    return as_int(v, out) ? 1 : api_refuse(err, key, "'%s' must be an integer", key);
 }
 
 static int opt_bool(json_t *o, const char *key, const char *param, int *out, ApiError *err) {
@@ -157,8 +154,8 @@ static int opt_bool(json_t *o, const char *key, const char *param, int *out, Api
         return 0;
     if (!json_is_boolean(v)) {
         int nested = strcmp(param, key) != 0;
-        return bad(err, param, "'%s%s%s' must be a boolean", nested ? param : "", nested ? "." : "",
-                   key);
+        return api_refuse(err, param, "'%s%s%s' must be a boolean", nested ? param : "",
+                          nested ? "." : "", key);
     }
     *out = json_is_true(v);
     return 1;
@@ -182,9 +179,9 @@ static int opt_str(json_t *o, const char *key, char **out, ApiError *err) {
     if (!v)
         return 0;
     if (!json_is_string(v))
-        return bad(err, key, "'%s' must be a string", key);
+        return api_refuse(err, key, "'%s' must be a string", key);
     if (has_nul(v) && !strcmp(key, "model")) /* a name: a cut copy could match another */
-        return bad(err, key, "'%s' must not contain the character \\u0000", key);
+        return api_refuse(err, key, "'%s' must not contain the character \\u0000", key);
     *out = pl_xstrdup(json_string_value(v)); /* user: kept, never read */
     return 1;
 }
@@ -196,11 +193,11 @@ static int opt_float(json_t *o, const char *key, double lo, int lo_open, double 
     if (!v)
         return 0;
     if (!json_is_number(v))
-        return bad(err, key, "'%s' must be a number", key);
+        return api_refuse(err, key, "'%s' must be a number", key);
     double d = json_number_value(v);
     if (d < lo || (lo_open && d == lo) || d > hi)
-        return bad(err, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[', lo, hi,
-                   d);
+        return api_refuse(err, key, "'%s' must be in %c%g, %g], got %g", key, lo_open ? '(' : '[',
+                          lo, hi, d);
     *out = (float)d;
     return 1;
 }
@@ -213,7 +210,7 @@ static int opt_int_in(json_t *o, const char *key, long long lo, long long hi, in
     if (k <= 0)
         return k;
     if (v < lo || v > hi)
-        return bad(err, key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, v);
+        return api_refuse(err, key, "'%s' must be between %lld and %lld, got %lld", key, lo, hi, v);
     *out = (int)v;
     return 1;
 }
@@ -232,12 +229,12 @@ static int parse_max_tokens(json_t *o, const char *key, const ApiLimits *lim, in
     if (k <= 0)
         return k;
     if (v < 1)
-        return bad(err, key, "'%s' must be at least 1, got %lld", key, v);
+        return api_refuse(err, key, "'%s' must be at least 1, got %lld", key, v);
     if (lim->max_model_len > 0 && v >= lim->max_model_len)
-        return bad(err, key, "%s (%lld) plus the prompt must not exceed max-model-len (%d)", key, v,
-                   lim->max_model_len);
+        return api_refuse(err, key, "%s (%lld) plus the prompt must not exceed max-model-len (%d)",
+                          key, v, lim->max_model_len);
     if (v > INT_MAX)
-        return bad(err, key, "'%s' is too large: %lld", key, v);
+        return api_refuse(err, key, "'%s' is too large: %lld", key, v);
     *out = (int)v;
     return 1;
 }
@@ -247,10 +244,10 @@ static int token_id(const json_t *v, const ApiLimits *lim, const char *param, in
                     ApiError *err) {
     long long id;
     if (!as_int(v, &id))
-        return bad(err, param, "'%s' must hold integer token ids", param);
+        return api_refuse(err, param, "'%s' must hold integer token ids", param);
     if (id < 0 || id >= limit_or(lim->vocab_size, INT32_MAX))
-        return bad(err, param, "token id %lld in '%s' is out of vocabulary (vocab size %d)", id,
-                   param, lim->vocab_size);
+        return api_refuse(err, param, "token id %lld in '%s' is out of vocabulary (vocab size %d)",
+                          id, param, lim->vocab_size);
     *out = (int32_t)id;
     return 0;
 }
@@ -261,15 +258,15 @@ static const char PROMPT_FORMS[] = "'prompt' must be a string, a list of strings
 static int prompt_ids(const json_t *arr, const ApiLimits *lim, ApiPrompt *p, ApiError *err) {
     size_t n = json_array_size(arr);
     if (n == 0)
-        return bad(err, "prompt", "prompt must not be empty (an empty token-id list)");
+        return api_refuse(err, "prompt", "prompt must not be empty (an empty token-id list)");
     if (n > INT_MAX)
-        return bad(err, "prompt", "'prompt' is too long");
+        return api_refuse(err, "prompt", "'prompt' is too long");
     p->ids = pl_xmalloc(n * sizeof *p->ids);
     p->num_ids = (int)n;
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(arr, i);
         if (!json_is_number(v))
-            return bad(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
+            return api_refuse(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
         if (token_id(v, lim, "prompt", &p->ids[i], err))
             return -1;
     }
@@ -279,7 +276,7 @@ static int prompt_ids(const json_t *arr, const ApiLimits *lim, ApiPrompt *p, Api
 static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
     json_t *p = field(o, "prompt");
     if (!p)
-        return bad(err, "prompt", "'prompt' is required");
+        return api_refuse(err, "prompt", "'prompt' is required");
     if (json_is_string(p)) {
         r->prompts = pl_xcalloc(1, sizeof *r->prompts);
         r->num_prompts = 1;
@@ -287,10 +284,10 @@ static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         return 0;
     }
     if (!json_is_array(p))
-        return bad(err, "prompt", "%s", PROMPT_FORMS);
+        return api_refuse(err, "prompt", "%s", PROMPT_FORMS);
     size_t n = json_array_size(p);
     if (n == 0)
-        return bad(err, "prompt", "prompt must not be empty");
+        return api_refuse(err, "prompt", "prompt must not be empty");
     json_t *first = json_array_get(p, 0);
     if (json_is_number(first)) { /* one prompt of token ids */
         r->prompts = pl_xcalloc(1, sizeof *r->prompts);
@@ -298,9 +295,9 @@ static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         return prompt_ids(p, lim, &r->prompts[0], err);
     }
     if (!json_is_string(first) && !json_is_array(first))
-        return bad(err, "prompt", "%s", PROMPT_FORMS);
+        return api_refuse(err, "prompt", "%s", PROMPT_FORMS);
     if (n > INT_MAX)
-        return bad(err, "prompt", "'prompt' has too many entries");
+        return api_refuse(err, "prompt", "'prompt' has too many entries");
     r->prompts = pl_xcalloc(n, sizeof *r->prompts);
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(p, i);
@@ -311,7 +308,7 @@ static int parse_prompt(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
             if (prompt_ids(e, lim, &r->prompts[i], err))
                 return -1;
         } else
-            return bad(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
+            return api_refuse(err, "prompt", "%s (mixed types)", PROMPT_FORMS);
     }
     return 0;
 }
@@ -328,16 +325,16 @@ static int parse_stop(json_t *o, ApiRequest *r, ApiError *err) {
         return 0;
     }
     if (!json_is_array(v))
-        return bad(err, "stop", "'stop' must be a string or a list of strings");
+        return api_refuse(err, "stop", "'stop' must be a string or a list of strings");
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
         if (!json_is_string(e))
-            return bad(err, "stop", "'stop' must be a string or a list of strings");
+            return api_refuse(err, "stop", "'stop' must be a string or a list of strings");
         if (json_string_length(e) == 0) /* would match everywhere: ignored */
             continue;
         if (r->num_stop == API_MAX_STOP)
-            return bad(err, "stop", "'stop' must have at most %d entries", API_MAX_STOP);
+            return api_refuse(err, "stop", "'stop' must have at most %d entries", API_MAX_STOP);
         r->stop[r->num_stop] = text_dup(e, &r->stop_len[r->num_stop]);
         r->num_stop++;
     }
@@ -349,10 +346,10 @@ static int parse_stop_ids(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiErr
     if (!v)
         return 0;
     if (!json_is_array(v))
-        return bad(err, "stop_token_ids", "'stop_token_ids' must be a list of integers");
+        return api_refuse(err, "stop_token_ids", "'stop_token_ids' must be a list of integers");
     size_t n = json_array_size(v);
     if (n > 4096)
-        return bad(err, "stop_token_ids", "'stop_token_ids' has more than 4096 entries");
+        return api_refuse(err, "stop_token_ids", "'stop_token_ids' has more than 4096 entries");
     r->stop_token_ids = pl_xmalloc((n ? n : 1) * sizeof(int32_t));
     for (size_t i = 0; i < n; i++) {
         if (token_id(json_array_get(v, i), lim, "stop_token_ids", &r->stop_token_ids[i], err))
@@ -368,10 +365,10 @@ static int parse_logit_bias(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiE
     if (!v)
         return 0;
     if (!json_is_object(v))
-        return bad(err, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+        return api_refuse(err, "logit_bias", "'logit_bias' must be an object of token id -> bias");
     size_t n = json_object_size(v);
     if (n > (size_t)limit_or(lim->vocab_size, 1 << 20))
-        return bad(err, "logit_bias", "'logit_bias' has more entries than the vocabulary");
+        return api_refuse(err, "logit_bias", "'logit_bias' has more entries than the vocabulary");
     r->logit_bias_ids = pl_xmalloc((n ? n : 1) * sizeof(int32_t));
     r->logit_bias_values = pl_xmalloc((n ? n : 1) * sizeof(float));
     const char *key;
@@ -380,18 +377,19 @@ static int parse_logit_bias(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiE
         char *end;
         long long id = strtoll(key, &end, 10);
         if (!key[0] || *end || key[0] == '+' || key[0] == ' ')
-            return bad(err, "logit_bias", "'logit_bias' keys must be token ids, got '%.40s'", key);
+            return api_refuse(err, "logit_bias", "'logit_bias' keys must be token ids, got '%.40s'",
+                              key);
         if (id < 0 || id >= limit_or(lim->vocab_size, INT32_MAX))
-            return bad(err, "logit_bias",
-                       "token id %lld in 'logit_bias' is out of vocabulary (vocab size %d)", id,
-                       lim->vocab_size);
+            return api_refuse(err, "logit_bias",
+                              "token id %lld in 'logit_bias' is out of vocabulary (vocab size %d)",
+                              id, lim->vocab_size);
         if (!json_is_number(bias))
-            return bad(err, "logit_bias", "'logit_bias' values must be numbers");
+            return api_refuse(err, "logit_bias", "'logit_bias' values must be numbers");
         double b = json_number_value(bias);
         if (!(b >= -100 && b <= 100))
-            return bad(err, "logit_bias",
-                       "'logit_bias' values must be between -100 and 100, got %g for token %lld", b,
-                       id);
+            return api_refuse(
+                err, "logit_bias",
+                "'logit_bias' values must be between -100 and 100, got %g for token %lld", b, id);
         r->logit_bias_ids[r->num_logit_bias] = (int32_t)id;
         r->logit_bias_values[r->num_logit_bias++] = (float)b;
     }
@@ -410,7 +408,7 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
         if ((!strcmp(*names, "tool_choice") && s && !strcmp(s, "none")) ||
             (!strcmp(*names, "suffix") && s && !s[0]))
             continue;
-        return bad(err, *names, "'%s' is not supported by this server", *names);
+        return api_refuse(err, *names, "'%s' is not supported by this server", *names);
     }
     return 0;
 }
@@ -418,9 +416,8 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
 static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", "allowed_token_ids",
                                                  "bad_words", NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
-static const char *const UNSUPPORTED_CHAT[] = {"tools",         "tool_choice", "functions",
-                                               "function_call", "audio",       "prediction",
-                                               "chat_template", NULL};
+static const char *const UNSUPPORTED_CHAT[] = {"functions", "function_call", "audio", "prediction",
+                                               NULL};
 
 /* Fields both endpoints share. */
 static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
@@ -437,7 +434,8 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         opt_float(o, "repetition_penalty", 0, 1, 100, &r->repetition_penalty, err) < 0)
         return -1;
     if (top_k < -1 || top_k > INT_MAX)
-        return bad(err, "top_k", "'top_k' must be -1 or 0 (off) or at least 1, got %lld", top_k);
+        return api_refuse(err, "top_k", "'top_k' must be -1 or 0 (off) or at least 1, got %lld",
+                          top_k);
     r->top_k = top_k == 0 ? -1 : (int)top_k; /* 0 and -1 both mean off */
     switch (opt_int(o, "seed", &seed, err)) {
         case -1:
@@ -454,14 +452,14 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
         opt_bool(o, "stream", "stream", &r->stream, err) < 0)
         return -1;
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
-        return bad(err, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)",
-                   r->min_tokens, r->max_tokens);
+        return api_refuse(err, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)",
+                          r->min_tokens, r->max_tokens);
     if ((so = field(o, "stream_options"))) {
         if (!r->stream)
-            return bad(err, "stream_options",
-                       "'stream_options' can only be defined when 'stream' is true");
+            return api_refuse(err, "stream_options",
+                              "'stream_options' can only be defined when 'stream' is true");
         if (!json_is_object(so))
-            return bad(err, "stream_options", "'stream_options' must be an object");
+            return api_refuse(err, "stream_options", "'stream_options' must be an object");
         if (opt_bool(so, "include_usage", "stream_options", &r->include_usage, err) < 0)
             return -1;
     }
@@ -486,13 +484,13 @@ static json_t *load(const char *body, size_t len, ApiError *err) {
     json_error_t je;
     json_t *o = json_loadb(body ? body : "", body ? len : 0, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!o) {
-        bad(err, NULL, "invalid JSON in the request body: %s (line %d, column %d, byte %d)",
-            je.text, je.line, je.column, je.position);
+        api_refuse(err, NULL, "invalid JSON in the request body: %s (line %d, column %d, byte %d)",
+                   je.text, je.line, je.column, je.position);
         return NULL;
     }
     if (!json_is_object(o)) {
         json_decref(o);
-        bad(err, NULL, "the request body must be a JSON object");
+        api_refuse(err, NULL, "the request body must be a JSON object");
         return NULL;
     }
     return o;
@@ -518,13 +516,13 @@ Status api_parse_completion(const char *body, size_t len, const ApiLimits *lim, 
     req->best_of = req->n;
     if (got_best_of) {
         if (best_of < req->n || best_of > limit_or(lim->max_n, INT_MAX)) {
-            bad(err, "best_of", "'best_of' must be between n (%d) and %lld, got %lld", req->n,
-                limit_or(lim->max_n, INT_MAX), best_of);
+            api_refuse(err, "best_of", "'best_of' must be between n (%d) and %lld, got %lld",
+                       req->n, limit_or(lim->max_n, INT_MAX), best_of);
             goto fail;
         }
         req->best_of = (int)best_of;
         if (req->stream && req->best_of > req->n) {
-            bad(err, "best_of", "'best_of' greater than 'n' cannot be used with stream");
+            api_refuse(err, "best_of", "'best_of' greater than 'n' cannot be used with stream");
             goto fail;
         }
     }
@@ -550,7 +548,8 @@ static int parse_chat_logprobs(json_t *o, const ApiLimits *lim, ApiRequest *r, A
         opt_int_in(o, "top_logprobs", 0, hi, &top, err) < 0)
         return -1;
     if (top > 0 && !want)
-        return bad(err, "top_logprobs", "when using 'top_logprobs', 'logprobs' must be true");
+        return api_refuse(err, "top_logprobs",
+                          "when using 'top_logprobs', 'logprobs' must be true");
     r->logprobs = want ? top : -1;
     return 0;
 }
@@ -566,10 +565,11 @@ Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
     char *text = NULL;
     size_t text_len = 0;
     if (refuse_unsupported(o, UNSUPPORTED_CHAT, err) ||
-        api_chat_prompt(tmpl, o, &text, &text_len, err) != PL_OK ||
         parse_max_tokens(o, "max_tokens", lim, &req->max_tokens, err) < 0 ||
         parse_max_tokens(o, "max_completion_tokens", lim, &req->max_tokens, err) < 0 ||
-        parse_common(o, lim, req, err) || parse_chat_logprobs(o, lim, req, err)) {
+        parse_common(o, lim, req, err) || parse_chat_logprobs(o, lim, req, err) ||
+        api_parse_tools(o, lim, req, err) ||
+        api_chat_prompt(tmpl, o, &text, &text_len, err) != PL_OK) {
         free(text);
         json_decref(o);
         api_request_free(req);
@@ -581,6 +581,10 @@ Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
     req->prompts[0].text_len = text_len;
     req->num_prompts = 1;
     req->is_chat = 1;
+    req->reasoning = api_reasoning_parser(lim->reasoning_parser);
+    size_t end = text_len - jinja_ws_suffix(text, text_len);
+    req->in_reasoning = !req->constraint && (req->reasoning == API_REASONING_DEEPSEEK_R1 ||
+                                             (end >= 7 && !memcmp(text + end - 7, "<think>", 7)));
     json_decref(o);
     return PL_OK;
 }
@@ -601,7 +605,7 @@ static int tokenize_fields(json_t *o, const ApiLimits *lim, const ApiChatTemplat
     if (chat)
         return api_chat_prompt(tmpl, o, &req->text, &req->text_len, err) == PL_OK ? 0 : -1;
     if (!json_is_string(prompt))
-        return bad(err, "prompt", "'prompt' (a string) or 'messages' is required");
+        return api_refuse(err, "prompt", "'prompt' (a string) or 'messages' is required");
     req->text = text_dup(prompt, &req->text_len);
     return 0;
 }
@@ -612,10 +616,10 @@ static int detokenize_fields(json_t *o, const ApiLimits *lim, const ApiChatTempl
     (void)tmpl;
     json_t *tokens = field(o, "tokens");
     if (!json_is_array(tokens))
-        return bad(err, "tokens", "'tokens' (a list of token ids) is required");
+        return api_refuse(err, "tokens", "'tokens' (a list of token ids) is required");
     size_t n = json_array_size(tokens);
     if (n > INT_MAX)
-        return bad(err, "tokens", "'tokens' is too long");
+        return api_refuse(err, "tokens", "'tokens' is too long");
     req->ids = pl_xmalloc((n ? n : 1) * sizeof *req->ids);
     for (size_t i = 0; i < n; i++, req->num_ids++)
         if (token_id(json_array_get(tokens, i), lim, "tokens", &req->ids[i], err))
@@ -667,16 +671,17 @@ int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tok
     if (L <= 0)
         return req->max_tokens < 0 ? 16 : req->max_tokens;
     if (prompt_tokens >= L) {
-        bad(err, what,
-            "This model's maximum context length is %d tokens, but the %s has %d tokens, "
-            "which leaves no room for the completion. Please reduce the length of the %s.",
-            L, what, prompt_tokens, what);
+        api_refuse(err, what,
+                   "This model's maximum context length is %d tokens, but the %s has %d tokens, "
+                   "which leaves no room for the completion. Please reduce the length of the %s.",
+                   L, what, prompt_tokens, what);
         err->code = "context_length_exceeded";
         return -1;
     }
     int max_tokens = req->max_tokens < 0 ? L - prompt_tokens : req->max_tokens;
     if (req->min_tokens > max_tokens) {
-        bad(err, "min_tokens",
+        api_refuse(
+            err, "min_tokens",
             "'min_tokens' (%d) is more than the %d tokens the completion may have (max-model-len "
             "%d, %d in the %s)",
             req->min_tokens, max_tokens, L, prompt_tokens, what);
@@ -685,12 +690,12 @@ int api_check_length(const ApiLimits *lim, const ApiRequest *req, int prompt_tok
     if (req->max_tokens < 0)
         return max_tokens;
     if ((long long)prompt_tokens + req->max_tokens > L) {
-        bad(err, "max_tokens",
-            "This model's maximum context length is %d tokens. However, you requested %lld "
-            "tokens (%d in the %s, %d in max_tokens). Please reduce the length of the %s or "
-            "max_tokens.",
-            L, (long long)prompt_tokens + req->max_tokens, prompt_tokens, what, req->max_tokens,
-            what);
+        api_refuse(err, "max_tokens",
+                   "This model's maximum context length is %d tokens. However, you requested %lld "
+                   "tokens (%d in the %s, %d in max_tokens). Please reduce the length of the %s or "
+                   "max_tokens.",
+                   L, (long long)prompt_tokens + req->max_tokens, prompt_tokens, what,
+                   req->max_tokens, what);
         err->code = "context_length_exceeded";
         return -1;
     }

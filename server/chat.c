@@ -252,6 +252,21 @@ static json_t *message_text(json_t *m, size_t i, const char *role, ApiError *err
     return out;
 }
 
+/* An assistant message's tool_calls[].function.arguments as objects: OpenAI sends them as JSON
+ * text, templates expect mappings (vLLM and transformers convert them the same way). Text that
+ * is no JSON is left as it is. */
+static void tool_call_arguments(json_t *m) {
+    size_t i;
+    json_t *tc;
+    json_array_foreach(json_object_get(m, "tool_calls"), i, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        json_t *parsed = json_is_string(args) ? json_loads(json_string_value(args), 0, NULL) : NULL;
+        if (parsed)
+            json_object_set_new(fn, "arguments", parsed);
+    }
+}
+
 /* body.messages as the template sees them: each message copied with its content as a string. */
 static json_t *chat_messages(json_t *body, ApiError *err) {
     json_t *arr = field(body, "messages");
@@ -275,8 +290,9 @@ static json_t *chat_messages(json_t *body, ApiError *err) {
             api_error_set(err, 400, NULL, "messages",
                           "'messages[%zu].role' must be a string without \\u0000", i);
         } else if ((text = message_text(m, i, json_string_value(role), err))) {
-            json_t *copy = json_copy(m);
+            json_t *copy = json_deep_copy(m);
             json_object_set_new(copy, "content", text);
+            tool_call_arguments(copy);
             json_array_append_new(out, copy);
             continue;
         }
@@ -326,10 +342,35 @@ static long cut_after_final(const char *text, size_t len, json_t *final) {
     return -1;
 }
 
+/* The request's own chat_template (a Jinja string, as vLLM accepts), parsed into *own; else
+ * the server's must exist. -1 with a 400 when neither, or for a template that does not parse
+ * (the message names line and column). */
+static int request_template(const ApiChatTemplate *t, json_t *body, JinjaTemplate **own,
+                            ApiError *err) {
+    json_t *src;
+    char msg[sizeof err->message - 32];
+    if (typed(body, "chat_template", JSON_STRING, "a string (a Jinja template)", &src, err) < 0)
+        return -1;
+    if (src) {
+        *own = jinja_parse(json_string_value(src), json_string_length(src), msg, sizeof msg);
+        if (!*own)
+            api_error_set(err, 400, NULL, "chat_template", "chat_template: %s", msg);
+        return *own ? 0 : -1;
+    }
+    if (t)
+        return 0;
+    api_error_set(err, 400, NULL, NULL,
+                  "the model has no chat template, so /v1/chat/completions cannot be used "
+                  "(set the chat-template config key to a template file or to chatml, llama3, "
+                  "llama2 or zephyr, or send a chat_template)");
+    return -1;
+}
+
 Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **text, size_t *len,
                        ApiError *err) {
     *text = NULL;
     json_t *messages = chat_messages(body, err), *kwargs, *tools, *documents;
+    JinjaTemplate *own = NULL; /* the request's chat_template */
     if (!messages)
         return PL_ERR_INVALID;
     json_t *ctx = json_object();
@@ -345,16 +386,11 @@ Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **tex
                       "'continue_final_message' and 'add_generation_prompt' cannot both be true");
         goto fail;
     }
-    if (!t) {
-        api_error_set(err, 400, NULL, NULL,
-                      "the model has no chat template, so /v1/chat/completions cannot be used "
-                      "(set the chat-template config key to a template file or to chatml, "
-                      "llama3, llama2 or zephyr)");
+    if (request_template(t, body, &own, err) < 0)
         goto fail;
-    }
-    if (t->bos_token)
+    if (t && t->bos_token)
         json_object_set_new(ctx, "bos_token", json_string(t->bos_token));
-    if (t->eos_token)
+    if (t && t->eos_token)
         json_object_set_new(ctx, "eos_token", json_string(t->eos_token));
     if (kwargs)
         json_object_update(ctx, kwargs);
@@ -362,11 +398,11 @@ Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **tex
     json_object_set_new(ctx, "add_generation_prompt", json_boolean(agp));
     json_object_set_new(ctx, "tools", tools ? json_incref(tools) : json_null());
     json_object_set_new(ctx, "documents", documents ? json_incref(documents) : json_null());
-    JinjaRenderOptions opts = {.now = t->now};
+    JinjaRenderOptions opts = {.now = t ? t->now : 0};
     char msg[sizeof err->message];
     int raised = 0;
-    *text = jinja_render_opts(tools && t->tool_use ? t->tool_use : t->dflt, ctx, &opts, len,
-                              &raised, msg, sizeof msg);
+    const JinjaTemplate *use = own ? own : tools && t->tool_use ? t->tool_use : t->dflt;
+    *text = jinja_render_opts(use, ctx, &opts, len, &raised, msg, sizeof msg);
     if (!*text) {
         api_error_set(err, 400, NULL, "messages", "%s%s",
                       raised ? "" : "chat template error: ", msg);
@@ -386,12 +422,14 @@ Status api_chat_prompt(const ApiChatTemplate *t, struct json_t *body, char **tex
         (*text)[cut] = 0;
         *len = (size_t)cut;
     }
+    jinja_free(own);
     json_decref(ctx);
     json_decref(messages);
     return PL_OK;
 fail:
     free(*text);
     *text = NULL;
+    jinja_free(own);
     json_decref(ctx);
     json_decref(messages);
     return PL_ERR_INVALID;

@@ -65,6 +65,7 @@ static void unref(CompletionReq *cr) {
         free(ch->tok_logprob);
         free(ch->top_json);
         free(ch->tok_offset);
+        api_output_parser_free(ch->parser);
     }
     for (int i = 0; i < cr->req.num_prompts; i++)
         free(cr->prompt_text ? cr->prompt_text[i] : NULL);
@@ -146,6 +147,53 @@ static json_t *envelope(const CompletionReq *cr, const char *object) {
                      (json_int_t)cr->created, "model", cr->srv->model_name);
 }
 
+/* OpenAI's tool_calls entry of one call; arguments NULL for a streamed start ("") or a
+ * fragment only (no id, type, name). */
+static json_t *tool_call_json(int index, const char *id, const char *name, const char *args,
+                              size_t args_len) {
+    json_t *fn = json_object(), *tc = json_object();
+    if (index >= 0)
+        json_object_set_new(tc, "index", json_integer(index));
+    if (id) {
+        json_object_set_new(tc, "id", json_string(id));
+        json_object_set_new(tc, "type", json_string("function"));
+        json_object_set_new(fn, "name", json_string(name));
+    }
+    json_object_set_new(fn, "arguments", json_stringn(args ? args : "", args ? args_len : 0));
+    json_object_set_new(tc, "function", fn);
+    return tc;
+}
+
+/* A chat choice whose text is split into reasoning, tool calls and content. */
+static json_t *parsed_choice(const CompletionReq *cr, const Choice *ch, int index,
+                             const char *fin) {
+    const ApiRequest *q = &cr->req;
+    ApiChatOutput out;
+    api_parse_chat_output(q->tool_format, q->reasoning, q->in_reasoning, ch->text ? ch->text : "",
+                          ch->len, &out);
+    json_t *msg = json_object();
+    json_object_set_new(msg, "role", json_string("assistant"));
+    json_object_set_new(msg, "content",
+                        out.content ? json_stringn(out.content, out.content_len) : json_null());
+    if (q->reasoning) { /* vLLM sets both names */
+        json_t *r = out.reasoning ? json_stringn(out.reasoning, out.reasoning_len) : json_null();
+        json_object_set(msg, "reasoning_content", r);
+        json_object_set_new(msg, "reasoning", r);
+    }
+    if (out.num_calls > 0) {
+        json_t *calls = json_array();
+        for (int i = 0; i < out.num_calls; i++)
+            json_array_append_new(calls, tool_call_json(-1, out.calls[i].id, out.calls[i].name,
+                                                        out.calls[i].arguments,
+                                                        strlen(out.calls[i].arguments)));
+        json_object_set_new(msg, "tool_calls", calls);
+        fin = "tool_calls";
+    }
+    api_chat_output_free(&out);
+    return json_pack("{s:i, s:o, s:o, s:s?}", "index", index, "message", msg, "logprobs",
+                     logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason", fin);
+}
+
 /* The final body: per prompt, the n best of best_of choices by cumulative logprob. */
 static char *final_json(CompletionReq *cr) {
     const ApiRequest *q = &cr->req;
@@ -168,7 +216,9 @@ static char *final_json(CompletionReq *cr) {
             Choice *ch = &base[order[r]];
             const char *fin = finish_str(ch->finish);
             json_t *c;
-            if (q->is_chat) {
+            if (q->is_chat && (q->tool_format || q->reasoning)) {
+                c = parsed_choice(cr, ch, p * q->n + r, fin);
+            } else if (q->is_chat) {
                 c = json_pack("{s:i, s:{s:s, s:s#}, s:o, s:s?}", "index", p * q->n + r, "message",
                               "role", "assistant", "content", ch->text ? ch->text : "", ch->len,
                               "logprobs", logprobs_json(cr, ch, 0, ch->num_tokens), "finish_reason",
@@ -325,6 +375,59 @@ static void stream_chunk(CompletionReq *cr, int index, Choice *ch, size_t from, 
     }
     json_object_set_new(root, "choices", json_pack("[o]", c));
     sse(cr, root);
+}
+
+/* Chat streaming through an ApiOutputParser: one chunk per delta it decides. */
+typedef struct {
+    CompletionReq *cr;
+    Choice *ch;
+    int index, t0, sent; /* sent: a chunk of this event went out (it carried the logprobs) */
+} DeltaOut;
+
+static void parsed_chunk(DeltaOut *o, json_t *delta, const char *finish) {
+    if (!o->ch->sent_role) {
+        json_object_set_new(delta, "role", json_string("assistant"));
+        o->ch->sent_role = 1;
+    }
+    json_t *root = envelope(o->cr, "chat.completion.chunk");
+    json_t *lp = o->sent ? json_null() : logprobs_json(o->cr, o->ch, o->t0, o->ch->num_tokens);
+    json_t *c = json_pack("{s:i, s:o, s:o, s:s?}", "index", o->index, "delta", delta, "logprobs",
+                          lp, "finish_reason", finish);
+    json_object_set_new(root, "choices", json_pack("[o]", c));
+    sse(o->cr, root);
+    o->sent = 1;
+}
+
+static void on_delta(void *ctx, const ApiDelta *d) {
+    DeltaOut *o = ctx;
+    json_t *delta = json_object(), *text = json_stringn(d->text ? d->text : "", d->len);
+    if (d->kind == API_DELTA_REASONING) { /* vLLM sends both names */
+        json_object_set(delta, "reasoning_content", text);
+        json_object_set(delta, "reasoning", text);
+    } else if (d->kind == API_DELTA_CONTENT) {
+        json_object_set(delta, "content", text);
+    } else {
+        json_t *tc = d->kind == API_DELTA_CALL
+                         ? tool_call_json(d->index, d->id, d->name, "", 0)
+                         : tool_call_json(d->index, NULL, NULL, d->text, d->len);
+        json_object_set_new(delta, "tool_calls", json_pack("[o]", tc));
+    }
+    json_decref(text);
+    parsed_chunk(o, delta, NULL);
+}
+
+/* Text [from, to) of the choice through its parser; the last chunk says "tool_calls" when the
+ * answer called tools. */
+static void stream_parsed(CompletionReq *cr, int index, Choice *ch, size_t from, size_t to, int t0,
+                          const char *fin) {
+    DeltaOut o = {cr, ch, index, t0, 0};
+    api_output_parser_feed(ch->parser, ch->text ? ch->text + from : "", to - from, fin != NULL,
+                           on_delta, &o);
+    if (fin)
+        parsed_chunk(&o, json_object(),
+                     api_output_parser_calls(ch->parser) > 0 ? "tool_calls" : fin);
+    else if (!o.sent && cr->req.logprobs >= 0 && ch->num_tokens > t0)
+        parsed_chunk(&o, json_object(), NULL);
 }
 
 /* ---- engine side ------------------------------------------------------------------ */
@@ -484,7 +587,9 @@ void completion_on_event(Server *s, const EngEvent *ev) {
             }
             size_t end = streamable(cr, ch);
             const char *fin = finish_str(ch->finish);
-            if (end > sent_before || fin || (q->logprobs >= 0 && ch->num_tokens > t0))
+            if (ch->parser)
+                stream_parsed(cr, index, ch, sent_before, end, t0, fin);
+            else if (end > sent_before || fin || (q->logprobs >= 0 && ch->num_tokens > t0))
                 stream_chunk(cr, index, ch, sent_before, end, t0, ch->num_tokens, fin);
             ch->sent = end;
             if (cr->out_len - cr->out_sent > STREAM_BUFFER_LIMIT && !cr->client_gone) {
@@ -659,6 +764,10 @@ static CompletionReq *new_request(Server *s, struct MHD_Connection *conn, ApiReq
     cr->prompt_len = pl_xcalloc((size_t)cr->req.num_prompts, sizeof(size_t));
     cr->num_choices = cr->req.num_prompts * cr->req.best_of;
     cr->choices = pl_xcalloc((size_t)cr->num_choices, sizeof *cr->choices);
+    if (cr->req.stream && (cr->req.tool_format || cr->req.reasoning))
+        for (int i = 0; i < cr->num_choices; i++)
+            cr->choices[i].parser =
+                api_output_parser_new(cr->req.tool_format, cr->req.reasoning, cr->req.in_reasoning);
     cr->refs = 1; /* HTTP side */
     return cr;
 }
@@ -716,7 +825,10 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
     ApiLimits lim = {.max_model_len = eng_max_model_len(s->engine),
                      .max_n = eng_max_num_seqs(s->engine) < 128 ? eng_max_num_seqs(s->engine) : 128,
                      .vocab_size = mc->vocab_size,
-                     .max_logprobs = 20};
+                     .max_logprobs = 20,
+                     .tool_call_parser = s->cfg->tool_call_parser,
+                     .enable_auto_tool_choice = s->cfg->enable_auto_tool_choice,
+                     .reasoning_parser = s->cfg->reasoning_parser};
     ApiRequest q;
     ApiError err;
     Status st = is_chat ? api_parse_chat(body, len, &lim, s->chat_template, &q, &err)

@@ -512,6 +512,9 @@ Status cfg_validate(const Config *c) {
                             "never be scheduled; raise max-num-batched-tokens or enable "
                             "chunked prefill",
                             e->max_model_len, e->max_num_batched_tokens);
+    if (c->enable_auto_tool_choice && !c->tool_call_parser)
+        return pl_error_set(PL_ERR_INVALID, "enable-auto-tool-choice needs tool-call-parser "
+                                            "(hermes, llama3_json or mistral)");
     /* the cpu backend's ranks are MPI processes only (a launcher sets these variables) */
     int launched = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_SIZE");
     if (c->engine.tensor_parallel_size > 1 && e->device && !strcmp(e->device, "cpu") && !launched)

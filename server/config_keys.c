@@ -30,6 +30,10 @@ static const CfgEnumValue load_formats[] = {
     {"auto", 0}, {"safetensors", 0}, {"dummy", 1}, {NULL, 0}};
 static const CfgEnumValue preemption_modes[] = {
     {"swap", PREEMPT_SWAP}, {"recompute", PREEMPT_RECOMPUTE}, {NULL, 0}};
+/* vLLM's names of its tool-call and reasoning parsers (server/tool_parser.c, reasoning.c). */
+static const CfgEnumValue tool_call_parsers[] = {
+    {"hermes", 0}, {"llama3_json", 0}, {"mistral", 0}, {NULL, 0}};
+static const CfgEnumValue reasoning_parsers[] = {{"deepseek_r1", 0}, {"qwen3", 0}, {NULL, 0}};
 static const CfgEnumValue log_levels[] = {
     {"debug", 0}, {"info", 0}, {"warning", 0}, {"error", 0}, {NULL, 0}};
 
@@ -138,6 +142,13 @@ static const CfgKey keys[] = {
     KEY_STRING("chat-template", chat_template, "FILE|NAME",
                "chat template: a Jinja file, or chatml, llama3, llama2 or zephyr",
                "the model's chat_template.jinja or tokenizer_config.json"),
+    KEY_ENUM("tool-call-parser", tool_call_parser, tool_call_parsers, 1, "NAME",
+             "chat tool calls in the model's output: hermes, llama3_json or mistral",
+             "none: tool_calls only for tool_choice required or a named function"),
+    KEY_BOOL("enable-auto-tool-choice", enable_auto_tool_choice,
+             "chat: accept tool_choice auto (needs tool-call-parser)"),
+    KEY_ENUM("reasoning-parser", reasoning_parser, reasoning_parsers, 1, "NAME",
+             "chat: split reasoning_content from content: deepseek_r1 or qwen3", "none"),
     KEY_LIST("allowed-origins", allowed_origins,
              "CORS: origins answered with Access-Control-Allow-Origin (\"*\" = any)", "none"),
     KEY_LIST("allowed-methods", allowed_methods, "CORS: methods a preflight may ask for", NULL),

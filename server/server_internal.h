@@ -65,9 +65,10 @@ typedef struct {
     int32_t prev_token; /* last token so far (the prompt's last at first) */
     double cum_logprob;
     FinishReason finish;
-    int stopped_by_string; /* finished early on a stop string */
-    int echoed;            /* streaming with echo: the prompt's chunk was sent */
-    int sent_role;         /* chat streaming: its first delta carried the role */
+    int stopped_by_string;   /* finished early on a stop string */
+    int echoed;              /* streaming with echo: the prompt's chunk was sent */
+    int sent_role;           /* chat streaming: its first delta carried the role */
+    ApiOutputParser *parser; /* chat streaming with tools or reasoning: splits the deltas */
     /* logprobs (when asked): one entry per token */
     char **tok_text;
     size_t *tok_len; /* of tok_text (NUL characters count) */

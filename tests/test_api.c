@@ -470,13 +470,9 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
     assert_int_equal(r.num_logit_bias, 1);
     api_request_free(&r);
     bad_chat(CHAT_CHATML,
-             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": "
-             "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
-             "tools", "not supported");
-    bad_chat(CHAT_CHATML,
-             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tool_choice\": "
-             "\"required\"}",
-             "tool_choice", "not supported");
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"functions\": "
+             "[{\"name\": \"f\"}]}",
+             "functions", "not supported");
     bad_chat(CHAT_CHATML,
              "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
              "\"response_format\": {\"type\": \"json_schema\"}}",
@@ -889,6 +885,158 @@ static void test_nul_characters(void **state) {
              "messages", "role");
 }
 
+/* ---- tools, tool_choice, chat_template ------------------------------------------------- */
+
+#define MSGS  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+#define TOOL1 "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+#define TOOLS                                                                                      \
+    "\"tools\": [" TOOL1 "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "      \
+    "{\"type\": \"string\"}}, \"required\": [\"city\"], \"additionalProperties\": false}}}, "      \
+    "{\"type\": \"function\", \"function\": {\"name\": \"now\"}}]"
+
+static Status chat_lim(const ApiLimits *lim, const char *json, ApiRequest *r, ApiError *e) {
+    ApiChatTemplate *t = template_of(CHAT_CHATML, NULL, NULL);
+    Status s = api_parse_chat(json, strlen(json), lim, t, r, e);
+    api_chat_template_free(t);
+    return s;
+}
+
+static void test_tool_fields(void **state) {
+    static const struct {
+        const char *json, *param, *needle;
+    } refused[] = {
+        {MSGS "\"tools\": {}}", "tools", "'tools' must be a list"},
+        {MSGS "\"tools\": [7]}", "tools", "'tools[0]' must be an object"},
+        {MSGS "\"tools\": [{\"type\": \"fn\", \"function\": {\"name\": \"f\"}}]}", "tools",
+         "'tools[0].type' must be \"function\""},
+        {MSGS "\"tools\": [{\"type\": \"function\"}]}", "tools", "'tools[0].function' must be"},
+        {MSGS "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]}", "tools",
+         "'tools[0].function.name' must be"},
+        {MSGS "\"tools\": [" TOOL1 "\"parameters\": [1]}}], \"tool_choice\": \"none\"}", "tools",
+         "'tools[0].function.parameters' must be a JSON schema"},
+        {MSGS "\"tools\": [" TOOL1 "\"description\": 3}}], \"tool_choice\": \"none\"}", "tools",
+         "'tools[0].function.description' must be a string"},
+        {MSGS TOOLS "}", "tool_choice", "--enable-auto-tool-choice"},
+        {MSGS TOOLS ", \"tool_choice\": \"auto\"}", "tool_choice", "--tool-call-parser"},
+        {MSGS TOOLS ", \"tool_choice\": \"any\"}", "tool_choice", "must be \"none\", \"auto\""},
+        {MSGS TOOLS ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+                    "\"get_time\"}}}",
+         "tool_choice", "'get_time', which is not in 'tools'"},
+        {MSGS TOOLS ", \"tool_choice\": {\"function\": \"now\"}}", "tool_choice",
+         "as an object must be"},
+        {MSGS "\"tool_choice\": \"required\"}", "tool_choice", "needs 'tools'"},
+        {MSGS TOOLS ", \"tool_choice\": \"required\", \"parallel_tool_calls\": 1}",
+         "parallel_tool_calls", "must be a boolean"},
+        {MSGS TOOLS ", \"tool_choice\": \"required\", \"response_format\": {\"type\": "
+                    "\"json_object\"}}",
+         "tool_choice", "cannot be combined with response_format"},
+        {MSGS "\"tools\": [" TOOL1 "\"parameters\": {\"type\": \"object\", \"properties\": "
+              "{\"n\": {\"type\": \"number\", \"multipleOf\": 3}}}}}], \"tool_choice\": "
+              "\"required\"}",
+         "tools", "'tools[0].function.parameters': unsupported JSON schema keyword(s): multipleOf"},
+        {MSGS "\"chat_template\": 5}", "chat_template", "must be a string"},
+        {MSGS "\"chat_template\": \"hi\\n{% if %}\"}", "chat_template", "chat_template: line 2"},
+    };
+    ApiRequest r;
+    ApiError e;
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        Status s = chat(CHAT_CHATML, refused[i].json, &r, &e);
+        check_error(s, &r, &e, refused[i].json, refused[i].param, refused[i].needle);
+    }
+}
+
+/* What each tool_choice makes of the request: how the output is read, and the constraint. */
+static void test_tool_choice(void **state) {
+    ApiRequest r;
+    ApiError e;
+    assert_int_equal(chat(CHAT_CHATML, MSGS TOOLS ", \"tool_choice\": \"none\"}", &r, &e), PL_OK);
+    assert_int_equal(r.tool_format, API_TOOLS_OFF);
+    assert_null(r.constraint);
+    api_request_free(&r);
+    ApiLimits lim = LIM;
+    lim.tool_call_parser = "hermes";
+    lim.enable_auto_tool_choice = 1;
+    assert_int_equal(chat_lim(&lim, MSGS TOOLS "}", &r, &e), PL_OK); /* auto by default */
+    assert_int_equal(r.tool_format, API_TOOLS_HERMES);
+    assert_null(r.constraint);
+    api_request_free(&r);
+
+    /* required without a parser: a JSON list of calls whose arguments follow the schemas */
+    assert_int_equal(chat(CHAT_CHATML, MSGS TOOLS ", \"tool_choice\": \"required\"}", &r, &e),
+                     PL_OK);
+    assert_int_equal(r.tool_format, API_TOOLS_JSON_LIST);
+    assert_non_null(r.constraint);
+    static const char *const ok[] = {
+        "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}]",
+        "[{\"name\": \"now\", \"parameters\": {}}, {\"name\": \"get_weather\", "
+        "\"parameters\": {\"city\": \"x\"}}]"};
+    static const char *const no[] = {
+        "[]", "[{\"name\": \"get_weather\", \"parameters\": {}}]", /* city is required */
+        "[{\"name\": \"other\", \"parameters\": {}}]", "{\"name\": \"now\", \"parameters\": {}}"};
+    for (size_t i = 0; i < 2; i++)
+        assert_true(gr_compiled_accepts(r.constraint, ok[i], strlen(ok[i])));
+    for (size_t i = 0; i < 4; i++)
+        assert_false(gr_compiled_accepts(r.constraint, no[i], strlen(no[i])));
+    api_request_free(&r);
+
+    /* named, in hermes' format: that function only, one call */
+    assert_int_equal(chat_lim(&lim,
+                              MSGS TOOLS ", \"tool_choice\": {\"type\": \"function\", "
+                                         "\"function\": {\"name\": \"get_weather\"}}}",
+                              &r, &e),
+                     PL_OK);
+    const char *call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                       "\"Paris\"}}\n</tool_call>";
+    assert_true(gr_compiled_accepts(r.constraint, call, strlen(call)));
+    const char *two = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                      "\"a\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", "
+                      "\"arguments\": {\"city\": \"b\"}}\n</tool_call>";
+    assert_false(gr_compiled_accepts(r.constraint, two, strlen(two)));
+    api_request_free(&r);
+
+    /* required with llama3_json and mistral: their formats */
+    lim.tool_call_parser = "llama3_json";
+    assert_int_equal(chat_lim(&lim, MSGS TOOLS ", \"tool_choice\": \"required\"}", &r, &e), PL_OK);
+    const char *ll = "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"now\", "
+                     "\"parameters\": {}}";
+    assert_true(gr_compiled_accepts(r.constraint, ll, strlen(ll)));
+    api_request_free(&r);
+    lim.tool_call_parser = "mistral";
+    assert_int_equal(chat_lim(&lim,
+                              MSGS TOOLS ", \"tool_choice\": \"required\", "
+                                         "\"parallel_tool_calls\": false}",
+                              &r, &e),
+                     PL_OK);
+    const char *mi = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
+    assert_true(gr_compiled_accepts(r.constraint, mi, strlen(mi)));
+    const char *mi2 = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": "
+                      "\"now\", \"arguments\": {}}]";
+    assert_false(gr_compiled_accepts(r.constraint, mi2, strlen(mi2))); /* not parallel */
+    api_request_free(&r);
+}
+
+/* A request's own chat_template, and the reasoning fields. */
+static void test_request_template_and_reasoning(void **state) {
+    ApiRequest r;
+    ApiError e;
+    const char *body = MSGS "\"chat_template\": \"{% for m in messages %}<{{ m.role }}>{{ "
+                            "m.content }}{% endfor %}<think>\\n\"}";
+    ApiLimits lim = LIM;
+    lim.reasoning_parser = "qwen3";
+    assert_int_equal(api_parse_chat(body, strlen(body), &lim, NULL, &r, &e), PL_OK);
+    assert_string_equal(r.prompts[0].text, "<user>hi<think>"); /* jinja2 drops a final newline */
+    assert_int_equal(r.reasoning, API_REASONING_QWEN3);
+    assert_int_equal(r.in_reasoning, 1); /* the prompt opened the think block */
+    api_request_free(&r);
+    lim.reasoning_parser = "deepseek_r1";
+    assert_int_equal(chat_lim(&lim, MSGS "\"seed\": 1}", &r, &e), PL_OK);
+    assert_int_equal(r.in_reasoning, 1);
+    api_request_free(&r);
+    assert_int_equal(chat_lim(&lim, MSGS "\"guided_regex\": \"a+\"}", &r, &e), PL_OK);
+    assert_int_equal(r.in_reasoning, 0); /* constrained: the output starts with the pattern */
+    api_request_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prompt_string_and_defaults),
@@ -912,6 +1060,9 @@ int main(void) {
         cmocka_unit_test(test_messages_errors),
         cmocka_unit_test(test_content_parts),
         cmocka_unit_test(test_chat_fields),
+        cmocka_unit_test(test_tool_fields),
+        cmocka_unit_test(test_tool_choice),
+        cmocka_unit_test(test_request_template_and_reasoning),
         cmocka_unit_test(test_nul_characters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -240,6 +240,33 @@ static void test_generation_prompt_and_continue(void **state) {
 }
 
 /* Other message keys and documents reach the template. */
+/* A conversation with tools, an assistant's tool call (arguments as OpenAI sends them: JSON
+ * text) and the tool's result renders with real tool-use templates, the arguments as a
+ * mapping (not a quoted string). */
+static void test_tool_history(void **state) {
+    static const char *const files[] = {
+        TD "hermes-3-llama-3.1-tool-use.jinja", TD "llama-3.2-3b-instruct.jinja",
+        TD "mistral-nemo-instruct-2407.jinja", TD "qwen3-coder-30b-a3b-instruct.jinja"};
+    const char *body =
+        "{\"tool_choice\": \"none\", \"tools\": [{\"type\": \"function\", \"function\": "
+        "{\"name\": \"get_weather\", \"description\": \"Weather now\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}], "
+        "\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, "
+        "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
+        "\"call9abcd\", \"type\": \"function\", \"function\": {\"name\": "
+        "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, "
+        "{\"role\": \"tool\", \"tool_call_id\": \"call9abcd\", \"content\": \"22C sunny\"}]}";
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        ApiChatTemplate *t = load(files[i], NULL, "<s>", "</s>");
+        char *s = render_ok(t, body);
+        if (!strstr(s, "get_weather") || !strstr(s, "22C sunny") || !strstr(s, "Paris") ||
+            strstr(s, "\\\"city"))
+            fail_msg("%s rendered the tool history as:\n%s", files[i], s);
+        free(s);
+        api_chat_template_free(t);
+    }
+}
+
 static void test_context_keys(void **state) {
     (void)state;
     char path[] = "/tmp/pagellm-chat-tmpl.XXXXXX";
@@ -467,6 +494,7 @@ int main(void) {
         cmocka_unit_test(test_kwargs_reach_the_template),
         cmocka_unit_test(test_generation_prompt_and_continue),
         cmocka_unit_test(test_context_keys),
+        cmocka_unit_test(test_tool_history),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_template_sources),
         cmocka_unit_test(test_tokenize_bodies),

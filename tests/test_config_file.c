@@ -207,6 +207,9 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "request-timeout: 2.5\n"
                                "log-level: debug\n"
                                "chat-template: llama3\n"
+                               "tool-call-parser: mistral\n"
+                               "enable-auto-tool-choice: true\n"
+                               "reasoning-parser: deepseek_r1\n"
                                "allowed-origins: [https://a.example, \"*\"]\n"
                                "allowed-methods: [GET, POST]\n"
                                "allowed-headers: Authorization, X-Trace\n"
@@ -247,6 +250,9 @@ static void check_full(const Config *c) {
     assert_true(c->request_timeout == 2.5);
     assert_string_equal(c->log_level, "debug");
     assert_string_equal(c->chat_template, "llama3");
+    assert_string_equal(c->tool_call_parser, "mistral");
+    assert_int_equal(c->enable_auto_tool_choice, 1);
+    assert_string_equal(c->reasoning_parser, "deepseek_r1");
     assert_string_equal(c->allowed_origins[0], "https://a.example");
     assert_string_equal(c->allowed_origins[1], "*");
     assert_null(c->allowed_origins[2]);
@@ -441,6 +447,11 @@ static void test_enum_errors(void **state) {
                       "must be one of auto, float32, float16, bfloat16");
     expect_file_error("load-format: pt\n", PL_ERR_INVALID, "1", "key 'load-format' must be one");
     expect_file_error("log-level: loud\n", PL_ERR_INVALID, "1", "key 'log-level' must be one");
+    expect_file_error("tool-call-parser: pythonic\n", PL_ERR_INVALID, "1",
+                      "key 'tool-call-parser' must be one of hermes, llama3_json, mistral, got "
+                      "'pythonic'");
+    expect_file_error("reasoning-parser: r1\n", PL_ERR_INVALID, "1",
+                      "key 'reasoning-parser' must be one of deepseek_r1, qwen3, got 'r1'");
 }
 
 /* List keys: a YAML list of scalars, a flow list, or comma-separated text; never an empty
@@ -576,6 +587,11 @@ static void test_validate(void **state) {
     c.engine.preemption_mode = (PreemptionMode)7;
     expect_error(cfg_validate(&c), PL_ERR_INVALID, "key 'preemption-mode'", NULL);
     c.engine.preemption_mode = PREEMPT_RECOMPUTE;
+    c.enable_auto_tool_choice = 1; /* needs a parser */
+    expect_error(cfg_validate(&c), PL_ERR_INVALID, "enable-auto-tool-choice needs tool-call-parser",
+                 NULL);
+    c.tool_call_parser = "hermes";
+    assert_int_equal(cfg_validate(&c), PL_OK);
     free(c.host);
     c.host = NULL;
     expect_error(cfg_validate(&c), PL_ERR_INVALID, "key 'host' needs a value", NULL);

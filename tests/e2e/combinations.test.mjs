@@ -21,7 +21,7 @@
 // every chat choice's first delta. Where the generator knows the request is invalid (a value
 // out of range, a wrong type, a cross-field rule broken), a 200 is a failure too, and where
 // it knows the request is valid, a 4xx is; values it is unsure of accept either. suffix,
-// tools and tool_choice (and vLLM's fields pagellm does not implement), and malformed
+// malformed tools and tool_choice (and vLLM's fields pagellm does not implement), and malformed
 // structured-output constraints (response_format, guided_*), must be refused with a 400 that
 // names them (tools and tool_choice on chat, suffix on completions; the other endpoint may
 // ignore them). After the run the server must answer /health and exit 0 on
@@ -198,15 +198,18 @@ const LOGIT_BIAS = [...ok({}, { 1: 5 }, { 2: -100 }, { 13: 100, 29: -100 }, { [V
                            { 99999999999: 1 }, { 1: '5' }, { 1: null }, { 1: [] }, { 1: true }, { '': 1 },
                            { 1: new Raw('1e400') }, { 1: new Raw('NaN') }, [], [1, 2], '1', 5, true)];
 
-// Fields that must be refused with a 400 naming them (non-null, non-trivial values). tools
-// and tool_choice are chat fields: a completions request may ignore them, as suffix on chat.
+// Fields that must be refused with a 400 naming them (non-null, non-trivial values): malformed
+// tools and tool_choice, and fields pagellm does not implement. tools and tool_choice are chat
+// fields: a completions request may ignore them, as suffix on chat.
 const CHAT_ONLY_REFUSED = ['tools', 'tool_choice', 'functions', 'function_call'];
 const COMPLETIONS_ONLY_REFUSED = ['suffix'];
 const REFUSED = {
     suffix: [...bad('x', ' and then.', 'ü'), ...any('', null)],
-    tools: [...bad([{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }],
-                   [{ type: 'function', function: { name: 'g' } }], 'x', {}), ...any([], null)],
-    tool_choice: [...bad('auto', 'required', { type: 'function', function: { name: 'f' } }, 5),
+    // Valid tools are left out: with them a 200 may carry tool_calls instead of content (their
+    // semantics: tests/e2e/tools.test.mjs); without tools every tool_choice but none is refused.
+    tools: [...bad('x', {}, [{ type: 'function' }], [{ type: 'function', function: { name: 'a b' } }],
+                   [{ type: 'tool', function: { name: 'f' } }]), ...any([], null)],
+    tool_choice: [...bad('auto', 'required', { type: 'function', function: { name: 'f' } }, 5, 'sometimes'),
                   ...any('none', null)],
     // Structured output: a malformed constraint is refused naming its field; a valid one is
     // served (its own semantics: tests/e2e/structured.test.mjs), two at once are refused.

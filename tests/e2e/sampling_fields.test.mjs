@@ -124,7 +124,7 @@ describe('sampling fields', () => {
             [complete, { prompt: 'Hi', suffix: 'end' }, 'suffix'],
             [complete, { prompt: 'Hi', prompt_logprobs: 1 }, 'prompt_logprobs'],
             [chat, { messages: [{ role: 'user', content: 'Hi' }],
-                     tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 'tools'],
+                     functions: [{ name: 'f', parameters: {} }] }, 'functions'],
             [chat, { messages: [{ role: 'user', content: 'Hi' }], allowed_token_ids: [1, 2] },
              'allowed_token_ids'],
         ];
