@@ -81,11 +81,61 @@ typedef struct {
                           * (a backend may give them a decode kernel); 0 = not known */
 } AttnBatch;
 
-/* Rotary embedding frequencies, precomputed once per model (llama3 scaling folded in). */
+/* Rotary embedding frequencies, precomputed once per model (k_rope_freqs: the scaling folded
+ * in). The first rot_dim elements of each head are rotated (rotate-half within them: pairs
+ * (i, i + rot_dim / 2)); the rest pass unchanged (partial_rotary_factor, Phi-4-mini). cos and
+ * sin are multiplied by attn_factor (YaRN's and LongRoPE's attention scaling, as transformers
+ * does). A token at position p >= long_from uses long_inv_freq (LongRoPE's long factors) when
+ * that is not NULL. Zero rot_dim means head_dim, zero attn_factor 1. */
 typedef struct {
     int head_dim;
-    const float *inv_freq; /* [head_dim / 2], backend memory */
+    const float *inv_freq;      /* [rot_dim / 2], backend memory */
+    int rot_dim;                /* 0: head_dim */
+    float attn_factor;          /* 0: 1 */
+    const float *long_inv_freq; /* [rot_dim / 2], backend memory, or NULL */
+    int long_from;              /* first position that uses long_inv_freq */
 } Rope;
+
+/* RoPE scaling (config.json rope_scaling / rope_parameters), as transformers 5's
+ * modeling_rope_utils computes it:
+ *   DEFAULT  inv_freq_i = theta^(-2i / rot_dim)
+ *   LINEAR   inv_freq / factor
+ *   DYNAMIC  NTK: transformers recomputes theta from the sequence length L once L exceeds
+ *            max_position_embeddings; for L <= max_position_embeddings it is DEFAULT, and so it
+ *            is here (pagellm's context is at most max_position_embeddings)
+ *   YARN     interpolation / extrapolation ramp between beta_fast and beta_slow rotations over
+ *            original_max_position (truncate: floor / ceil of the bounds), cos and sin scaled by
+ *            attention_factor (else 0.1 ln(factor) + 1, or its mscale / mscale_all_dim ratio)
+ *   LONGROPE inv_freq_i / short_factor[i] (long_factor[i] past original_max_position), cos and
+ *            sin scaled by attention_factor (else sqrt(1 + ln(f) / ln(original_max_position)),
+ *            f = factor, else max_position / original_max_position)
+ *   LLAMA3   Llama 3.1's wavelength bands */
+typedef enum {
+    ROPE_DEFAULT = 0,
+    ROPE_LINEAR,
+    ROPE_DYNAMIC,
+    ROPE_YARN,
+    ROPE_LONGROPE,
+    ROPE_LLAMA3
+} RopeType;
+
+enum { ROPE_MAX_FACTORS = 512 }; /* rot_dim / 2 at most */
+
+typedef struct {
+    RopeType type;
+    float factor;                 /* 0: none given (yarn, longrope: derived) */
+    float low_freq_factor;        /* llama3 */
+    float high_freq_factor;       /* llama3 */
+    int original_max_position;    /* llama3, yarn, longrope */
+    int max_position;             /* max_position_embeddings (dynamic, yarn, longrope) */
+    float beta_fast, beta_slow;   /* yarn; 0: 32 and 1 */
+    float mscale, mscale_all_dim; /* yarn; 0: not given */
+    float attention_factor;       /* yarn, longrope; 0: derived */
+    int truncate;                 /* yarn: round the correction range (transformers: true) */
+    int num_factors;              /* longrope: entries of short_factor and long_factor */
+    float short_factor[ROPE_MAX_FACTORS];
+    float long_factor[ROPE_MAX_FACTORS];
+} RopeScaling;
 
 /* Per-head RMSNorm of q and k after the projection and before RoPE (Qwen3's q_norm, k_norm):
  * each head's vector x[D] becomes w * (x * rsqrt(mean(x^2) + eps)), the weight multiplied last
@@ -232,13 +282,30 @@ struct KernelOps {
                            const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer);
 
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
-     * Query head h reads KV head h / (nh / nkv). */
+     * Query head h reads KV head h / (nh / nkv). Scores are s = scale q.k; with softcap > 0
+     * (Gemma 2) s = softcap tanh(s / softcap) before the softmax; with window > 0 (sliding-window
+     * layers) a token at position p attends to positions max(0, p - window + 1) .. p only (the
+     * cache may still hold the older ones). */
     void (*attention)(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
-                      const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale);
+                      const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                      float softcap, int window);
 
     /* out[i, j] = silu(gate_up[i, j]) * gate_up[i, dim + j]: the fused gate-up projection's
      * rows [n, 2 dim] (gate half first) to out[n, dim]. */
     void (*silu_mul)(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
+
+    /* out[i, j] = gelu_tanh(gate_up[i, j]) * gate_up[i, dim + j], as silu_mul with torch's
+     * gelu(approximate="tanh") (transformers' gelu_pytorch_tanh, Gemma's GeGLU):
+     * gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). */
+    void (*gelu_tanh_mul)(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
+
+    /* x[i] = x[i] * s for i < n, in the act dtype (each product rounded to it): Gemma's
+     * embedding times sqrt(hidden), s already rounded to the act dtype as transformers does. */
+    void (*scale)(const KernelOps *ops, void *x, size_t n, float s);
+
+    /* logits[i] = cap * tanh(logits[i] / cap) for i < n, fp32 in place (backend memory):
+     * Gemma 2's final logit soft-capping, after the LM head. */
+    void (*logits_softcap)(const KernelOps *ops, float *logits, size_t n, float cap);
 
     /* Optional fusions (NULL: the model makes the two calls). matmul_qkv_rope_cache =
      * matmul(qkv, x, w, bias, n) then qkv_rope_cache(q_out, qkv, ...); matmul_silu_mul =
@@ -422,9 +489,17 @@ void k_mpi_abort(int code);
 void k_close(KernelOps **ranks, int size);
 
 /* Fill inv_freq[head_dim/2] for rope_theta with optional llama3 scaling
- * (factor <= 0 means none). Host memory; shared by every backend. */
+ * (factor <= 0 means none). Host memory; shared by every backend. k_rope_freqs with a
+ * RopeScaling of type LLAMA3 (or DEFAULT). */
 void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
                      float low_freq_factor, float high_freq_factor, int original_max_pos);
+
+/* The CPU reference of RoPE scaling (RopeScaling above; s NULL: DEFAULT): inv_freq[rot_dim / 2]
+ * for rope_theta, and for LONGROPE the long-context ones into long_inv_freq (NULL: not wanted;
+ * other types copy inv_freq there). Returns the cos / sin factor (Rope.attn_factor): YaRN's and
+ * LongRoPE's attention factor, else 1. Host memory, float32 steps as torch takes them. */
+float k_rope_freqs(float *inv_freq, float *long_inv_freq, int rot_dim, float theta,
+                   const RopeScaling *s);
 
 /* The per-request random stream: 64 bits that depend only on (seed, index), and the uniform
  * float in [0, 1) of their top 24. */

@@ -89,6 +89,16 @@ void k_cuda_add_rmsnorm(void *residual, const void *delta, void *out, DType act,
  * out [n, dim] (act); out must not alias gate_up. */
 void k_cuda_silu_mul(void *out, const void *gate_up, DType act, int n, int dim, void *stream);
 
+/* Gemma's ops (gemma.cu; kernels.h gives their meaning): GeGLU, x *= s in the act dtype, fp32
+ * logits soft-capped in place, and attention with soft-capped scores and / or a sliding window
+ * (window 0: none), a plain kernel that any AttnBatch may take. */
+void k_cuda_gelu_tanh_mul(void *out, const void *gate_up, DType act, int n, int dim, void *stream);
+void k_cuda_scale(void *x, DType act, size_t n, float s, void *stream);
+void k_cuda_logits_softcap(float *logits, size_t n, float cap, void *stream);
+void k_cuda_attention_capped(void *out, const void *q, DType act, const void *kv_cache,
+                             const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                             float softcap, int window, void *stream);
+
 /* The KernelOps fill_dummy op (load-format dummy weights made on the GPU): n elements of dt
  * (F32 / F16 / BF16) at dst, uniform in [-scale, scale) from stream `key`, bit-identical to
  * models/weights.c's host fill, or all 1 when scale == 0. */

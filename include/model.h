@@ -1,8 +1,9 @@
 /* model.h - model configuration (config.json), weights and the forward pass.
  *
  * A Model is a decoder-only transformer of the Llama family (LlamaForCausalLM,
- * MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, and the mixture-of-experts
- * MixtralForCausalLM and Qwen3MoeForCausalLM): its config, its weights (mmapped from
+ * MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, the mixture-of-experts
+ * MixtralForCausalLM and Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text) and
+ * Phi3ForCausalLM): its config, its weights (mmapped from
  * safetensors, or random for load-format dummy) and its scratch buffers. model_forward runs one
  * step of a batch over the paged KV cache through a backend's KernelOps. */
 #ifndef PAGELLM_MODEL_H
@@ -14,7 +15,8 @@
 #include "kernels.h"
 
 #define MODEL_MAX_EOS      8
-#define MODEL_MAX_MLP_ONLY 256 /* Qwen3-MoE mlp_only_layers entries */
+#define MODEL_MAX_MLP_ONLY 256  /* Qwen3-MoE mlp_only_layers entries */
+#define MODEL_MAX_LAYERS   1024 /* layers whose attention kind is listed (layer_types) */
 
 typedef struct {
     char architecture[64]; /* "LlamaForCausalLM", ... */
@@ -28,11 +30,24 @@ typedef struct {
     int max_position_embeddings;
     float rms_norm_eps;
     float rope_theta;
-    /* rope_scaling {rope_type: llama3}; factor 0 = no scaling */
+    /* rope_scaling {rope_type: llama3}; factor 0 = no scaling (also in rope_scaling below) */
     float rope_llama3_factor;
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int rope_original_max_position;
+    RopeScaling rope_scaling; /* any type (kernels.h); DEFAULT: none. Gemma 3: the global layers' */
+    int rotary_dim;         /* dims of a head that RoPE rotates (partial_rotary_factor: Phi-3/4) */
+    float rope_local_theta; /* Gemma 3's sliding layers (unscaled RoPE); 0: as the others */
+    /* Gemma 2 / 3 */
+    int gemma; /* norms multiply by (1 + w), embedding x sqrt(hidden) (rounded to the act dtype),
+                * a norm after attention and after the MLP (post_attention_layernorm,
+                * post_feedforward_layernorm; pre_feedforward_layernorm before the MLP) */
+    int gelu;  /* the MLP's activation is gelu_pytorch_tanh (GeGLU), not silu */
+    float query_pre_attn_scalar; /* attention scale = its^-1/2; 0: head_dim's */
+    float attn_softcap;          /* attn_logit_softcapping; 0: none */
+    float final_softcap;         /* final_logit_softcapping; 0: none */
+    int sliding_window;          /* > 0: the layers layer_sliding marks see the last this many */
+    unsigned char layer_sliding[MODEL_MAX_LAYERS]; /* layer_types: 1 = sliding_attention */
     int tie_word_embeddings;
     int qkv_bias; /* Qwen2, or attention_bias: q/k/v projections carry biases */
     int qk_norm;  /* Qwen3: per-head RMSNorm of q and k before RoPE */
@@ -50,6 +65,9 @@ typedef struct {
     int eos_token_ids[MODEL_MAX_EOS]; /* from generation_config.json, else config.json */
     int num_eos;
 } ModelConfig;
+
+/* The attention window of layer l: sliding_window on sliding layers, else 0 (all positions). */
+int model_layer_window(const ModelConfig *cfg, int layer);
 
 /* Whether layer l's MLP is a mixture of experts (else the dense SwiGLU MLP). */
 int model_layer_is_moe(const ModelConfig *cfg, int layer);

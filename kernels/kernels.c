@@ -80,27 +80,27 @@ size_t k_kv_block_elems(const KvLayout *l) {
     return (size_t)l->num_layers * 2 * k_kv_half_elems(l);
 }
 
-/* Mirrors transformers' _compute_default_rope_parameters and _compute_llama3_parameters
- * step by step in float32 (torch evaluates these on float32 tensors), so that the
- * frequencies, and which band each one falls into, match the reference bit for bit or
- * within an ulp. The power itself is taken in double and rounded once. */
-void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
-                     float low_freq_factor, float high_freq_factor, int original_max_pos) {
-    PL_CHECK(head_dim > 0 && head_dim % 2 == 0);
-    for (int i = 0; i < head_dim / 2; i++) {
-        float e = (float)(2 * i) / (float)head_dim;
+/* theta^(-2i / dim) for i < dim / 2, as transformers' default frequencies (the power taken in
+ * double and rounded once). */
+static void default_inv_freq(float *inv_freq, int dim, float theta) {
+    for (int i = 0; i < dim / 2; i++) {
+        float e = (float)(2 * i) / (float)dim;
         float p = (float)pow((double)theta, (double)e);
         inv_freq[i] = 1.0f / p;
     }
-    if (llama3_factor <= 0.0f)
-        return;
-    PL_CHECK(high_freq_factor != low_freq_factor && original_max_pos > 0);
-    float factor = llama3_factor;
-    float old_ctx = (float)original_max_pos;
-    float low_freq_wavelen = (float)((double)original_max_pos / (double)low_freq_factor);
-    float high_freq_wavelen = (float)((double)original_max_pos / (double)high_freq_factor);
-    float band = (float)((double)high_freq_factor - (double)low_freq_factor);
-    for (int i = 0; i < head_dim / 2; i++) {
+}
+
+/* Llama 3.1's bands, mirroring _compute_llama3_parameters step by step in float32 (torch
+ * evaluates it on float32 tensors), so that which band each frequency falls into matches. */
+static void llama3_scale(float *inv_freq, int half, const RopeScaling *s) {
+    PL_CHECK(s->high_freq_factor != s->low_freq_factor && s->original_max_position > 0);
+    float factor = s->factor, low_freq_factor = s->low_freq_factor;
+    float old_ctx = (float)s->original_max_position;
+    float low_freq_wavelen = (float)((double)s->original_max_position / (double)low_freq_factor);
+    float high_freq_wavelen =
+        (float)((double)s->original_max_position / (double)s->high_freq_factor);
+    float band = (float)((double)s->high_freq_factor - (double)low_freq_factor);
+    for (int i = 0; i < half; i++) {
         float inv = inv_freq[i];
         /* torch evaluates `2 * math.pi / t` as reciprocal(t) * (2 * pi) */
         float wavelen = (1.0f / inv) * (float)(2.0 * M_PI);
@@ -112,6 +112,98 @@ void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_fa
         }
         inv_freq[i] = v;
     }
+}
+
+static double yarn_mscale(double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
+/* _compute_yarn_parameters: the ramp between extrapolated and interpolated frequencies. */
+static float yarn_scale(float *inv_freq, int dim, float theta, const RopeScaling *s) {
+    PL_CHECK(s->original_max_position > 0);
+    double factor = s->factor > 0 ? s->factor : (double)s->max_position / s->original_max_position;
+    double att = s->attention_factor;
+    if (!(att > 0))
+        att = s->mscale > 0 && s->mscale_all_dim > 0
+                  ? yarn_mscale(factor, s->mscale) / yarn_mscale(factor, s->mscale_all_dim)
+                  : yarn_mscale(factor, 1.0);
+    double beta_fast = s->beta_fast > 0 ? s->beta_fast : 32,
+           beta_slow = s->beta_slow > 0 ? s->beta_slow : 1;
+    double lo = (dim * log(s->original_max_position / (beta_fast * 2 * M_PI))) / (2 * log(theta));
+    double hi = (dim * log(s->original_max_position / (beta_slow * 2 * M_PI))) / (2 * log(theta));
+    if (s->truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < dim - 1 ? hi : dim - 1;
+    if (lo == hi)
+        hi += 0.001; /* as transformers: no singular ramp */
+    for (int i = 0; i < dim / 2; i++) {
+        float extra = inv_freq[i]; /* 1 / pos_freq */
+        float pos_freq = 1.0f / extra;
+        float inter = 1.0f / ((float)factor * pos_freq);
+        float ramp = (float)(((double)i - lo) / (hi - lo));
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float ext_factor = 1.0f - ramp;
+        inv_freq[i] = inter * (1.0f - ext_factor) + extra * ext_factor;
+    }
+    return (float)att;
+}
+
+/* _compute_longrope_parameters: the default frequencies divided by the short (or long)
+ * factors. */
+static float longrope_scale(float *inv_freq, float *long_inv_freq, int dim, const RopeScaling *s) {
+    PL_CHECK(s->original_max_position > 0 && s->num_factors == dim / 2);
+    double factor = s->factor > 0 ? s->factor : (double)s->max_position / s->original_max_position;
+    double att = s->attention_factor > 0 ? s->attention_factor
+                 : factor <= 1.0         ? 1.0
+                                 : sqrt(1 + log(factor) / log((double)s->original_max_position));
+    for (int i = 0; i < dim / 2; i++) {
+        float base_pow = 1.0f / inv_freq[i];
+        if (long_inv_freq)
+            long_inv_freq[i] = 1.0f / (s->long_factor[i] * base_pow);
+        inv_freq[i] = 1.0f / (s->short_factor[i] * base_pow);
+    }
+    return (float)att;
+}
+
+float k_rope_freqs(float *inv_freq, float *long_inv_freq, int rot_dim, float theta,
+                   const RopeScaling *s) {
+    PL_CHECK(rot_dim > 0 && rot_dim % 2 == 0);
+    const int half = rot_dim / 2;
+    default_inv_freq(inv_freq, rot_dim, theta);
+    float att = 1.0f;
+    switch (s ? s->type : ROPE_DEFAULT) {
+        case ROPE_DEFAULT:
+        case ROPE_DYNAMIC: /* = default up to max_position_embeddings (kernels.h) */
+            break;
+        case ROPE_LINEAR:
+            for (int i = 0; i < half; i++)
+                inv_freq[i] /= s->factor;
+            break;
+        case ROPE_LLAMA3:
+            llama3_scale(inv_freq, half, s);
+            break;
+        case ROPE_YARN:
+            att = yarn_scale(inv_freq, rot_dim, theta, s);
+            break;
+        case ROPE_LONGROPE:
+            return longrope_scale(inv_freq, long_inv_freq, rot_dim, s);
+    }
+    if (long_inv_freq)
+        memcpy(long_inv_freq, inv_freq, (size_t)half * sizeof *inv_freq);
+    return att;
+}
+
+void k_rope_inv_freq(float *inv_freq, int head_dim, float theta, float llama3_factor,
+                     float low_freq_factor, float high_freq_factor, int original_max_pos) {
+    RopeScaling s = {.type = llama3_factor > 0 ? ROPE_LLAMA3 : ROPE_DEFAULT,
+                     .factor = llama3_factor,
+                     .low_freq_factor = low_freq_factor,
+                     .high_freq_factor = high_freq_factor,
+                     .original_max_position = original_max_pos};
+    k_rope_freqs(inv_freq, NULL, head_dim, theta, &s);
 }
 
 /* splitmix64's finaliser: a bijective 64-bit mixer with full avalanche. */

@@ -1,9 +1,11 @@
 /* config.c - parse a Hugging Face config.json (+ generation_config.json) into ModelConfig.
  *
  * Accepts what transformers 4.x and 5.x write for LlamaForCausalLM, MistralForCausalLM,
- * Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and Qwen3MoeForCausalLM: `torch_dtype`
- * or (5.x) `dtype`; `rope_theta` + `rope_scaling` or (5.x) `rope_parameters` holding both. Every
- * error is one line naming the file and the key. */
+ * Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
+ * Gemma2ForCausalLM, Gemma3ForCausalLM and Phi3ForCausalLM: `torch_dtype` or (5.x) `dtype`;
+ * `rope_theta` + `rope_scaling` or (5.x) `rope_parameters` holding both (Gemma 3: one per layer
+ * kind, or 4.x's rope_local_base_freq); RoPE types default, linear, dynamic, yarn, longrope
+ * (su) and llama3. Every error is one line naming the file and the key. */
 #include "model.h"
 
 #include <jansson.h>
@@ -22,11 +24,14 @@ static const struct {
     {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
     {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
     {"MixtralForCausalLM", "mixtral"}, {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"Gemma2ForCausalLM", "gemma2"},   {"Gemma3ForCausalLM", "gemma3_text"},
+    {"Phi3ForCausalLM", "phi3"},
 };
 enum { NUM_ARCHS = sizeof supported_archs / sizeof supported_archs[0] };
 #define SUPPORTED_LIST                                                                             \
     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "                   \
-    "MixtralForCausalLM, Qwen3MoeForCausalLM"
+    "MixtralForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "              \
+    "Phi3ForCausalLM"
 
 static const char *arch_from_model_type(const char *mt) {
     for (int i = 0; mt && i < NUM_ARCHS; i++)
@@ -131,9 +136,176 @@ static Status parse_bos(json_t *v, const char *path, ModelConfig *cfg) {
     return PL_OK;
 }
 
-/* RoPE: theta and optional llama3 scaling, from the 4.x keys (rope_theta, rope_scaling) or
- * the 5.x `rope_parameters` object. As transformers does, rope_scaling wins over
- * rope_parameters, and a theta inside rope_parameters over the top-level one. */
+/* A number key of obj that may be absent (dflt), else finite; `what` names it in errors. */
+static Status get_number(json_t *obj, const char *path, const char *key, const char *what,
+                         float dflt, float *out) {
+    json_t *v = get(obj, key);
+    *out = dflt;
+    if (!v)
+        return PL_OK;
+    if (!json_is_number(v) || !isfinite((float)json_number_value(v)))
+        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' must be a number", path, what);
+    *out = (float)json_number_value(v);
+    return PL_OK;
+}
+
+/* LongRoPE's short_factor or long_factor: a list of rot_dim / 2 positive numbers. */
+static Status get_factors(json_t *sc, const char *path, const char *sc_name, const char *key, int n,
+                          float *out) {
+    json_t *v = get(sc, key);
+    if (!v || !json_is_array(v) || (int)json_array_size(v) != n)
+        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s.%s' must be a list of %d numbers", path,
+                            sc_name, key, n);
+    for (int i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        if (!json_is_number(e) || !(json_number_value(e) > 0))
+            return pl_error_set(PL_ERR_FORMAT, "%s: key '%s.%s' must hold positive numbers", path,
+                                sc_name, key);
+        out[i] = (float)json_number_value(e);
+    }
+    return PL_OK;
+}
+
+/* One RoPE scaling object `sc` (rope_scaling, rope_parameters or one layer kind's entry) into
+ * out. Phi-3 spells LongRoPE "su" (and, as transformers maps it, "yarn"). */
+static Status parse_scaling(json_t *root, json_t *sc, const char *sc_name, const char *path,
+                            ModelConfig *cfg, RopeScaling *out) {
+    memset(out, 0, sizeof *out);
+    out->max_position = cfg->max_position_embeddings;
+    out->truncate = 1;
+    json_t *jt = get(sc, "rope_type");
+    if (!jt)
+        jt = get(sc, "type");
+    if (jt && !json_is_string(jt))
+        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s.rope_type' must be a string", path,
+                            sc_name);
+    const char *type = jt ? json_string_value(jt) : "default";
+    const int phi3 = strcmp(cfg->architecture, "Phi3ForCausalLM") == 0;
+    static const struct {
+        const char *name;
+        RopeType type;
+    } types[] = {{"default", ROPE_DEFAULT}, {"linear", ROPE_LINEAR},     {"dynamic", ROPE_DYNAMIC},
+                 {"yarn", ROPE_YARN},       {"longrope", ROPE_LONGROPE}, {"su", ROPE_LONGROPE},
+                 {"llama3", ROPE_LLAMA3}};
+    int found = 0;
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++)
+        if (strcmp(type, types[i].name) == 0) {
+            out->type = types[i].type;
+            found = 1;
+        }
+    if (!found)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: %s type '%s' is not supported (supported: default, linear, "
+                            "dynamic, yarn, longrope, su, llama3)",
+                            path, sc_name, type);
+    if (phi3 && out->type == ROPE_YARN)
+        out->type = ROPE_LONGROPE;
+    if (out->type == ROPE_DEFAULT)
+        return PL_OK;
+    char what[128];
+    Status s;
+    const int need_factor = out->type != ROPE_YARN && out->type != ROPE_LONGROPE;
+    snprintf(what, sizeof what, "%s.factor", sc_name);
+    if ((s = get_pos_float(sc, path, "factor", what, need_factor, 0, &out->factor)))
+        return s;
+    /* the pre-extension length: rope_scaling's, else (Phi-3, which keeps it outside, first)
+     * config.json's original_max_position_embeddings, else max_position_embeddings */
+    json_t *om = get(sc, "original_max_position_embeddings");
+    if (phi3 && get(root, "original_max_position_embeddings"))
+        om = get(root, "original_max_position_embeddings");
+    if (!om && out->type == ROPE_LLAMA3)
+        return pl_error_set(PL_ERR_FORMAT, "%s: missing key '%s.original_max_position_embeddings'",
+                            path, sc_name);
+    if (!om)
+        om = get(root, "original_max_position_embeddings");
+    out->original_max_position = cfg->max_position_embeddings;
+    if (om) {
+        if (!json_is_integer(om) || json_integer_value(om) <= 0 || json_integer_value(om) > INT_MAX)
+            return pl_error_set(PL_ERR_FORMAT,
+                                "%s: key '%s.original_max_position_embeddings' must be a positive "
+                                "integer",
+                                path, sc_name);
+        out->original_max_position = (int)json_integer_value(om);
+    }
+    switch (out->type) {
+        case ROPE_LLAMA3:
+            snprintf(what, sizeof what, "%s.low_freq_factor", sc_name);
+            if ((s = get_pos_float(sc, path, "low_freq_factor", what, 1, 0, &out->low_freq_factor)))
+                return s;
+            snprintf(what, sizeof what, "%s.high_freq_factor", sc_name);
+            if ((s = get_pos_float(sc, path, "high_freq_factor", what, 1, 0,
+                                   &out->high_freq_factor)))
+                return s;
+            if (out->high_freq_factor <= out->low_freq_factor)
+                return pl_error_set(PL_ERR_FORMAT,
+                                    "%s: key '%s.high_freq_factor' (%g) must be larger than "
+                                    "low_freq_factor (%g)",
+                                    path, sc_name, out->high_freq_factor, out->low_freq_factor);
+            break;
+        case ROPE_YARN: {
+            static const char *keys[] = {"beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                                         "attention_factor"};
+            float *dst[] = {&out->beta_fast, &out->beta_slow, &out->mscale, &out->mscale_all_dim,
+                            &out->attention_factor};
+            for (int i = 0; i < 5; i++) {
+                snprintf(what, sizeof what, "%s.%s", sc_name, keys[i]);
+                if ((s = get_number(sc, path, keys[i], what, 0, dst[i])))
+                    return s;
+            }
+            snprintf(what, sizeof what, "%s.truncate", sc_name);
+            if ((s = get_bool(sc, path, "truncate", 1, &out->truncate)))
+                return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' must be true or false", path,
+                                    what);
+            break;
+        }
+        case ROPE_LONGROPE:
+            snprintf(what, sizeof what, "%s.attention_factor", sc_name);
+            out->num_factors = cfg->rotary_dim / 2;
+            if ((s = get_number(sc, path, "attention_factor", what, 0, &out->attention_factor)) ||
+                (s = get_factors(sc, path, sc_name, "short_factor", out->num_factors,
+                                 out->short_factor)) ||
+                (s = get_factors(sc, path, sc_name, "long_factor", out->num_factors,
+                                 out->long_factor)))
+                return s;
+            break;
+        default:
+            break;
+    }
+    return PL_OK;
+}
+
+/* partial_rotary_factor (rope_parameters' in 5.x, config.json's in 4.x): Phi-3 / Phi-4 only. */
+static Status parse_partial_rotary(json_t *root, json_t *sc, const char *sc_name, const char *path,
+                                   ModelConfig *cfg) {
+    cfg->rotary_dim = cfg->head_dim;
+    json_t *prf = sc ? get(sc, "partial_rotary_factor") : NULL;
+    const char *where = sc_name;
+    if (!prf) {
+        prf = get(root, "partial_rotary_factor");
+        where = NULL;
+    }
+    if (!prf)
+        return PL_OK;
+    char key[96];
+    snprintf(key, sizeof key, "%s%spartial_rotary_factor", where ? where : "", where ? "." : "");
+    if (!json_is_number(prf) || !(json_number_value(prf) > 0) || json_number_value(prf) > 1)
+        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' must be a number in (0, 1]", path, key);
+    double f = json_number_value(prf);
+    if (f != 1.0 && strcmp(cfg->architecture, "Phi3ForCausalLM") != 0)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: key '%s' other than 1 is not supported for %s",
+                            path, key, cfg->architecture);
+    cfg->rotary_dim = (int)(cfg->head_dim * f); /* as transformers: int(head_dim * factor) */
+    if (cfg->rotary_dim < 2 || cfg->rotary_dim % 2)
+        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s' (%g) leaves %d rotary dims, not even",
+                            path, key, f, cfg->rotary_dim);
+    return PL_OK;
+}
+
+/* RoPE: theta and scaling, from the 4.x keys (rope_theta, rope_scaling) or the 5.x
+ * `rope_parameters` object. As transformers does, rope_scaling wins over rope_parameters, and
+ * a theta inside rope_parameters over the top-level one. Gemma 3's rope_parameters hold one
+ * object per layer kind (full_attention: rope_theta and scaling; sliding_attention: the local
+ * theta, unscaled); 4.x Gemma 3 configs give rope_local_base_freq instead. */
 static Status parse_rope(json_t *root, const char *path, ModelConfig *cfg) {
     json_t *params = get(root, "rope_parameters");
     json_t *scaling = get(root, "rope_scaling");
@@ -142,70 +314,72 @@ static Status parse_rope(json_t *root, const char *path, ModelConfig *cfg) {
     if (scaling && !json_is_object(scaling))
         return pl_error_set(PL_ERR_FORMAT, "%s: key 'rope_scaling' must be an object or null",
                             path);
+    const int gemma3 = strcmp(cfg->architecture, "Gemma3ForCausalLM") == 0;
+    const char *params_name = "rope_parameters";
     Status s;
-    cfg->rope_theta = 10000.0f;
+    json_t *local = params ? get(params, "sliding_attention") : NULL;
+    json_t *full = params ? get(params, "full_attention") : NULL;
+    if ((local || full) && !gemma3)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: key 'rope_parameters' per layer kind is not supported for %s",
+                            path, cfg->architecture);
+    if (full) {
+        if (!json_is_object(full) || (local && !json_is_object(local)))
+            return pl_error_set(PL_ERR_FORMAT,
+                                "%s: keys 'rope_parameters.full_attention' and "
+                                "'.sliding_attention' must be objects",
+                                path);
+        params = full;
+        params_name = "rope_parameters.full_attention";
+    }
+    const float dflt_theta = gemma3 ? 1000000.0f : 10000.0f;
+    char what[96];
+    snprintf(what, sizeof what, "%s.rope_theta", params_name);
     if (params && get(params, "rope_theta"))
-        s = get_pos_float(params, path, "rope_theta", "rope_parameters.rope_theta", 1, 0,
-                          &cfg->rope_theta);
+        s = get_pos_float(params, path, "rope_theta", what, 1, 0, &cfg->rope_theta);
     else
-        s = get_pos_float(root, path, "rope_theta", "rope_theta", 0, 10000.0f, &cfg->rope_theta);
+        s = get_pos_float(root, path, "rope_theta", "rope_theta", 0, dflt_theta, &cfg->rope_theta);
     if (s != PL_OK)
         return s;
+    if (gemma3) { /* the sliding layers' theta, unscaled */
+        if (local) {
+            json_t *lt = get(local, "rope_type");
+            if (lt && (!json_is_string(lt) || strcmp(json_string_value(lt), "default") != 0))
+                return pl_error_set(PL_ERR_UNSUPPORTED,
+                                    "%s: key 'rope_parameters.sliding_attention.rope_type' must "
+                                    "be \"default\"",
+                                    path);
+            s = get_pos_float(local, path, "rope_theta",
+                              "rope_parameters.sliding_attention."
+                              "rope_theta",
+                              0, 10000.0f, &cfg->rope_local_theta);
+        } else {
+            s = get_pos_float(root, path, "rope_local_base_freq", "rope_local_base_freq", 0,
+                              10000.0f, &cfg->rope_local_theta);
+        }
+        if (s != PL_OK)
+            return s;
+    }
 
     json_t *sc = scaling ? scaling : params;
-    const char *sc_name = scaling ? "rope_scaling" : "rope_parameters";
+    const char *sc_name = scaling ? "rope_scaling" : params_name;
+    if ((s = parse_partial_rotary(root, params ? params : scaling,
+                                  params ? params_name : "rope_scaling", path, cfg)))
+        return s;
     cfg->rope_llama3_factor = 0;
     cfg->rope_low_freq_factor = 0;
     cfg->rope_high_freq_factor = 0;
     cfg->rope_original_max_position = 0;
     if (!sc)
         return PL_OK;
-    json_t *jt = get(sc, "rope_type");
-    if (!jt)
-        jt = get(sc, "type");
-    if (jt && !json_is_string(jt))
-        return pl_error_set(PL_ERR_FORMAT, "%s: key '%s.rope_type' must be a string", path,
-                            sc_name);
-    const char *type = jt ? json_string_value(jt) : "default";
-    /* Partial rotary embedding is not something these architectures do. */
-    json_t *prf = get(sc, "partial_rotary_factor");
-    if (prf && (!json_is_number(prf) || json_number_value(prf) != 1.0))
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "%s: key '%s.partial_rotary_factor' other than 1 is not supported",
-                            path, sc_name);
-    if (strcmp(type, "default") == 0)
-        return PL_OK;
-    if (strcmp(type, "llama3") != 0)
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "%s: %s type '%s' is not supported (supported: default, llama3)", path,
-                            sc_name, type);
-    char what[96];
-    snprintf(what, sizeof what, "%s.factor", sc_name);
-    if ((s = get_pos_float(sc, path, "factor", what, 1, 0, &cfg->rope_llama3_factor)) != PL_OK)
+    if ((s = parse_scaling(root, sc, sc_name, path, cfg, &cfg->rope_scaling)))
         return s;
-    snprintf(what, sizeof what, "%s.low_freq_factor", sc_name);
-    if ((s = get_pos_float(sc, path, "low_freq_factor", what, 1, 0, &cfg->rope_low_freq_factor)) !=
-        PL_OK)
-        return s;
-    snprintf(what, sizeof what, "%s.high_freq_factor", sc_name);
-    if ((s = get_pos_float(sc, path, "high_freq_factor", what, 1, 0,
-                           &cfg->rope_high_freq_factor)) != PL_OK)
-        return s;
-    if (cfg->rope_high_freq_factor <= cfg->rope_low_freq_factor)
-        return pl_error_set(PL_ERR_FORMAT,
-                            "%s: key '%s.high_freq_factor' (%g) must be larger than "
-                            "low_freq_factor (%g)",
-                            path, sc_name, cfg->rope_high_freq_factor, cfg->rope_low_freq_factor);
-    json_t *om = get(sc, "original_max_position_embeddings");
-    if (!om)
-        return pl_error_set(PL_ERR_FORMAT, "%s: missing key '%s.original_max_position_embeddings'",
-                            path, sc_name);
-    if (!json_is_integer(om) || json_integer_value(om) <= 0 || json_integer_value(om) > INT_MAX)
-        return pl_error_set(PL_ERR_FORMAT,
-                            "%s: key '%s.original_max_position_embeddings' must be a positive "
-                            "integer",
-                            path, sc_name);
-    cfg->rope_original_max_position = (int)json_integer_value(om);
+    if (cfg->rope_scaling.type == ROPE_LLAMA3) {
+        cfg->rope_llama3_factor = cfg->rope_scaling.factor;
+        cfg->rope_low_freq_factor = cfg->rope_scaling.low_freq_factor;
+        cfg->rope_high_freq_factor = cfg->rope_scaling.high_freq_factor;
+        cfg->rope_original_max_position = cfg->rope_scaling.original_max_position;
+    }
     return PL_OK;
 }
 
@@ -260,6 +434,78 @@ static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *
     if (window > 0 && window < cfg->max_position_embeddings)
         cfg->max_position_embeddings = window;
     return PL_OK;
+}
+
+/* Gemma 2 / 3: the MLP activation, attention scale and soft-capping, and which layers slide
+ * (layer_types; else Gemma 2's every other layer from the first, Gemma 3's
+ * sliding_window_pattern: all but every pattern-th). The window applies per layer: the context
+ * is not capped. */
+static Status parse_gemma(json_t *root, const char *path, ModelConfig *cfg) {
+    const int gemma3 = strcmp(cfg->architecture, "Gemma3ForCausalLM") == 0;
+    Status s;
+    const char *act_key = get(root, "hidden_activation") ? "hidden_activation" : "hidden_act";
+    json_t *act = get(root, act_key);
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh") != 0))
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: key '%s' must be \"gelu_pytorch_tanh\"", path,
+                            act_key);
+    cfg->gelu = 1;
+    int bidirectional = 0;
+    if ((s = get_bool(root, path, "use_bidirectional_attention", 0, &bidirectional)))
+        return s;
+    if (bidirectional)
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "%s: key 'use_bidirectional_attention' true is not supported", path);
+    if ((s = get_pos_float(root, path, "query_pre_attn_scalar", "query_pre_attn_scalar", 0, 256.0f,
+                           &cfg->query_pre_attn_scalar)) ||
+        (s = get_pos_float(
+             root, path, "attn_logit_softcapping", "attn_logit_softcapping", 0,
+             gemma3 || json_is_null(json_object_get(root, "attn_logit_softcapping")) ? 0.0f : 50.0f,
+             &cfg->attn_softcap)) ||
+        (s = get_pos_float(root, path, "final_logit_softcapping", "final_logit_softcapping", 0,
+                           gemma3 || json_is_null(json_object_get(root, "final_logit_softcapping"))
+                               ? 0.0f
+                               : 30.0f,
+                           &cfg->final_softcap)))
+        return s;
+    /* sliding_window: absent gives transformers' default (4096), null none */
+    json_t *sw = json_object_get(root, "sliding_window");
+    if (json_is_null(sw))
+        cfg->sliding_window = 0;
+    else if ((s = get_int(root, path, "sliding_window", 0, 4096, 1, &cfg->sliding_window)))
+        return s;
+    if (cfg->num_layers > MODEL_MAX_LAYERS)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
+                            cfg->num_layers, MODEL_MAX_LAYERS);
+    json_t *types = get(root, "layer_types");
+    if (types) {
+        if (!json_is_array(types) || (int)json_array_size(types) != cfg->num_layers)
+            return pl_error_set(PL_ERR_FORMAT,
+                                "%s: key 'layer_types' must list num_hidden_layers (%d) kinds",
+                                path, cfg->num_layers);
+        for (int l = 0; l < cfg->num_layers; l++) {
+            const char *k = json_string_value(json_array_get(types, (size_t)l));
+            if (!k || (strcmp(k, "sliding_attention") && strcmp(k, "full_attention")))
+                return pl_error_set(PL_ERR_UNSUPPORTED,
+                                    "%s: key 'layer_types' entry %d must be \"sliding_attention\" "
+                                    "or \"full_attention\"",
+                                    path, l);
+            cfg->layer_sliding[l] = strcmp(k, "sliding_attention") == 0;
+        }
+    } else {
+        int pattern = 2;
+        if (gemma3 && (s = get_int(root, path, "sliding_window_pattern", 0, 6, 1, &pattern)))
+            return s;
+        for (int l = 0; l < cfg->num_layers; l++)
+            cfg->layer_sliding[l] = (l + 1) % pattern != 0;
+    }
+    return PL_OK;
+}
+
+int model_layer_window(const ModelConfig *c, int layer) {
+    return c->sliding_window > 0 && layer >= 0 && layer < MODEL_MAX_LAYERS &&
+                   c->layer_sliding[layer]
+               ? c->sliding_window
+               : 0;
 }
 
 /* Mixture-of-experts keys: Mixtral's num_local_experts (every layer sparse, always
@@ -366,8 +612,10 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
     }
     snprintf(cfg->architecture, sizeof cfg->architecture, "%s", arch);
     int is_qwen2 = strcmp(arch, "Qwen2ForCausalLM") == 0;
-    cfg->qk_norm =
-        strcmp(arch, "Qwen3ForCausalLM") == 0 || strcmp(arch, "Qwen3MoeForCausalLM") == 0;
+    cfg->gemma = strncmp(arch, "Gemma", 5) == 0;
+    cfg->qk_norm = strcmp(arch, "Qwen3ForCausalLM") == 0 ||
+                   strcmp(arch, "Qwen3MoeForCausalLM") == 0 ||
+                   strcmp(arch, "Gemma3ForCausalLM") == 0;
 
     /* Sizes. */
     if ((s = get_int(root, path, "hidden_size", 1, 0, 1, &cfg->hidden_size)) ||
@@ -380,8 +628,8 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
         (s = get_int(root, path, "max_position_embeddings", 0, 2048, 1,
                      &cfg->max_position_embeddings)))
         goto done;
-    if (get(root, "head_dim")) {
-        if ((s = get_int(root, path, "head_dim", 1, 0, 1, &cfg->head_dim)))
+    if (get(root, "head_dim") || cfg->gemma) { /* Gemma's default: 256 */
+        if ((s = get_int(root, path, "head_dim", 0, 256, 1, &cfg->head_dim)))
             goto done;
     } else {
         if (cfg->hidden_size % cfg->num_heads != 0) {
@@ -418,12 +666,15 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
 
     /* Structure flags. */
     json_t *act = get(root, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+    if (cfg->gemma) {
+        if ((s = parse_gemma(root, path, cfg)))
+            goto done;
+    } else if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         s = pl_error_set(PL_ERR_UNSUPPORTED, "%s: key 'hidden_act' must be \"silu\"", path);
         goto done;
     }
     int mlp_bias = 0, attn_bias = 0;
-    if ((s = get_bool(root, path, "tie_word_embeddings", 0, &cfg->tie_word_embeddings)) ||
+    if ((s = get_bool(root, path, "tie_word_embeddings", cfg->gemma, &cfg->tie_word_embeddings)) ||
         (s = get_bool(root, path, "attention_bias", 0, &attn_bias)) ||
         (s = get_bool(root, path, "mlp_bias", 0, &mlp_bias)))
         goto done;
@@ -432,7 +683,8 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
         goto done;
     }
     cfg->qkv_bias = is_qwen2 || attn_bias;
-    if ((s = apply_sliding_window(root, path, cfg)) || (s = parse_moe(root, path, cfg)))
+    if ((!cfg->gemma && (s = apply_sliding_window(root, path, cfg))) ||
+        (s = parse_moe(root, path, cfg)))
         goto done;
 
     /* Special tokens. */

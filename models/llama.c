@@ -1,5 +1,12 @@
-/* llama.c - the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, and the mixture-of-
- * experts Mixtral and Qwen3-MoE): load and forward pass.
+/* llama.c - the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, the mixture-of-experts
+ * Mixtral and Qwen3-MoE, Gemma 2 / 3 and Phi-3 / 4): load and forward pass.
+ *
+ * Gemma's layer differs by a norm after the attention and one after the MLP (their outputs are
+ * normed before the residual add), GeGLU, the embedding times sqrt(hidden), soft-capped
+ * attention and final logits (Gemma 2) and sliding-window layers (Gemma 3 with a RoPE base of
+ * their own); Phi-3 by partial rotation and LongRoPE. The sliding window is an attention mask
+ * (each sliding layer reads the last W positions); the KV blocks that fall out of every
+ * layer's window are not freed yet.
  *
  * The forward pass is a fixed sequence of KernelOps calls over a packed batch (prefill
  * chunks and decode tokens of many sequences together), with K/V written to and read from
@@ -25,8 +32,10 @@ struct Model {
     ModelWeights w;     /* tensor data in backend memory */
     void **uploaded;    /* device copies of the weights (NULL on a host-memory backend) */
     int num_uploaded;
-    float *inv_freq; /* [head_dim / 2], backend memory */
-    Rope rope;
+    float *inv_freq;       /* [rot_dim / 2], backend memory */
+    float *long_inv_freq;  /* LongRoPE's long factors' (NULL: none) */
+    float *local_inv_freq; /* Gemma 3's sliding layers' (NULL: none) */
+    Rope rope, rope_local;
     int max_num_tokens;
     /* scratch in backend memory (act dtype), rows = max_num_tokens */
     void *residual; /* [T, H] */
@@ -96,10 +105,20 @@ static int list_tensors(ModelWeights *w, int num_layers, Tensor **out) {
         out[n++] = &w->lm_head;
     for (int l = 0; l < num_layers; l++) {
         LayerWeights *lw = &w->layers[l];
-        Tensor *t[LAYER_MAX_TENSORS] = {
-            &lw->attn_norm,       &lw->wqkv,        &lw->bqkv,   &lw->wo,     &lw->mlp_norm,
-            &lw->w_gate_up,       &lw->w_down,      &lw->q_norm, &lw->k_norm, &lw->router,
-            &lw->experts_gate_up, &lw->experts_down};
+        Tensor *t[LAYER_MAX_TENSORS] = {&lw->attn_norm,
+                                        &lw->wqkv,
+                                        &lw->bqkv,
+                                        &lw->wo,
+                                        &lw->mlp_norm,
+                                        &lw->w_gate_up,
+                                        &lw->w_down,
+                                        &lw->q_norm,
+                                        &lw->k_norm,
+                                        &lw->router,
+                                        &lw->experts_gate_up,
+                                        &lw->experts_down,
+                                        &lw->post_attn_norm,
+                                        &lw->post_mlp_norm};
         for (size_t i = 0; i < sizeof t / sizeof *t; i++)
             if (t[i]->data)
                 out[n++] = t[i];
@@ -114,6 +133,11 @@ static size_t tensor_bytes(const Tensor *t) {
     return n;
 }
 
+/* Gemma's norm weights (1 + w, F32 from weights_bind) stay F32 on 16-bit backends. */
+static int keep_f32(const Model *m, const Tensor *t) {
+    return m->cfg.gemma && t->ndim == 1 && t->dtype == DT_F32;
+}
+
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
  * memory; the host copies (mapping or dummy buffer) are released afterwards. With 16-bit
  * activations every weight goes up in that dtype (the GEMMs multiply bf16 by bf16, or f16 by
@@ -125,14 +149,14 @@ static Status upload_weights(Model *m) {
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
     m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
-    int widen = m->ops->act != DT_F32; /* every weight goes up in the 16-bit act dtype */
+    int widen = m->ops->act != DT_F32; /* every weight goes up in the 16-bit act dtype, */
     size_t total = 0, done = 0;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) /* except Gemma's (1 + w) norms: fp32 math, as transformers' */
         total += tensor_bytes(list[i]) / pl_dtype_size(list[i]->dtype) *
-                 (widen ? 2 : pl_dtype_size(list[i]->dtype));
+                 (widen && !keep_f32(m, list[i]) ? 2 : pl_dtype_size(list[i]->dtype));
     for (int i = 0; i < n; i++) {
         void *converted = NULL;
-        if (widen && list[i]->dtype != m->ops->act) {
+        if (widen && list[i]->dtype != m->ops->act && !keep_f32(m, list[i])) {
             converted = weights_to_16bit(list[i], m->ops->act);
             list[i]->data = converted;
             list[i]->dtype = m->ops->act;
@@ -211,6 +235,49 @@ Status model_shard(const ModelConfig *c, int rank, int size, ModelShard *out) {
     return PL_OK;
 }
 
+/* A table of `count` floats in backend memory (NULL when out of it). */
+static float *upload_floats(const Model *m, const float *host, int count) {
+    size_t bytes = (size_t)count * sizeof(float);
+    float *dev = m->ops->alloc(m->ops, bytes);
+    if (dev)
+        m->ops->to_device(m->ops, dev, host, bytes);
+    return dev;
+}
+
+/* The RoPE tables (k_rope_freqs): the model's (with LongRoPE's long table too), and Gemma 3's
+ * sliding layers' of their own base. */
+static Status setup_rope(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    const int rot = c->rotary_dim > 0 ? c->rotary_dim : c->head_dim, half = rot / 2;
+    const int longrope = c->rope_scaling.type == ROPE_LONGROPE;
+    float *freq = pl_xmalloc(2 * (size_t)half * sizeof *freq);
+    float att = k_rope_freqs(freq, freq + half, rot, c->rope_theta, &c->rope_scaling);
+    m->inv_freq = upload_floats(m, freq, half);
+    if (longrope)
+        m->long_inv_freq = upload_floats(m, freq + half, half);
+    if (c->rope_local_theta > 0) {
+        k_rope_freqs(freq, NULL, rot, c->rope_local_theta, NULL);
+        m->local_inv_freq = upload_floats(m, freq, half);
+    }
+    free(freq);
+    if (!m->inv_freq || (longrope && !m->long_inv_freq) ||
+        (c->rope_local_theta > 0 && !m->local_inv_freq))
+        return pl_error_set(PL_ERR_NOMEM, "out of %s memory", m->ops->name);
+    /* LongRoPE: the long factors from original_max_position_embeddings on, per position (see
+     * docs/ARCHITECTURE.md: transformers switches the whole sequence once it is longer) */
+    m->rope = (Rope){.head_dim = c->head_dim,
+                     .inv_freq = m->inv_freq,
+                     .rot_dim = rot,
+                     .attn_factor = att,
+                     .long_inv_freq = m->long_inv_freq,
+                     .long_from = c->rope_scaling.original_max_position};
+    m->rope_local = m->rope;
+    if (m->local_inv_freq)
+        m->rope_local =
+            (Rope){.head_dim = c->head_dim, .inv_freq = m->local_inv_freq, .rot_dim = rot};
+    return PL_OK;
+}
+
 Status model_load(const ModelLoadOptions *opt, Model **out) {
     *out = NULL;
     if (opt->max_num_tokens <= 0)
@@ -252,20 +319,9 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
         st = upload_weights(m);
     if (st != PL_OK)
         goto fail;
-    const ModelConfig *c = &m->cfg;
-    size_t freq_bytes = (size_t)(c->head_dim / 2) * sizeof(float);
-    float *freq = pl_xmalloc(freq_bytes);
-    k_rope_inv_freq(freq, c->head_dim, c->rope_theta, c->rope_llama3_factor,
-                    c->rope_low_freq_factor, c->rope_high_freq_factor,
-                    c->rope_original_max_position);
-    m->inv_freq = m->ops->alloc(m->ops, freq_bytes);
-    if (m->inv_freq)
-        m->ops->to_device(m->ops, m->inv_freq, freq, freq_bytes);
-    free(freq);
-    m->rope = (Rope){.head_dim = c->head_dim, .inv_freq = m->inv_freq};
-    st = m->inv_freq ? alloc_scratch(m)
-                     : pl_error_set(PL_ERR_NOMEM, "out of %s memory", m->ops->name);
-    if (st != PL_OK)
+    if ((st = setup_rope(m)) != PL_OK)
+        goto fail;
+    if ((st = alloc_scratch(m)) != PL_OK)
         goto fail;
     *out = m;
     return PL_OK;
@@ -283,8 +339,10 @@ void model_destroy(Model *m) {
     free(m->uploaded);
     weights_free(&m->w);
     st_close(m->ckpt);
-    void *scratch[] = {m->inv_freq, m->residual, m->normed, m->qkv,    m->q,      m->attn,
-                       m->proj,     m->gate_up,  m->act,    m->picked, m->logits, m->moe_ws};
+    void *scratch[] = {
+        m->inv_freq, m->long_inv_freq, m->local_inv_freq, m->residual, m->normed, m->qkv,
+        m->q,        m->attn,          m->proj,           m->gate_up,  m->act,    m->picked,
+        m->logits,   m->moe_ws};
     for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++)
         if (scratch[i])
             ops->free(ops, scratch[i]);
@@ -301,6 +359,15 @@ KvLayout model_kv_layout(const Model *m, int block_size) {
                       .head_dim = m->cfg.head_dim,
                       .block_size = block_size,
                       .dtype = m->ops->act};
+}
+
+/* x rounded to the act dtype (transformers' normalizer tensor of the hidden states' dtype). */
+static float act_round(DType act, double x) {
+    if (act == DT_BF16)
+        return pl_bf16_to_f32(pl_f32_to_bf16((float)x));
+    if (act == DT_F16)
+        return pl_f16_to_f32(pl_f32_to_f16((float)x));
+    return (float)x;
 }
 
 static const Tensor *bias_or_null(const Tensor *b) {
@@ -333,22 +400,36 @@ static void project_add_norm(Model *m, const Tensor *w, const void *x, const Ten
     add_norm(m, norm, n);
 }
 
+/* Gemma's block end: proj = x w^T (summed over the ranks), normed by `post` (in place) before
+ * the residual add, then normed = rmsnorm(residual) * next. */
+static void project_norm_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *post,
+                                  const Tensor *next, int n) {
+    const ModelConfig *c = &m->local;
+    const KernelOps *ops = m->ops;
+    ops->matmul(ops, m->proj, x, w, NULL, n);
+    if (m->shard.size > 1)
+        ops->all_reduce(ops, m->proj, (size_t)n * c->hidden_size);
+    ops->rmsnorm(ops, m->proj, m->proj, post, n, c->hidden_size, c->rms_norm_eps);
+    ops->add_rmsnorm(ops, m->residual, m->proj, m->normed, next, n, c->hidden_size,
+                     c->rms_norm_eps);
+}
+
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
  * fused op where the backend has it). */
 static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *batch,
-                            void *kv_cache, const KvLayout *kv_layout, int l) {
+                            void *kv_cache, const KvLayout *kv_layout, int l, const Rope *rope) {
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
     if (ops->matmul_qkv_rope_cache) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
-                                   batch->positions, batch->slot_mapping, n, nh, &m->rope, qk_norm,
+                                   batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
                                    kv_cache, kv_layout, l);
         return;
     }
     ops->matmul(ops, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
-    ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, &m->rope,
+    ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, rope,
                         qk_norm, kv_cache, kv_layout, l);
 }
 
@@ -356,6 +437,11 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
  * backend has it). */
 static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
     const KernelOps *ops = m->ops;
+    if (m->local.gelu) { /* GeGLU */
+        ops->matmul(ops, m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+        ops->gelu_tanh_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
+        return;
+    }
     if (ops->matmul_silu_mul) {
         ops->matmul_silu_mul(ops, m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
         return;
@@ -370,6 +456,11 @@ static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
 static void mlp_block(Model *m, const LayerWeights *lw, const Tensor *next, int n) {
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
+    if (c->gemma) {
+        mlp_activation(m, lw, n);
+        project_norm_add_norm(m, &lw->w_down, m->act, &lw->post_mlp_norm, next, n);
+        return;
+    }
     if (!lw->moe) {
         mlp_activation(m, lw, n);
         project_add_norm(m, &lw->w_down, m->act, next, n);
@@ -399,7 +490,9 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     const ModelConfig *c = &m->local; /* this rank's heads and MLP columns */
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, hidden = c->hidden_size;
-    const float scale = 1.0f / sqrtf((float)c->head_dim);
+    const float scale = c->query_pre_attn_scalar > 0
+                            ? (float)pow((double)c->query_pre_attn_scalar, -0.5)
+                            : 1.0f / sqrtf((float)c->head_dim);
     PL_CHECK(n > 0 && n <= m->max_num_tokens);
 
     if (m->shard.size > 1) { /* vocabulary-parallel: each id's row is on one rank */
@@ -408,13 +501,20 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     } else {
         ops->embedding(ops, m->residual, token_ids, n, &m->w.embed);
     }
+    if (c->gemma) /* times sqrt(hidden), that factor rounded to the act dtype as transformers' */
+        ops->scale(ops, m->residual, (size_t)n * hidden, act_round(ops->act, sqrt((double)hidden)));
     ops->rmsnorm(ops, m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden,
                  c->rms_norm_eps);
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
-        attention_input(m, lw, batch, kv_cache, kv_layout, l);
-        ops->attention(ops, m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale);
-        project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
+        const int window = model_layer_window(c, l);
+        attention_input(m, lw, batch, kv_cache, kv_layout, l, window ? &m->rope_local : &m->rope);
+        ops->attention(ops, m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale,
+                       c->attn_softcap, window);
+        if (c->gemma)
+            project_norm_add_norm(m, &lw->wo, m->attn, &lw->post_attn_norm, &lw->mlp_norm, n);
+        else
+            project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
         /* then the next layer's pre-norm; after the last layer the final norm, if logits are
          * wanted (else nothing reads the last MLP's output) */
         if (l + 1 < c->num_layers)
@@ -427,14 +527,14 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
     ops->gather_rows(ops, m->picked, m->normed, logits_rows, num_logits, hidden);
     if (m->shard.size > 1) {
         lm_head_parallel(m, num_logits, logits);
-        return;
-    }
-    if (ops->act == DT_F32) {
+    } else if (ops->act == DT_F32) {
         ops->matmul(ops, logits, m->picked, &m->w.lm_head, NULL, num_logits);
-        return;
+    } else {
+        ops->matmul(ops, m->logits, m->picked, &m->w.lm_head, NULL, num_logits);
+        ops->to_f32(ops, logits, m->logits, (size_t)num_logits * c->vocab_size);
     }
-    ops->matmul(ops, m->logits, m->picked, &m->w.lm_head, NULL, num_logits);
-    ops->to_f32(ops, logits, m->logits, (size_t)num_logits * c->vocab_size);
+    if (c->final_softcap > 0) /* Gemma 2 */
+        ops->logits_softcap(ops, logits, (size_t)num_logits * c->vocab_size, c->final_softcap);
 }
 
 size_t model_weight_bytes(const Model *m) {

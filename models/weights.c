@@ -230,6 +230,18 @@ static void take_vocab_rows(ModelWeights *w, Tensor *t, const ModelShard *sh) {
     t->shape[0] = sh->num_vocab;
 }
 
+/* t (a norm weight w) becomes an owned F32 copy of 1 + w: Gemma's RMSNorm scale, in fp32 as
+ * transformers computes it. */
+static void plus_one(ModelWeights *w, Tensor *t) {
+    size_t n = (size_t)t->shape[0];
+    float *buf = pl_xmalloc(n * sizeof *buf);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = 1.0f + element_f32(t->data, t->dtype, i);
+    own(w, buf);
+    t->data = buf;
+    t->dtype = DT_F32;
+}
+
 /* Layer `layer`'s router and experts (Hub names: Mixtral's block_sparse_moe.experts.E.w1/w3/w2,
  * Qwen3-MoE's mlp.experts.E.gate_proj/up_proj/down_proj), each expert cut to the shard's
  * intermediate columns and fused: gate_up [E, 2 Im, H], down [E, H, Im]. */
@@ -285,9 +297,12 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
     const int64_t H = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
     const int64_t QD = (int64_t)cfg->num_heads * cfg->head_dim;
     const int64_t KD = (int64_t)cfg->num_kv_heads * cfg->head_dim;
+    const int phi3 = strcmp(cfg->architecture, "Phi3ForCausalLM") == 0;
     if ((s = bind(&b, "model.embed_tokens.weight", V, H, &w->embed)) ||
         (s = bind(&b, "model.norm.weight", H, 0, &w->final_norm)))
         goto fail;
+    if (cfg->gemma)
+        plus_one(w, &w->final_norm);
     if (cfg->tie_word_embeddings) {
         /* As in transformers, tied means the embedding, even if a copy of lm_head is saved. */
         w->lm_head = w->embed;
@@ -314,9 +329,17 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
     } while (0)
         Tensor qkv[3], gate_up[2];
         BIND("input_layernorm.weight", H, 0, &l->attn_norm);
-        BIND("self_attn.q_proj.weight", QD, H, &qkv[0]);
-        BIND("self_attn.k_proj.weight", KD, H, &qkv[1]);
-        BIND("self_attn.v_proj.weight", KD, H, &qkv[2]);
+        if (phi3) { /* one [q; k; v] tensor in the file */
+            Tensor whole;
+            BIND("self_attn.qkv_proj.weight", QD + 2 * KD, H, &whole);
+            qkv[0] = row_view(&whole, 0, QD);
+            qkv[1] = row_view(&whole, QD, KD);
+            qkv[2] = row_view(&whole, QD + KD, KD);
+        } else {
+            BIND("self_attn.q_proj.weight", QD, H, &qkv[0]);
+            BIND("self_attn.k_proj.weight", KD, H, &qkv[1]);
+            BIND("self_attn.v_proj.weight", KD, H, &qkv[2]);
+        }
         shard_qkv(qkv, &sh, D);
         fuse_rows(w, &l->wqkv, qkv, 3);
         if (cfg->qkv_bias) {
@@ -332,14 +355,32 @@ Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelS
             BIND("self_attn.q_norm.weight", D, 0, &l->q_norm);
             BIND("self_attn.k_norm.weight", D, 0, &l->k_norm);
         }
-        BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
+        if (cfg->gemma) {
+            BIND("post_attention_layernorm.weight", H, 0, &l->post_attn_norm);
+            BIND("pre_feedforward_layernorm.weight", H, 0, &l->mlp_norm);
+            BIND("post_feedforward_layernorm.weight", H, 0, &l->post_mlp_norm);
+            Tensor *norms[] = {&l->attn_norm,     &l->post_attn_norm, &l->mlp_norm,
+                               &l->post_mlp_norm, &l->q_norm,         &l->k_norm};
+            for (size_t k = 0; k < sizeof norms / sizeof *norms; k++)
+                if (norms[k]->data)
+                    plus_one(w, norms[k]);
+        } else {
+            BIND("post_attention_layernorm.weight", H, 0, &l->mlp_norm);
+        }
         if (model_layer_is_moe(cfg, i)) {
             if ((s = bind_experts(w, &b, cfg, &sh, i, l)))
                 goto fail;
             continue;
         }
-        BIND("mlp.gate_proj.weight", I, H, &gate_up[0]);
-        BIND("mlp.up_proj.weight", I, H, &gate_up[1]);
+        if (phi3) { /* one [gate; up] tensor in the file */
+            Tensor whole;
+            BIND("mlp.gate_up_proj.weight", 2 * I, H, &whole);
+            gate_up[0] = row_view(&whole, 0, I);
+            gate_up[1] = row_view(&whole, I, I);
+        } else {
+            BIND("mlp.gate_proj.weight", I, H, &gate_up[0]);
+            BIND("mlp.up_proj.weight", I, H, &gate_up[1]);
+        }
         for (int k = 0; k < 2; k++)
             gate_up[k] = row_view(&gate_up[k], sh.first_inter, sh.intermediate);
         fuse_rows(w, &l->w_gate_up, gate_up, 2);
@@ -554,6 +595,10 @@ Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *dev
             ADD(&l->bqkv, FILL_UNIFORM, 0.01f, QD + 2 * KD, 0);
         ADD(&l->wo, FILL_UNIFORM, inv_qd, H, QD);
         ADD(&l->mlp_norm, FILL_ONES, 0, H, 0);
+        if (cfg->gemma) {
+            ADD(&l->post_attn_norm, FILL_ONES, 0, H, 0);
+            ADD(&l->post_mlp_norm, FILL_ONES, 0, H, 0);
+        }
         if (cfg->qk_norm) {
             ADD(&l->q_norm, FILL_ONES, 0, D, 0);
             ADD(&l->k_norm, FILL_ONES, 0, D, 0);

@@ -10,15 +10,17 @@
 /* q/k/v and gate/up projections are fused (their rows concatenated in that order), so each
  * pair or triple is one GEMM over the same input. */
 typedef struct {
-    Tensor attn_norm; /* [H] input_layernorm */
-    Tensor wqkv;      /* [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows */
-    Tensor bqkv;      /* [(Hq + 2 Hkv) D]; data NULL when no qkv bias */
-    Tensor wo;        /* [H, Hq*D] */
-    Tensor mlp_norm;  /* [H] post_attention_layernorm */
-    Tensor w_gate_up; /* [2 I, H]: gate_proj rows, then up_proj rows (dense layers) */
-    Tensor w_down;    /* [H, I] (dense layers) */
-    Tensor q_norm;    /* [D] self_attn.q_norm (Qwen3); data NULL when none */
-    Tensor k_norm;    /* [D] self_attn.k_norm */
+    Tensor attn_norm;      /* [H] input_layernorm */
+    Tensor wqkv;           /* [(Hq + 2 Hkv) D, H]: q_proj, k_proj, v_proj rows */
+    Tensor bqkv;           /* [(Hq + 2 Hkv) D]; data NULL when no qkv bias */
+    Tensor wo;             /* [H, Hq*D] */
+    Tensor mlp_norm;       /* [H] post_attention_layernorm (Gemma: pre_feedforward_layernorm) */
+    Tensor post_attn_norm; /* [H] Gemma's post_attention_layernorm (of the attention's output) */
+    Tensor post_mlp_norm;  /* [H] Gemma's post_feedforward_layernorm */
+    Tensor w_gate_up;      /* [2 I, H]: gate_proj rows, then up_proj rows (dense layers) */
+    Tensor w_down;         /* [H, I] (dense layers) */
+    Tensor q_norm;         /* [D] self_attn.q_norm (Qwen3); data NULL when none */
+    Tensor k_norm;         /* [D] self_attn.k_norm */
     /* a mixture-of-experts layer (moe 1): router and the experts' fused projections */
     int moe;
     Tensor router;          /* [E, H] mlp.gate / block_sparse_moe.gate */
@@ -27,7 +29,7 @@ typedef struct {
 } LayerWeights;
 
 /* Tensors of one layer at most (list_tensors in llama.c). */
-enum { LAYER_MAX_TENSORS = 12 };
+enum { LAYER_MAX_TENSORS = 14 };
 
 typedef struct {
     Tensor embed;            /* [V, H] model.embed_tokens.weight */
@@ -41,11 +43,13 @@ typedef struct {
 } ModelWeights;
 
 /* Bind every tensor the config needs from `ck`, checking presence, shape and dtype (F32, F16
- * or BF16). Errors name the checkpoint file and tensor. Unfused tensors stay in the mapping;
- * fused ones are copied into owned buffers (in their dtype, or F32 when the parts differ).
- * With a shard (NULL: the whole model) only that rank's rows of q/k/v and gate/up and its
- * columns of o_proj and down_proj are taken (columns copied into owned buffers), and its
- * vocabulary rows of the embedding and the LM head (a zero-padded copy when the last slice
+ * or BF16). Phi-3's fused qkv_proj and gate_up_proj are taken as they are (sliced per rank);
+ * Gemma's norm weights w become owned F32 copies of 1 + w (its RMSNorm multiplies by 1 + w in
+ * fp32), which stay F32 on every backend. Errors name the checkpoint file and tensor. Unfused
+ * tensors stay in the mapping; fused ones are copied into owned buffers (in their dtype, or F32
+ * when the parts differ). With a shard (NULL: the whole model) only that rank's rows of q/k/v and
+ * gate/up and its columns of o_proj and down_proj are taken (columns copied into owned buffers),
+ * and its vocabulary rows of the embedding and the LM head (a zero-padded copy when the last slice
  * runs past the vocabulary); norms are whole on every rank. */
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
                     ModelWeights *w);

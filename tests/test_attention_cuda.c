@@ -140,7 +140,7 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                     .query_start = qs,
                     .block_tables = tables,
                     .max_blocks_per_seq = max_blocks};
-    cpu->attention(cpu, ref, q, cache, &l, layer, &hb, nh, scale);
+    cpu->attention(cpu, ref, q, cache, &l, layer, &hb, nh, scale, 0.0f, 0);
     for (size_t i = 0; i < nq; i++)
         ref[i] = round_to(ref[i], act);
 

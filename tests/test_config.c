@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -416,6 +417,193 @@ static void test_mixtral(void **state) {
     assert_int_equal(sh.first_moe_inter, 7168);
 }
 
+/* google/gemma-2-2b-it's config.json (transformers 4.42 wrote it). */
+static void test_gemma2(void **state) {
+    const char *j =
+        "{\"architectures\": [\"Gemma2ForCausalLM\"], \"attention_bias\": false,"
+        " \"attention_dropout\": 0.0, \"attn_logit_softcapping\": 50.0, \"bos_token_id\": 2,"
+        " \"cache_implementation\": \"hybrid\", \"eos_token_id\": [1, 107],"
+        " \"final_logit_softcapping\": 30.0, \"head_dim\": 256, \"hidden_act\": "
+        "\"gelu_pytorch_tanh\","
+        " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2304,"
+        " \"initializer_range\": 0.02, \"intermediate_size\": 9216, \"max_position_embeddings\": "
+        "8192,"
+        " \"model_type\": \"gemma2\", \"num_attention_heads\": 8, \"num_hidden_layers\": 26,"
+        " \"num_key_value_heads\": 4, \"pad_token_id\": 0, \"query_pre_attn_scalar\": 256,"
+        " \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, \"sliding_window\": 4096,"
+        " \"torch_dtype\": \"float32\", \"transformers_version\": \"4.42.4\", \"use_cache\": true,"
+        " \"vocab_size\": 256000}";
+    ModelConfig c;
+    assert_int_equal(parse(j, &c), PL_OK);
+    assert_true(c.gemma && c.gelu && c.tie_word_embeddings && !c.qk_norm);
+    assert_int_equal(c.head_dim, 256);
+    assert_int_equal(c.max_position_embeddings, 8192); /* not capped: the window is per layer */
+    assert_float_equal(c.attn_softcap, 50.0f, 0);
+    assert_float_equal(c.final_softcap, 30.0f, 0);
+    assert_float_equal(c.query_pre_attn_scalar, 256.0f, 0);
+    assert_int_equal(model_layer_window(&c, 0), 4096); /* even layers slide */
+    assert_int_equal(model_layer_window(&c, 1), 0);
+    assert_int_equal(model_layer_window(&c, 24), 4096);
+    assert_int_equal(c.num_eos, 2);
+    expect_error(parse("{\"architectures\": [\"Gemma2ForCausalLM\"], \"hidden_size\": 64,"
+                       " \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
+                       " \"num_attention_heads\": 2, \"vocab_size\": 100,"
+                       " \"hidden_activation\": \"gelu\"}",
+                       &c),
+                 PL_ERR_UNSUPPORTED, "test/config.json", "'hidden_activation'");
+}
+
+/* Gemma 3 (text) as transformers 5.17 writes it: layer_types, rope_parameters per layer kind
+ * (gemma-3-4b's global linear scaling 8), and as 4.5x wrote it (rope_local_base_freq,
+ * sliding_window_pattern). */
+static void test_gemma3(void **state) {
+    const char *v5 =
+        "{\"architectures\": [\"Gemma3ForCausalLM\"], \"attention_bias\": false,"
+        " \"attn_logit_softcapping\": null, \"bos_token_id\": 2, \"dtype\": \"bfloat16\","
+        " \"eos_token_id\": 1, \"final_logit_softcapping\": null, \"head_dim\": 256,"
+        " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2560,"
+        " \"intermediate_size\": 10240, \"layer_types\": [\"sliding_attention\","
+        " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\","
+        " \"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 131072,"
+        " \"model_type\": \"gemma3_text\", \"num_attention_heads\": 8, \"num_hidden_layers\": 6,"
+        " \"num_key_value_heads\": 4, \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06,"
+        " \"rope_parameters\": {\"full_attention\": {\"factor\": 8.0, \"rope_theta\": 1000000.0,"
+        " \"rope_type\": \"linear\"}, \"sliding_attention\": {\"rope_theta\": 10000.0,"
+        " \"rope_type\": \"default\"}}, \"sliding_window\": 1024, \"tie_word_embeddings\": true,"
+        " \"transformers_version\": \"5.17.0\", \"use_bidirectional_attention\": false,"
+        " \"vocab_size\": 262208}";
+    ModelConfig c;
+    assert_int_equal(parse(v5, &c), PL_OK);
+    assert_true(c.gemma && c.gelu && c.qk_norm && c.tie_word_embeddings);
+    assert_float_equal(c.attn_softcap, 0, 0);
+    assert_float_equal(c.final_softcap, 0, 0);
+    assert_float_equal(c.rope_theta, 1e6f, 0);
+    assert_float_equal(c.rope_local_theta, 1e4f, 0);
+    assert_int_equal(c.rope_scaling.type, ROPE_LINEAR);
+    assert_float_equal(c.rope_scaling.factor, 8.0f, 0);
+    for (int l = 0; l < 5; l++)
+        assert_int_equal(model_layer_window(&c, l), 1024);
+    assert_int_equal(model_layer_window(&c, 5), 0);
+    const char *v4 =
+        "{\"architectures\": [\"Gemma3ForCausalLM\"], \"head_dim\": 256, \"hidden_size\": 1152,"
+        " \"intermediate_size\": 6912, \"model_type\": \"gemma3_text\","
+        " \"num_attention_heads\": 4, \"num_hidden_layers\": 26, \"num_key_value_heads\": 1,"
+        " \"query_pre_attn_scalar\": 256, \"rope_local_base_freq\": 10000,"
+        " \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": 512,"
+        " \"sliding_window_pattern\": 6, \"vocab_size\": 262144}";
+    assert_int_equal(parse(v4, &c), PL_OK);
+    assert_int_equal(c.rope_scaling.type, ROPE_DEFAULT);
+    assert_float_equal(c.rope_local_theta, 1e4f, 0);
+    assert_int_equal(model_layer_window(&c, 4), 512);
+    assert_int_equal(model_layer_window(&c, 5), 0);
+    assert_int_equal(model_layer_window(&c, 11), 0);
+    assert_int_equal(model_layer_window(&c, 12), 512);
+}
+
+/* Phi-3-mini-128k-instruct (rope_scaling "su"... now "longrope", factors outside) and
+ * Phi-4-mini (partial_rotary_factor 0.75) as transformers 5 writes them. */
+static void test_phi3(void **state) {
+    char j[8192], sf[2048] = "", lf[2048] = "";
+    for (int i = 0; i < 48; i++) {
+        snprintf(sf + strlen(sf), sizeof sf - strlen(sf), "%s%g", i ? ", " : "", 1.0 + i * 0.01);
+        snprintf(lf + strlen(lf), sizeof lf - strlen(lf), "%s%g", i ? ", " : "", 1.0 + i * 0.5);
+    }
+    snprintf(j, sizeof j,
+             "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_act\": \"silu\","
+             " \"hidden_size\": 3072, \"intermediate_size\": 8192,"
+             " \"max_position_embeddings\": 131072, \"model_type\": \"phi3\","
+             " \"num_attention_heads\": 32, \"num_hidden_layers\": 32, \"num_key_value_heads\": 32,"
+             " \"original_max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-05,"
+             " \"rope_scaling\": {\"long_factor\": [%s], \"short_factor\": [%s], \"type\": \"su\"},"
+             " \"rope_theta\": 10000.0, \"sliding_window\": 262144, \"vocab_size\": 32064}",
+             lf, sf);
+    ModelConfig c;
+    assert_int_equal(parse(j, &c), PL_OK);
+    assert_int_equal(c.rope_scaling.type, ROPE_LONGROPE);
+    assert_int_equal(c.rope_scaling.num_factors, 48);
+    assert_int_equal(c.rope_scaling.original_max_position, 4096);
+    assert_float_equal(c.rope_scaling.long_factor[2], 2.0f, 1e-6);
+    assert_int_equal(c.rotary_dim, 96);
+    assert_false(c.gemma || c.gelu);
+    float inv[48], lng[48];
+    float att = k_rope_freqs(inv, lng, 96, 10000.0f, &c.rope_scaling);
+    assert_float_equal(att, sqrtf(1 + logf(32) / logf(4096)), 1e-6);
+    assert_float_equal(inv[2] * 1.02f, lng[2] * 2.0f, 1e-7);
+    /* Phi-4-mini: 24 heads of 128, 0.75 of each rotated: 48 factors */
+    char sf2[1024] = "", j2[4096];
+    for (int i = 0; i < 48; i++)
+        snprintf(sf2 + strlen(sf2), sizeof sf2 - strlen(sf2), "%s1", i ? ", " : "");
+    snprintf(j2, sizeof j2,
+             "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 3072,"
+             " \"intermediate_size\": 8192, \"max_position_embeddings\": 131072,"
+             " \"num_attention_heads\": 24, \"num_hidden_layers\": 32, \"num_key_value_heads\": 8,"
+             " \"original_max_position_embeddings\": 4096, \"vocab_size\": 200064,"
+             " \"tie_word_embeddings\": true, \"rope_parameters\": {\"rope_type\": \"longrope\","
+             " \"long_factor\": [%s], \"short_factor\": [%s], \"rope_theta\": 10000.0,"
+             " \"partial_rotary_factor\": 0.75, \"original_max_position_embeddings\": 4096}}",
+             sf2, sf2);
+    assert_int_equal(parse(j2, &c), PL_OK);
+    assert_int_equal(c.rotary_dim, 96);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.rope_scaling.num_factors, 48);
+    /* a factor list of the wrong length names it */
+    snprintf(j2, sizeof j2,
+             "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 3072,"
+             " \"intermediate_size\": 8192, \"num_attention_heads\": 24, \"num_hidden_layers\": 2,"
+             " \"vocab_size\": 200064, \"partial_rotary_factor\": 1.0, \"rope_scaling\":"
+             " {\"type\": \"longrope\", \"long_factor\": [%s], \"short_factor\": [%s]}}",
+             sf2, sf2);
+    expect_error(parse(j2, &c), PL_ERR_FORMAT, "'rope_scaling.short_factor'", "64 numbers");
+}
+
+/* linear, dynamic and yarn scaling of a Llama (transformers 5's rope_parameters), and the
+ * frequencies they give (the reference values are transformers' formulas, in double). */
+static void test_rope_scalings(void **state) {
+    ModelConfig c;
+    assert_int_equal(parse(llama_with("\"rope_parameters\": {\"rope_type\": \"linear\","
+                                      " \"factor\": 4.0, \"rope_theta\": 10000.0}"),
+                           &c),
+                     PL_OK);
+    assert_int_equal(c.rope_scaling.type, ROPE_LINEAR);
+    float inv[32], def[32];
+    k_rope_freqs(def, NULL, 64, 10000.0f, NULL);
+    assert_float_equal(k_rope_freqs(inv, NULL, 64, 10000.0f, &c.rope_scaling), 1.0f, 0);
+    for (int i = 0; i < 32; i++)
+        assert_float_equal(inv[i], def[i] / 4.0f, 0);
+    assert_int_equal(
+        parse(llama_with("\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}"), &c), PL_OK);
+    assert_int_equal(c.rope_scaling.type, ROPE_DYNAMIC);
+    k_rope_freqs(inv, NULL, 64, 10000.0f, &c.rope_scaling);
+    assert_memory_equal(inv, def, sizeof inv); /* up to max_position_embeddings */
+    assert_int_equal(parse(llama_with("\"max_position_embeddings\": 128, \"rope_scaling\":"
+                                      " {\"rope_type\": \"yarn\", \"factor\": 4.0,"
+                                      " \"original_max_position_embeddings\": 32,"
+                                      " \"beta_fast\": 32, \"beta_slow\": 1}"),
+                           &c),
+                     PL_OK);
+    assert_int_equal(c.rope_scaling.type, ROPE_YARN);
+    assert_true(c.rope_scaling.truncate);
+    float att = k_rope_freqs(inv, NULL, 64, 10000.0f, &c.rope_scaling);
+    assert_float_equal(att, 0.1 * log(4.0) + 1.0, 1e-6);
+    /* the ramp: low = floor(64 ln(32 / (32 2 pi)) / (2 ln 1e4)), high = ceil(... beta 1) */
+    double lo = floor(64 * log(32 / (32 * 2 * M_PI)) / (2 * log(1e4)));
+    double hi = ceil(64 * log(32 / (1 * 2 * M_PI)) / (2 * log(1e4)));
+    lo = lo < 0 ? 0 : lo;
+    for (int i = 0; i < 32; i++) {
+        double ramp = (i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double want = def[i] / 4.0 * ramp + def[i] * (1 - ramp);
+        assert_float_equal(inv[i], want, 1e-6 * def[i]);
+    }
+    /* mscale / mscale_all_dim (DeepSeek style) set the attention factor */
+    assert_int_equal(parse(llama_with("\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 40,"
+                                      " \"original_max_position_embeddings\": 4096,"
+                                      " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}"),
+                           &c),
+                     PL_OK);
+    assert_float_equal(k_rope_freqs(inv, NULL, 64, 10000.0f, &c.rope_scaling), 1.0f, 1e-6);
+}
+
 static void test_eos_forms(void **state) {
     ModelConfig c;
     assert_int_equal(parse(llama_with("\"eos_token_id\": 7, \"bos_token_id\": null"), &c), PL_OK);
@@ -463,6 +651,13 @@ static void test_unknown_architecture(void **state) {
     assert_non_null(strstr(pl_error(), "Qwen3ForCausalLM"));
     assert_non_null(strstr(pl_error(), "MixtralForCausalLM"));
     assert_non_null(strstr(pl_error(), "Qwen3MoeForCausalLM"));
+    assert_non_null(strstr(pl_error(), "Gemma2ForCausalLM"));
+    assert_non_null(strstr(pl_error(), "Gemma3ForCausalLM"));
+    assert_non_null(strstr(pl_error(), "Phi3ForCausalLM"));
+    /* the multimodal Gemma 3 is not its text model */
+    j = "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"text_config\": {}}";
+    expect_error(parse(j, &c), PL_ERR_UNSUPPORTED, "test/config.json",
+                 "'Gemma3ForConditionalGeneration'");
     /* a family of the same makers that is not supported stays an error naming it */
     j = "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"hidden_size\": 64}";
     expect_error(parse(j, &c), PL_ERR_UNSUPPORTED, "test/config.json", "'Qwen2MoeForCausalLM'");
@@ -535,10 +730,14 @@ static void test_bad_values(void **state) {
     expect_error(parse(h, &c), PL_ERR_FORMAT, "test/config.json", "'hidden_size'");
     /* Unsupported model features name their key. */
     expect_error(
-        parse(llama_with("\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}"), &c),
-        PL_ERR_UNSUPPORTED, "test/config.json", "'yarn'");
-    expect_error(parse(llama_with("\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}"), &c),
-                 PL_ERR_UNSUPPORTED, "rope_scaling", "'linear'");
+        parse(llama_with("\"rope_scaling\": {\"rope_type\": \"proportional\", \"factor\": 4}"), &c),
+        PL_ERR_UNSUPPORTED, "test/config.json", "'proportional'");
+    expect_error(parse(llama_with("\"rope_scaling\": {\"type\": \"mrope\", \"factor\": 2}"), &c),
+                 PL_ERR_UNSUPPORTED, "rope_scaling", "'mrope'");
+    expect_error(parse(llama_with("\"rope_scaling\": {\"type\": \"linear\"}"), &c), PL_ERR_FORMAT,
+                 "test/config.json", "'rope_scaling.factor'");
+    expect_error(parse(llama_with("\"partial_rotary_factor\": 0.5"), &c), PL_ERR_UNSUPPORTED,
+                 "'partial_rotary_factor'", "LlamaForCausalLM");
     expect_error(parse(llama_with("\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8,"
                                   " \"low_freq_factor\": 1, \"high_freq_factor\": 4}"),
                        &c),
@@ -659,6 +858,10 @@ int main(void) {
         cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_qwen3_moe),
         cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_rope_scalings),
         cmocka_unit_test(test_eos_forms),
         cmocka_unit_test(test_dtypes),
         cmocka_unit_test(test_unknown_architecture),

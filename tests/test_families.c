@@ -1,4 +1,5 @@
-/* test_families.c - Qwen3, Qwen3-MoE and Mixtral on the CPU backend, at the models layer.
+/* test_families.c - Qwen3, Qwen3-MoE, Mixtral, Gemma 2, Gemma 3, Phi-3 and Llamas with linear,
+ * dynamic and YaRN RoPE scaling on the CPU backend, at the models layer.
  *
  * Reference data: tests/data/families/<name>/ holds a tiny random-weight checkpoint written by
  * transformers (tools/make_random_checkpoints.py --tiny; SOURCES.md) and expected.json: a
@@ -170,6 +171,78 @@ static void test_mixtral_reference(void **state) {
     check_family("mixtral");
 }
 
+/* Gemma 2 (soft-capping, GeGLU, 4 norms, sliding window 8 on layers 0 and 2: the 16-token
+ * prompt and its continuation cross it), Gemma 3 (q/k norms, local and global RoPE bases, the
+ * global one linearly scaled), Phi-3 (fused tensors, partial rotation, LongRoPE's short
+ * factors and cos / sin factor) and the RoPE-scaled Llamas. */
+static void test_gemma2_reference(void **state) {
+    check_family("gemma2");
+}
+
+static void test_gemma3_reference(void **state) {
+    check_family("gemma3");
+}
+
+static void test_phi3_reference(void **state) {
+    check_family("phi3");
+}
+
+static void test_llama_rope_scalings_reference(void **state) {
+    check_family("llama-linear");
+    check_family("llama-dynamic");
+    check_family("llama-yarn");
+}
+
+/* expected.json's "rope" (transformers' own inverse frequencies and cos / sin factor; LongRoPE's
+ * long ones too) against k_rope_freqs with the folder's config. */
+static void check_rope_tables(const char *name) {
+    char dir[256], path[320];
+    snprintf(dir, sizeof dir, DATA_DIR "/%s", name);
+    snprintf(path, sizeof path, "%s/expected.json", dir);
+    json_t *doc = json_load_file(path, 0, NULL), *rope = json_object_get(doc, "rope");
+    if (!rope) {
+        print_message("%s: no rope tables, skipped\n", path);
+        json_decref(doc);
+        return;
+    }
+    ModelConfig *c = malloc(sizeof *c);
+    assert_int_equal(model_config_load(dir, c), PL_OK);
+    int rot = c->rotary_dim > 0 ? c->rotary_dim : c->head_dim, half = rot / 2;
+    float inv[512], lng[512];
+    float att = k_rope_freqs(inv, lng, rot, c->rope_theta, &c->rope_scaling);
+    json_t *want = json_object_get(rope, "inv_freq"),
+           *want_long = json_object_get(rope, "long_inv_freq");
+    assert_int_equal((int)json_array_size(want), half);
+    for (int i = 0; i < half; i++) {
+        double w = json_number_value(json_array_get(want, i));
+        if (fabs(inv[i] - w) > 1e-6 * fabs(w))
+            fail_msg("%s: inv_freq[%d] %.9g, transformers %.9g", name, i, inv[i], w);
+        if (want_long && fabs(lng[i] - json_number_value(json_array_get(want_long, i))) >
+                             1e-6 * fabs(json_number_value(json_array_get(want_long, i))))
+            fail_msg("%s: long_inv_freq[%d] %.9g", name, i, lng[i]);
+    }
+    assert_float_equal(att, json_number_value(json_object_get(rope, "attention_scaling")), 1e-6);
+    print_message("%s: rope tables equal transformers' (attention factor %g)\n", name, att);
+    free(c);
+    json_decref(doc);
+}
+
+static void test_rope_tables(void **state) {
+    static const char *const with_tables[] = {"phi3", "llama-linear", "llama-dynamic", "llama-yarn",
+                                              "gemma2"};
+    int any = 0;
+    for (size_t i = 0; i < sizeof with_tables / sizeof *with_tables; i++) {
+        char path[320];
+        snprintf(path, sizeof path, DATA_DIR "/%s/expected.json", with_tables[i]);
+        if (access(path, R_OK) != 0)
+            continue;
+        any = 1;
+        check_rope_tables(with_tables[i]);
+    }
+    if (!any)
+        skip();
+}
+
 /* ---- dummy weights ---- */
 
 static void dummy_consistent(const char *config_json) {
@@ -227,11 +300,89 @@ static void test_dummy_mixtral(void **state) {
                      " \"num_experts_per_tok\": 2}");
 }
 
+static void test_dummy_gemma2(void **state) {
+    dummy_consistent("{\"architectures\": [\"Gemma2ForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 3,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16,"
+                     " \"vocab_size\": 200, \"query_pre_attn_scalar\": 24,"
+                     " \"attn_logit_softcapping\": 3.0, \"final_logit_softcapping\": 5.0,"
+                     " \"sliding_window\": 5}");
+}
+
+static void test_dummy_gemma3(void **state) {
+    dummy_consistent("{\"architectures\": [\"Gemma3ForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 3,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 32,"
+                     " \"vocab_size\": 200, \"sliding_window\": 4, \"sliding_window_pattern\": 3,"
+                     " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8}}");
+}
+
+static void test_dummy_phi3(void **state) {
+    dummy_consistent(
+        "{\"architectures\": [\"Phi3ForCausalLM\"], \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+        " \"vocab_size\": 200, \"max_position_embeddings\": 64,"
+        " \"original_max_position_embeddings\": 6,"
+        " \"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000,"
+        " \"partial_rotary_factor\": 0.75, \"short_factor\": [1, 1.1, 1.2, 1.3, 1.4, 1.5],"
+        " \"long_factor\": [1, 2, 3, 4, 5, 6]}}");
+}
+
+/* Gemma 2's sliding window against the same model with the window covering everything: equal
+ * up to the window, different after (the layers that slide no longer see the first tokens). */
+static void test_sliding_window_bites(void **state) {
+    static const char *fmt =
+        "{\"architectures\": [\"Gemma2ForCausalLM\"], \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 200,"
+        " \"sliding_window\": %d}";
+    char dir[2][40] = {"/tmp/pagellm_test_sw_XXXXXX", "/tmp/pagellm_test_sw_XXXXXX"};
+    Run r[2];
+    enum { N = 12, W = 5 };
+    float *logits[2];
+    int32_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = (int32_t)((i * 53 + 7) % 200);
+    for (int k = 0; k < 2; k++) {
+        char path[80], text[512];
+        assert_non_null(mkdtemp(dir[k]));
+        snprintf(path, sizeof path, "%s/config.json", dir[k]);
+        snprintf(text, sizeof text, fmt, k ? 4096 : W);
+        FILE *f = fopen(path, "w");
+        fputs(text, f);
+        fclose(f);
+        run_open(&r[k], dir[k], 1);
+        logits[k] = malloc(sizeof(float) * N * 200);
+        forward(&r[k], ids, N, 0, logits[k]);
+        run_close(&r[k]);
+        unlink(path);
+        rmdir(dir[k]);
+    }
+    assert_memory_equal(logits[0], logits[1], sizeof(float) * W * 200);
+    assert_memory_not_equal(logits[0] + (N - 1) * 200, logits[1] + (N - 1) * 200,
+                            sizeof(float) * 200);
+    free(logits[0]);
+    free(logits[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dummy_qwen3),         cmocka_unit_test(test_dummy_qwen3_moe),
-        cmocka_unit_test(test_dummy_mixtral),       cmocka_unit_test(test_qwen3_reference),
-        cmocka_unit_test(test_qwen3_moe_reference), cmocka_unit_test(test_mixtral_reference),
+        cmocka_unit_test(test_dummy_qwen3),
+        cmocka_unit_test(test_dummy_qwen3_moe),
+        cmocka_unit_test(test_dummy_mixtral),
+        cmocka_unit_test(test_qwen3_reference),
+        cmocka_unit_test(test_qwen3_moe_reference),
+        cmocka_unit_test(test_mixtral_reference),
+        cmocka_unit_test(test_dummy_gemma2),
+        cmocka_unit_test(test_dummy_gemma3),
+        cmocka_unit_test(test_dummy_phi3),
+        cmocka_unit_test(test_sliding_window_bites),
+        cmocka_unit_test(test_gemma2_reference),
+        cmocka_unit_test(test_gemma3_reference),
+        cmocka_unit_test(test_phi3_reference),
+        cmocka_unit_test(test_llama_rope_scalings_reference),
+        cmocka_unit_test(test_rope_tables),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,5 @@
-/* test_families_engine.c - the tiny Qwen3, Qwen3-MoE and Mixtral checkpoints of
+/* test_families_engine.c - the tiny Qwen3, Qwen3-MoE, Mixtral, Gemma 2 / 3, Phi-3 and RoPE-scaled
+ * Llama checkpoints of
  * tests/data/families/ (transformers' fp32 logits and greedy continuation in expected.json;
  * SOURCES.md) through the whole engine, on every backend this machine has:
  *   cpu float32        every prompt position's logits within 1e-4 of the row's largest |logit|
@@ -27,7 +28,9 @@
 
 #define DATA_DIR "tests/data/families"
 
-static const char *const names[] = {"qwen3", "qwen3-moe", "mixtral"};
+static const char *const names[] = {"qwen3", "qwen3-moe",    "mixtral",       "gemma2",    "gemma3",
+                                    "phi3",  "llama-linear", "llama-dynamic", "llama-yarn"};
+enum { NUM_NAMES = sizeof names / sizeof *names };
 
 typedef struct {
     json_t *doc;
@@ -147,7 +150,7 @@ static int run_case(const char *name, const char *device, const char *dtype, int
 /* Every family on one configuration; a skip when none has its data. */
 static void run_all(const char *device, const char *dtype, int tp, double tol, int must_match) {
     int ran = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < NUM_NAMES; i++)
         ran += run_case(names[i], device, dtype, tp, tol, must_match);
     if (!ran)
         skip();

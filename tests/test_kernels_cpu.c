@@ -361,7 +361,7 @@ static void test_rope(void **state) {
             int32_t pos[6] = {0, 1, 7, 100, 4095, 131071};
             float inv[64];
             k_rope_inv_freq(inv, D, 10000.0f, 0, 0, 0, 0);
-            Rope rope = {D, inv};
+            Rope rope = {.head_dim = D, .inv_freq = inv};
             size_t qn = (size_t)n * nh * D, kn = (size_t)n * nkv * D;
             float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * kn);
             float *q0 = malloc(sizeof(float) * qn), *k0 = malloc(sizeof(float) * kn);
@@ -548,7 +548,7 @@ static void test_qkv_rope_cache(void **state) {
     }
     float inv[D / 2];
     k_rope_inv_freq(inv, D, 10000.0f, 0, 0, 0, 0);
-    Rope rope = {D, inv};
+    Rope rope = {.head_dim = D, .inv_freq = inv};
     int32_t pos[N] = {0, 3, 9, 17, 22};
     int64_t slots[N] = {8, -1, 2, 23, 16};
     ops->rope(ops, q, k, pos, N, NH, NKV, &rope);
@@ -593,7 +593,7 @@ static void test_qkv_rope_cache_qk_norm(void **state) {
     }
     float inv_freq[D / 2];
     k_rope_inv_freq(inv_freq, D, 1e6f, 0, 0, 0, 0);
-    Rope rope = {D, inv_freq};
+    Rope rope = {.head_dim = D, .inv_freq = inv_freq};
     int32_t pos[N] = {0, 5, 11, 30};
     int64_t slots[N] = {3, 9, -1, 17};
     ops->rope(ops, q, k, pos, N, NH, NKV, &rope);
@@ -873,7 +873,7 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
     for (size_t i = 0; i < on; i++)
         out[i] = 12345.0f;
     float scale = 1.0f / sqrtf((float)D);
-    ops->attention(ops, out, q, cache, &l, layer, &batch, nh, scale);
+    ops->attention(ops, out, q, cache, &l, layer, &batch, nh, scale, 0.0f, 0);
 
     int bad = 0;
     double *want = malloc(sizeof(double) * nh * D);
@@ -897,7 +897,7 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
     float *out_base = malloc(sizeof(float) * on);
     memcpy(out_base, out, sizeof(float) * on);
     int prev = cpu_set_simd(0);
-    ops->attention(ops, out_base, q, cache, &l, layer, &batch, nh, scale);
+    ops->attention(ops, out_base, q, cache, &l, layer, &batch, nh, scale, 0.0f, 0);
     cpu_set_simd(prev);
     if (memcmp(out_base, out, sizeof(float) * on) != 0) {
         print_error("attention: the portable path differs from the SIMD path\n");
@@ -912,7 +912,7 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
     alone.query_start = qs2;
     alone.block_tables = tables + 2 * max_blocks;
     float *out2 = malloc(sizeof(float) * on);
-    ops->attention(ops, out2, q, cache, &l, layer, &alone, nh, scale);
+    ops->attention(ops, out2, q, cache, &l, layer, &alone, nh, scale, 0.0f, 0);
     if (memcmp(out2 + (size_t)qstart[2] * nh * D, out + (size_t)qstart[2] * nh * D,
                sizeof(float) * (qstart[3] - qstart[2]) * nh * D) != 0) {
         print_error("attention: a sequence alone differs from the same sequence in a batch\n");
@@ -978,7 +978,7 @@ static void test_attention_single(void **state) {
     ops->kv_write(ops, cache, &l, 0, k, v, &slot, 1);
     int32_t pos = 0, qs[2] = {0, 1}, table[1] = {2};
     AttnBatch b = {1, &pos, &slot, 1, qs, table, 1, 1};
-    ops->attention(ops, out, q, cache, &l, 0, &b, 2, 0.3f);
+    ops->attention(ops, out, q, cache, &l, 0, &b, 2, 0.3f, 0.0f, 0);
     for (int h = 0; h < 2; h++)
         for (int d = 0; d < 8; d++)
             assert_true(out[h * 8 + d] == v[d]);

@@ -46,7 +46,11 @@
     X(test_moe_mlp)                                                                                \
     X(test_copy_blocks)                                                                            \
     X(test_scatter_tokens)                                                                         \
-    X(test_dummy_fill)
+    X(test_dummy_fill)                                                                             \
+    X(test_gelu_tanh_mul)                                                                          \
+    X(test_scale_softcap)                                                                          \
+    X(test_rope_scaled)                                                                            \
+    X(test_attention_capped)
 
 #ifndef PAGELLM_HAVE_CUDA
 
@@ -780,6 +784,213 @@ static void test_dummy_fill(void **state) {
         weights_free(&host);
         weights_free(&dev);
     }
+    assert_int_equal(bad, 0);
+}
+
+/* ---------------- Gemma's and Phi-3's ops ---------------- */
+
+static void test_gelu_tanh_mul(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = test_cpu_ops();
+    rng_seed(41);
+    const int shapes[][2] = {{1, 8}, {3, 100}, {16, 9216}, {5, 1}};
+    int bad = 0;
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int si = 0; si < 4; si++) {
+            DType act = acts[ai];
+            int n = shapes[si][0], dim = shapes[si][1];
+            size_t len = (size_t)n * dim;
+            float *g = rand_vec(2 * len, -6, 6, act);
+            float *ref = xmalloc(len * sizeof(float)), *got = xmalloc(len * sizeof(float));
+            cpu->gelu_tanh_mul(cpu, ref, g, n, dim);
+            void *dg = upload_as(g, 2 * len, act), *dout = poisoned(len, act);
+            k_cuda_gelu_tanh_mul(dout, dg, act, n, dim, NULL);
+            download_as(got, dout, len, act);
+            char what[64];
+            snprintf(what, sizeof what, "gelu_tanh_mul act %s [%d, %d]", dn(act), n, dim);
+            bad += check_close(what, got, ref, len, atol_of(act));
+            k_cuda_free(dg);
+            k_cuda_free(dout);
+            free(g);
+            free(ref);
+            free(got);
+        }
+    assert_int_equal(bad, 0);
+}
+
+static void test_scale_softcap(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = test_cpu_ops();
+    rng_seed(42);
+    int bad = 0;
+    const size_t n = 4099;
+    for (int ai = 0; ai < N_ACTS; ai++) {
+        DType act = acts[ai];
+        float s = round_to(sqrtf(2304.0f), act);
+        float *x = rand_vec(n, -3, 3, act), *got = xmalloc(n * sizeof(float));
+        void *dx = upload_as(x, n, act);
+        k_cuda_scale(dx, act, n, s, NULL);
+        cpu->scale(cpu, x, n, s);
+        download_as(got, dx, n, act);
+        bad += check_close("scale", got, x, n, atol_of(act));
+        k_cuda_free(dx);
+        free(x);
+        free(got);
+    }
+    float *l = rand_vec(n, -80, 80, DT_F32), *got = xmalloc(n * sizeof(float));
+    float *dl = upload(l, n * sizeof(float));
+    k_cuda_logits_softcap(dl, n, 30.0f, NULL);
+    cpu->logits_softcap(cpu, l, n, 30.0f);
+    download_as(got, dl, n, DT_F32);
+    bad += check_close("logits_softcap", got, l, n, 1e-5);
+    k_cuda_free(dl);
+    free(l);
+    free(got);
+    assert_int_equal(bad, 0);
+}
+
+/* Partial rotation (3/4 of the head), a cos / sin factor and LongRoPE's long table from
+ * position 5 on: k_cuda_rope and the rotation of qkv_rope_cache against the CPU op. */
+static void test_rope_scaled(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = test_cpu_ops();
+    rng_seed(43);
+    int bad = 0;
+    const int dims[] = {16, 64, 128};
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int di = 0; di < 3; di++) {
+            DType act = acts[ai];
+            int D = dims[di], rot = D * 3 / 4 / 2 * 2, half = rot / 2, nh = 4, nkv = 2, n = 13;
+            float *inv = xmalloc(sizeof(float) * half), *lng = xmalloc(sizeof(float) * half);
+            RopeScaling sc = {.type = ROPE_LONGROPE,
+                              .original_max_position = 5,
+                              .max_position = 80,
+                              .num_factors = half};
+            for (int i = 0; i < half; i++) {
+                sc.short_factor[i] = 1.0f + 0.1f * i;
+                sc.long_factor[i] = 1.0f + 2.0f * i;
+            }
+            float att = k_rope_freqs(inv, lng, rot, 10000.0f, &sc);
+            float *dinv = upload(inv, sizeof(float) * half),
+                  *dlng = upload(lng, sizeof(float) * half);
+            Rope host = {.head_dim = D,
+                         .inv_freq = inv,
+                         .rot_dim = rot,
+                         .attn_factor = att,
+                         .long_inv_freq = lng,
+                         .long_from = 5};
+            Rope dev = host;
+            dev.inv_freq = dinv;
+            dev.long_inv_freq = dlng;
+            int32_t pos[13];
+            for (int t = 0; t < n; t++)
+                pos[t] = t < 8 ? t : rnd_int(4096);
+            size_t nq = (size_t)n * nh * D, nk = (size_t)n * nkv * D;
+            float *q = rand_vec(nq, -2, 2, act), *k = rand_vec(nk, -2, 2, act);
+            void *dq = upload_as(q, nq, act), *dk = upload_as(k, nk, act);
+            int32_t *dpos = upload(pos, sizeof(int32_t) * n);
+            cpu->rope(cpu, q, k, pos, n, nh, nkv, &host);
+            k_cuda_rope(dq, dk, act, dpos, n, nh, nkv, &dev, NULL);
+            float *gq = xmalloc(nq * sizeof(float)), *gk = xmalloc(nk * sizeof(float));
+            download_as(gq, dq, nq, act);
+            download_as(gk, dk, nk, act);
+            char what[96];
+            snprintf(what, sizeof what, "scaled rope act %s D %d rot %d q", dn(act), D, rot);
+            bad += check_close(what, gq, q, nq, atol_of(act));
+            bad += check_close(what, gk, k, nk, atol_of(act));
+            free(q);
+            free(k);
+            free(gq);
+            free(gk);
+            free(inv);
+            free(lng);
+            k_cuda_free(dq);
+            k_cuda_free(dk);
+            k_cuda_free(dpos);
+            k_cuda_free(dinv);
+            k_cuda_free(dlng);
+        }
+    assert_int_equal(bad, 0);
+}
+
+/* Attention with soft-capped scores and a sliding window (gemma.cu's kernel, which ops.cu
+ * routes such calls to) against the CPU op: a prompt chunk of 7 rows and a decode row over
+ * random block tables, every dtype pair, head dims 64 and 256, GQA 1 and 4. */
+static void test_attention_capped(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    const KernelOps *cpu = test_cpu_ops();
+    rng_seed(44);
+    int bad = 0;
+    const int dims[] = {64, 256}, gqa[] = {1, 4};
+    const float caps[] = {0.0f, 2.0f, 50.0f};
+    const int windows[] = {0, 5, 17};
+    for (int ai = 0; ai < N_ACTS; ai++)
+        for (int di = 0; di < 2; di++)
+            for (int ci = 0; ci < 3; ci++) {
+                DType act = acts[ai];
+                int D = dims[di], nkv = 2, nh = nkv * gqa[ci % 2], bs = 16, nb = 8, mb = 4;
+                float cap = caps[ci];
+                int window = windows[(ci + di) % 3];
+                if (cap == 0 && window == 0)
+                    window = 9;
+                KvLayout l = {.num_layers = 2,
+                              .num_kv_heads = nkv,
+                              .head_dim = D,
+                              .block_size = bs,
+                              .dtype = act};
+                size_t ce = k_kv_block_elems(&l) * nb;
+                float *cache = rand_vec(ce, -1, 1, act);
+                int *perm = rnd_perm(nb);
+                int32_t tables[2 * 4];
+                for (int i = 0; i < 8; i++)
+                    tables[i] = perm[i];
+                /* sequence 0: rows at positions 40..46, sequence 1: one row at position 22 */
+                int32_t pos[8], qs[3] = {0, 7, 8};
+                for (int t = 0; t < 7; t++)
+                    pos[t] = 40 + t;
+                pos[7] = 22;
+                size_t nq = (size_t)8 * nh * D;
+                float *q = rand_vec(nq, -1, 1, act);
+                float *ref = xmalloc(nq * sizeof(float)), *got = xmalloc(nq * sizeof(float));
+                AttnBatch hb = {.num_tokens = 8,
+                                .positions = pos,
+                                .num_seqs = 2,
+                                .query_start = qs,
+                                .block_tables = tables,
+                                .max_blocks_per_seq = mb};
+                KvLayout lf = l;
+                lf.dtype = DT_F32;
+                float scale = 1.0f / sqrtf((float)D);
+                cpu->attention(cpu, ref, q, cache, &lf, 1, &hb, nh, scale, cap, window);
+                void *dcache = upload_as(cache, ce, act), *dq = upload_as(q, nq, act);
+                void *dout = poisoned(nq, act);
+                AttnBatch db = hb;
+                db.positions = upload(pos, sizeof pos);
+                db.query_start = upload(qs, sizeof qs);
+                db.block_tables = upload(tables, sizeof tables);
+                k_cuda_attention_capped(dout, dq, act, dcache, &l, 1, &db, nh, scale, cap, window,
+                                        NULL);
+                download_as(got, dout, nq, act);
+                char what[96];
+                snprintf(what, sizeof what, "capped attention %s D %d nh %d cap %g window %d",
+                         dn(act), D, nh, cap, window);
+                bad += check_close(what, got, ref, nq, atol_of(act));
+                k_cuda_free(dcache);
+                k_cuda_free(dq);
+                k_cuda_free(dout);
+                k_cuda_free((void *)db.positions);
+                k_cuda_free((void *)db.query_start);
+                k_cuda_free((void *)db.block_tables);
+                free(cache);
+                free(perm);
+                free(q);
+                free(ref);
+                free(got);
+            }
     assert_int_equal(bad, 0);
 }
 

@@ -30,6 +30,20 @@ biases ~ N(0, 0.1^2) rather than 0, projections ~ N(0, 1/fan_in), embeddings ~ N
   OUTDIR/mixtral     MixtralForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, 4 experts
                      of intermediate 256, top 2; vocab 512, untied, rope_theta 1e6
 
+  OUTDIR/gemma2     Gemma2ForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, GeGLU,
+                     4 norms per layer, query_pre_attn_scalar 48, attention and final logit
+                     soft-capping (20, 15), sliding_window 16 on layers 0, 2, tied
+  OUTDIR/gemma3     Gemma3ForCausalLM (text), float32: hidden 256, 4 heads of 64, 2 KV heads,
+                     q/k norms, layer_types sliding, sliding, full (window 16), local RoPE base
+                     1e4, global 1e6 with linear scaling 8, tied
+  OUTDIR/phi3       Phi3ForCausalLM, float32: hidden 256, 8 heads of 32, 4 KV heads, fused
+                     qkv_proj and gate_up_proj, partial_rotary_factor 0.75, longrope (short and
+                     long factors, original_max_position_embeddings 64, max 256), untied
+  OUTDIR/llama-linear, llama-dynamic, llama-yarn
+                     LlamaForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, rope_theta
+                     1e4 with linear (factor 4), dynamic NTK (factor 2, max_position_embeddings
+                     128) or YaRN (factor 4, original 32, beta_fast 32, beta_slow 1) scaling
+
 Mixture-of-experts checkpoints are written as Hub checkpoints are: one tensor per expert and
 projection (Mixtral: model.layers.N.block_sparse_moe.gate.weight and
 block_sparse_moe.experts.E.{w1,w2,w3}.weight; Qwen3-MoE: model.layers.N.mlp.gate.weight and
@@ -38,13 +52,18 @@ keeps in memory (5.x fuses the experts into mlp.experts.gate_up_proj [E, 2I, H] 
 mlp.experts.down_proj [E, H, I]). Each folder is reloaded with from_pretrained and its logits
 must equal the in-memory model's; the tensor names written are printed.
 
-With --tiny DIR it also writes, for each of qwen3, qwen3-moe and mixtral, a tiny version (hidden
+With --tiny DIR it also writes, for each of qwen3, qwen3-moe, mixtral, gemma2, gemma3, phi3,
+llama-linear, llama-dynamic and llama-yarn (those of --only, when given), a tiny version (hidden
 64, 2-3 layers, vocab 256; a few hundred KB in float32) into DIR/<name>/ (meant to be committed
 as tests/data/families/<name>/): config.json, generation_config.json, model.safetensors and
 expected.json, which holds the fixed prompt (16 token ids), the float32 logits of every prompt
 position ("logits", [16][256], 8 significant digits) and the greedy 16-token continuation
 ("greedy_ids": argmax of the last position, appended, run again without a KV cache, EOS
-ignored), with each greedy step's top-1/top-2 logit margin ("greedy_margins").
+ignored), with each greedy step's top-1/top-2 logit margin ("greedy_margins"), and, where
+transformers' RoPE initialiser gives them, its inverse frequencies and cos/sin factor ("rope":
+inv_freq, attention_scaling; longrope also long_inv_freq, used past
+original_max_position_embeddings). The tiny gemma2 and gemma3 have sliding_window 8, so the
+16-token prompt and its continuation cross the window.
 
 Needs torch, transformers (4.4x or 5.x), safetensors; no network and no tokenizer (the
 comparison works on token ids). Usage:
@@ -56,6 +75,8 @@ e.g. the reference data of tests/test_families.c:
 
     python3 tools/make_random_checkpoints.py /tmp/rc --only qwen3,qwen3-moe,mixtral \
         --tiny /tmp/refdata/families
+    python3 tools/make_random_checkpoints.py /tmp/rc --only \
+        gemma2,gemma3,phi3,llama-linear,llama-dynamic,llama-yarn --tiny /tmp/refdata/families
 """
 import argparse
 import copy
@@ -85,14 +106,15 @@ def rope_kwargs(theta, scaling=None):
     return kw
 
 
-def randomize(model, tied, seed):
-    """Redraw every parameter (see the module docstring for the distributions)."""
+def randomize(model, tied, seed, norm_offset=0.5):
+    """Redraw every parameter (see the module docstring for the distributions). Gemma's norms
+    multiply by (1 + w): norm_offset -0.5 gives them the same U(0.5, 1.5) factors."""
     gen = torch.Generator().manual_seed(seed)
     hidden = model.config.hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+                p.copy_(torch.rand(p.shape, generator=gen) + norm_offset)
             elif name.endswith(".bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
             elif "embed_tokens" in name:
@@ -242,6 +264,152 @@ def build_mixtral(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=32
     return model
 
 
+def eager(cfg):
+    """Eager attention (soft-capping, sliding windows as transformers' reference computes them)."""
+    try:
+        cfg._attn_implementation = "eager"
+    except Exception:  # pragma: no cover - older or newer config classes
+        pass
+    return cfg
+
+
+def gemma_kwargs(layers, hidden, heads, head_dim, kv_heads, intermediate, vocab, window,
+                 query_pre_attn_scalar):
+    """The config arguments Gemma 2 and Gemma 3 share."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        query_pre_attn_scalar=query_pre_attn_scalar,
+        sliding_window=window,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
+
+
+def build_gemma2(layers, seed, hidden=256, heads=4, head_dim=64, kv_heads=2, intermediate=512,
+                 vocab=512, window=16, query_pre_attn_scalar=48, attn_cap=20.0, final_cap=15.0):
+    torch.manual_seed(seed)
+    kw = gemma_kwargs(layers, hidden, heads, head_dim, kv_heads, intermediate, vocab, window,
+                      query_pre_attn_scalar)
+    kw.update(attn_logit_softcapping=attn_cap, final_logit_softcapping=final_cap,
+              **rope_kwargs(10000.0))
+    if TRANSFORMERS_5:  # layers 0, 2, ... slide (transformers' default pattern, explicit)
+        kw["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                             for i in range(layers)]
+    model = transformers.Gemma2ForCausalLM(eager(transformers.Gemma2Config(**kw)))
+    model = model.to(torch.float32).eval()
+    randomize(model, tied=True, seed=seed + 6, norm_offset=-0.5)
+    return model
+
+
+def build_gemma3(layers, seed, hidden=256, heads=4, head_dim=64, kv_heads=2, intermediate=512,
+                 vocab=512, window=16, query_pre_attn_scalar=48):
+    """Layers slide except every third (layer_types; sliding_window_pattern 3 on 4.x)."""
+    torch.manual_seed(seed)
+    kw = gemma_kwargs(layers, hidden, heads, head_dim, kv_heads, intermediate, vocab, window,
+                      query_pre_attn_scalar)
+    linear = {"rope_type": "linear", "factor": 8.0}
+    if TRANSFORMERS_5:
+        kw["layer_types"] = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention"
+                             for i in range(layers)]
+        kw["rope_parameters"] = {
+            "full_attention": dict(linear, rope_theta=1000000.0),
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+    else:
+        kw.update(sliding_window_pattern=3, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                  rope_scaling=linear)
+    model = transformers.Gemma3ForCausalLM(eager(transformers.Gemma3TextConfig(**kw)))
+    model = model.to(torch.float32).eval()
+    randomize(model, tied=True, seed=seed + 7, norm_offset=-0.5)
+    return model
+
+
+def build_phi3(layers, seed, hidden=256, heads=8, kv_heads=4, intermediate=512, vocab=512,
+               original_max=64, max_pos=256, partial=0.75):
+    """longrope: short factors in [1, 1.5), long in [1, 8); factor None, so transformers derives
+    it as max_position_embeddings / original_max_position_embeddings (4) and the cos/sin factor
+    sqrt(1 + ln 4 / ln original) from it, as for Phi-3-mini-128k."""
+    torch.manual_seed(seed)
+    half = int(hidden // heads * partial) // 2
+    gen = torch.Generator().manual_seed(seed + 8)
+    short = [round(1.0 + 0.5 * x, 4) for x in torch.rand(half, generator=gen).tolist()]
+    long_ = [round(1.0 + 7.0 * (i / max(half - 1, 1)) ** 2 + 0.1 * x, 4)
+             for i, x in enumerate(torch.rand(half, generator=gen).tolist())]
+    scaling = {"rope_type": "longrope", "short_factor": short, "long_factor": long_}
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        hidden_act="silu",
+        max_position_embeddings=max_pos,
+        original_max_position_embeddings=original_max,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        sliding_window=None,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if TRANSFORMERS_5:
+        kw["rope_parameters"] = dict(scaling, rope_theta=10000.0, partial_rotary_factor=partial)
+    else:
+        kw.update(rope_theta=10000.0, rope_scaling=scaling, partial_rotary_factor=partial)
+    model = transformers.Phi3ForCausalLM(eager(transformers.Phi3Config(**kw)))
+    model = model.to(torch.float32).eval()
+    randomize(model, tied=False, seed=seed + 9)
+    return model
+
+
+ROPE_VARIANTS = {
+    "linear": ({"rope_type": "linear", "factor": 4.0}, 4096),
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, 128),
+    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+              "beta_fast": 32.0, "beta_slow": 1.0}, 128),
+}
+
+
+def build_llama_rope(kind, layers, seed, hidden=256, heads=4, head_dim=64, kv_heads=2,
+                     intermediate=512, vocab=512):
+    """A Llama with one of the RoPE scalings of ROPE_VARIANTS (rope_theta 1e4, so that the
+    scaling moves the low frequencies within a few dozen positions)."""
+    torch.manual_seed(seed)
+    scaling, max_pos = ROPE_VARIANTS[kind]
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        **rope_kwargs(10000.0, dict(scaling)),
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=False, seed=seed + 10)
+    return model
+
+
 def hub_tensors(model):
     """The model's weights under the names Hub checkpoints use: per-expert MoE tensors (5.x
     keeps them fused in memory as mlp.experts.gate_up_proj [E, 2I, H] and
@@ -333,6 +501,34 @@ def check_logits(outdir, reference):
     return again
 
 
+def rope_info(model):
+    """transformers' own inverse frequencies and cos/sin factor for a single (not per layer
+    type) RoPE configuration; longrope also the long ones. None where not available."""
+    try:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        cfg = model.config
+        params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        if "full_attention" in params or "sliding_attention" in params:
+            return None
+        kind = params.get("rope_type", params.get("type", "default"))
+        rot = model.model.rotary_emb
+        inv = getattr(rot, "original_inv_freq", None)
+        if inv is None:
+            inv = rot.inv_freq
+        doc = {"rope_type": kind, "inv_freq": [float(f"{x:.9g}") for x in inv.tolist()],
+               "attention_scaling": float(getattr(rot, "attention_scaling", 1.0))}
+        if kind == "longrope":
+            orig = params.get("original_max_position_embeddings",
+                              getattr(cfg, "original_max_position_embeddings", None))
+            long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](cfg, "cpu", seq_len=orig + 1)
+            doc["long_inv_freq"] = [float(f"{x:.9g}") for x in long_inv.tolist()]
+            doc["original_max_position_embeddings"] = orig
+        return doc
+    except Exception as e:  # the comparison data stays useful without it
+        print(f"  (no rope info: {e})")
+        return None
+
+
 def write_expected(outdir, model, seed, n_prompt=16, n_new=16):
     """expected.json: the prompt, the float32 logits of every prompt position, the greedy
     continuation (argmax, ties to the lower id as torch.argmax; no KV cache, EOS ignored)."""
@@ -357,6 +553,9 @@ def write_expected(outdir, model, seed, n_prompt=16, n_new=16):
         "greedy_ids": seq[n_prompt:],
         "greedy_margins": margins,
     }
+    rope = rope_info(model)
+    if rope:
+        doc["rope"] = rope
     with open(os.path.join(outdir, "expected.json"), "w") as f:
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")
@@ -364,17 +563,32 @@ def write_expected(outdir, model, seed, n_prompt=16, n_new=16):
           f"smallest greedy margin {min(margins):.3g}")
 
 
-def tiny_models(seed):
-    """Tiny versions of the new families for tests/data/families/ (a few hundred KB each)."""
-    return [
-        ("qwen3", build_qwen3(2, seed, hidden=64, heads=2, head_dim=48, kv_heads=1,
-                              intermediate=64, vocab=256)),
-        ("qwen3-moe", build_qwen3_moe(2, seed, hidden=64, heads=2, head_dim=32, kv_heads=1,
-                                      intermediate=64, moe_intermediate=48, experts=4, top_k=2,
-                                      vocab=256, tied=True)),
-        ("mixtral", build_mixtral(2, seed, hidden=64, heads=4, kv_heads=2, intermediate=24,
-                                  experts=4, top_k=2, vocab=256)),
+def tiny_models(seed, only=None):
+    """Tiny versions of the new families for tests/data/families/ (a few hundred KB each), as
+    (name, builder); only those named in `only` when given."""
+    tiny = [
+        ("gemma2", lambda: build_gemma2(3, seed, hidden=64, heads=2, head_dim=32, kv_heads=1,
+                                        intermediate=128, vocab=256, window=8,
+                                        query_pre_attn_scalar=24, attn_cap=2.0, final_cap=5.0)),
+        ("gemma3", lambda: build_gemma3(3, seed, hidden=64, heads=2, head_dim=32, kv_heads=1,
+                                        intermediate=128, vocab=256, window=8,
+                                        query_pre_attn_scalar=24)),
+        ("phi3", lambda: build_phi3(2, seed, hidden=64, heads=4, kv_heads=2, intermediate=96,
+                                    vocab=256, original_max=64, max_pos=256)),
+    ] + [(f"llama-{k}", (lambda k=k: build_llama_rope(k, 2, seed, hidden=64, heads=2,
+                                                       head_dim=32, kv_heads=1,
+                                                       intermediate=96, vocab=256)))
+         for k in ROPE_VARIANTS]
+    old = [  # each builder seeds itself: building lazily changes no value
+        ("qwen3", lambda: build_qwen3(2, seed, hidden=64, heads=2, head_dim=48, kv_heads=1,
+                                      intermediate=64, vocab=256)),
+        ("qwen3-moe", lambda: build_qwen3_moe(2, seed, hidden=64, heads=2, head_dim=32,
+                                              kv_heads=1, intermediate=64, moe_intermediate=48,
+                                              experts=4, top_k=2, vocab=256, tied=True)),
+        ("mixtral", lambda: build_mixtral(2, seed, hidden=64, heads=4, kv_heads=2,
+                                          intermediate=24, experts=4, top_k=2, vocab=256)),
     ]
+    return [(n, b) for n, b in old + tiny if only is None or n in only]
 
 
 def save(model, outdir, dtype, max_shard_size=None):
@@ -418,8 +632,8 @@ def main():
                     help="also write llama-wide/ (for tensor-parallel sizes 4 and 8)")
     ap.add_argument("--only", help="comma-separated names of the models to write (default all)")
     ap.add_argument("--tiny", metavar="DIR",
-                    help="also write tiny qwen3, qwen3-moe and mixtral models with expected.json "
-                         "into DIR/<name>/ (tests/data/families/)")
+                    help="also write tiny models of the families (those of --only) with "
+                         "expected.json into DIR/<name>/ (tests/data/families/)")
     args = ap.parse_args()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     only = set(args.only.split(",")) if args.only else None
@@ -429,13 +643,22 @@ def main():
         "qwen3": lambda: build_qwen3(args.layers, args.seed),
         "qwen3-moe": lambda: build_qwen3_moe(args.layers, args.seed),
         "mixtral": lambda: build_mixtral(args.layers, args.seed),
+        "gemma2": lambda: build_gemma2(args.layers, args.seed),
+        "gemma3": lambda: build_gemma3(args.layers, args.seed),
+        "phi3": lambda: build_phi3(args.layers, args.seed),
     }
+    for kind in ROPE_VARIANTS:
+        builders[f"llama-{kind}"] = (lambda k=kind: build_llama_rope(k, args.layers, args.seed))
     outputs = [("llama", "llama", torch.float32, None),
                ("qwen2", "qwen2", torch.float32, None),
                ("llama", "llama-bf16", torch.bfloat16, "4MB"),
                ("qwen3", "qwen3", torch.float32, None),
                ("qwen3-moe", "qwen3-moe", torch.float32, None),
-               ("mixtral", "mixtral", torch.float32, None)]
+               ("mixtral", "mixtral", torch.float32, None),
+               ("gemma2", "gemma2", torch.float32, None),
+               ("gemma3", "gemma3", torch.float32, None),
+               ("phi3", "phi3", torch.float32, None)]
+    outputs += [(f"llama-{k}", f"llama-{k}", torch.float32, None) for k in ROPE_VARIANTS]
     if args.wide:
         builders["llama-wide"] = lambda: build_llama(2, args.seed, heads=64, kv_heads=8,
                                                      intermediate=2048)
@@ -452,14 +675,15 @@ def main():
         path = os.path.join(args.outdir, name)
         # A copy, so that saving in bf16 leaves the fp32 model intact for the next one.
         clone = copy.deepcopy(built[key])
-        if key in ("qwen3-moe", "mixtral"):
+        if key not in ("llama", "qwen2", "llama-wide"):
             print_names(path, save_hub(clone, path, dtype))
             check_logits(path, clone)
         else:
             save(clone, path, dtype, shard)
             check(path, clone)
     if args.tiny:
-        for name, model in tiny_models(args.seed):
+        for name, build in tiny_models(args.seed, only):
+            model = build()
             path = os.path.join(args.tiny, name)
             print_names(path, save_hub(model, path, torch.float32))
             again = check_logits(path, model)

@@ -8,6 +8,7 @@
  *
  * Attention works on (token, kv head) items, spread over the worker pool: the item's
  * G = nh / nkv query heads share the group's K and V rows, which stay in L1 across the group.
+ * Scores may be soft-capped (Gemma 2) and limited to a sliding window of the last positions.
  * Softmax is online at chunk granularity (at most one block, at most 64 positions): scores of
  * a chunk (4 positions per pass), then one rescale of the running sum when the maximum grows,
  * then the chunk's V rows summed in, so no scratch grows with the context length. The same
@@ -45,6 +46,8 @@ typedef struct {
     const AttnBatch *b;
     int layer, nh;
     float scale;
+    float softcap; /* > 0: s = softcap tanh(s / softcap) */
+    int window;    /* > 0: the last `window` positions only */
     int first_row; /* query_start[0] */
     int num_items; /* rows * nkv */
     int simd;      /* run the AVX2 build */
@@ -174,7 +177,7 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
     }
     memset(acc, 0, (size_t)G * D * sizeof(float));
 
-    for (int p0 = 0; p0 <= pos;) {
+    for (int p0 = jb->window > 0 && pos >= jb->window ? pos - jb->window + 1 : 0; p0 <= pos;) {
         int blk = table[p0 / bs];
         PL_CHECK(blk >= 0);
         int off = p0 % bs;
@@ -197,6 +200,9 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
                 sh[p] = dot1(qh, kb + (size_t)p * row, D);
             for (p = 0; p < cnt; p++)
                 sh[p] *= jb->scale;
+            if (jb->softcap > 0) /* as transformers: divide, tanh, multiply */
+                for (p = 0; p < cnt; p++)
+                    sh[p] = tanhf(sh[p] / jb->softcap) * jb->softcap;
         }
         for (int h = 0; h < G; h++) {
             float *sh = sc + h * ATTN_CHUNK;
@@ -256,7 +262,8 @@ static void attn_task(void *ctx, int tid, int nt) {
 }
 
 void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
-                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale) {
+                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                   float softcap, int window) {
     PL_CHECK(l->dtype == DT_F32);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
     PL_CHECK(l->num_kv_heads > 0 && nh % l->num_kv_heads == 0);
@@ -274,6 +281,8 @@ void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *k
         .layer = layer,
         .nh = nh,
         .scale = scale,
+        .softcap = softcap,
+        .window = window,
         .first_row = first,
         .num_items = (last - first) * l->num_kv_heads,
         .simd = cpu_simd_level() > 0,

@@ -41,8 +41,12 @@ void cpu_moe_mlp(const KernelOps *ops, void *out, const void *x, const Tensor *r
                  const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                  void *workspace, size_t workspace_bytes);
 void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
-                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale);
+                   const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                   float softcap, int window);
 void cpu_silu_mul(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
+void cpu_gelu_tanh_mul(const KernelOps *ops, void *out, const void *gate_up, int n, int dim);
+void cpu_scale(const KernelOps *ops, void *x, size_t n, float s);
+void cpu_logits_softcap(const KernelOps *ops, float *logits, size_t n, float cap);
 void cpu_gather_rows(const KernelOps *ops, void *out, const void *in, const int32_t *rows, int n,
                      int dim);
 void cpu_to_f32_op(const KernelOps *ops, float *out, const void *in, size_t n);

@@ -124,11 +124,14 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     const int D = l->head_dim, nkv = l->num_kv_heads;
     /* anything the two calls would reject goes to them, for their error message; a per-head
      * norm needs the whole head's sum of squares, which a task's pair of rows does not have:
-     * the projection, then the norm in the rotation's launch */
+     * the projection, then the norm in the rotation's launch (also partial rotation, LongRoPE's
+     * two tables and a cos / sin factor, which the rotation's launch takes) */
     const bool fits =
         !qk_norm && g && w && w->ndim == 2 && w->shape[1] > 0 && nh > 0 && nkv > 0 && D > 0 &&
         D % 2 == 0 && D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D &&
-        rope && rope->inv_freq && rope->head_dim == D && l->dtype == act && layer >= 0 &&
+        rope && rope->inv_freq && rope->head_dim == D &&
+        (rope->rot_dim == 0 || rope->rot_dim == D) && !rope->long_inv_freq &&
+        (rope->attn_factor == 0 || rope->attn_factor == 1) && l->dtype == act && layer >= 0 &&
         layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
     if (!fits || !fused_takes(g, act, w, x, n)) {

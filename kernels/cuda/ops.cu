@@ -291,7 +291,13 @@ static void attention_decode(const KernelOps *ops, void *out, const void *q, con
  * kernels are exact for any batch; each is fast for its own kind). */
 template <DType A>
 static void ops_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
-                          const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale) {
+                          const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                          float softcap, int window) {
+    if (softcap > 0 || window > 0) { /* the tuned kernels take neither yet (gemma.cu) */
+        k_cuda_attention_capped(out, q, A, kv_cache, l, layer, b, nh, scale, softcap, window,
+                                stream(ops));
+        return;
+    }
     int nd = b->num_tokens == b->num_seqs ? b->num_seqs : b->num_decode_seqs;
     if (nd > 0) {
         AttnBatch d = *b;
@@ -311,6 +317,20 @@ static void ops_attention(const KernelOps *ops, void *out, const void *q, const 
 template <DType A>
 static void ops_silu_mul(const KernelOps *ops, void *out, const void *gate_up, int n, int dim) {
     k_cuda_silu_mul(out, gate_up, A, n, dim, stream(ops));
+}
+
+template <DType A>
+static void ops_gelu_tanh_mul(const KernelOps *ops, void *out, const void *gate_up, int n,
+                              int dim) {
+    k_cuda_gelu_tanh_mul(out, gate_up, A, n, dim, stream(ops));
+}
+
+template <DType A> static void ops_scale(const KernelOps *ops, void *x, size_t n, float s) {
+    k_cuda_scale(x, A, n, s, stream(ops));
+}
+
+static void ops_logits_softcap(const KernelOps *ops, float *logits, size_t n, float cap) {
+    k_cuda_logits_softcap(logits, n, cap, stream(ops));
 }
 
 template <DType A>
@@ -478,6 +498,9 @@ template <DType A> static KernelOps make_ops(void) {
     o.qkv_rope_cache = ops_qkv_rope_cache<A>;
     o.attention = ops_attention<A>;
     o.silu_mul = ops_silu_mul<A>;
+    o.gelu_tanh_mul = ops_gelu_tanh_mul<A>;
+    o.scale = ops_scale<A>;
+    o.logits_softcap = ops_logits_softcap;
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;
     o.matmul_add_rmsnorm = ops_matmul_add_rmsnorm<A>;

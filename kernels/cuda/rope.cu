@@ -32,12 +32,24 @@ template <typename T> __device__ __forceinline__ float head_inv_rms(const T *x, 
     return 1.0f / sqrtf(ss / (float)(2 * hd) + eps);
 }
 
-/* The pair (x[i], x[i + hd]) normalized: w * (x * inv), rounded to T as rmsnorm's output. */
+/* The pair (x[a], x[b]) normalized: w * (x * inv), rounded to T as rmsnorm's output. */
 template <typename T>
-__device__ __forceinline__ void norm_pair(float &x1, float &x2, const void *w, int dt, int i,
-                                          int hd, float inv) {
-    x1 = to_f32(from_f32<T>(load_any(w, dt, i) * (x1 * inv)));
-    x2 = to_f32(from_f32<T>(load_any(w, dt, i + hd) * (x2 * inv)));
+__device__ __forceinline__ void norm_pair(float &x1, float &x2, const void *w, int dt, int a, int b,
+                                          float inv) {
+    x1 = to_f32(from_f32<T>(load_any(w, dt, a) * (x1 * inv)));
+    x2 = to_f32(from_f32<T>(load_any(w, dt, b) * (x2 * inv)));
+}
+
+/* Pair i < hd of a head: rotated pairs (i, i + rh) for i < rh, then the unrotated rest two
+ * elements at a time (partial rotation: rh < hd). */
+__device__ __forceinline__ void pair_of(int i, int hd, int rh, int *a, int *b) {
+    if (i < rh) {
+        *a = i;
+        *b = i + rh;
+    } else {
+        *a = 2 * rh + 2 * (i - rh);
+        *b = *a + 1;
+    }
 }
 
 /* Thread row threadIdx.y of block (t, b) handles token t's head y = b * blockDim.y +
@@ -60,20 +72,25 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
     TC *kdst = cache_row<TC>(a, t);
     if (y >= nh + 2 * nkv)
         return;
+    const int rh = a.rh;
     if (y < nh) { /* a q head */
         if (!q || !rotate)
             return;
         const T *x = q + (size_t)t * a.r.q_stride + (size_t)y * D;
         T *o = (T *)a.r.q_out + ((size_t)t * nh + y) * D;
         float pos = (float)a.positions[t];
+        const float *freqs = rope_freqs(a, a.positions[t]);
         const float inv = a.q_norm ? head_inv_rms<T>(x, hd, a.norm_eps) : 0.0f;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+            int ia, ib;
+            pair_of(i, hd, rh, &ia, &ib);
+            float x1 = to_f32(x[ia]), x2 = to_f32(x[ib]);
             if (a.q_norm)
-                norm_pair<T>(x1, x2, a.q_norm, a.norm_dt, i, hd, inv);
-            rope_rotate<T>(x1, x2, pos, inv_freq[i]);
-            o[i] = from_f32<T>(x1);
-            o[i + hd] = from_f32<T>(x2);
+                norm_pair<T>(x1, x2, a.q_norm, a.norm_dt, ia, ib, inv);
+            if (i < rh)
+                rope_rotate<T>(x1, x2, pos, freqs[i], a.attn_factor);
+            o[ia] = from_f32<T>(x1);
+            o[ib] = from_f32<T>(x2);
         }
     } else if (y < nh + nkv) { /* a k head: rotated in place, then cached */
         int h = y - nh;
@@ -81,19 +98,22 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
             return;
         T *x = k + (size_t)t * a.r.k_stride + (size_t)h * D;
         const float inv = a.k_norm ? head_inv_rms<T>(x, hd, a.norm_eps) : 0.0f;
+        const float *freqs = rotate ? rope_freqs(a, a.positions[t]) : NULL;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            float x1 = to_f32(x[i]), x2 = to_f32(x[i + hd]);
+            int ia, ib;
+            pair_of(i, hd, rh, &ia, &ib);
+            float x1 = to_f32(x[ia]), x2 = to_f32(x[ib]);
             if (a.k_norm)
-                norm_pair<T>(x1, x2, a.k_norm, a.norm_dt, i, hd, inv);
+                norm_pair<T>(x1, x2, a.k_norm, a.norm_dt, ia, ib, inv);
             if (rotate || a.k_norm) {
-                if (rotate)
-                    rope_rotate<T>(x1, x2, (float)a.positions[t], inv_freq[i]);
-                x[i] = from_f32<T>(x1);
-                x[i + hd] = from_f32<T>(x2);
+                if (rotate && i < rh)
+                    rope_rotate<T>(x1, x2, (float)a.positions[t], freqs[i], a.attn_factor);
+                x[ia] = from_f32<T>(x1);
+                x[ib] = from_f32<T>(x2);
             }
             if (kdst) {
-                kdst[h * D + i] = from_f32<TC>(x1);
-                kdst[h * D + i + hd] = from_f32<TC>(x2);
+                kdst[h * D + ia] = from_f32<TC>(x1);
+                kdst[h * D + ib] = from_f32<TC>(x2);
             }
         }
     } else { /* a v head: only cached */
@@ -145,9 +165,10 @@ __global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a)
     load8(hi, x + i + hd);
     if (rotate) {
         const float pos = (float)a.positions[t];
+        const float *freqs = rope_freqs(a, a.positions[t]);
 #pragma unroll
         for (int j = 0; j < 8; j++) /* rounded to T: the cache takes the rounded k */
-            rope_rotate<T>(lo[j], hi[j], pos, inv_freq[i + j]);
+            rope_rotate<T>(lo[j], hi[j], pos, freqs[i + j], a.attn_factor);
     }
     if (is_q) {
         T *o = (T *)a.r.q_out + ((size_t)t * nh + h) * D;
@@ -176,6 +197,11 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     KC_REQUIRE(D > 0 && D % 2 == 0 && D / 2 <= ROPE_MAX_HALF, "%s: head_dim %d unsupported", what,
                D);
     RopeKv a = {*r, positions, rope ? rope->inv_freq : NULL, nh, nkv, D, kv_cache, slot_mapping, 1};
+    a.rh = rope && rope->rot_dim > 0 ? rope->rot_dim / 2 : D / 2;
+    KC_REQUIRE(a.rh > 0 && a.rh <= D / 2, "%s: rot_dim %d of head_dim %d", what, 2 * a.rh, D);
+    a.attn_factor = rope && rope->attn_factor > 0 ? rope->attn_factor : 1.0f;
+    a.long_inv_freq = rope ? rope->long_inv_freq : NULL;
+    a.long_from = rope ? rope->long_from : 0;
     if (qk_norm) {
         const Tensor *qn = &qk_norm->q, *kn = &qk_norm->k;
         KC_REQUIRE(qn->ndim == 1 && qn->shape[0] == D && kn->ndim == 1 && kn->shape[0] == D &&
@@ -200,10 +226,11 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
         return;
     const size_t es = pl_dtype_size(act), ces = pl_dtype_size(cdt);
     /* the vector form has no per-head reduction: with a qk norm, the warp-per-head form */
-    const bool vec = !qk_norm && D % 16 == 0 && kc_aligned16(r->q) && kc_aligned16(r->q_out) &&
-                     kc_aligned16(r->k) && kc_aligned16(r->v) && kc_aligned16(kv_cache) &&
-                     (r->q_stride * es) % 16 == 0 && (r->k_stride * es) % 16 == 0 &&
-                     (r->v_stride * es) % 16 == 0 && (size_t)D * nkv * ces % 16 == 0;
+    const bool vec = !qk_norm && 2 * a.rh == D && D % 16 == 0 && kc_aligned16(r->q) &&
+                     kc_aligned16(r->q_out) && kc_aligned16(r->k) && kc_aligned16(r->v) &&
+                     kc_aligned16(kv_cache) && (r->q_stride * es) % 16 == 0 &&
+                     (r->k_stride * es) % 16 == 0 && (r->v_stride * es) % 16 == 0 &&
+                     (size_t)D * nkv * ces % 16 == 0;
     if (vec) {
         const int units = (nh + nkv) * (D / 16) + nkv * (D / 8);
         dim3 grid((unsigned)n, (unsigned)((units + ROPE_VEC_THREADS - 1) / ROPE_VEC_THREADS));

@@ -36,7 +36,16 @@ typedef struct {
     const void *q_norm, *k_norm;
     int norm_dt;
     float norm_eps;
+    int rh;                     /* rotated pairs per head (rot_dim / 2; D / 2 without partial) */
+    float attn_factor;          /* cos and sin times this (1: none) */
+    const float *long_inv_freq; /* used from position long_from on (NULL: none) */
+    int long_from;
 } RopeKv;
+
+/* The frequencies of a token at pos. */
+__device__ __forceinline__ const float *rope_freqs(const RopeKv &a, int pos) {
+    return a.long_inv_freq && pos >= a.long_from ? a.long_inv_freq : a.inv_freq;
+}
 
 /* Token t's k row in the cache, or NULL (no cache, or a padding slot). */
 template <typename TC> __device__ __forceinline__ TC *cache_row(const RopeKv &a, int t) {
@@ -58,12 +67,18 @@ static inline void rope_cache_geometry(RopeKv *a, const KvLayout *l, int layer) 
     a->bs = l->block_size;
 }
 
-/* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by pos * inv_freq_i (accurate sincosf), each
- * result rounded to the activation dtype T and returned as fp32. */
+/* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by pos * inv_freq_i (accurate sincosf; cos
+ * and sin times factor f unless it is 1), each result rounded to the activation dtype T and
+ * returned as fp32. */
 template <typename T>
-__device__ __forceinline__ void rope_rotate(float &x1, float &x2, float pos, float inv_freq) {
+__device__ __forceinline__ void rope_rotate(float &x1, float &x2, float pos, float inv_freq,
+                                            float f = 1.0f) {
     float sn, cs;
     sincosf(pos * inv_freq, &sn, &cs);
+    if (f != 1.0f) {
+        sn *= f;
+        cs *= f;
+    }
     const float y1 = fmaf(x1, cs, -(x2 * sn)), y2 = fmaf(x2, cs, x1 * sn); /* no contraction */
     x1 = to_f32(from_f32<T>(y1));
     x2 = to_f32(from_f32<T>(y2));
