@@ -5,6 +5,7 @@
  * or (5.x) `dtype`; `rope_theta` + `rope_scaling` or (5.x) `rope_parameters` holding both. Every
  * error is one line naming the file and the key. */
 #include "model.h"
+#include "quant.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -433,6 +434,10 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
     }
     cfg->qkv_bias = is_qwen2 || attn_bias;
     if ((s = apply_sliding_window(root, path, cfg)) || (s = parse_moe(root, path, cfg)))
+        goto done;
+    /* fp8 checkpoints (older compressed-tensors files call it compression_config) */
+    json_t *qc = get(root, "quantization_config");
+    if ((s = quant_config_parse(qc ? qc : get(root, "compression_config"), path, &cfg->quant)))
         goto done;
 
     /* Special tokens. */
