@@ -296,15 +296,21 @@ typedef struct {
     size_t rows, cols, r0, r1;
 } QuantJob;
 
-static float load_f32(const void *p, DType dt, size_t i) {
+/* Row r of src as fp32 into row (one loop per dtype: this runs over every weight). */
+static void load_row(float *row, const void *src, DType dt, size_t r, size_t cols) {
     if (dt == DT_F32) {
-        float f;
-        memcpy(&f, (const char *)p + 4 * i, 4);
-        return f;
+        memcpy(row, (const float *)src + r * cols, cols * sizeof *row);
+    } else if (dt == DT_BF16) {
+        const uint16_t *h = (const uint16_t *)src + r * cols;
+        for (size_t c = 0; c < cols; c++) {
+            uint32_t u = (uint32_t)h[c] << 16;
+            memcpy(&row[c], &u, 4);
+        }
+    } else {
+        const uint16_t *h = (const uint16_t *)src + r * cols;
+        for (size_t c = 0; c < cols; c++)
+            row[c] = pl_f16_to_f32(h[c]);
     }
-    uint16_t h;
-    memcpy(&h, (const char *)p + 2 * i, 2);
-    return dt == DT_BF16 ? pl_bf16_to_f32(h) : pl_f16_to_f32(h);
 }
 
 static void *quant_worker(void *arg) {
@@ -312,10 +318,9 @@ static void *quant_worker(void *arg) {
     float *row = pl_xmalloc(j->cols * sizeof *row);
     for (size_t r = j->r0; r < j->r1; r++) {
         float amax = 0.0f;
-        for (size_t c = 0; c < j->cols; c++) {
-            row[c] = load_f32(j->src, j->dt, r * j->cols + c);
+        load_row(row, j->src, j->dt, r, j->cols);
+        for (size_t c = 0; c < j->cols; c++)
             amax = fmaxf(amax, fabsf(row[c]));
-        }
         float s = fmaxf(amax / PL_F8E4M3_MAX, PL_F8E4M3_MIN_SCALE), inv = 1.0f / s;
         uint8_t *out = j->q + r * j->cols;
         for (size_t c = 0; c < j->cols; c++)
