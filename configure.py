@@ -124,6 +124,7 @@ TEST_LAYERS = {
     "test_config": ["models"],
     "test_tensor_parallel": ["models"],
     "test_families": ["models"],
+    "test_fp8_models": ["models"],
     "test_block_manager": ["scheduler"],
     "test_scheduler": ["scheduler"],
     "test_engine": ["engine"],

@@ -217,6 +217,11 @@ static Status create_scheduling(Engine *e) {
 
 static void print_budget(const Engine *e, double free_before_kv) {
     double mib = 1024.0 * 1024.0;
+    char format[320];
+    model_weight_format(e->model, format, sizeof format);
+    double all = (double)model_weight_bytes(e->model) * e->run.tp; /* every rank's */
+    fprintf(stderr, "pagellm: weights: %s, %.2f %s\n", format, all >= 1e9 ? all / 1e9 : all / 1e6,
+            all >= 1e9 ? "GB" : "MB");
     fprintf(stderr,
             "pagellm: device %s, %s activations; weights %.1f MiB, activations %.1f MiB, "
             "%.1f MiB free before the KV cache\n",

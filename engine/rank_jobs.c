@@ -40,7 +40,8 @@ static Status load(Engine *e, Rank *r) {
                            .max_num_tokens = c->max_num_batched_tokens,
                            .ops = r->ops,
                            .tp_rank = r->index,
-                           .tp_size = e->run.tp};
+                           .tp_size = e->run.tp,
+                           .quantization = c->quantization};
     return model_load(&mo, &r->model);
 }
 

@@ -32,6 +32,8 @@ typedef struct {
     int disable_custom_all_reduce;    /* 1 = NCCL for every all-reduce (no one-shot NVLink path) */
     int cpu_threads;                  /* CPU backend threads, caller included; 0 = every CPU */
     int load_dummy;                   /* load-format dummy */
+    const char *quantization;         /* NULL, or "fp8": quantize a 16/32-bit checkpoint's
+                                       * linear layers at load (ModelLoadOptions.quantization) */
     uint64_t seed;                    /* dummy weights */
     int block_size;                   /* tokens per KV block: 8, 16, 32, 64, 128 */
     int max_model_len;                /* 0 = the model's max_position_embeddings */

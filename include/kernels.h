@@ -385,9 +385,10 @@ struct KernelOps {
     void (*logits_mask)(const KernelOps *ops, float *logits, int vocab, const uint32_t *masks,
                         const int32_t *rows, int n);
 
-    /* Fill n elements of dt (F32 / F16 / BF16) at dst with load-format dummy values:
-     * scale > 0: uniform in [-scale, scale), element i depending only on (key, i) exactly as
-     * models/weights.c's host fill; scale == 0: every element 1. NULL: the host fills. */
+    /* Fill n elements of dt (F32 / F16 / BF16, or F8E4M3: the value's e4m3 code) at dst with
+     * load-format dummy values: scale > 0: uniform in [-scale, scale), element i depending only
+     * on (key, i) exactly as models/weights.c's host fill; scale == 0: every element 1. NULL:
+     * the host fills. */
     void (*fill_dummy)(const KernelOps *ops, void *dst, DType dt, size_t n, uint64_t key,
                        float scale);
 

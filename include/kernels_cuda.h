@@ -100,8 +100,8 @@ void k_cuda_attention_capped(void *out, const void *q, DType act, const void *kv
                              float softcap, int window, void *stream);
 
 /* The KernelOps fill_dummy op (load-format dummy weights made on the GPU): n elements of dt
- * (F32 / F16 / BF16) at dst, uniform in [-scale, scale) from stream `key`, bit-identical to
- * models/weights.c's host fill, or all 1 when scale == 0. */
+ * (F32 / F16 / BF16, or F8E4M3: e4m3 of the value) at dst, uniform in [-scale, scale) from
+ * stream `key`, bit-identical to models/weights.c's host fill, or all 1 when scale == 0. */
 void k_cuda_fill_dummy(void *dst, DType dt, size_t n, uint64_t key, float scale, void *stream);
 
 /* out[i] = (float)in[i] for i < n, in in `act` (the logits). */

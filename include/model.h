@@ -15,8 +15,27 @@
 #include "kernels.h"
 
 #define MODEL_MAX_EOS      8
-#define MODEL_MAX_MLP_ONLY 256  /* Qwen3-MoE mlp_only_layers entries */
-#define MODEL_MAX_LAYERS   1024 /* layers whose attention kind is listed (layer_types) */
+#define MODEL_MAX_MLP_ONLY 256   /* Qwen3-MoE mlp_only_layers entries */
+#define MODEL_MAX_LAYERS   1024  /* layers whose attention kind is listed (layer_types) */
+#define MODEL_QUANT_IGNORE 16384 /* bytes of a quantization_config's ignore list */
+
+/* How the linear layers (q/k/v, o, gate/up, down projections) are stored (models/quant.c).
+ * QUANT_FP8: config.json's quantization_config {quant_method: "fp8"}: e4m3 weights with
+ * weight_scale_inv (blocks of weight_block_size) or one weight_scale per tensor.
+ * QUANT_COMPRESSED: {quant_method: "compressed-tensors"} with fp8 weights (float, 8 bits) and
+ * weight_scale per output channel or per tensor, optional static input_scale.
+ * QUANT_ONLINE_FP8: a 16/32-bit checkpoint quantized at load (quantization: fp8): per-channel
+ * scales, dynamic per-token activation scales. Embeddings, norms and the LM head are never
+ * fp8; a linear layer stored in a float dtype (an ignored one) stays in it. */
+typedef enum { QUANT_NONE, QUANT_FP8, QUANT_COMPRESSED, QUANT_ONLINE_FP8 } QuantMethod;
+typedef struct {
+    QuantMethod method;
+    Fp8ScaleKind weight_scales; /* FP8_SCALE_TENSOR, _CHANNEL or _BLOCK */
+    int block;                  /* FP8_SCALE_BLOCK: B of the B x B blocks */
+    int static_input;           /* activations scaled by the checkpoint's input_scale tensors */
+    int num_ignore;             /* modules kept unquantized: names, or "re:" regexes */
+    char ignore[MODEL_QUANT_IGNORE]; /* num_ignore NUL-terminated strings, one after another */
+} ModelQuant;
 
 typedef struct {
     char architecture[64]; /* "LlamaForCausalLM", ... */
@@ -64,6 +83,7 @@ typedef struct {
     int bos_token_id;                 /* -1 if none */
     int eos_token_ids[MODEL_MAX_EOS]; /* from generation_config.json, else config.json */
     int num_eos;
+    ModelQuant quant; /* quantization_config (method QUANT_NONE without one) */
 } ModelConfig;
 
 /* The attention window of layer l: sliding_window on sliding layers, else 0 (all positions). */
@@ -103,6 +123,9 @@ typedef struct {
     const KernelOps *ops; /* the opened backend (k_open) the model runs on */
     int tp_rank, tp_size; /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
                            * the backend's all_reduce, called on every rank's thread at once */
+    const char *quantization; /* NULL: the checkpoint's; "fp8": a 16/32-bit checkpoint's linear
+                               * layers quantized at load (an fp8 one loads as it is), dummy
+                               * weights made in fp8 */
 } ModelLoadOptions;
 
 typedef struct Model Model;
@@ -118,6 +141,10 @@ const ModelConfig *model_config(const Model *m);
 /* Device bytes of the weights and of the scratch activations (for the memory budget). */
 size_t model_weight_bytes(const Model *m);
 size_t model_activation_bytes(const Model *m);
+
+/* The weights' format in words for the start-up log: "float32", or "fp8 e4m3, block 128x128
+ * scales" / "fp8 e4m3, per-channel scales (quantized at load)", ... */
+void model_weight_format(const Model *m, char *buf, size_t size);
 
 /* Geometry of a KV cache for this model (this rank's KV heads) with the given block size,
  * in the backend's act dtype. */

@@ -7,6 +7,7 @@
  * kind, or 4.x's rope_local_base_freq); RoPE types default, linear, dynamic, yarn, longrope
  * (su) and llama3. Every error is one line naming the file and the key. */
 #include "model.h"
+#include "quant.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -685,6 +686,10 @@ Status model_config_parse(const char *json_text, const char *path, ModelConfig *
     cfg->qkv_bias = is_qwen2 || attn_bias;
     if ((!cfg->gemma && (s = apply_sliding_window(root, path, cfg))) ||
         (s = parse_moe(root, path, cfg)))
+        goto done;
+    /* fp8 checkpoints (older compressed-tensors files call it compression_config) */
+    json_t *qc = get(root, "quantization_config");
+    if ((s = quant_config_parse(qc ? qc : get(root, "compression_config"), path, &cfg->quant)))
         goto done;
 
     /* Special tokens. */

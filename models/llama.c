@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "quant.h"
 #include "safetensors.h"
 #include "weights.h"
 
@@ -138,25 +139,46 @@ static int keep_f32(const Model *m, const Tensor *t) {
     return m->cfg.gemma && t->ndim == 1 && t->dtype == DT_F32;
 }
 
+/* Bytes of an fp8 weight's scales (0 for other tensors). */
+static size_t scale_bytes(const Tensor *t) {
+    return quant_scale_count(t) * sizeof(float);
+}
+
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
  * memory; the host copies (mapping or dummy buffer) are released afterwards. With 16-bit
  * activations every weight goes up in that dtype (the GEMMs multiply bf16 by bf16, or f16 by
- * f16). */
+ * f16), except fp8 weights, which go up as they are with their fp32 scales. */
 static Status upload_weights(Model *m) {
     if (m->ops->host_memory || m->w.device)
         return PL_OK;
     Tensor **list = pl_xmalloc((size_t)(3 + LAYER_MAX_TENSORS * m->cfg.num_layers) * sizeof *list);
     int n = list_tensors(&m->w, m->cfg.num_layers, list);
     int tied = m->w.lm_head.data == m->w.embed.data;
-    m->uploaded = pl_xcalloc((size_t)n, sizeof *m->uploaded);
+    m->uploaded = pl_xcalloc((size_t)(2 * n), sizeof *m->uploaded);
     int widen = m->ops->act != DT_F32; /* every weight goes up in the 16-bit act dtype, */
     size_t total = 0, done = 0;
     for (int i = 0; i < n; i++) /* except Gemma's (1 + w) norms: fp32 math, as transformers' */
-        total += tensor_bytes(list[i]) / pl_dtype_size(list[i]->dtype) *
-                 (widen && !keep_f32(m, list[i]) ? 2 : pl_dtype_size(list[i]->dtype));
+        total += list[i]->dtype == DT_F8E4M3
+                     ? tensor_bytes(list[i]) + scale_bytes(list[i])
+                     : tensor_bytes(list[i]) / pl_dtype_size(list[i]->dtype) *
+                           (widen && !keep_f32(m, list[i]) ? 2 : pl_dtype_size(list[i]->dtype));
     for (int i = 0; i < n; i++) {
         void *converted = NULL;
-        if (widen && list[i]->dtype != m->ops->act && !keep_f32(m, list[i])) {
+        size_t sb = scale_bytes(list[i]);
+        if (sb) {
+            float *dev = m->ops->alloc(m->ops, sb);
+            if (!dev) {
+                free(list);
+                return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the fp8 scales",
+                                    m->ops->name);
+            }
+            m->ops->to_device(m->ops, dev, list[i]->fp8.w_scale, sb);
+            m->uploaded[m->num_uploaded++] = dev;
+            list[i]->fp8.w_scale = dev;
+            done += sb;
+        }
+        if (widen && list[i]->dtype != m->ops->act && list[i]->dtype != DT_F8E4M3 &&
+            !keep_f32(m, list[i])) {
             converted = weights_to_16bit(list[i], m->ops->act);
             list[i]->data = converted;
             list[i]->dtype = m->ops->act;
@@ -299,6 +321,17 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     if (st == PL_OK && m->cfg.num_experts > 0 && !m->ops->moe_mlp)
         st = pl_error_set(PL_ERR_UNSUPPORTED, "%s: the %s backend has no mixture-of-experts op",
                           m->cfg.architecture, m->ops->name);
+    if (st == PL_OK && opt->quantization && strcmp(opt->quantization, "fp8"))
+        st = pl_error_set(PL_ERR_UNSUPPORTED, "quantization '%s' is not supported (supported: fp8)",
+                          opt->quantization);
+    if (st == PL_OK && m->cfg.num_experts > 0 && (m->cfg.quant.method || opt->quantization))
+        st = pl_error_set(
+            PL_ERR_UNSUPPORTED, "%s: %s: mixture-of-experts models are not supported in fp8 yet",
+            m->cfg.architecture,
+            opt->quantization ? "quantization fp8" : "config.json quantization_config");
+    /* quantization: fp8 quantizes a 16/32-bit checkpoint; an fp8 one loads as it is */
+    if (st == PL_OK && opt->quantization && m->cfg.quant.method == QUANT_NONE)
+        m->cfg.quant = (ModelQuant){.method = QUANT_ONLINE_FP8, .weight_scales = FP8_SCALE_CHANNEL};
     if (st != PL_OK)
         goto fail;
     m->local = m->cfg;
@@ -388,10 +421,12 @@ static void add_norm(Model *m, const Tensor *norm, int n) {
 }
 
 /* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm; one op
- * where the backend fuses them. */
+ * where the backend fuses them. The fused matmul ops (here, in attention_input and
+ * mlp_activation) are used for 16/32-bit weights only: fp8 weights take the plain matmul, the
+ * one op every backend implements for them. */
 static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
     const KernelOps *ops = m->ops;
-    if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
+    if (m->shard.size == 1 && ops->matmul_add_rmsnorm && w->dtype != DT_F8E4M3) {
         ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
                                 m->local.rms_norm_eps);
         return;
@@ -422,7 +457,7 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
-    if (ops->matmul_qkv_rope_cache) {
+    if (ops->matmul_qkv_rope_cache && lw->wqkv.dtype != DT_F8E4M3) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
                                    kv_cache, kv_layout, l);
@@ -442,7 +477,7 @@ static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
         ops->gelu_tanh_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
         return;
     }
-    if (ops->matmul_silu_mul) {
+    if (ops->matmul_silu_mul && lw->w_gate_up.dtype != DT_F8E4M3) {
         ops->matmul_silu_mul(ops, m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
         return;
     }
@@ -543,8 +578,28 @@ size_t model_weight_bytes(const Model *m) {
     int n = list_tensors(&w, m->cfg.num_layers, list);
     size_t total = 0;
     for (int i = 0; i < n; i++)
-        total += tensor_bytes(list[i]);
+        total += tensor_bytes(list[i]) + scale_bytes(list[i]);
     return total;
+}
+
+void model_weight_format(const Model *m, char *buf, size_t size) {
+    Tensor *list[3 + LAYER_MAX_TENSORS * m->cfg.num_layers];
+    ModelWeights w = m->w;
+    int n = list_tensors(&w, m->cfg.num_layers, list), fp8 = 0;
+    for (int i = 0; i < n; i++)
+        fp8 += list[i]->dtype == DT_F8E4M3;
+    if (!fp8) {
+        snprintf(buf, size, "%s", pl_dtype_name(w.embed.dtype));
+        return;
+    }
+    char q[192];
+    quant_describe(&m->cfg.quant, 1, q, sizeof q);
+    int k = snprintf(buf, size, "%s; embeddings, norms and LM head %s", q,
+                     pl_dtype_name(w.embed.dtype));
+    if (w.requantized > 0 && k > 0 && (size_t)k < size)
+        snprintf(buf + k, size - (size_t)k,
+                 "; %d fused layers requantized per channel (parts off the block grid)",
+                 w.requantized);
 }
 
 size_t model_activation_bytes(const Model *m) {

@@ -39,20 +39,21 @@ struct StCheckpoint {
     size_t num_slots;
 };
 
-/* Every dtype the safetensors format defines. Only F32/F16/BF16 are computed with; the
- * others are recorded as DT_OTHER so a checkpoint holding e.g. an I64 buffer still opens. */
+/* Every dtype the safetensors format defines. Only F32/F16/BF16 and (fp8 weights) F8_E4M3
+ * are computed with; the others are recorded as DT_OTHER so a checkpoint holding e.g. an I64
+ * buffer still opens. */
 static const struct {
     const char *name;
     DType dtype;
     int bits; /* per element */
 } dtype_table[] = {
-    {"F32", DT_F32, 32},      {"F16", DT_F16, 16},      {"BF16", DT_BF16, 16},
-    {"F64", DT_OTHER, 64},    {"I64", DT_OTHER, 64},    {"U64", DT_OTHER, 64},
-    {"I32", DT_OTHER, 32},    {"U32", DT_OTHER, 32},    {"I16", DT_OTHER, 16},
-    {"U16", DT_OTHER, 16},    {"I8", DT_OTHER, 8},      {"U8", DT_OTHER, 8},
-    {"BOOL", DT_OTHER, 8},    {"F8_E4M3", DT_OTHER, 8}, {"F8_E5M2", DT_OTHER, 8},
-    {"F8_E8M0", DT_OTHER, 8}, {"E8M0", DT_OTHER, 8},    {"C64", DT_OTHER, 64},
-    {"F6_E2M3", DT_OTHER, 6}, {"F6_E3M2", DT_OTHER, 6}, {"F4", DT_OTHER, 4},
+    {"F32", DT_F32, 32},      {"F16", DT_F16, 16},       {"BF16", DT_BF16, 16},
+    {"F64", DT_OTHER, 64},    {"I64", DT_OTHER, 64},     {"U64", DT_OTHER, 64},
+    {"I32", DT_OTHER, 32},    {"U32", DT_OTHER, 32},     {"I16", DT_OTHER, 16},
+    {"U16", DT_OTHER, 16},    {"I8", DT_OTHER, 8},       {"U8", DT_OTHER, 8},
+    {"BOOL", DT_OTHER, 8},    {"F8_E4M3", DT_F8E4M3, 8}, {"F8_E5M2", DT_OTHER, 8},
+    {"F8_E8M0", DT_OTHER, 8}, {"E8M0", DT_OTHER, 8},     {"C64", DT_OTHER, 64},
+    {"F6_E2M3", DT_OTHER, 6}, {"F6_E3M2", DT_OTHER, 6},  {"F4", DT_OTHER, 4},
 };
 
 /* ---- name lookup ---------------------------------------------------------------------- */

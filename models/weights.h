@@ -38,8 +38,11 @@ typedef struct {
     LayerWeights *layers;    /* [num_layers] */
     void *dummy_storage;     /* owned buffer behind dummy weights, NULL for mmapped ones */
     const KernelOps *device; /* dummy_storage is this backend's memory (NULL: host) */
-    void **fused;            /* owned buffers behind the fused tensors of bound weights */
+    void **fused;            /* owned buffers behind the fused tensors of bound weights, and
+                              * fp8 weights' scales and quantized data */
     int num_fused;
+    void *scale_storage; /* owned buffer behind dummy fp8 weights' scales (memory of `device`) */
+    int requantized;     /* fused fp8 layers requantized per channel (block grid mismatch) */
 } ModelWeights;
 
 /* Bind every tensor the config needs from `ck`, checking presence, shape and dtype (F32, F16
@@ -47,20 +50,28 @@ typedef struct {
  * Gemma's norm weights w become owned F32 copies of 1 + w (its RMSNorm multiplies by 1 + w in
  * fp32), which stay F32 on every backend. Errors name the checkpoint file and tensor. Unfused
  * tensors stay in the mapping; fused ones are copied into owned buffers (in their dtype, or F32
- * when the parts differ). With a shard (NULL: the whole model) only that rank's rows of q/k/v and
- * gate/up and its columns of o_proj and down_proj are taken (columns copied into owned buffers),
- * and its vocabulary rows of the embedding and the LM head (a zero-padded copy when the last slice
+ * when the parts differ).
+ * Projections may be F8_E4M3 as cfg->quant describes (Tensor.fp8 gets their scales, fp32 in
+ * owned buffers): fused per-tensor scales become per-channel ones, fused block scales stay
+ * when the parts end on block boundaries (else the fused tensor is requantized per channel,
+ * w->requantized counts it), and a tensor-parallel cut inside a block is an error. With
+ * cfg->quant.method QUANT_ONLINE_FP8 every float projection is quantized per channel.
+ * With a shard (NULL: the whole model) only that rank's rows of q/k/v and gate/up and its
+ * columns of o_proj and down_proj are taken (columns copied into owned buffers), and its
+ * vocabulary rows of the embedding and the LM head (a zero-padded copy when the last slice
  * runs past the vocabulary); norms are whole on every rank. */
 Status weights_bind(const ModelConfig *cfg, const StCheckpoint *ck, const ModelShard *shard,
                     ModelWeights *w);
 
 /* Random weights of the config's shape (deterministic in `seed`): projections ~ U(-a, a) with
- * a = 1/sqrt(fan_in), norms 1, biases small. device NULL: in host memory, in
- * cfg->torch_dtype. Else filled in place in that backend's memory by its fill_dummy op (no
- * host copy, no upload), in bfloat16 when its activations are bfloat16; the values are the
- * host fill's, converted. A shard (NULL: whole) gets its own shapes; its embedding and LM
- * head are the whole model's rows (padding rows zero), its layers get values seeded by its
- * rank (dummy weights are for speed, not for comparing outputs across sizes). */
+ * a = 1/sqrt(fan_in), norms 1, biases small. With cfg->quant.method set the projections are
+ * fp8 from the start: e4m3 of U(-448, 448) with every scale a / 448 (per channel, or the
+ * checkpoint's block / per-tensor layout), dynamic activation scales. device NULL: in host memory,
+ * in cfg->torch_dtype. Else filled in place in that backend's memory by its fill_dummy op (no host
+ * copy, no upload), in bfloat16 when its activations are bfloat16; the values are the host fill's,
+ * converted. A shard (NULL: whole) gets its own shapes; its embedding and LM head are the whole
+ * model's rows (padding rows zero), its layers get values seeded by its rank (dummy weights are for
+ * speed, not for comparing outputs across sizes). */
 Status weights_dummy(const ModelConfig *cfg, uint64_t seed, const KernelOps *device,
                      const ModelShard *shard, ModelWeights *w);
 

@@ -28,6 +28,8 @@ static const CfgEnumValue dtypes[] = {
 /* auto and safetensors both read the checkpoint (safetensors is the only format). */
 static const CfgEnumValue load_formats[] = {
     {"auto", 0}, {"safetensors", 0}, {"dummy", 1}, {NULL, 0}};
+/* quantization: like vLLM's flag; a checkpoint's own quantization_config needs no key */
+static const CfgEnumValue quantizations[] = {{"fp8", 0}, {NULL, 0}};
 static const CfgEnumValue preemption_modes[] = {
     {"swap", PREEMPT_SWAP}, {"recompute", PREEMPT_RECOMPUTE}, {NULL, 0}};
 /* vLLM's names of its tool-call and reasoning parsers (server/tool_parser.c, reasoning.c). */
@@ -75,6 +77,9 @@ static const CfgKey keys[] = {
              "auto (the checkpoint's 16-bit dtype on cuda), float32, bfloat16 or float16", NULL),
     KEY_ENUM("load-format", engine.load_dummy, load_formats, 0, "FORMAT",
              "auto, safetensors or dummy (random weights)", NULL),
+    KEY_ENUM("quantization", engine.quantization, quantizations, 1, "METHOD",
+             "fp8: linear layers quantized to fp8 e4m3 at load (fp8 checkpoints need none)",
+             "none"),
     /* KV cache */
     {.name = "block-size",
      .type = CFG_INT,

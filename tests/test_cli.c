@@ -64,6 +64,47 @@ static void test_generate_prints_golden_text(void **state) {
     run_free(&r);
 }
 
+/* quantization fp8 on the bundled model: weights quantized at load, the golden case's first 16
+ * tokens kept (test_fp8_models measures the rest), the format in the start-up log. */
+static void test_generate_quantization_fp8(void **state) {
+    (void)state;
+    RunResult r = run("generate --device cpu --quantization fp8 --prompt 'Once upon a time' "
+                      "--max-tokens 16 --temperature 0");
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.out, ", there was a little girl named Lily. She loved to play\n");
+    assert_non_null(strstr(r.err, "weights: fp8 e4m3, per-channel scales"));
+    run_free(&r);
+    r = run("generate --device cpu --quantization int8");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--quantization"));
+    run_free(&r);
+}
+
+/* serve --quantization fp8 answers a completion over HTTP (curl; skipped without it). */
+static void test_serve_quantization_fp8(void **state) {
+    (void)state;
+    if (system("command -v curl >/dev/null 2>&1") != 0)
+        skip();
+    char cmd[4096];
+    int port = 20000 + (int)(getpid() % 20000);
+    snprintf(cmd, sizeof cmd,
+             "%s serve --device cpu --quantization fp8 --port %d 2>%s/serve.err & pid=$!; "
+             "ok=1; for i in $(seq 100); do curl -sf http://127.0.0.1:%d/health >/dev/null && "
+             "ok=0 && break; sleep 0.1; done; "
+             "[ $ok = 0 ] && curl -sf http://127.0.0.1:%d/v1/completions -H "
+             "'Content-Type: application/json' -d '{\"prompt\": \"Once upon a time\", "
+             "\"max_tokens\": 16, \"temperature\": 0}' >%s/completion.json; ok=$?; "
+             "kill $pid; wait $pid; exit $ok",
+             PAGELLM, port, tmpdir, port, port, tmpdir);
+    assert_int_equal(system(cmd), 0);
+    char path[512], *body;
+    snprintf(path, sizeof path, "%s/completion.json", tmpdir);
+    assert_int_equal(pl_read_file(path, &body, NULL), PL_OK);
+    if (!strstr(body, ", there was a little girl named Lily. She loved to play"))
+        fail_msg("completion: %s", body);
+    free(body);
+}
+
 static void test_prompt_file_keeps_input_order(void **state) {
     (void)state;
     char path[512];
@@ -214,6 +255,8 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_prints_golden_text),
+        cmocka_unit_test(test_generate_quantization_fp8),
+        cmocka_unit_test(test_serve_quantization_fp8),
         cmocka_unit_test(test_prompt_file_keeps_input_order),
         cmocka_unit_test(test_bad_prompt_file_line_is_named),
         cmocka_unit_test(test_bad_flags_fail_with_a_message),

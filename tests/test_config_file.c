@@ -103,6 +103,7 @@ static void test_defaults(void **state) {
     assert_string_equal(c.host, "127.0.0.1");
     assert_int_equal(c.port, 8000);
     assert_string_equal(c.engine.dtype, "auto");
+    assert_null(c.engine.quantization);
     assert_string_equal(c.log_level, "info");
     assert_int_equal(c.engine.tensor_parallel_size, 1);
     assert_int_equal(c.engine.enforce_eager, 0);
@@ -182,6 +183,7 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "device: cpu\n"
                                "dtype: bfloat16\n"
                                "load-format: dummy\n"
+                               "quantization: fp8\n"
                                "block-size: 32\n"
                                "swap-space: 1.5\n"
                                "gpu-memory-utilization: 0.5\n"
@@ -225,6 +227,7 @@ static void check_full(const Config *c) {
     assert_string_equal(c->engine.device, "cpu");
     assert_string_equal(c->engine.dtype, "bfloat16");
     assert_int_equal(c->engine.load_dummy, 1);
+    assert_string_equal(c->engine.quantization, "fp8");
     assert_int_equal(c->engine.block_size, 32);
     assert_true(c->engine.swap_space_gib == 1.5);
     assert_true(c->engine.gpu_memory_utilization == 0.5);

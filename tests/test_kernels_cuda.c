@@ -47,6 +47,7 @@
     X(test_copy_blocks)                                                                            \
     X(test_scatter_tokens)                                                                         \
     X(test_dummy_fill)                                                                             \
+    X(test_dummy_fill_fp8)                                                                         \
     X(test_gelu_tanh_mul)                                                                          \
     X(test_scale_softcap)                                                                          \
     X(test_rope_scaled)                                                                            \
@@ -786,6 +787,52 @@ static void test_dummy_fill(void **state) {
     }
     assert_int_equal(bad, 0);
 }
+
+/* fp8 dummy weights (quantization: fp8, load-format dummy) made on the GPU: the projections'
+ * e4m3 codes and their scales equal the host fill's, bit for bit. */
+static void test_dummy_fill_fp8(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    ModelConfig cfg = {.hidden_size = 64,
+                       .intermediate_size = 96,
+                       .num_layers = 2,
+                       .num_heads = 4,
+                       .num_kv_heads = 2,
+                       .head_dim = 16,
+                       .vocab_size = 300,
+                       .torch_dtype = DT_BF16};
+    cfg.quant.method = QUANT_ONLINE_FP8;
+    ModelWeights host, dev;
+    int bad = 0;
+    const KernelOps *ops = test_cuda_ops(DT_BF16);
+    assert_int_equal(weights_dummy(&cfg, 99, NULL, NULL, &host), PL_OK);
+    assert_int_equal(weights_dummy(&cfg, 99, ops, NULL, &dev), PL_OK);
+    for (int l = 0; l < 2; l++) {
+        const Tensor *h[] = {&host.layers[l].wqkv, &host.layers[l].wo, &host.layers[l].w_gate_up,
+                             &host.layers[l].w_down};
+        const Tensor *d[] = {&dev.layers[l].wqkv, &dev.layers[l].wo, &dev.layers[l].w_gate_up,
+                             &dev.layers[l].w_down};
+        for (size_t t = 0; t < 4; t++) {
+            size_t N = (size_t)h[t]->shape[0], n = N * (size_t)h[t]->shape[1];
+            assert_int_equal(d[t]->dtype, DT_F8E4M3);
+            assert_int_equal(d[t]->fp8.kind, FP8_SCALE_CHANNEL);
+            uint8_t *got = xmalloc(n);
+            float *sc = xmalloc(N * sizeof *sc);
+            k_cuda_memcpy(got, d[t]->data, n);
+            k_cuda_memcpy(sc, d[t]->fp8.w_scale, N * sizeof *sc);
+            for (size_t i = 0; i < n; i++)
+                if (got[i] != ((const uint8_t *)h[t]->data)[i] && bad++ < 5)
+                    print_error("fp8 dummy layer %d tensor %zu element %zu: %#x, host %#x\n", l,
+                                t, i, got[i], ((const uint8_t *)h[t]->data)[i]);
+            for (size_t r = 0; r < N; r++)
+                if (sc[r] != h[t]->fp8.w_scale[r] && bad++ < 5)
+                    print_error("fp8 dummy layer %d tensor %zu scale %zu differs\n", l, t, r);
+            free(got);
+            free(sc);
+        }
+    }
+    weights_free(&host);
+    weights_free(&dev);
 
 /* ---------------- Gemma's and Phi-3's ops ---------------- */
 
