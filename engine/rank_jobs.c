@@ -40,7 +40,8 @@ static Status load(Engine *e, Rank *r) {
                            .max_num_tokens = c->max_num_batched_tokens,
                            .ops = r->ops,
                            .tp_rank = r->index,
-                           .tp_size = e->run.tp};
+                           .tp_size = e->run.tp,
+                           .kv_cache_fp8 = c->kv_cache_fp8};
     return model_load(&mo, &r->model);
 }
 

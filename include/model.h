@@ -85,6 +85,8 @@ typedef struct {
     const KernelOps *ops; /* the opened backend (k_open) the model runs on */
     int tp_rank, tp_size; /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
                            * the backend's all_reduce, called on every rank's thread at once */
+    int kv_cache_fp8;     /* 1: the KV cache is fp8 e4m3 (kv-cache-dtype fp8), with each layer's
+                           * k_scale / v_scale from the checkpoint, else 1 */
 } ModelLoadOptions;
 
 typedef struct Model Model;
@@ -102,7 +104,8 @@ size_t model_weight_bytes(const Model *m);
 size_t model_activation_bytes(const Model *m);
 
 /* Geometry of a KV cache for this model (this rank's KV heads) with the given block size,
- * in the backend's act dtype. */
+ * in the backend's act dtype, or fp8 e4m3 with the model's per-layer scales (owned by the
+ * model) when it was loaded with kv_cache_fp8. */
 KvLayout model_kv_layout(const Model *m, int block_size);
 
 /* One forward step: token_ids[batch->num_tokens] at the batch's positions and slots, K/V
