@@ -193,7 +193,8 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
 #pragma unroll
                     for (int x = 0; x < UNITS; x++)
                         cp_async16(dst + 16 * (((u * CPL + k) * UNITS + x) * 32 + lane),
-                                   ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                                   ok ? src + c * 8 + x * (8 / (UNITS > 0 ? UNITS : 1)) : cache,
+                                   ok);
                 }
             }
         }
