@@ -237,11 +237,12 @@ static void print_budget(const Engine *e, double free_before_kv) {
                  "can use",
                  e->cfg.swap_space_gib, e->cfg.max_num_seqs);
     fprintf(stderr,
-            "pagellm: KV cache: %d blocks of %d tokens (%.1f MiB, %d tokens), "
+            "pagellm: KV cache: %s, %d blocks of %d tokens (%.1f MiB, %d tokens), "
             "swap: %d blocks (%.1f MiB%s); max-model-len %d\n",
-            e->num_gpu_blocks, e->cfg.block_size, e->num_gpu_blocks * (double)e->block_bytes / mib,
-            e->num_gpu_blocks * e->cfg.block_size, e->num_cpu_blocks,
-            e->num_cpu_blocks * (double)e->block_bytes / mib, capped, e->max_model_len);
+            pl_dtype_name(e->kv_layout.dtype), e->num_gpu_blocks, e->cfg.block_size,
+            e->num_gpu_blocks * (double)e->block_bytes / mib, e->num_gpu_blocks * e->cfg.block_size,
+            e->num_cpu_blocks, e->num_cpu_blocks * (double)e->block_bytes / mib, capped,
+            e->max_model_len);
     if (e->run.num_graphs)
         fprintf(stderr, "pagellm: %d decode graphs (batch 1 to %d) captured in %.2f s\n",
                 e->run.num_graphs, e->run.graph_size[e->run.num_graphs - 1], e->run.graph_seconds);

@@ -41,7 +41,8 @@ static Status load(Engine *e, Rank *r) {
                            .ops = r->ops,
                            .tp_rank = r->index,
                            .tp_size = e->run.tp,
-                           .quantization = c->quantization};
+                           .quantization = c->quantization,
+                           .kv_cache_fp8 = c->kv_cache_fp8};
     return model_load(&mo, &r->model);
 }
 

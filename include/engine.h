@@ -36,6 +36,8 @@ typedef struct {
                                        * linear layers at load (ModelLoadOptions.quantization) */
     uint64_t seed;                    /* dummy weights */
     int block_size;                   /* tokens per KV block: 8, 16, 32, 64, 128 */
+    int kv_cache_fp8;                 /* kv-cache-dtype: 0 auto (the activations' dtype), 1 fp8
+                                       * (e4m3, per-layer scales from the checkpoint, else 1) */
     int max_model_len;                /* 0 = the model's max_position_embeddings */
     int max_num_batched_tokens;       /* tokens per step (prefill chunk budget); 0 = 8192 on a
                                        * GPU with 70 GiB or more free, else 2048 */

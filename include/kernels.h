@@ -62,9 +62,16 @@ typedef struct {
     const float *kv_scale;
 } KvLayout;
 
-/* Elements in one physical block, and in one layer's K (or V) half of it. */
+/* Elements in one physical block, and in one layer's K (or V) half of it. A block is
+ * k_kv_block_elems * pl_dtype_size(l->dtype) bytes (half of a 16-bit cache's in fp8). */
 size_t k_kv_block_elems(const KvLayout *l);
 size_t k_kv_half_elems(const KvLayout *l);
+
+/* The scale s of `layer`'s K (v = 0) or V (v = 1) in an fp8 cache: l->kv_scale[2 layer + v],
+ * 1 when there are none or the cache is not fp8. Inline: the CUDA library reads it too. */
+static inline float k_kv_scale(const KvLayout *l, int layer, int v) {
+    return l->dtype == DT_F8E4M3 && l->kv_scale ? l->kv_scale[2 * layer + v] : 1.0f;
+}
 
 /* Attention metadata of one forward step over a batch of sequences. Tokens of sequence s
  * occupy rows [query_start[s], query_start[s+1]); each token attends causally to positions

@@ -6,7 +6,8 @@
  *   - every pointer argument is device memory, except Tensor / KvLayout / AttnBatch / Rope
  *     structs themselves, which are host structs whose data pointers are device memory;
  *   - activations are in `DType act` (DT_F32, DT_BF16 or DT_F16; the math inside is fp32),
- *     weights F32 / F16 / BF16, the KV cache in KvLayout.dtype (DT_F32, DT_BF16 or DT_F16);
+ *     weights F32 / F16 / BF16, the KV cache in KvLayout.dtype (DT_F32, DT_BF16, DT_F16, or
+ *     DT_F8E4M3 with its per-layer scales: kernels/cuda/kv_fp8.cuh);
  *   - `stream` is a cudaStream_t (NULL = the legacy default stream), so C callers need no
  *     CUDA header; launches are asynchronous on it;
  *   - launchers never allocate, never synchronize, and are safe to capture in a CUDA graph

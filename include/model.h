@@ -126,6 +126,8 @@ typedef struct {
     const char *quantization; /* NULL: the checkpoint's; "fp8": a 16/32-bit checkpoint's linear
                                * layers quantized at load (an fp8 one loads as it is), dummy
                                * weights made in fp8 */
+    int kv_cache_fp8;     /* 1: the KV cache is fp8 e4m3 (kv-cache-dtype fp8), with each layer's
+                           * k_scale / v_scale from the checkpoint, else 1 */
 } ModelLoadOptions;
 
 typedef struct Model Model;
@@ -147,7 +149,8 @@ size_t model_activation_bytes(const Model *m);
 void model_weight_format(const Model *m, char *buf, size_t size);
 
 /* Geometry of a KV cache for this model (this rank's KV heads) with the given block size,
- * in the backend's act dtype. */
+ * in the backend's act dtype, or fp8 e4m3 with the model's per-layer scales (owned by the
+ * model) when it was loaded with kv_cache_fp8. */
 KvLayout model_kv_layout(const Model *m, int block_size);
 
 /* One forward step: token_ids[batch->num_tokens] at the batch's positions and slots, K/V

@@ -53,6 +53,7 @@ struct Model {
     void *moe_ws;   /* the backend's moe_mlp workspace for T rows (NULL: none needed) */
     size_t moe_ws_bytes;
     size_t scratch_bytes;
+    float *kv_scale; /* fp8 KV cache: [2 L] k and v scales of each layer (host); else NULL */
 };
 
 static Status alloc_scratch(Model *m) {
@@ -300,6 +301,59 @@ static Status setup_rope(Model *m) {
     return PL_OK;
 }
 
+/* A scalar scale tensor of the checkpoint (shape [], [1] or [1, 1]; F32, BF16 or F16) into
+ * *out; absent: *out unchanged. It must be finite and positive. */
+static Status read_scale(const StCheckpoint *ck, const char *name, float *out) {
+    const StTensor *t = st_find(ck, name);
+    if (!t)
+        return PL_OK;
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    if (n != 1 || !(t->dtype == DT_F32 || t->dtype == DT_BF16 || t->dtype == DT_F16))
+        return pl_error_set(PL_ERR_FORMAT, "%s: tensor %s must be one F32, BF16 or F16 value",
+                            t->file, name);
+    uint32_t u32;
+    uint16_t u16;
+    float v;
+    if (t->dtype == DT_F32) {
+        memcpy(&u32, t->data, 4);
+        memcpy(&v, &u32, 4);
+    } else {
+        memcpy(&u16, t->data, 2);
+        v = t->dtype == DT_BF16 ? pl_bf16_to_f32(u16) : pl_f16_to_f32(u16);
+    }
+    if (!(v > 0.0f) || !isfinite(v))
+        return pl_error_set(PL_ERR_FORMAT, "%s: KV-cache scale %s is %g, not a positive number",
+                            t->file, name, (double)v);
+    *out = v;
+    return PL_OK;
+}
+
+/* The fp8 KV cache's per-layer scales, as vLLM reads them: self_attn.k_scale / v_scale (or
+ * compressed-tensors' k_proj.output_scale / v_proj.output_scale), 1 where absent or with dummy
+ * weights. */
+static Status load_kv_scales(Model *m) {
+    const int L = m->cfg.num_layers;
+    m->kv_scale = pl_xmalloc((size_t)2 * L * sizeof(float));
+    for (int i = 0; i < 2 * L; i++)
+        m->kv_scale[i] = 1.0f;
+    if (!m->ckpt)
+        return PL_OK;
+    static const char *const names[2][2] = {{"k_scale", "k_proj.output_scale"},
+                                            {"v_scale", "v_proj.output_scale"}};
+    char name[256];
+    for (int l = 0; l < L; l++)
+        for (int v = 0; v < 2; v++)
+            for (int alt = 1; alt >= 0; alt--) { /* the plain name wins when both are there */
+                snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, names[v][alt]);
+                Status st = read_scale(m->ckpt, name, &m->kv_scale[2 * l + v]);
+                if (st != PL_OK)
+                    return st;
+            }
+    return PL_OK;
+}
+
 Status model_load(const ModelLoadOptions *opt, Model **out) {
     *out = NULL;
     if (opt->max_num_tokens <= 0)
@@ -350,6 +404,8 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
     }
     if (st == PL_OK)
         st = upload_weights(m);
+    if (st == PL_OK && opt->kv_cache_fp8)
+        st = load_kv_scales(m);
     if (st != PL_OK)
         goto fail;
     if ((st = setup_rope(m)) != PL_OK)
@@ -370,6 +426,7 @@ void model_destroy(Model *m) {
     for (int i = 0; i < m->num_uploaded; i++)
         ops->free(ops, m->uploaded[i]);
     free(m->uploaded);
+    free(m->kv_scale);
     weights_free(&m->w);
     st_close(m->ckpt);
     void *scratch[] = {
@@ -391,7 +448,8 @@ KvLayout model_kv_layout(const Model *m, int block_size) {
                       .num_kv_heads = m->local.num_kv_heads,
                       .head_dim = m->cfg.head_dim,
                       .block_size = block_size,
-                      .dtype = m->ops->act};
+                      .dtype = m->kv_scale ? DT_F8E4M3 : m->ops->act,
+                      .kv_scale = m->kv_scale};
 }
 
 /* x rounded to the act dtype (transformers' normalizer tensor of the hidden states' dtype). */

@@ -30,6 +30,8 @@ static const CfgEnumValue load_formats[] = {
     {"auto", 0}, {"safetensors", 0}, {"dummy", 1}, {NULL, 0}};
 /* quantization: like vLLM's flag; a checkpoint's own quantization_config needs no key */
 static const CfgEnumValue quantizations[] = {{"fp8", 0}, {NULL, 0}};
+/* vLLM's kv-cache-dtype values that pagellm has: fp8 is e4m3 (fp8_e5m2 is not built). */
+static const CfgEnumValue kv_cache_dtypes[] = {{"auto", 0}, {"fp8", 1}, {"fp8_e4m3", 1}, {NULL, 0}};
 static const CfgEnumValue preemption_modes[] = {
     {"swap", PREEMPT_SWAP}, {"recompute", PREEMPT_RECOMPUTE}, {NULL, 0}};
 /* vLLM's names of its tool-call and reasoning parsers (server/tool_parser.c, reasoning.c). */
@@ -89,6 +91,10 @@ static const CfgKey keys[] = {
      .choices = block_sizes,
      .metavar = "N",
      .help = "tokens per KV-cache block: 8, 16, 32, 64 or 128"},
+    KEY_ENUM("kv-cache-dtype", engine.kv_cache_fp8, kv_cache_dtypes, 0, "DTYPE",
+             "auto (the activations' dtype) or fp8 / fp8_e4m3 (e4m3 with the checkpoint's "
+             "per-layer k_scale / v_scale, else 1): half the bytes of a 16-bit cache",
+             NULL),
     KEY_DOUBLE("swap-space", engine.swap_space_gib, 0, 0, HUGE_VAL, "GIB",
                "CPU memory for swapped-out KV blocks, GiB"),
     KEY_DOUBLE("gpu-memory-utilization", engine.gpu_memory_utilization, 0, 1, 1, "F",

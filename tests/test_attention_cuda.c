@@ -56,6 +56,7 @@
     X(test_attention_shapes)                                                                       \
     X(test_attention_long)                                                                         \
     X(test_attention_sharp)                                                                        \
+    X(test_attention_fp8)                                                                          \
     X(test_attention_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -85,6 +86,9 @@ static float q_range = 4.0f;
 /* The block tables' width at least this many blocks (0: one past the longest sequence's), as
  * when max-model-len is far above every context. */
 static int min_table_blocks = 0;
+
+/* An fp8 cache's scales ([2 layer + v]; the cases use layer 1) when cdt is DT_F8E4M3. */
+static float kv_scales[4] = {1, 1, 1, 1};
 
 /* One batch: sequences `specs` (decodes first), pad_rows padding rows after the last one.
  * The cache holds random values in every position (the step's own K/V included, as after
@@ -128,7 +132,19 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
     for (; row < rows; row++)
         pos[row] = 0;
 
-    float *cache = rand_vec(cache_n, -1, 1, cdt);
+    float *cache = rand_vec(cache_n, -1, 1, cdt == DT_F8E4M3 ? DT_F32 : cdt);
+    uint8_t *cache8 = NULL; /* fp8: codes of values in [-1, 1] / s (saturating where s < 1/448) */
+    if (cdt == DT_F8E4M3) {
+        size_t half = block / (2 * L);
+        cache8 = xmalloc(cache_n);
+        for (size_t i = 0; i < cache_n; i++) {
+            size_t in = i % block;
+            int ly = (int)(in / (2 * half)), v = (int)(in / half) & 1;
+            cache8[i] = pl_f32_to_f8e4m3(cache[i] * (1.0f / kv_scales[2 * ly + v]));
+        }
+        l.dtype = DT_F8E4M3; /* the reference is the CPU op on the same bytes */
+        l.kv_scale = kv_scales;
+    }
     size_t nq = (size_t)rows * nh * D;
     float *q = rand_vec(nq, -q_range, q_range, act);
     float *ref = xmalloc(nq * sizeof(float)), *got = xmalloc(nq * sizeof(float));
@@ -140,13 +156,14 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                     .query_start = qs,
                     .block_tables = tables,
                     .max_blocks_per_seq = max_blocks};
-    cpu->attention(cpu, ref, q, cache, &l, layer, &hb, nh, scale, 0.0f, 0);
+    cpu->attention(cpu, ref, q, cache8 ? (void *)cache8 : (void *)cache, &l, layer, &hb, nh, scale, 0.0f, 0);
     for (size_t i = 0; i < nq; i++)
         ref[i] = round_to(ref[i], act);
 
     KvLayout dl = l;
     dl.dtype = cdt;
-    void *dcache = upload_as(cache, cache_n, cdt), *dq = upload_as(q, nq, act);
+    void *dcache = cache8 ? upload(cache8, cache_n) : upload_as(cache, cache_n, cdt);
+    void *dq = upload_as(q, nq, act);
     int32_t *dpos = upload(pos, sizeof(int32_t) * rows),
             *dqs = upload(qs, sizeof(int32_t) * (ns + 1));
     int32_t *dtab = upload(tables, sizeof(int32_t) * ns * max_blocks);
@@ -231,10 +248,22 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
     free(qs);
     free(pos);
     free(cache);
+    free(cache8);
     free(q);
     free(ref);
     free(got);
     return bad;
+}
+
+/* The sweeps' mixed batch: three decodes (up to three 256-position partitions), a chunk
+ * continuing a cached prefix, a fresh prompt. */
+static void mixed_batch(SeqSpec specs[5]) {
+    specs[0] = (SeqSpec){rnd_int(700), 1};
+    specs[1] = (SeqSpec){rnd_int(300), 1};
+    specs[2] = (SeqSpec){0, 1};
+    specs[3].prefix = 100 + rnd_int(100);
+    specs[3].qlen = 37 + rnd_int(30);
+    specs[4] = (SeqSpec){0, 20 + rnd_int(60)};
 }
 
 /* The modes a dtype pair is tested in: all of them, for every pair. */
@@ -261,13 +290,8 @@ static void test_attention_sweep(void **state) {
                 for (int pi = 0; pi < 3; pi++) {
                     if (quick() && ((di != 0 && di != 5) || bi != 1))
                         continue;
-                    SeqSpec specs[5] = {
-                        {rnd_int(700), 1},
-                        {rnd_int(300), 1},
-                        {0, 1},
-                        {100 + rnd_int(100), 37 + rnd_int(30)},
-                        {0, 20 + rnd_int(60)},
-                    };
+                    SeqSpec specs[5];
+                    mixed_batch(specs);
                     bad += attention_case(dims[di], 2, gqa[gi], bss[bi], pairs[pi][0], pairs[pi][1],
                                           specs, 5, 2, modes_of(pairs[pi][0], pairs[pi][1]));
                     cases++;
@@ -319,6 +343,49 @@ static void test_attention_shapes(void **state) {
         bad += attention_case(128, 2, 4, 16, DT_F16, DT_F16, prompt, 2, 0, MODE_PREFILL);
         bad += attention_case(80, 2, 8, 128, DT_F16, DT_F16, prompt, 2, 0, MODE_PREFILL);
     }
+    assert_int_equal(bad, 0);
+}
+
+/* An fp8 (e4m3) cache under f32, bf16 and f16 queries, against the CPU op on the same bytes:
+ * every path (decode on tensor cores at D 128 with 16-bit queries, else on CUDA cores; prefill
+ * on tensor cores for 16-bit queries, else CUDA cores; and the split views), scales of 1, scales
+ * that are not (0.0125 for K, 3 for V) and scales under which K and V saturated when stored; a
+ * long decode row (many partitions) and a long prompt. Tolerance: that of a 16-bit cache. */
+static void test_attention_fp8(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(17);
+    const float sets[3][2] = {{1.0f, 1.0f}, {0.0125f, 3.0f}, {1.0f / 600, 1.0f / 1000}};
+    const int dims[] = {128, 64, 256, 40, 8};
+    const int gqa[] = {1, 4, 8};
+    const int bss[] = {8, 16, 32};
+    const DType acts[] = {DT_BF16, DT_F16, DT_F32};
+    int bad = 0, cases = 0;
+    for (int di = 0; di < 5; di++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int ai = 0; ai < 3; ai++) {
+                const int si = (di + gi + ai) % 3, bs = bss[(di + ai) % 3];
+                if (quick() && (di > 1 || gi == 1))
+                    continue;
+                kv_scales[2] = sets[si][0];
+                kv_scales[3] = sets[si][1];
+                SeqSpec specs[5];
+                mixed_batch(specs);
+                bad += attention_case(dims[di], 2, gqa[gi], bs, acts[ai], DT_F8E4M3, specs, 5, 2,
+                                      MODE_DECODE | MODE_PREFILL | MODE_SPLIT);
+                cases++;
+            }
+    kv_scales[2] = 0.02f;
+    kv_scales[3] = 0.5f;
+    if (!quick()) {
+        SeqSpec longs[2] = {{5000, 1}, {4000, 300}};
+        for (int ai = 0; ai < 2; ai++) {
+            bad += attention_case(128, 8, 4, 16, acts[ai], DT_F8E4M3, longs, 2, 0, 7);
+            cases++;
+        }
+    }
+    kv_scales[2] = kv_scales[3] = 1.0f;
+    print_message("attention fp8: %d batches, %d mismatching comparisons\n", cases, bad);
     assert_int_equal(bad, 0);
 }
 

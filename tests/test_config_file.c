@@ -185,6 +185,7 @@ static const char *full_yaml = "# every key, none at its default\n"
                                "load-format: dummy\n"
                                "quantization: fp8\n"
                                "block-size: 32\n"
+                               "kv-cache-dtype: fp8_e4m3\n"
                                "swap-space: 1.5\n"
                                "gpu-memory-utilization: 0.5\n"
                                "kv-cache-memory: 2.25\n"
@@ -229,6 +230,7 @@ static void check_full(const Config *c) {
     assert_int_equal(c->engine.load_dummy, 1);
     assert_string_equal(c->engine.quantization, "fp8");
     assert_int_equal(c->engine.block_size, 32);
+    assert_int_equal(c->engine.kv_cache_fp8, 1);
     assert_true(c->engine.swap_space_gib == 1.5);
     assert_true(c->engine.gpu_memory_utilization == 0.5);
     assert_true(c->engine.kv_cache_memory_gib == 2.25);
@@ -444,6 +446,9 @@ static void test_range_errors(void **state) {
 static void test_enum_errors(void **state) {
     expect_file_error("preemption-mode: kill\n", PL_ERR_INVALID, "1",
                       "key 'preemption-mode' must be one of swap, recompute, got 'kill'");
+    /* vLLM's other fp8 format is not built: the key and the values there are */
+    expect_file_error("kv-cache-dtype: fp8_e5m2\n", PL_ERR_INVALID, "1",
+                      "key 'kv-cache-dtype' must be one of auto, fp8, fp8_e4m3, got 'fp8_e5m2'");
     expect_file_error("device: gpu\n", PL_ERR_INVALID, "1",
                       "key 'device' must be one of auto, cpu, cuda");
     expect_file_error("dtype: int8\n", PL_ERR_INVALID, "1",
@@ -725,6 +730,8 @@ static void expect_flag_error(int argc, char **argv, const char *needle) {
 
 static void test_bad_flags(void **state) {
     FLAG_ERROR("--block-size: 7 is not one of 8, 16, 32, 64, 128", "--block-size", "7");
+    FLAG_ERROR("--kv-cache-dtype: must be one of auto, fp8, fp8_e4m3, got 'fp8_e5m2'",
+               "--kv-cache-dtype", "fp8_e5m2");
     FLAG_ERROR("--port: must be an integer, got 'x'", "--port=x");
     FLAG_ERROR("--port: 70000 is out of range [1, 65535]", "--port", "70000");
     FLAG_ERROR("--port: needs a value", "--port");

@@ -529,16 +529,116 @@ static void test_kv_write(void **state) {
     free(cache);
 }
 
-/* The fused op on qkv rows gives exactly rope on separate q, k and then kv_write. */
-static void test_qkv_rope_cache(void **state) {
+/* ---- fp8 KV cache: an e4m3 reference of its own (every finite code's value in double, the
+ * nearest taken, ties to the even code, beyond 448 saturated) ---- */
+
+static double ref_e4m3_value(int code) { /* code 0..126: non-negative finite values */
+    int e = code >> 3, m = code & 7;
+    return e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+}
+
+static uint8_t ref_e4m3_encode(float x) {
+    double a = fabs((double)x);
+    int best = 0;
+    for (int c = 1; c <= 126; c++) {
+        double dc = fabs(ref_e4m3_value(c) - a), db = fabs(ref_e4m3_value(best) - a);
+        if (dc < db || (dc == db && (c & 1) == 0))
+            best = c;
+    }
+    return (uint8_t)((signbit(x) ? 0x80 : 0) | best);
+}
+
+static double ref_e4m3_decode(uint8_t q) {
+    double v = ref_e4m3_value(q & 0x7f);
+    return q & 0x80 ? -v : v;
+}
+
+/* What an fp8 cache with scale s reads back for x: dec(e4m3(x * (1 / s))) * s as a float. */
+static float ref_kv_fp8(float x, float s) {
+    return (float)(ref_e4m3_decode(ref_e4m3_encode(x * (1.0f / s))) * s);
+}
+
+/* kv_write into an fp8 cache: each stored byte is the reference's code of x / s (scales != 1,
+ * values beyond 448 s saturating), padding rows and the other layers untouched. */
+static void test_kv_write_fp8(void **state) {
     (void)state;
+    const KernelOps *ops = test_cpu_ops();
+    rng_seed(19);
+    const float scales[6] = {1.0f, 1.0f, 0.015625f, 2.5f, 0.0023f, 1.0f}; /* [2 layer + v] */
+    KvLayout l = {.num_layers = 3,
+                  .num_kv_heads = 2,
+                  .head_dim = 8,
+                  .block_size = 4,
+                  .dtype = DT_F8E4M3,
+                  .kv_scale = scales};
+    int num_blocks = 5, n = 6, row = 16;
+    size_t total = (size_t)num_blocks * k_kv_block_elems(&l);
+    uint8_t *cache = malloc(total);
+    memset(cache, 0x5a, total);
+    float k[6 * 16], v[6 * 16];
+    fill(k, sizeof k / sizeof k[0], -8, 8);
+    fill(v, sizeof v / sizeof v[0], -1.5f, 1.5f); /* / 0.0023: some beyond 448 */
+    k[3] = 1e30f;                                 /* saturates to +448 */
+    k[4] = -INFINITY;                             /* saturates to -448 */
+    v[5] = 0.0f;
+    v[6] = 1e-9f; /* underflows to zero */
+    int64_t slots[6] = {13, -1, 0, 19, -1, 6};
+    ops->kv_write(ops, cache, &l, 1, k, v, slots, n);
+    size_t written = 0;
+    for (size_t i = 0; i < total; i++)
+        written += cache[i] != 0x5a;
+    assert_true(written <= 4 * 2 * (size_t)row); /* the padding rows wrote nothing */
+    int saturated = 0;
+    for (int t = 0; t < n; t++) {
+        if (slots[t] < 0)
+            continue;
+        for (int h = 0; h < 2; h++)
+            for (int d = 0; d < 8; d++) {
+                int i = t * row + h * 8 + d;
+                uint8_t qk = cache[kv_offset(&l, slots[t], 1, 0, h, d)];
+                uint8_t qv = cache[kv_offset(&l, slots[t], 1, 1, h, d)];
+                assert_int_equal(qk, ref_e4m3_encode(k[i] * (1.0f / scales[2])));
+                assert_int_equal(qv, ref_e4m3_encode(v[i] * (1.0f / scales[3])));
+                saturated += (qk & 0x7f) == 0x7e;
+            }
+    }
+    assert_int_equal(cache[kv_offset(&l, 13, 1, 0, 0, 3)], 0x7e);
+    assert_int_equal(cache[kv_offset(&l, 13, 1, 0, 0, 4)], 0xfe);
+    assert_int_equal(cache[kv_offset(&l, 13, 1, 1, 0, 6)] & 0x7f, 0);
+    /* layer 2's V scale: |v| / 0.0023 passes 448 for |v| > 1.03 */
+    ops->kv_write(ops, cache, &l, 2, v, v, slots, n);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < row && slots[t] >= 0; j++) {
+            uint8_t q = cache[kv_offset(&l, slots[t], 2, 1, j / 8, j % 8)];
+            assert_int_equal(q, ref_e4m3_encode(v[t * row + j] * (1.0f / scales[5])));
+            saturated += (q & 0x7f) == 0x7e;
+        }
+    assert_true(saturated >= 4);
+    /* the encoder agrees with the reference on every float near each code and midpoint */
+    for (int c = 0; c <= 126; c++) {
+        double x = ref_e4m3_value(c), nx = c < 126 ? ref_e4m3_value(c + 1) : 464.0;
+        float probe[5] = {(float)x, (float)((x + nx) / 2), nextafterf((float)((x + nx) / 2), 0),
+                          nextafterf((float)((x + nx) / 2), 1e9f), -(float)((x + nx) / 2)};
+        for (int i = 0; i < 5; i++)
+            assert_int_equal(pl_f32_to_f8e4m3(probe[i]), ref_e4m3_encode(probe[i]));
+    }
+    free(cache);
+}
+
+/* The fused op on qkv rows gives exactly rope on separate q, k and then kv_write. */
+static void qkv_rope_cache_case(DType cache_dt) {
     const KernelOps *ops = test_cpu_ops();
     rng_seed(10);
     enum { N = 5, NH = 4, NKV = 2, D = 16, QD = NH * D, KVD = NKV * D, ROW = QD + 2 * KVD };
-    KvLayout l = {
-        .num_layers = 2, .num_kv_heads = NKV, .head_dim = D, .block_size = 8, .dtype = DT_F32};
-    size_t total = 3 * k_kv_block_elems(&l);
-    float *fused_cache = calloc(total, sizeof(float)), *ref_cache = calloc(total, sizeof(float));
+    const float scales[4] = {0.5f, 2.0f, 0.01f, 0.003f};
+    KvLayout l = {.num_layers = 2,
+                  .num_kv_heads = NKV,
+                  .head_dim = D,
+                  .block_size = 8,
+                  .dtype = cache_dt,
+                  .kv_scale = cache_dt == DT_F8E4M3 ? scales : NULL};
+    size_t total = 3 * k_kv_block_elems(&l) * pl_dtype_size(cache_dt);
+    char *fused_cache = calloc(total, 1), *ref_cache = calloc(total, 1);
     float qkv[N * ROW], q[N * QD], k[N * KVD], v[N * KVD], q_out[N * QD];
     fill(qkv, N * ROW, -2, 2);
     for (int t = 0; t < N; t++) {
@@ -555,11 +655,21 @@ static void test_qkv_rope_cache(void **state) {
     ops->kv_write(ops, ref_cache, &l, 1, k, v, slots, N);
     ops->qkv_rope_cache(ops, q_out, qkv, pos, slots, N, NH, &rope, NULL, fused_cache, &l, 1);
     assert_memory_equal(q_out, q, sizeof q);
-    assert_memory_equal(fused_cache, ref_cache, total * sizeof(float));
+    assert_memory_equal(fused_cache, ref_cache, total);
     for (int t = 0; t < N; t++) /* k is left rotated in place, v untouched */
         assert_memory_equal(qkv + t * ROW + QD, k + t * KVD, sizeof(float) * KVD);
+    if (cache_dt == DT_F8E4M3) /* and those bytes are the rotated k's codes */
+        for (int j = 0; j < KVD; j++)
+            assert_int_equal((uint8_t)ref_cache[kv_offset(&l, slots[0], 1, 0, j / D, j % D)],
+                             ref_e4m3_encode(k[j] * (1.0f / scales[2])));
     free(fused_cache);
     free(ref_cache);
+}
+
+static void test_qkv_rope_cache(void **state) {
+    (void)state;
+    qkv_rope_cache_case(DT_F32);
+    qkv_rope_cache_case(DT_F8E4M3);
 }
 
 /* With a QkNorm: each q and k head normalized (reference in double) before the rotation. */
@@ -721,6 +831,7 @@ typedef struct {
     int len;      /* tokens known after this step */
     int cached;   /* tokens already in the cache before this step */
     float *k, *v; /* [len, nkv, D] */
+    float *kr, *vr; /* what the cache reads back for them: k and v, or their fp8 round trip */
     int32_t *table;
 } TestSeq;
 
@@ -735,7 +846,7 @@ static void ref_attention(double *out, const float *q, const TestSeq *sq, int p,
         for (int j = 0; j <= p; j++) {
             double s = 0;
             for (int d = 0; d < D; d++)
-                s += (double)q[h * D + d] * sq->k[((size_t)j * nkv + g) * D + d];
+                s += (double)q[h * D + d] * sq->kr[((size_t)j * nkv + g) * D + d];
             w[j] = s * scale;
             mx = w[j] > mx ? w[j] : mx;
         }
@@ -747,7 +858,7 @@ static void ref_attention(double *out, const float *q, const TestSeq *sq, int p,
         for (int d = 0; d < D; d++) {
             double o = 0;
             for (int j = 0; j <= p; j++)
-                o += w[j] * sq->v[((size_t)j * nkv + g) * D + d];
+                o += w[j] * sq->vr[((size_t)j * nkv + g) * D + d];
             out[h * D + d] = o / z;
         }
     }
@@ -760,12 +871,20 @@ static int64_t slot_of(const TestSeq *sq, int p, int bs) {
 
 /* Mixed batch over a paged cache: a decode token (long cached context), a fresh prefill and
  * a prefill chunk continuing a cached prefix, plus padding rows; then the same sequences
- * compared against contiguous causal attention. Returns mismatches. */
-static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale) {
+ * compared against contiguous causal attention. With kv_scale (scales of 2 layers, K and V)
+ * the cache is fp8 and the reference attends over the values it reads back (ref_kv_fp8).
+ * Returns mismatches. */
+static int run_attention_case_ex(int D, int G, int bs, float qscale, int lens_scale,
+                                 const float *kv_scale) {
     const KernelOps *ops = test_cpu_ops();
     int nkv = 2, nh = nkv * G, L = 2, layer = 1;
-    KvLayout l = {
-        .num_layers = L, .num_kv_heads = nkv, .head_dim = D, .block_size = bs, .dtype = DT_F32};
+    const int fp8 = kv_scale != NULL;
+    KvLayout l = {.num_layers = L,
+                  .num_kv_heads = nkv,
+                  .head_dim = D,
+                  .block_size = bs,
+                  .dtype = fp8 ? DT_F8E4M3 : DT_F32,
+                  .kv_scale = kv_scale};
     enum { S = 3 };
     TestSeq seqs[S] = {
         {.len = 38 * lens_scale, .cached = 38 * lens_scale - 1}, /* decode */
@@ -798,9 +917,19 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
         seqs[s].v = malloc(sizeof(float) * sz);
         fill(seqs[s].k, sz, -1, 1);
         fill(seqs[s].v, sz, -1, 1);
+        seqs[s].kr = seqs[s].k;
+        seqs[s].vr = seqs[s].v;
+        if (fp8) {
+            seqs[s].kr = malloc(sizeof(float) * sz);
+            seqs[s].vr = malloc(sizeof(float) * sz);
+            for (size_t i = 0; i < sz; i++) {
+                seqs[s].kr[i] = ref_kv_fp8(seqs[s].k[i], kv_scale[2 * layer]);
+                seqs[s].vr[i] = ref_kv_fp8(seqs[s].v[i], kv_scale[2 * layer + 1]);
+            }
+        }
     }
     size_t cache_elems = (size_t)num_blocks * k_kv_block_elems(&l);
-    float *cache = malloc(sizeof(float) * cache_elems);
+    float *cache = malloc(sizeof(float) * cache_elems); /* fp8: the first quarter used */
     fill(cache, cache_elems, -50, 50); /* garbage everywhere not written */
     size_t row = (size_t)nkv * D;
 
@@ -929,12 +1058,20 @@ static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale
     free(slots);
     free(cache);
     for (int s = 0; s < S; s++) {
+        if (fp8) {
+            free(seqs[s].kr);
+            free(seqs[s].vr);
+        }
         free(seqs[s].k);
         free(seqs[s].v);
     }
     free(tables);
     free(perm);
     return bad;
+}
+
+static int run_attention_case(int D, int G, int bs, float qscale, int lens_scale) {
+    return run_attention_case_ex(D, G, bs, qscale, lens_scale, NULL);
 }
 
 static void test_attention_paged(void **state) {
@@ -961,6 +1098,25 @@ static void test_attention_long(void **state) {
     bad += run_attention_case(128, 2, 16, 6.0f, 5);
     bad += run_attention_case(8, 1, 8, 20.0f, 3);
     bad += run_attention_case(8, 2, 16, 80.0f, 2); /* scores beyond expf's range */
+    assert_int_equal(bad, 0);
+}
+
+/* An fp8 cache: attention equals attention over the values the cache reads back (the
+ * reference's own e4m3 round trip), with scales 1, small, large, and ones that saturate
+ * (|k| / s beyond 448). */
+static void test_attention_fp8(void **state) {
+    (void)state;
+    rng_seed(12);
+    const float ones[4] = {1, 1, 1, 1}, mixed[4] = {1, 1, 0.0125f, 3.0f},
+                sat[4] = {1, 1, 1.0f / 600, 1.0f / 1000}; /* layer 1's K and V saturate */
+    int bad = 0;
+    const int Ds[] = {8, 64, 128};
+    for (int a = 0; a < 3; a++) {
+        bad += run_attention_case_ex(Ds[a], 2, 16, 1.0f, 1, ones);
+        bad += run_attention_case_ex(Ds[a], 4, 8, 1.0f, 1, mixed);
+        bad += run_attention_case_ex(Ds[a], 1, 32, 1.0f, 1, sat);
+    }
+    bad += run_attention_case_ex(64, 4, 128, 3.0f, 4, mixed);
     assert_int_equal(bad, 0);
 }
 
@@ -1059,11 +1215,13 @@ int main(void) {
         cmocka_unit_test(test_silu_mul),
         cmocka_unit_test(test_kv_geometry),
         cmocka_unit_test(test_kv_write),
+        cmocka_unit_test(test_kv_write_fp8),
         cmocka_unit_test(test_qkv_rope_cache),
         cmocka_unit_test(test_qkv_rope_cache_qk_norm),
         cmocka_unit_test(test_moe_mlp),
         cmocka_unit_test(test_attention_paged),
         cmocka_unit_test(test_attention_long),
+        cmocka_unit_test(test_attention_fp8),
         cmocka_unit_test(test_attention_single),
         cmocka_unit_test(test_gather_rows),
         cmocka_unit_test(test_copy_blocks),

@@ -43,6 +43,7 @@
     X(test_kv_write)                                                                               \
     X(test_qkv_rope_cache)                                                                         \
     X(test_qkv_rope_cache_qk_norm)                                                                 \
+    X(test_kv_cache_fp8)                                                                           \
     X(test_moe_mlp)                                                                                \
     X(test_copy_blocks)                                                                            \
     X(test_scatter_tokens)                                                                         \
@@ -555,6 +556,100 @@ static void test_qkv_rope_cache(void **state) {
 
 /* Qwen3's per-head q/k RMSNorm before the rotation: head dims with pairs that fill a warp,
  * do not (48: 24 pairs) and span several passes (256), GQA, norm weights in each dtype. */
+/* kv_write and qkv_rope_cache into an fp8 cache (scales 0.02 / 3 on the written layer, so that
+ * some k saturate), against the CPU ops on the same bytes with k rounded to act as the rope
+ * leaves it: kv_write's codes equal exactly; the fused op's may differ by one code where the
+ * GPU's rotated k rounds to act differently (counted, at most 1% of them), and bytes of other
+ * slots and layers stay untouched. */
+static void test_kv_cache_fp8(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(23);
+    const KernelOps *cpu = test_cpu_ops();
+    const DType acts[] = {DT_F32, DT_BF16, DT_F16};
+    const float scales[6] = {1, 1, 0.02f, 3.0f, 1, 1};
+    int bad = 0;
+    for (int ai = 0; ai < 3; ai++)
+        for (int fused = 0; fused < 2; fused++)
+            for (int di = 0; di < 2; di++) {
+                DType act = acts[ai];
+                int D = di ? 128 : 40, nkv = 2, nh = 8, bs = 16, nblocks = 5, n = 37, layer = 1;
+                KvLayout l = {.num_layers = 3,
+                              .num_kv_heads = nkv,
+                              .head_dim = D,
+                              .block_size = bs,
+                              .dtype = DT_F8E4M3,
+                              .kv_scale = scales};
+                size_t cache_n = k_kv_block_elems(&l) * nblocks;
+                uint8_t *want = xmalloc(cache_n), *got = xmalloc(cache_n);
+                memset(want, 0x5a, cache_n);
+                int *perm = rnd_perm(nblocks * bs);
+                int64_t slots[37];
+                int32_t pos[37];
+                for (int t = 0; t < n; t++) {
+                    slots[t] = t % 5 == 4 ? -1 : perm[t];
+                    pos[t] = rnd_int(4096);
+                }
+                size_t qd = (size_t)nh * D, kvd = (size_t)nkv * D, row = qd + 2 * kvd;
+                float *qkv = rand_vec((size_t)n * row, -12, 12, act); /* k / 0.02 > 448 often */
+                float *k = xmalloc(n * kvd * sizeof(float)), *v = xmalloc(n * kvd * sizeof(float));
+                float *q = xmalloc(n * qd * sizeof(float));
+                for (int t = 0; t < n; t++) {
+                    memcpy(q + t * qd, qkv + t * row, qd * sizeof(float));
+                    memcpy(k + t * kvd, qkv + t * row + qd, kvd * sizeof(float));
+                    memcpy(v + t * kvd, qkv + t * row + qd + kvd, kvd * sizeof(float));
+                }
+                void *dcache = upload(want, cache_n), *dqkv = upload_as(qkv, (size_t)n * row, act);
+                void *dk = upload_as(k, n * kvd, act), *dv = upload_as(v, n * kvd, act);
+                void *dq = k_cuda_malloc(n * qd * pl_dtype_size(act));
+                int64_t *dslots = upload(slots, sizeof slots);
+                int32_t *dpos = upload(pos, sizeof pos);
+                RopePair rp = make_rope(D, 0);
+                if (fused) {
+                    cpu->rope(cpu, q, k, pos, n, nh, nkv, &rp.host);
+                    for (size_t i = 0; i < n * kvd; i++)
+                        k[i] = round_to(k[i], act);
+                    k_cuda_qkv_rope_cache(dq, dqkv, act, dpos, dslots, n, nh, &rp.dev, NULL, dcache,
+                                          &l, layer, NULL);
+                } else {
+                    k_cuda_kv_write(dcache, &l, layer, dk, dv, act, dslots, n, NULL);
+                }
+                cpu->kv_write(cpu, want, &l, layer, k, v, slots, n);
+                k_cuda_memcpy(got, dcache, cache_n);
+                int diff = 0, far = 0, sat = 0;
+                for (size_t i = 0; i < cache_n; i++) {
+                    sat += (want[i] & 0x7f) == 0x7e;
+                    if (got[i] == want[i])
+                        continue;
+                    diff++;
+                    int a = got[i] & 0x7f, b = want[i] & 0x7f;
+                    far += (got[i] ^ want[i]) & 0x80 ? a + b > 1 : abs(a - b) > 1;
+                }
+                if (far || (!fused && diff) || diff > (int)(n * kvd / 50) || sat == 0) {
+                    print_error("kv fp8 %s act %s D %d: %d codes differ (%d by more than one), "
+                                "%d saturated\n",
+                                fused ? "qkv_rope_cache" : "kv_write", dn(act), D, diff, far, sat);
+                    bad++;
+                }
+                free(want);
+                free(got);
+                free(perm);
+                free(qkv);
+                free(k);
+                free(v);
+                free(q);
+                k_cuda_free(dcache);
+                k_cuda_free(dqkv);
+                k_cuda_free(dk);
+                k_cuda_free(dv);
+                k_cuda_free(dq);
+                k_cuda_free(dslots);
+                k_cuda_free(dpos);
+                free_rope(&rp);
+            }
+    assert_int_equal(bad, 0);
+}
+
 static void test_qkv_rope_cache_qk_norm(void **state) {
     (void)state;
     REQUIRE_GPU();

@@ -4,7 +4,11 @@
  * Cache layout (kernels.h): element (slot, layer, K|V, kv_head, d) lives at
  *   (slot / bs) * block_elems + layer * 2 * half + (V ? half : 0)
  *   + (slot % bs) * Hkv * D + kv_head * D + d,   half = bs * Hkv * D.
- * The CPU backend stores F32 only.
+ * The CPU backend's activations are F32; its cache holds F32, or fp8 e4m3 (DT_F8E4M3), where
+ * x is stored as e4m3(x * (1 / s)) (round to nearest even, saturating at +-448) and read back
+ * as dec(q) * s in fp32, s the layer's K or V scale (k_kv_scale). Attention dequantizes each
+ * chunk of an fp8 cache's K and V rows (a 256-entry table per scale) into scratch and runs the
+ * fp32 path on it, so fp8 results are exactly those of an fp32 cache holding dec(q) * s.
  *
  * Attention works on (token, kv head) items, spread over the worker pool: the item's
  * G = nh / nkv query heads share the group's K and V rows, which stay in L1 across the group.
@@ -22,26 +26,37 @@ enum { ATTN_CHUNK = 64 };
 void cpu_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int layer,
                   const void *k_, const void *v_, const int64_t *slot_mapping, int n) {
     const float *k = k_, *v = v_;
-    PL_CHECK(l->dtype == DT_F32);
+    PL_CHECK(l->dtype == DT_F32 || l->dtype == DT_F8E4M3);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
     size_t half = k_kv_half_elems(l), block = k_kv_block_elems(l);
     size_t row = (size_t)l->num_kv_heads * l->head_dim;
-    float *cache = kv_cache;
+    const float k_inv = 1.0f / k_kv_scale(l, layer, 0), v_inv = 1.0f / k_kv_scale(l, layer, 1);
     for (int t = 0; t < n; t++) {
         int64_t slot = slot_mapping[t];
         if (slot < 0)
             continue;
-        float *dst = cache + (size_t)(slot / l->block_size) * block + (size_t)layer * 2 * half +
+        size_t off = (size_t)(slot / l->block_size) * block + (size_t)layer * 2 * half +
                      (size_t)(slot % l->block_size) * row;
-        memcpy(dst, k + (size_t)t * row, row * sizeof(float));
-        memcpy(dst + half, v + (size_t)t * row, row * sizeof(float));
+        const float *ks = k + (size_t)t * row, *vs = v + (size_t)t * row;
+        if (l->dtype == DT_F8E4M3) {
+            uint8_t *dst = (uint8_t *)kv_cache + off;
+            for (size_t i = 0; i < row; i++) {
+                dst[i] = pl_f32_to_f8e4m3(ks[i] * k_inv);
+                dst[half + i] = pl_f32_to_f8e4m3(vs[i] * v_inv);
+            }
+        } else {
+            float *dst = (float *)kv_cache + off;
+            memcpy(dst, ks, row * sizeof(float));
+            memcpy(dst + half, vs, row * sizeof(float));
+        }
     }
 }
 
 typedef struct {
     float *out;
     const float *q;
-    const float *cache;
+    const void *cache;
+    const float *k_lut, *v_lut; /* fp8 cache: dec(q) * s for each byte q, K and V; else NULL */
     const KvLayout *l;
     const AttnBatch *b;
     int layer, nh;
@@ -170,6 +185,10 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
     float *sc = acc + (size_t)G * D;         /* [G, ATTN_CHUNK] */
     float *mx = sc + (size_t)G * ATTN_CHUNK; /* [G] running max */
     float *sum = mx + G;                     /* [G] running denominator */
+    float *kdq = sum + G;                    /* fp8: [ATTN_CHUNK, D] dequantized K, then V */
+    float *vdq = kdq + (size_t)ATTN_CHUNK * D;
+    const int fp8 = jb->k_lut != NULL;
+    const size_t stride = fp8 ? (size_t)D : row; /* between the positions' rows of kb, vb */
     const float *q = jb->q + ((size_t)t * jb->nh + (size_t)g * G) * D;
     for (int h = 0; h < G; h++) {
         mx[h] = -INFINITY;
@@ -186,18 +205,31 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
             cnt = ATTN_CHUNK;
         if (cnt > pos + 1 - p0)
             cnt = pos + 1 - p0;
-        const float *kb = jb->cache + (size_t)blk * block + (size_t)jb->layer * 2 * half +
-                          (size_t)off * row + (size_t)g * D;
-        const float *vb = kb + half;
+        const size_t at =
+            (size_t)blk * block + (size_t)jb->layer * 2 * half + (size_t)off * row + (size_t)g * D;
+        const float *kb, *vb;
+        if (fp8) {
+            const uint8_t *k8 = (const uint8_t *)jb->cache + at, *v8 = k8 + half;
+            for (int p = 0; p < cnt; p++)
+                for (int d = 0; d < D; d++) {
+                    kdq[(size_t)p * D + d] = jb->k_lut[k8[(size_t)p * row + d]];
+                    vdq[(size_t)p * D + d] = jb->v_lut[v8[(size_t)p * row + d]];
+                }
+            kb = kdq;
+            vb = vdq;
+        } else {
+            kb = (const float *)jb->cache + at;
+            vb = kb + half;
+        }
 
         for (int h = 0; h < G; h++) {
             float *sh = sc + h * ATTN_CHUNK;
             const float *qh = q + (size_t)h * D;
             int p = 0;
             for (; p + 4 <= cnt; p += 4)
-                dot4(sh + p, qh, kb + (size_t)p * row, row, D);
+                dot4(sh + p, qh, kb + (size_t)p * stride, stride, D);
             for (; p < cnt; p++)
-                sh[p] = dot1(qh, kb + (size_t)p * row, D);
+                sh[p] = dot1(qh, kb + (size_t)p * stride, D);
             for (p = 0; p < cnt; p++)
                 sh[p] *= jb->scale;
             if (jb->softcap > 0) /* as transformers: divide, tanh, multiply */
@@ -221,7 +253,7 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
             }
         }
         for (int h = 0; h < G; h++)
-            accum_v(acc + (size_t)h * D, sc + h * ATTN_CHUNK, vb, row, cnt, D);
+            accum_v(acc + (size_t)h * D, sc + h * ATTN_CHUNK, vb, stride, cnt, D);
         p0 += cnt;
     }
 
@@ -234,7 +266,8 @@ HOT void attend_item(const AttnJob *jb, int t, int g, float *scratch) {
 
 HOT void attn_items(const AttnJob *jb, int tid, int nt) {
     int nkv = jb->l->num_kv_heads, G = jb->nh / nkv, D = jb->l->head_dim;
-    float *scratch = cpu_scratch(0, ((size_t)G * (D + ATTN_CHUNK + 2)) * sizeof(float));
+    size_t dq = jb->k_lut ? (size_t)2 * ATTN_CHUNK * D : 0; /* fp8: the chunk dequantized */
+    float *scratch = cpu_scratch(0, ((size_t)G * (D + ATTN_CHUNK + 2) + dq) * sizeof(float));
     /* interleaved items: neighbours have similar context lengths, so threads stay balanced */
     for (int it = tid; it < jb->num_items; it += nt)
         attend_item(jb, jb->first_row + it / nkv, it % nkv, scratch);
@@ -264,9 +297,16 @@ static void attn_task(void *ctx, int tid, int nt) {
 void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
                    const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                    float softcap, int window) {
-    PL_CHECK(l->dtype == DT_F32);
+    PL_CHECK(l->dtype == DT_F32 || l->dtype == DT_F8E4M3);
     PL_CHECK(layer >= 0 && layer < l->num_layers);
     PL_CHECK(l->num_kv_heads > 0 && nh % l->num_kv_heads == 0);
+    float lut[2][256];
+    if (l->dtype == DT_F8E4M3)
+        for (int v = 0; v < 2; v++) {
+            const float s = k_kv_scale(l, layer, v);
+            for (int i = 0; i < 256; i++)
+                lut[v][i] = pl_f8e4m3_to_f32((uint8_t)i) * s;
+        }
     if (b->num_seqs <= 0)
         return;
     int first = b->query_start[0], last = b->query_start[b->num_seqs];
@@ -276,6 +316,8 @@ void cpu_attention(const KernelOps *ops, void *out, const void *q, const void *k
         .out = out,
         .q = q,
         .cache = kv_cache,
+        .k_lut = l->dtype == DT_F8E4M3 ? lut[0] : NULL,
+        .v_lut = l->dtype == DT_F8E4M3 ? lut[1] : NULL,
         .l = l,
         .b = b,
         .layer = layer,

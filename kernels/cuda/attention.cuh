@@ -8,16 +8,18 @@
 
 #include <stdio.h>
 
-#include "cuda_internal.cuh"
+#include "kv_fp8.cuh"
 
 enum { ATTN_MAX_HEAD_DIM = 1024 };
 
 /* Cache geometry handed to the kernels: element offsets of one layer's K half within a block
- * (V is `half` further), the block stride, and the row stride of one token. */
+ * (V is `half` further), the block stride, and the row stride of one token; and the layer's K
+ * and V scales (1 unless the cache is fp8, whose elements stand for dec(q) * ks, dec(q) * vs). */
 typedef struct {
     size_t block_elems, half, layer_off, row;
     int bs, nkv, D, max_blocks;
     int bs_shift; /* log2(bs) when bs is a power of two, else -1 (then divide) */
+    float ks, vs;
 } KvGeom;
 
 /* Index into a block table of position p: p / bs, a shift for power-of-two block sizes. */
@@ -44,6 +46,8 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
     g.nkv = l->num_kv_heads;
     g.D = l->head_dim;
     g.max_blocks = b->max_blocks_per_seq;
+    g.ks = k_kv_scale(l, layer, 0);
+    g.vs = k_kv_scale(l, layer, 1);
     g.bs_shift = -1;
     for (int sh = 0; sh < 31; sh++)
         if (l->block_size == 1 << sh)
@@ -200,9 +204,9 @@ __device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, con
         tab[i] = table[w.b0 + i];
 }
 
-/* Both dtypes at once: body runs with TQ (activations) and TC (cache) bound. */
+/* Both dtypes at once: body runs with TQ (activations) and TC (cache, possibly fp8) bound. */
 #define KC_DISPATCH_ATTN(act, kvdt, what, ...)                                                     \
-    KC_DISPATCH_ACT(act, what, TQ, KC_DISPATCH_ACT(kvdt, what, TC, __VA_ARGS__))
+    KC_DISPATCH_ACT(act, what, TQ, KC_DISPATCH_KV(kvdt, what, TC, __VA_ARGS__))
 
 /* ---- cp.async: 16-byte global -> shared copies that bypass registers ---- */
 
@@ -210,6 +214,12 @@ __device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, con
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(valid ? 16 : 0)
+                 : "memory");
+}
+/* 8 bytes global -> shared (through L1), zero-filled when !valid: an fp8 row chunk. */
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 8 : 0)
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -300,16 +310,24 @@ __device__ static inline void find_tile(const int32_t *query_start, int num_seqs
     *t0_out = found_t0;
 }
 
-/* The tensor-core prefill (attention_prefill_tc.cu): bf16 or f16 queries and a cache of the
- * same type, head_dim a multiple of 16 up to 256. kc_prefill_tc_ok says whether it applies. */
+/* The tensor-core prefill (attention_prefill_tc.cu): bf16 or f16 queries and a cache (of
+ * dtype kv) of the same type or fp8, head_dim a multiple of 16 up to 256. kc_prefill_tc_ok says
+ * whether it applies. */
 bool kc_prefill_tc_ok(DType act, const KvLayout *l);
-void kc_prefill_tc(void *out, const void *q, DType act, const void *kv_cache, const KvGeom &kg,
-                   const AttnBatch *b, int nh, float scale, cudaStream_t stream);
+void kc_prefill_tc(void *out, const void *q, DType act, DType kv, const void *kv_cache,
+                   const KvGeom &kg, const AttnBatch *b, int nh, float scale, cudaStream_t stream);
 
-/* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32. */
-template <typename TC> __device__ __forceinline__ void stage8(float *dst, const TC *src) {
+/* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32, times s
+ * (an fp8 cache's scale: dec(q) * s, as the CPU reads it; 1 otherwise). */
+template <typename TC>
+__device__ __forceinline__ void stage8(float *dst, const TC *src, float s) {
     float v[8];
     load8(v, src);
+    if constexpr (is_kv8<TC>::value) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] *= s;
+    }
     *(float4 *)dst = make_float4(v[0], v[1], v[2], v[3]);
     *(float4 *)(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
@@ -326,11 +344,12 @@ typedef struct {
     float *ws_acc, *ws_ml;
     dim3 grid;
     cudaStream_t stream;
+    DType kv_dtype; /* the cache's element type */
 } DecodeLaunch;
 
 /* The tensor-core decode (attention_decode_tc.cu): bf16 or f16 queries and a cache of the same
- * type, head_dim 128, block size a multiple of 8, a cache block's elements (all layers) within
- * 32 bits; HB heads a block. */
+ * type or fp8, head_dim 128, block size a multiple of 8, a cache block's elements (all layers)
+ * within 32 bits; HB heads a block. */
 bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg);
 void kc_decode_tc(const DecodeLaunch &a, DType act, int HB);
 

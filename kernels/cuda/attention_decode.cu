@@ -1,6 +1,7 @@
 /* attention_decode.cu - paged attention for decode: one query row per sequence (any number of
- * rows handled correctly), memory-bound, any cache / activation dtype pair. 16-bit queries on a
- * cache of the same type at head_dim 128 go to the tensor-core kernel (attention_decode_tc.cu);
+ * rows handled correctly), memory-bound, any cache / activation dtype pair (an fp8 cache's K
+ * scale folded into the queries' scale, its V scale applied to the output). 16-bit queries on a
+ * cache of the same type or fp8 at head_dim 128 go to the tensor-core kernel (attention_decode_tc.cu);
  * this file holds the CUDA-core kernel for every other case, the launcher and the combine of
  * partitions.
  *
@@ -54,6 +55,10 @@ template <typename T16>
 __device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const T16 *t) {
     unpack8(o, ring[i * 32 + lane], t);
 }
+/* fp8: 8-byte units, unit i of a lane at ((uint2 *)ring)[i * 32 + lane] */
+__device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane, const kv8 *t) {
+    unpack8(o, ((const uint2 *)ring)[i * 32 + lane], t);
+}
 __device__ __forceinline__ void cvt8(float o[8], const uint4 *ring, int i, int lane,
                                      const float *) {
     float4 a = *(const float4 *)&ring[2 * i * 32 + lane],
@@ -86,11 +91,12 @@ template <int N, int O> __device__ __forceinline__ void reduce_scatter(float *v,
 }
 
 /* Rows per lane per step (U: 4, fewer when a row is several chunks per lane), and the
- * cp.async ring of each warp: S stages of SLOT 16-byte units. */
+ * cp.async ring of each warp: S stages of SLOT 16-byte units. An 8-element chunk is UNITS
+ * 16-byte copies (2 for fp32, 1 for 16-bit types), or one 8-byte copy for fp8 (UNITS 0). */
 template <typename TC, int CPL> struct DecRing {
     static constexpr int U = CPL == 1 ? 4 : CPL == 2 ? 2 : 1;
     static constexpr int UNITS = (int)sizeof(TC) / 2; /* 16-byte units per 8-element chunk */
-    static constexpr int SLOT = U * CPL * UNITS * 32;
+    static constexpr int SLOT = U * CPL * 32 * (int)sizeof(TC) / 2;
     static constexpr int S = SLOT * 16 <= 2048 ? 3 : 2;
 };
 
@@ -125,6 +131,7 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
 
     /* lane = r * LPR + sub: row r of the warp's rows, chunks sub + k * LPR of 8 elements */
     const int sub = lane % LPR, r = lane / LPR;
+    const float qscale = scale * kg.ks; /* an fp8 cache's K scale, on the scores */
     float qr[HB][CPL][8];
 #pragma unroll
     for (int h = 0; h < HB; h++)
@@ -136,7 +143,7 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
                 load8(t, q + ((size_t)row * nh + h0 + h) * D + c * 8);
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    qr[h][k][i] = t[i] * scale;
+                    qr[h][k][i] = t[i] * qscale;
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++)
@@ -180,10 +187,14 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
                 for (int k = 0; k < CPL; k++) {
                     const int c = sub + k * LPR;
                     const bool ok = p < end && c < D8; /* else zeros */
+                    if constexpr (UNITS == 0)
+                        cp_async8(dst + 8 * ((u * CPL + k) * 32 + lane), ok ? src + c * 8 : cache,
+                                  ok);
 #pragma unroll
                     for (int x = 0; x < UNITS; x++)
                         cp_async16(dst + 16 * (((u * CPL + k) * UNITS + x) * 32 + lane),
-                                   ok ? src + c * 8 + x * (8 / UNITS) : cache, ok);
+                                   ok ? src + c * 8 + x * (8 / (UNITS > 0 ? UNITS : 1)) : cache,
+                                   ok);
                 }
             }
         }
@@ -318,6 +329,7 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
             v += red[w * HB * D + e];
+        v *= kg.vs; /* an fp8 cache's V scale, on the output */
         const int h = e / D, d = e - h * D;
         if (job.nparts == 1)
             out[((size_t)row * nh + h0 + h) * D + d] = from_f32<TQ>(v / ml[HB + h]);
@@ -610,6 +622,7 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     }
     a.grid = dim3((unsigned)gx, (unsigned)rows_y, 1);
     a.stream = kc_stream(stream);
+    a.kv_dtype = l->dtype;
     KC_DISPATCH_ATTN(act, l->dtype, what, {
         if (tc)
             kc_decode_tc(a, act, HB);

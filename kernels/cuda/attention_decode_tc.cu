@@ -1,6 +1,6 @@
 /* attention_decode_tc.cu - decode attention on tensor cores, flash-decoding per warp: bf16 or f16
- * queries and a cache of the same type, head_dim 128 (k_cuda_attention_decode sends everything
- * else to the CUDA-core kernel and combines the partitions this kernel writes).
+ * queries and a cache of the same type or fp8 e4m3, head_dim 128 (k_cuda_attention_decode sends
+ * everything else to the CUDA-core kernel and combines the partitions this kernel writes).
  *
  * Grid (KV head x head group, items), as the CUDA-core kernel: a block of 4 warps takes the HB
  * query heads of one KV head for each of its items (a row's partition) in turn, and warp w its
@@ -38,11 +38,16 @@ enum {
     DTC_D = 128,
     DTC_THREADS = 128,
     DTC_WARPS = DTC_THREADS / 32,
-    DTC_STEP = 16,                             /* positions per step: one mma's 16 rows */
-    DTC_UNITS = 3,                             /* ring units per warp (a step's K, or its V) */
-    DTC_ROW_BYTES = DTC_D * 2,                 /* a staged row */
-    DTC_UNIT_BYTES = DTC_STEP * DTC_ROW_BYTES, /* 4096 */
-    DTC_RING_BYTES = DTC_WARPS * DTC_UNITS * DTC_UNIT_BYTES
+    DTC_STEP = 16, /* positions per step: one mma's 16 rows */
+    DTC_UNITS = 3  /* ring units per warp (a step's K, or its V) */
+};
+
+/* A staged row of cache elements TC (256 bytes of 16-bit, 128 of fp8), a ring unit (a step's
+ * 16 rows) and the block's rings. */
+template <typename TC> struct DtcRing {
+    static constexpr int ROW = DTC_D * (int)sizeof(TC);
+    static constexpr int UNIT = DTC_STEP * ROW;
+    static constexpr int BYTES = DTC_WARPS * DTC_UNITS * UNIT;
 };
 
 /* A step's max may pass the running max by this much (log2 units) before the sums are rescaled. */
@@ -63,37 +68,42 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t m) {
     return t;
 }
 
-/* One item (a row's partition) of the block: every thread of it. */
-template <typename T, int HB>
+/* One item (a row's partition) of the block: every thread of it. TC is T, or kv8 (fp8 cache). */
+template <typename T, typename TC, int HB>
 __device__ __forceinline__ void
 decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__ q,
-               const T *__restrict__ cache, const KvGeom &kg, const int32_t *query_start,
+               const TC *__restrict__ cache, const KvGeom &kg, const int32_t *query_start,
                int num_seqs, const int32_t *block_tables, int nh, int G, int part_len,
                float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
+    constexpr bool FP8 = is_kv8<TC>::value;
+    constexpr int DTC_ROW_BYTES = DtcRing<TC>::ROW, DTC_UNIT_BYTES = DtcRing<TC>::UNIT;
+    constexpr int CE = 16 / (int)sizeof(TC); /* elements per 16-byte chunk */
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int *tab = (int *)((char *)smem16 + DTC_RING_BYTES); /* the partition's physical blocks */
+    int *tab = (int *)((char *)smem16 + DtcRing<TC>::BYTES); /* the partition's physical blocks */
     DecodeWork job;
     decode_work(job, kg, it, query_start, num_seqs, block_tables, G, HB, part_len, tab);
     const int row = job.row, h0 = job.h0, start = job.start, end = job.end, b0 = job.b0;
 
     /* mma fragments: lane = 4 g8 + t4. Q^T as B (16 dims x 8 heads): head g8, dims 2 t4, +1 and
-     * 2 t4 + 8, +9 of each 16; zero for heads past HB. */
+     * 2 t4 + 8, +9 of each 16; zero for heads past HB. fp8: dims 4 t4, +1 and 4 t4 + 2, +3 (the
+     * k order in which K's fp8 fragments arrive, below). */
     const int g8 = lane >> 2, t4 = lane & 3;
     uint32_t qb[DTC_D / 16][2];
 #pragma unroll
     for (int c = 0; c < DTC_D / 16; c++) {
         qb[c][0] = qb[c][1] = 0u;
         if (g8 < HB) {
-            const T *qh = q + ((size_t)row * nh + h0 + g8) * DTC_D + 16 * c + 2 * t4;
+            const T *qh = q + ((size_t)row * nh + h0 + g8) * DTC_D + 16 * c + (FP8 ? 4 : 2) * t4;
             qb[c][0] = *(const uint32_t *)qh;
-            qb[c][1] = *(const uint32_t *)(qh + 8);
+            qb[c][1] = *(const uint32_t *)(qh + (FP8 ? 2 : 8));
         }
     }
     __syncthreads(); /* tab */
 
-    /* copies: lane = 8 q + c copies 16-byte chunks c and c + 8 of the step's rows q, q + 4, q + 8
-     * and q + 12, so that each copy instruction reads four whole 128-byte lines */
+    /* copies: lane = 8 q + c copies 16-byte chunks c and c + 8 (fp8: c, rows of 128 bytes) of the
+     * step's rows q, q + 4, q + 8 and q + 12, so that each copy instruction reads four whole
+     * 128-byte lines */
     const int cp_q = lane >> 3, cp_c = lane & 7;
     const uint32_t ring = smem_addr(smem16) + warp * DTC_UNITS * DTC_UNIT_BYTES;
     /* chunk c of staged row p at byte 16 (c ^ (p % 8)) of the row: each line a lane group copies
@@ -101,12 +111,14 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
      * groups. Rows 4 r4 + q (mod 8) of this lane: */
     const uint32_t cp_dst[2] = {ring + cp_q * DTC_ROW_BYTES + 16 * (cp_c ^ cp_q),
                                 ring + cp_q * DTC_ROW_BYTES + 16 * (cp_c ^ (cp_q + 4))};
-    const T *base = cache + kg.layer_off + (size_t)job.g * DTC_D + 8 * cp_c;
+    const TC *base = cache + kg.layer_off + (size_t)job.g * DTC_D + CE * cp_c;
     const unsigned block32 = (unsigned)kg.block_elems, row32 = (unsigned)kg.row;
     /* ldmatrix: lane feeds row lane % 8 of matrix i = lane / 8. K as A (positions x dims): matrix
      * i is positions 8 (i & 1) on, chunks 2 k + (i >> 1); V^T as A (dims x positions) by .trans:
      * matrix i is positions 8 (i >> 1) on, chunks 2 k + (i & 1). Chunk 2 k + b of row p is at
-     * (its address for k = 0) ^ 32 k, units being 4096-byte aligned. */
+     * (its address for k = 0) ^ 32 k, units being 4096-byte aligned. fp8 (rows of 128 bytes):
+     * k_ld serves both, matrix i being positions 8 (i & 1) on, chunk 2 k + (i >> 1), read plain
+     * for K and transposed for V (fragments below). */
     const int lr = lane & 7, li = lane >> 3;
     const uint32_t k_ld = ring + (lr + 8 * (li & 1)) * DTC_ROW_BYTES + 16 * ((li >> 1) ^ lr);
     const uint32_t v_ld = ring + (lr + 8 * (li >> 1)) * DTC_ROW_BYTES + 16 * ((li & 1) ^ lr);
@@ -118,20 +130,20 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
     /* The step being loaded: the lane's rows q and 8 + q of its K (each half-step of 8 rows lies in
      * one cache block: steps start at multiples of 16 and blocks at multiples of 8), and its
      * rows before the end, less q. */
-    const T *src_lo = cache, *src_hi = cache;
+    const TC *src_lo = cache, *src_hi = cache;
     int left = 0;
     auto copy_unit = [&](uint32_t unit, size_t off) {
-        const T *half[2] = {src_lo + off, src_hi + off};
+        const TC *half[2] = {src_lo + off, src_hi + off};
 #pragma unroll
         for (int hs = 0; hs < 2; hs++)
 #pragma unroll
             for (int r4 = 0; r4 < 2; r4++) {
                 const int r = 8 * hs + 4 * r4; /* row r + q */
-                const T *src = half[hs] + (r4 ? (size_t)4 * row32 : 0);
+                const TC *src = half[hs] + (r4 ? (size_t)4 * row32 : 0);
 #pragma unroll
-                for (int c8 = 0; c8 < 2; c8++)
-                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8, src + 64 * c8,
-                               r < left);
+                for (int c8 = 0; c8 < DTC_ROW_BYTES / 128; c8++)
+                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8,
+                               src + 8 * CE * c8, r < left);
             }
     };
     auto load_k = [&](int i, uint32_t unit) {
@@ -169,11 +181,29 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
         cp_async_wait<2>();
         __syncwarp();       /* the other lanes' copies of step i's K are visible */
         float c[2][4] = {}; /* S^T: positions g8, g8 + 8 x heads 2 t4, 2 t4 + 1; two chains */
+        if constexpr (FP8) {
+            /* matrix i of ldmatrix j: lane 4 g8 + t4 gets position g8 (+ 8 for i odd), bytes
+             * 4 t4 .. 4 t4 + 3 of chunk 2 j + (i >> 1): widened, dims 4 t4, +1 are A's columns
+             * 2 t4, +1 and dims 4 t4 + 2, +3 its columns 2 t4 + 8, +9 (as qb) */
 #pragma unroll
-        for (int k = 0; k < DTC_D / 16; k++) {
-            uint32_t a[4];
-            ldsm_x4(a, (k_ld + uk) ^ (32 * k));
-            mma16<T>(c[k & 1], a, qb[k][0], qb[k][1]);
+            for (int j = 0; j < DTC_D / 32; j++) {
+                uint32_t m[4];
+                ldsm_x4(m, (k_ld + uk) ^ (32 * j));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t a[4] = {e4m3x2_to<T>(m[2 * h]), e4m3x2_to<T>(m[2 * h + 1]),
+                                           e4m3x2_to<T>(m[2 * h] >> 16),
+                                           e4m3x2_to<T>(m[2 * h + 1] >> 16)};
+                    mma16<T>(c[h], a, qb[2 * j + h][0], qb[2 * j + h][1]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < DTC_D / 16; k++) {
+                uint32_t a[4];
+                ldsm_x4(a, (k_ld + uk) ^ (32 * k));
+                mma16<T>(c[k & 1], a, qb[k][0], qb[k][1]);
+            }
         }
         float s[4];
 #pragma unroll
@@ -223,11 +253,30 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
         load_v(i + 1, uk);
         cp_async_wait<2>();
         __syncwarp();
+        if constexpr (FP8) {
+            /* transposed, matrix i gives lane 4 g8 + t4 bytes 2 g8, 2 g8 + 1 of positions 2 t4 and
+             * 2 t4 + 1: its pairs of dim 2 g8 and of dim 2 g8 + 1 are A's rows g8 and g8 + 8, so
+             * o[d] holds dims 16 d + 2 g8 ([0], [1]) and 16 d + 2 g8 + 1 ([2], [3]) */
 #pragma unroll
-        for (int d = 0; d < DTC_D / 16; d++) {
-            uint32_t a[4];
-            ldsm_x4_trans(a, (v_ld + uv) ^ (32 * d));
-            mma16<T>(o[d], a, pb0, pb1);
+            for (int j = 0; j < DTC_D / 32; j++) {
+                uint32_t m[4];
+                ldsm_x4_trans(m, (k_ld + uv) ^ (32 * j));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t x0 = __byte_perm(m[2 * h], 0, 0x3120),
+                                   x1 = __byte_perm(m[2 * h + 1], 0, 0x3120);
+                    const uint32_t a[4] = {e4m3x2_to<T>(x0), e4m3x2_to<T>(x0 >> 16),
+                                           e4m3x2_to<T>(x1), e4m3x2_to<T>(x1 >> 16)};
+                    mma16<T>(o[2 * j + h], a, pb0, pb1);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int d = 0; d < DTC_D / 16; d++) {
+                uint32_t a[4];
+                ldsm_x4_trans(a, (v_ld + uv) ^ (32 * d));
+                mma16<T>(o[d], a, pb0, pb1);
+            }
         }
         /* step i + 1's K is in uf, its V in uk; step i's V unit is free next */
         const uint32_t t = uk;
@@ -249,11 +298,11 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
     for (int e = 0; e < 2; e++) {
         const int h = 2 * t4 + e;
         if (h < HB) {
-            float *dst = o_s + (warp * HB + h) * DTC_D + g8;
+            float *dst = o_s + (warp * HB + h) * DTC_D + (FP8 ? 2 * g8 : g8);
 #pragma unroll
             for (int d = 0; d < DTC_D / 16; d++) {
                 dst[16 * d] = o[d][e];
-                dst[16 * d + 8] = o[d][2 + e];
+                dst[16 * d + (FP8 ? 1 : 8)] = o[d][2 + e];
             }
             if (g8 == 0) {
                 ml_s[2 * (warp * HB + h)] = mx[e];
@@ -275,6 +324,7 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
             den = fmaf(f, ml_s[2 * (w * HB + h) + 1], den);
             v = fmaf(f, o_s[(w * HB + h) * DTC_D + d], v);
         }
+        v *= kg.vs; /* an fp8 cache's V scale (1 otherwise) */
         if (job.nparts == 1) {
             out[((size_t)row * nh + h0 + h) * DTC_D + d] = from_f32<T>(v / den);
         } else {
@@ -288,47 +338,55 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
     }
 }
 
-template <typename T, int HB>
+template <typename T, typename TC, int HB>
 __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
-    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
+    T *__restrict__ out, const T *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int part_len, float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
     kc_pdl_wait();
     kc_pdl_trigger();
     decode_items_run<DTC_WARPS>(
         positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
-            decode_tc_item<T, HB>(it, out, q, cache, kg, query_start, num_seqs, block_tables, nh, G,
-                                  part_len, scale_log2, ws_acc, ws_ml, max_parts);
+            decode_tc_item<T, TC, HB>(it, out, q, cache, kg, query_start, num_seqs, block_tables,
+                                      nh, G, part_len, scale_log2, ws_acc, ws_ml, max_parts);
         });
 }
 
 bool kc_decode_tc_ok(DType act, const KvLayout *l, const KvGeom &kg) {
-    return act == l->dtype && (act == DT_BF16 || act == DT_F16) && kg.D == DTC_D &&
-           kg.bs % 8 == 0 && kg.block_elems <= UINT32_MAX;
+    return (act == DT_BF16 || act == DT_F16) && (l->dtype == act || l->dtype == DT_F8E4M3) &&
+           kg.D == DTC_D && kg.bs % 8 == 0 && kg.block_elems <= UINT32_MAX;
 }
 
-template <typename T, int HB> static void launch_tc(const DecodeLaunch &a) {
-    auto kern = decode_tc_kernel<T, HB>;
-    const size_t smem = DTC_RING_BYTES + ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
+template <typename T, typename TC, int HB> static void launch_tc(const DecodeLaunch &a) {
+    auto kern = decode_tc_kernel<T, TC, HB>;
+    const size_t smem = DtcRing<TC>::BYTES + ((size_t)a.part_len / a.kg.bs + 2) * sizeof(int);
     kc_set_smem(kern, smem);
+    /* an fp8 cache's K scale on the scores: with the softmax scale, in log2 units */
     kc_launch_pdl(kern, a.grid, dim3(DTC_THREADS), smem, a.stream, (T *)a.out, (const T *)a.q,
-                  (const T *)a.cache, a.kg, a.b->positions, a.b->query_start, a.b->num_seqs,
-                  a.b->block_tables, a.nh, a.G, a.part_len, a.scale * (float)M_LOG2E, a.ws_acc,
-                  a.ws_ml, a.max_parts);
+                  (const TC *)a.cache, a.kg, a.b->positions, a.b->query_start, a.b->num_seqs,
+                  a.b->block_tables, a.nh, a.G, a.part_len, a.scale * a.kg.ks * (float)M_LOG2E,
+                  a.ws_acc, a.ws_ml, a.max_parts);
+}
+
+template <typename T, typename TC> static void launch_tc_hb(const DecodeLaunch &a, int HB) {
+    if (HB == 8)
+        launch_tc<T, TC, 8>(a);
+    else if (HB == 4)
+        launch_tc<T, TC, 4>(a);
+    else if (HB == 2)
+        launch_tc<T, TC, 2>(a);
+    else
+        launch_tc<T, TC, 1>(a);
 }
 
 void kc_decode_tc(const DecodeLaunch &a, DType act, int HB) {
     const char *what = "k_cuda_attention_decode";
     KC_DISPATCH_ACT(act, what, T, {
         if constexpr (!std::is_same<T, float>::value) {
-            if (HB == 8)
-                launch_tc<T, 8>(a);
-            else if (HB == 4)
-                launch_tc<T, 4>(a);
-            else if (HB == 2)
-                launch_tc<T, 2>(a);
+            if (a.kv_dtype == DT_F8E4M3)
+                launch_tc_hb<T, kv8>(a, HB);
             else
-                launch_tc<T, 1>(a);
+                launch_tc_hb<T, T>(a, HB);
         }
     });
 }

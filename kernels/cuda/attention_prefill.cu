@@ -4,7 +4,8 @@
  *
  * k_cuda_attention_prefill takes the tensor-core kernel (attention_prefill_tc.cu) for bf16
  * (f16) queries on a bf16 (f16) cache with head_dim a multiple of 16 up to 256, and otherwise the
- * fp32 CUDA-core kernel here, which handles every supported shape and dtype pair exactly.
+ * fp32 CUDA-core kernel here, which handles every supported shape and dtype pair exactly (an fp8
+ * cache staged as dec(q) * s, the CPU reference's values).
  *
  * Grid (query tile, KV head x head group). A tile is M query vectors: TQ = M / HB rows of one
  * sequence times the HB query heads of one KV head, so each K/V tile staged in shared memory
@@ -102,8 +103,8 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
             if (p <= maxpos) {
                 const TC *src = base + (size_t)table[p / kg.bs] * kg.block_elems +
                                 (size_t)(p % kg.bs) * kg.row + c * 8;
-                stage8(kd, src);
-                stage8(vd, src + kg.half);
+                stage8(kd, src, kg.ks);
+                stage8(vd, src + kg.half, kg.vs);
             } else { /* zeros, not garbage: a masked position still meets P = 0 in P.V */
                 float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 *(float4 *)kd = z;
@@ -260,7 +261,7 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
     const int G = nh / kg.nkv;
     cudaStream_t st = kc_stream(stream);
     if (kc_prefill_tc_ok(act, l)) {
-        kc_prefill_tc(out, q, act, kv_cache, kg, b, nh, scale, st);
+        kc_prefill_tc(out, q, act, l->dtype, kv_cache, kg, b, nh, scale, st);
         return;
     }
     KC_DISPATCH_ATTN(act, l->dtype, what, {

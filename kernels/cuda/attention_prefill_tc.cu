@@ -14,18 +14,26 @@
  * mask by each vector's own position (only on tiles that reach past the tile's first row),
  * online softmax in registers (exp2 with the scale folded in), then O += P V with P rounded
  * to the 16-bit type straight from the S accumulators into A fragments and V read by
- * ldmatrix.trans. The row sums are reduced across each quad once at the end. */
+ * ldmatrix.trans. The row sums are reduced across each quad once at the end.
+ *
+ * An fp8 cache: the tiles' bytes are gathered by cp.async into fp8 staging buffers (double-
+ * buffered, half the bytes of a 16-bit tile), and each tile is widened once, exactly, into the
+ * 16-bit K and V tiles the loop above reads (one buffer: the widening of tile kt + 1 waits for
+ * tile kt's last reads); the K scale goes into the softmax scale, the V scale onto the output,
+ * both in fp32. */
 #include <math.h>
 
 #include "attention.cuh"
 
 enum { TC_THREADS = 128, TC_M = 64 };
 
-template <typename T, int D>
+template <typename T, typename TC, int D>
 __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
-    T *__restrict__ out, const T *__restrict__ q, const T *__restrict__ cache, KvGeom kg,
+    T *__restrict__ out, const T *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int HB, float scale_log2) {
+    constexpr bool FP8 = is_kv8<TC>::value;
+    constexpr int NB = FP8 ? 1 : 2;        /* 16-bit K/V tile buffers */
     constexpr int TK = D <= 128 ? 64 : 32; /* positions per K/V tile */
     constexpr int DS = D + 8;              /* shared row stride in elements (16-byte pad) */
     constexpr int CH = D / 8;              /* 16-byte chunks per row */
@@ -34,9 +42,11 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     constexpr int ND = D / 8;              /* dim n-tiles of O */
     constexpr bool QREG = D <= 128;        /* Q fragments held in registers */
     extern __shared__ uint4 smem_tc[];
-    T *Qs = (T *)smem_tc;     /* [TC_M][DS] */
-    T *Ks = Qs + TC_M * DS;   /* [2][TK][DS] */
-    T *Vs = Ks + 2 * TK * DS; /* [2][TK][DS] */
+    T *Qs = (T *)smem_tc;      /* [TC_M][DS] */
+    T *Ks = Qs + TC_M * DS;    /* [NB][TK][DS] */
+    T *Vs = Ks + NB * TK * DS; /* [NB][TK][DS] */
+    uint8_t *K8 = (uint8_t *)(Vs + NB * TK * DS); /* fp8: [2][TK][D] staged bytes */
+    uint8_t *V8 = K8 + 2 * TK * D;                /* [2][TK][D] */
     __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int rows = TC_M / HB;
@@ -91,21 +101,47 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     const int minpos = s_minpos, maxpos = s_maxpos;
 
     const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
-    const T *kbase = cache + kg.layer_off + (size_t)g * D;
+    const TC *kbase = cache + kg.layer_off + (size_t)g * D;
+    constexpr int CE = 16 / (int)sizeof(TC), CHC = D / CE; /* cache elements per copy, copies */
     auto load_tile = [&](int kt, int buf) {
         const int k0 = kt * TK;
-        T *kd = Ks + buf * TK * DS, *vd = Vs + buf * TK * DS;
-        for (int e = tid; e < TK * CH; e += TC_THREADS) {
-            const int j = e / CH, c = e - j * CH, p = k0 + j;
+        for (int e = tid; e < TK * CHC; e += TC_THREADS) {
+            const int j = e / CHC, c = e - j * CHC, p = k0 + j;
             const bool ok = p <= maxpos; /* zeros past it: P = 0 must not meet garbage in V */
-            const T *src = cache;
+            const TC *src = cache;
             if (ok) {
                 const int bi = kv_block_of(kg, p);
                 src = kbase + (size_t)table[bi] * kg.block_elems +
-                      (size_t)(p - bi * kg.bs) * kg.row + c * 8;
+                      (size_t)(p - bi * kg.bs) * kg.row + c * CE;
             }
-            cp_async16(smem_addr(kd + j * DS + c * 8), src, ok);
-            cp_async16(smem_addr(vd + j * DS + c * 8), ok ? src + kg.half : cache, ok);
+            uint32_t kd, vd;
+            if constexpr (FP8) {
+                kd = smem_addr(K8 + (buf * TK + j) * D + c * 16);
+                vd = smem_addr(V8 + (buf * TK + j) * D + c * 16);
+            } else {
+                kd = smem_addr(Ks + (buf * TK + j) * DS + c * 8);
+                vd = smem_addr(Vs + (buf * TK + j) * DS + c * 8);
+            }
+            cp_async16(kd, src, ok);
+            cp_async16(vd, ok ? src + kg.half : cache, ok);
+        }
+    };
+    /* fp8: staged tile `buf` widened into Ks, Vs (16 elements a thread and pass) */
+    auto widen_tile = [&](int buf) {
+        for (int e = tid; e < 2 * TK * (D / 16); e += TC_THREADS) {
+            const int kv = e >= TK * (D / 16), r = e - kv * TK * (D / 16);
+            const int j = r / (D / 16), c = r - j * (D / 16);
+            const uint4 u = *(const uint4 *)((kv ? V8 : K8) + (buf * TK + j) * D + c * 16);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+            uint32_t o[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                o[2 * i] = e4m3x2_to<T>(w[i]);
+                o[2 * i + 1] = e4m3x2_to<T>(w[i] >> 16);
+            }
+            uint4 *dst = (uint4 *)((kv ? Vs : Ks) + j * DS + c * 16);
+            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
         }
     };
     load_tile(0, 0);
@@ -137,7 +173,12 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const T *Kb = Ks + (kt & 1) * TK * DS, *Vb = Vs + (kt & 1) * TK * DS;
+        if constexpr (FP8) {
+            widen_tile(kt & 1);
+            __syncthreads();
+        }
+        const int cur = FP8 ? 0 : kt & 1;
+        const T *Kb = Ks + cur * TK * DS, *Vb = Vs + cur * TK * DS;
 
         float sc[NT][4];
 #pragma unroll
@@ -231,14 +272,14 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
     if (ta < t_end) {
-        const float inv = 1.0f / l0;
+        const float inv = kg.vs / l0; /* an fp8 cache's V scale (1 otherwise) */
         T *dst = out + ((size_t)ta * nh + h0 + v0 % HB) * D + tq * 2;
 #pragma unroll
         for (int d = 0; d < ND; d++)
             *(uint32_t *)(dst + d * 8) = pack16<T>(o[d][0] * inv, o[d][1] * inv);
     }
     if (tb < t_end) {
-        const float inv = 1.0f / l1;
+        const float inv = kg.vs / l1;
         T *dst = out + ((size_t)tb * nh + h0 + v1 % HB) * D + tq * 2;
 #pragma unroll
         for (int d = 0; d < ND; d++)
@@ -247,14 +288,15 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
 }
 
 bool kc_prefill_tc_ok(DType act, const KvLayout *l) {
-    return (act == DT_BF16 || act == DT_F16) && l->dtype == act && l->head_dim % 16 == 0 &&
-           l->head_dim <= 256;
+    return (act == DT_BF16 || act == DT_F16) && (l->dtype == act || l->dtype == DT_F8E4M3) &&
+           l->head_dim % 16 == 0 && l->head_dim <= 256;
 }
 
-template <typename T, int D>
+template <typename T, typename TC, int D>
 static void launch_tc(void *out, const void *q, const void *cache, const KvGeom &kg,
                       const AttnBatch *b, int nh, float scale, cudaStream_t stream) {
     constexpr int TK = D <= 128 ? 64 : 32;
+    constexpr bool FP8 = is_kv8<TC>::value;
     const int G = nh / kg.nkv;
     int HB = 1; /* heads per tile: the largest power of two dividing G, at most 8 */
     while (HB * 2 <= 8 && G % (HB * 2) == 0)
@@ -262,23 +304,28 @@ static void launch_tc(void *out, const void *q, const void *cache, const KvGeom 
     const int rows = TC_M / HB;
     dim3 grid((unsigned)((b->num_tokens + rows - 1) / rows + b->num_seqs),
               (unsigned)(kg.nkv * (G / HB)));
-    const size_t smem = (size_t)(TC_M + 4 * TK) * (D + 8) * sizeof(T);
-    auto kern = prefill_tc_kernel<T, D>;
+    const size_t smem = (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) +
+                        (FP8 ? (size_t)4 * TK * D : 0);
+    auto kern = prefill_tc_kernel<T, TC, D>;
     kc_set_smem(kern, smem);
     kern<<<grid, TC_THREADS, smem, stream>>>(
-        (T *)out, (const T *)q, (const T *)cache, kg, b->positions, b->query_start, b->num_seqs,
-        b->block_tables, nh, G, HB, scale * 1.4426950408889634f);
+        (T *)out, (const T *)q, (const TC *)cache, kg, b->positions, b->query_start, b->num_seqs,
+        b->block_tables, nh, G, HB, scale * kg.ks * 1.4426950408889634f);
     CUDA_CHECK_LAUNCH();
 }
 
-void kc_prefill_tc(void *out, const void *q, DType act, const void *kv_cache, const KvGeom &kg,
-                   const AttnBatch *b, int nh, float scale, cudaStream_t stream) {
+void kc_prefill_tc(void *out, const void *q, DType act, DType kv, const void *kv_cache,
+                   const KvGeom &kg, const AttnBatch *b, int nh, float scale, cudaStream_t stream) {
 #define TC_CASE(d)                                                                                 \
     case d:                                                                                        \
-        if (act == DT_BF16)                                                                        \
-            launch_tc<bf16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                        \
+        if (act == DT_BF16 && kv == DT_F8E4M3)                                                     \
+            launch_tc<bf16, kv8, d>(out, q, kv_cache, kg, b, nh, scale, stream);                   \
+        else if (act == DT_BF16)                                                                   \
+            launch_tc<bf16, bf16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                  \
+        else if (kv == DT_F8E4M3)                                                                  \
+            launch_tc<f16, kv8, d>(out, q, kv_cache, kg, b, nh, scale, stream);                    \
         else                                                                                       \
-            launch_tc<f16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                         \
+            launch_tc<f16, f16, d>(out, q, kv_cache, kg, b, nh, scale, stream);                    \
         break;
     switch (kg.D) {
         TC_CASE(16)

@@ -107,7 +107,7 @@ __global__ __launch_bounds__(CAP_ATTN_THREADS) void capped_attention_kernel(
             float dot = 0.0f;
             for (int d = 0; d < D; d++)
                 dot = fmaf(qs[d], to_f32(k[d]), dot);
-            sc = dot * scale;
+            sc = dot * (scale * kg.ks); /* ks, vs: an fp8 cache's scales (1 otherwise) */
             if (cap > 0.0f)
                 sc = tanhf(sc / cap) * cap;
         }
@@ -141,7 +141,7 @@ __global__ __launch_bounds__(CAP_ATTN_THREADS) void capped_attention_kernel(
     }
     TQ *o = out + ((size_t)row * nh + h) * D;
     for (int d = threadIdx.x; d < D; d += blockDim.x)
-        o[d] = from_f32<TQ>(acc[d] / sum);
+        o[d] = from_f32<TQ>(acc[d] / sum * kg.vs);
 }
 
 void k_cuda_attention_capped(void *out, const void *q, DType act, const void *kv_cache,

@@ -3,8 +3,9 @@
  *
  * As the CPU ops: angle = (float)pos * inv_freq[i] (accurate sincosf, per pair), x1' = x1 cos - x2
  * sin, x2' = x2 cos + x1 sin, q and k rotated in place in the activation dtype; the cache then
- * receives that rounded k (and v) converted to its own dtype, at (slot / bs) * block_elems + layer
- * * 2 * half + (V ? half : 0) + (slot % bs) * Hkv * D with slot -1 (padding) skipped. The same
+ * receives that rounded k (and v) converted to its own dtype (fp8: e4m3(x * (1 / s)),
+ * saturating, kv_fp8.cuh), at (slot / bs) * block_elems + layer * 2 * half + (V ? half : 0)
+ * + (slot % bs) * Hkv * D with slot -1 (padding) skipped. The same
  * kernel serves rope alone (no cache), kv_write alone (no rotation) and both on the fused QKV
  * projection's rows (q rotated into its own buffer, as attention reads it), there with an
  * optional per-head RMSNorm of q and k first (Qwen3: one warp per head, which reduces the
@@ -112,8 +113,8 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
                 x[ib] = from_f32<T>(x2);
             }
             if (kdst) {
-                kdst[h * D + ia] = from_f32<TC>(x1);
-                kdst[h * D + ib] = from_f32<TC>(x2);
+                kdst[h * D + ia] = kv_enc<TC>(to_f32(from_f32<T>(x1)), a.k_inv);
+                kdst[h * D + ib] = kv_enc<TC>(to_f32(from_f32<T>(x2)), a.k_inv);
             }
         }
     } else { /* a v head: only cached */
@@ -122,7 +123,7 @@ __global__ __launch_bounds__(ROPE_BLOCK_THREADS) void rope_kv_kernel(RopeKv a) {
             return;
         const T *x = v + (size_t)t * a.r.v_stride + (size_t)h * D;
         for (int e = threadIdx.x; e < D; e += blockDim.x)
-            kdst[a.half + (size_t)h * D + e] = from_f32<TC>(to_f32(x[e]));
+            kdst[a.half + (size_t)h * D + e] = kv_enc<TC>(to_f32(x[e]), a.v_inv);
     }
 }
 
@@ -152,7 +153,7 @@ __global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a)
         if (!v || !kdst)
             return;
         load8(lo, v + (size_t)t * a.r.v_stride + e);
-        store8(kdst + a.half + e, lo);
+        kv_store8(kdst + a.half + e, lo, a.v_inv);
         return;
     }
     const bool is_q = u < nh * hv;
@@ -182,8 +183,8 @@ __global__ __launch_bounds__(ROPE_VEC_THREADS) void rope_kv_vec_kernel(RopeKv a)
         store8(xk + i + hd, hi);
     }
     if (kdst) {
-        store8(kdst + (size_t)h * D + i, lo);
-        store8(kdst + (size_t)h * D + i + hd, hi);
+        kv_store8(kdst + (size_t)h * D + i, lo, a.k_inv);
+        kv_store8(kdst + (size_t)h * D + i + hd, hi, a.k_inv);
     }
 }
 
@@ -236,7 +237,7 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
         dim3 grid((unsigned)n, (unsigned)((units + ROPE_VEC_THREADS - 1) / ROPE_VEC_THREADS));
         KC_DISPATCH_ACT(
             act, what, T,
-            KC_DISPATCH_ACT(cdt, what, TC,
+            KC_DISPATCH_KV(cdt, what, TC,
                             kc_launch_pdl(rope_kv_vec_kernel<T, TC>, grid, dim3(ROPE_VEC_THREADS),
                                           0, kc_stream(stream), a)));
         return;
@@ -250,7 +251,7 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     dim3 grid((unsigned)n, (unsigned)((heads + per_block - 1) / per_block));
     KC_DISPATCH_ACT(
         act, what, T,
-        KC_DISPATCH_ACT(cdt, what, TC,
+        KC_DISPATCH_KV(cdt, what, TC,
                         kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads, per_block), 0,
                                       kc_stream(stream), a)));
 }

@@ -4,7 +4,7 @@
 #ifndef PAGELLM_KERNELS_CUDA_ROPE_CUH
 #define PAGELLM_KERNELS_CUDA_ROPE_CUH
 
-#include "cuda_internal.cuh"
+#include "kv_fp8.cuh"
 
 /* The largest head_dim / 2 the rotary kernels take. */
 enum { ROPE_MAX_HALF = 512 };
@@ -40,6 +40,7 @@ typedef struct {
     float attn_factor;          /* cos and sin times this (1: none) */
     const float *long_inv_freq; /* used from position long_from on (NULL: none) */
     int long_from;
+    float k_inv, v_inv; /* fp8 cache: 1 / the layer's k and v scales (kv_enc); else unused */
 } RopeKv;
 
 /* The frequencies of a token at pos. */
@@ -59,12 +60,14 @@ template <typename TC> __device__ __forceinline__ TC *cache_row(const RopeKv &a,
 }
 
 /* a's cache geometry for `layer` of layout l: block size, elements per block, the layer's
- * offset in a block and the V half's offset from the K half. */
+ * offset in a block, the V half's offset from the K half, and an fp8 cache's inverse scales. */
 static inline void rope_cache_geometry(RopeKv *a, const KvLayout *l, int layer) {
     a->half = (size_t)l->block_size * l->num_kv_heads * l->head_dim;
     a->block_elems = (size_t)l->num_layers * 2 * a->half;
     a->layer_off = (size_t)layer * 2 * a->half;
     a->bs = l->block_size;
+    a->k_inv = 1.0f / k_kv_scale(l, layer, 0);
+    a->v_inv = 1.0f / k_kv_scale(l, layer, 1);
 }
 
 /* The pair (x1, x2) = (x[i], x[i + D/2]) rotated by pos * inv_freq_i (accurate sincosf; cos
