@@ -88,6 +88,7 @@ struct KCudaGemm {
     int force_rows;                 /* GEMV rows per warp when forced (0 = the table's) */
     KcChoices fused;                /* the fused ops' measured forms (gemm_sm90a.cu) */
     KCudaSiluMulPath silu_mul_path; /* forced, or KC_SILU_MUL_AUTO */
+    KcFp8 *fp8;                     /* fp8-weight state (matmul_fp8.cu), made on first use */
 };
 
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
@@ -400,7 +401,7 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
     CUBLAS_CHECK(st);
 }
 
-static void bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s) {
+void kc_bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s) {
     size_t total = (size_t)n * (size_t)N;
     KC_DISPATCH_ACT(act, "k_cuda_matmul", OT,
                     KC_DISPATCH_WEIGHT(bias->dtype, "k_cuda_matmul bias", BT,
@@ -439,11 +440,14 @@ void k_cuda_gemm_destroy(KCudaGemm *g) {
         CUBLAS_CHECK(cublasLtDestroy(g->lt));
     k_cuda_free(g->workspace);
     k_cuda_free(g->scratch);
+    kc_fp8_destroy(g->fp8);
     free(g);
 }
 
 size_t k_cuda_gemm_device_bytes(const KCudaGemm *g) {
-    return g ? g->workspace_bytes + 2 * g->max_rows_times_k * sizeof(uint16_t) : 0;
+    return g ? g->workspace_bytes + 2 * g->max_rows_times_k * sizeof(uint16_t) +
+                   kc_fp8_device_bytes(g->fp8)
+             : 0;
 }
 
 void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows) {
@@ -468,6 +472,20 @@ KcChoices *kc_gemm_choices(KCudaGemm *g) {
     return &g->fused;
 }
 
+KcFp8 **kc_gemm_fp8(KCudaGemm *g) {
+    return &g->fp8;
+}
+
+void *kc_gemm_lt(KCudaGemm *g, void **workspace, size_t *workspace_bytes) {
+    *workspace = g->workspace;
+    *workspace_bytes = g->workspace_bytes;
+    return (void *)g->lt;
+}
+
+int kc_gemm_forced_path(const KCudaGemm *g) {
+    return g->force_path;
+}
+
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, void *stream) {
     KC_REQUIRE(g && w && w->ndim == 2, "k_cuda_matmul: needs a gemm and a 2-D weight");
@@ -479,6 +497,10 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         return;
     KC_REQUIRE(K > 0, "k_cuda_matmul: K must be positive");
     const DType wt = w->dtype;
+    if (wt == DT_F8E4M3) { /* fp8 weights: quantized activations (matmul_fp8.cu) */
+        kc_matmul_fp8(g, out, x, act, w, b, n, kc_stream(stream));
+        return;
+    }
     const int w16 = wt == DT_BF16 || wt == DT_F16;
     const int same16 = (act == DT_BF16 || act == DT_F16) && wt == act;
     const int f32x16 = act == DT_F32 && w16;
@@ -535,7 +557,7 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         }
     }
     if (b && !fuse_bias)
-        bias_add(out, act, b, n, N, s);
+        kc_bias_add(out, act, b, n, N, s);
 }
 
 void kc_matmul_partials(KCudaGemm *g, float *partials, int64_t split_stride, const void *x,
