@@ -43,15 +43,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cublas_util.cuh"
 #include "gemv.cuh"
 
-#define CUBLAS_CHECK(expr)                                                                         \
-    do {                                                                                           \
-        cublasStatus_t cublas_check_st_ = (expr);                                                  \
-        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                             \
-            pl_fatal(__FILE__, __LINE__, "cuBLAS error %s in %s",                                  \
-                     cublasLtGetStatusName(cublas_check_st_), #expr);                              \
-    } while (0)
 
 enum {
     GEMM_WORKSPACE_BYTES = 32 << 20,
@@ -196,12 +190,6 @@ static cudaDataType cuda_type(DType dt) {
     }
 }
 
-/* Largest power of two (<= 256) dividing both the address and the leading dimension in bytes:
- * what cuBLASLt may assume about every row. */
-static int alignment(const void *p, size_t ld_bytes) {
-    uintptr_t a = (uintptr_t)p | (uintptr_t)ld_bytes | (uintptr_t)256;
-    return (int)(a & (~a + 1));
-}
 
 typedef struct {
     cublasLtMatmulDescOpaque_t desc;
@@ -358,10 +346,10 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
     /* every batch's operands start a slice (or a stride) after the first: aligned as those */
     const size_t slice = splits > 1 ? (size_t)(K / splits) : 0;
     const size_t stride_bytes = (size_t)split_stride * pl_dtype_size(dt);
-    key.al_a = alignment(w, ((size_t)K | slice) * pl_dtype_size(wt));
-    key.al_b = alignment(x, ((size_t)K | slice) * pl_dtype_size(xt));
-    key.al_c = alignment(d, (size_t)N * pl_dtype_size(dt) | stride_bytes);
-    key.al_bias = bias ? alignment(bias, 0) : 0;
+    key.al_a = kc_lt_alignment(w, ((size_t)K | slice) * pl_dtype_size(wt));
+    key.al_b = kc_lt_alignment(x, ((size_t)K | slice) * pl_dtype_size(xt));
+    key.al_c = kc_lt_alignment(d, (size_t)N * pl_dtype_size(dt) | stride_bytes);
+    key.al_bias = bias ? kc_lt_alignment(bias, 0) : 0;
 
     AlgoEntry *e = cache_slot(g, &key);
     if (!e->valid) {

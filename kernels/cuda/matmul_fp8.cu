@@ -43,15 +43,9 @@
 
 #include <mutex>
 
+#include "cublas_util.cuh"
 #include "gemv.cuh"
 
-#define CUBLAS_CHECK(expr)                                                                         \
-    do {                                                                                           \
-        cublasStatus_t cublas_check_st_ = (expr);                                                  \
-        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                             \
-            pl_fatal(__FILE__, __LINE__, "cuBLAS error %s in %s",                                  \
-                     cublasLtGetStatusName(cublas_check_st_), #expr);                              \
-    } while (0)
 
 enum {
     F8_GEMV_MAX_N = 8,     /* n at or below: the GEMV (measured: see PERFORMANCE.md) */
@@ -377,10 +371,6 @@ static cudaDataType f8_cuda_type(DType dt) {
     return dt == DT_F32 ? CUDA_R_32F : dt == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-static int f8_alignment(const void *p, size_t ld_bytes) {
-    uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes | (uintptr_t)256;
-    return (int)(v & (~v + 1));
-}
 
 typedef struct {
     cublasLtMatmulDescOpaque_t desc;
@@ -570,8 +560,8 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
     key.mode = block ? F8_MODE_BLOCK : F8_MODE_OUTER;
     key.ct = (int)f8_cuda_type(act);
     key.bias = fuse_bias;
-    key.al_w = f8_alignment(w->data, (size_t)K);
-    key.al_out = f8_alignment(out, (size_t)N * es);
+    key.al_w = kc_lt_alignment(w->data, (size_t)K);
+    key.al_out = kc_lt_alignment(out, (size_t)N * es);
     const void *a_scale = sc->kind == FP8_SCALE_TENSOR ? (const void *)f->wvec : sc->w_scale;
     const void *bias = fuse_bias ? b->data : NULL;
     void *ws;
@@ -639,7 +629,7 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         if (n4 > 0 && f8_lt(g, out, x, act, w, bias, n4, s)) {
             done = n4;
             path = sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER;
-        } else {
+        } else if (n4 > 0) {
             path = F8_PATH_TILED;
         }
     }
