@@ -5,7 +5,8 @@
  * 64, 300}; (N, K) with N and K not multiples of 128 for the tensor and channel kinds (and N %
  * 4 != 0, which cuBLASLt's scale modes refuse), multiples of 128 and ragged edges for the block
  * kind (ceil(K / 128) % 4 != 0 takes the own kernel). At n <= 8 the cuBLASLt path is forced too,
- * above 8 the own tiled kernel, whatever the automatic choice. Then a CUDA graph capture, and
+ * above 8 the own tiled kernel, and at every n the own kernel with 32 weight rows a block,
+ * whatever the automatic choice. Then a CUDA graph capture, and
  * the fused projections (qkv + RoPE + cache is not covered here; silu_mul and add_rmsnorm) on
  * fp8 weights against their two calls.
  *
@@ -186,9 +187,12 @@ static int run_case(KCudaGemm *g, const Fp8Weight *w, const Weight *bias, DType 
         int n = ns_all[ni];
         /* the last row of x is zero only at NMAX: use rows [NMAX - n, NMAX) so every n has it */
         size_t r0 = (size_t)(NMAX - n);
-        for (int v = 0; v < 2; v++) {
-            KCudaGemmPath path = v == 0 ? KC_GEMM_AUTO : n <= 8 ? KC_GEMM_CUBLASLT : KC_GEMM_GEMV;
-            k_cuda_gemm_force(g, path, 0);
+        for (int v = 0; v < 3; v++) {
+            KCudaGemmPath path = v == 0   ? KC_GEMM_AUTO
+                                 : v == 2 ? KC_GEMM_GEMV
+                                 : n <= 8 ? KC_GEMM_CUBLASLT
+                                          : KC_GEMM_GEMV;
+            k_cuda_gemm_force(g, path, v == 2 ? 2 : 0);
             k_cuda_memset(dout, 0xFF, (size_t)n * N * es);
             k_cuda_matmul(g, dout, (char *)dx + r0 * K * es, act, &w->dev, bias ? &bias->dev : NULL,
                           n, NULL);
@@ -200,6 +204,7 @@ static int run_case(KCudaGemm *g, const Fp8Weight *w, const Weight *bias, DType 
                      tag, kn[w->host.fp8.kind], dn(act), (double)w->host.fp8.input_scale,
                      bias ? dn(bias->host.dtype) : "-", n, N, K,
                      v == 0   ? "auto"
+                     : v == 2 ? "gemv, 32 rows a block"
                      : n <= 8 ? "cublaslt"
                               : "gemv");
             bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act);
@@ -586,6 +591,13 @@ static void test_fp8_timing(void **state) {
                     char what[32];
                     snprintf(what, sizeof what, "%s graph", names[k]);
                     print_row(what, N, K, n, wt, time_calls(g, &sets[k], n, 1, stream, e0, e1));
+                }
+                if (k && n <= 8) {
+                    k_cuda_gemm_force(g, KC_GEMM_GEMV, 2);
+                    char what[32];
+                    snprintf(what, sizeof what, "%s gemv32", names[k]);
+                    print_row(what, N, K, n, wt, time_calls(g, &sets[k], n, 1, stream, e0, e1));
+                    k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
                 }
                 if (k && n <= 64) {
                     KCudaGemmPath other = n <= 8 ? KC_GEMM_CUBLASLT : KC_GEMM_GEMV;

@@ -474,6 +474,10 @@ int kc_gemm_forced_path(const KCudaGemm *g) {
     return g->force_path;
 }
 
+int kc_gemm_forced_rows(const KCudaGemm *g) {
+    return g->force_rows;
+}
+
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, void *stream) {
     KC_REQUIRE(g && w && w->ndim == 2, "k_cuda_matmul: needs a gemm and a 2-D weight");

@@ -197,42 +197,43 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Block (blockIdx.x, blockIdx.y): weight rows [16 bx, +16) against rows [8 by, +8) of x. Lane
- * (g = lane / 4, t = lane % 4) holds weight rows g and g + 8 and x row g of the mma; for the
- * 64 columns from k0 it reads columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the
- * last 8 for the next (A's a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of
- * k on both sides). Dynamic shared memory: the x scales and inverses, [8][groups] each. */
-template <typename XT>
+/* Block (blockIdx.x, blockIdx.y): weight rows [16 MT bx, +16 MT) (MT m16 mma tiles) against
+ * rows [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows 16 m + g and
+ * 16 m + g + 8 of each tile m and x row g of the mma; for the 64 columns from k0 it reads
+ * columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
+ * a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides).
+ * Dynamic shared memory: the x scales and inverses, [8][groups] each. */
+template <typename XT, int MT>
 __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a) {
     extern __shared__ float f8_smem[];
-    __shared__ float red[F8_WARPS][32][4];
+    __shared__ float red[F8_WARPS][32][4 * MT];
     __shared__ float rmax[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * F8_TILE_N, c0 = blockIdx.y * F8_TILE_X;
+    const int r0 = blockIdx.x * F8_TILE_N * MT, c0 = blockIdx.y * F8_TILE_X;
     const int nx = min(F8_TILE_X, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
     const bool block = a.kind == FP8_SCALE_BLOCK;
     const int gs = block ? a.groups : 1;
     float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
-    const uint8_t *wa = a.w + (size_t)min(r0 + g, a.N - 1) * K;
-    const uint8_t *wb = a.w + (size_t)min(r0 + g + 8, a.N - 1) * K;
+    const uint8_t *wr[2 * MT]; /* [tile][row g, row g + 8] */
+#pragma unroll
+    for (int i = 0; i < 2 * MT; i++)
+        wr[i] = a.w + (size_t)min(r0 + 8 * i + g, a.N - 1) * K;
 
-    /* one unit's weights: [step][row g, row g + 8], zero beyond K */
-    auto load_unit = [&](int u, uint4 (&v)[4]) {
+    /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
+    auto load_unit = [&](int u, uint4 (&v)[4 * MT]) {
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const int kk = u * F8_UNIT + s * 64 + t * 16;
-            if (u < units && kk < K) {
-                v[2 * s] = ld_stream(wa + kk);
-                v[2 * s + 1] = ld_stream(wb + kk);
-            } else {
-                v[2 * s] = v[2 * s + 1] = make_uint4(0, 0, 0, 0);
-            }
+#pragma unroll
+            for (int i = 0; i < 2 * MT; i++)
+                v[s * 2 * MT + i] =
+                    u < units && kk < K ? ld_stream(wr[i] + kk) : make_uint4(0, 0, 0, 0);
         }
     };
 
     int u = warp;
-    uint4 cur[4];
+    uint4 cur[4 * MT];
     load_unit(u, cur); /* the first weights are requested before the wait for x */
     kc_pdl_wait();
     kc_pdl_trigger();
@@ -243,12 +244,22 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
 
     const XT *xr = a.x + (size_t)(c0 + g) * K;
     const bool has_x = g < nx;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[m][e] = 0.0f;
     for (; u < units; u += F8_WARPS) {
-        uint4 nxt[4];
+        uint4 nxt[4 * MT];
         load_unit(u + F8_WARPS, nxt);
         const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float d[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                d[m][e] = 0.0f;
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const int kk = u * F8_UNIT + s * 64 + t * 16;
@@ -261,39 +272,49 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
                 for (int j = 0; j < 4; j++)
                     b[j] = f8_pack4(f + 4 * j, inv);
             }
-            mma_e4m3(d, cur[2 * s].x, cur[2 * s + 1].x, cur[2 * s].y, cur[2 * s + 1].y, b[0], b[1]);
-            mma_e4m3(d, cur[2 * s].z, cur[2 * s + 1].z, cur[2 * s].w, cur[2 * s + 1].w, b[2], b[3]);
-        }
-        if (block) {
-            /* d[e]: weight row g (+8 for e >= 2), x row 2t + (e & 1); one 128-row block */
-            const float ws = a.w_scale[(size_t)(r0 / F8_UNIT) * a.groups + u];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = 2 * t + (e & 1);
-                const float xs = col < nx ? sS[col * gs + u] : 0.0f;
-                acc[e] += d[e] * (xs * ws);
+            for (int m = 0; m < MT; m++) {
+                const uint4 &lo = cur[s * 2 * MT + 2 * m], &hi = cur[s * 2 * MT + 2 * m + 1];
+                mma_e4m3(d[m], lo.x, hi.x, lo.y, hi.y, b[0], b[1]);
+                mma_e4m3(d[m], lo.z, hi.z, lo.w, hi.w, b[2], b[3]);
             }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                acc[e] += d[e];
         }
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            cur[e] = nxt[e];
+        for (int m = 0; m < MT; m++) {
+            if (block) {
+                /* d[m][e]: weight row 16 m + g (+8 for e >= 2), x row 2t + (e & 1) */
+                const float ws = a.w_scale[(size_t)((r0 + 16 * m) / F8_UNIT) * a.groups + u];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = 2 * t + (e & 1);
+                    const float xs = col < nx ? sS[col * gs + u] : 0.0f;
+                    acc[m][e] += d[m][e] * (xs * ws);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[m][e] += d[m][e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4 * MT; i++)
+            cur[i] = nxt[i];
     }
 #pragma unroll
-    for (int e = 0; e < 4; e++)
-        red[warp][lane][e] = acc[e];
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            red[warp][lane][4 * m + e] = acc[m][e];
     __syncthreads();
     if (warp != 0)
         return;
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        float v = red[0][lane][e];
+    for (int i = 0; i < 4 * MT; i++) {
+        float v = red[0][lane][i];
         for (int w = 1; w < F8_WARPS; w++)
-            v += red[w][lane][e];
-        const int row = r0 + g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+            v += red[w][lane][i];
+        const int m = i / 4, e = i % 4;
+        const int row = r0 + 16 * m + g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
         if (row >= a.N || col >= nx)
             continue;
         if (!block) {
@@ -306,8 +327,9 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     }
 }
 
+/* mt: m16 tiles per block (1 or 2). */
 template <typename XT>
-static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n,
+static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n, int mt,
                     cudaStream_t s) {
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     F8GemvArgs<XT> a;
@@ -326,9 +348,12 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
     const int gs = a.kind == FP8_SCALE_BLOCK ? a.groups : 1;
     const size_t smem = 2 * sizeof(float) * F8_TILE_X * (size_t)gs;
     KC_REQUIRE(smem <= 48 * 1024, "k_cuda_matmul fp8: K %d too deep for block scales", K);
-    const dim3 grid((unsigned)((N + F8_TILE_N - 1) / F8_TILE_N),
-                    (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
-    kc_launch_pdl(f8_gemv_kernel<XT>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    const int rows = F8_TILE_N * mt;
+    const dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
+    if (mt == 2)
+        kc_launch_pdl(f8_gemv_kernel<XT, 2>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    else
+        kc_launch_pdl(f8_gemv_kernel<XT, 1>, grid, dim3(F8_WARPS * 32), smem, s, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -488,6 +513,10 @@ static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *
 
 /* ---------------- dispatch ---------------- */
 
+/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 2
+ * means two m16 tiles per block (32 weight rows), else one. */
+int kc_gemm_forced_rows(const KCudaGemm *g);
+
 enum { F8_PATH_GEMV = 0, F8_PATH_TILED = 1, F8_PATH_LT_OUTER = 2, F8_PATH_LT_BLOCK = 3 };
 
 /* Print once per process which path a (N, K, scale kind) takes. */
@@ -640,6 +669,6 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
-                    w, bias, n - done, s);
+                    w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
     });
 }
