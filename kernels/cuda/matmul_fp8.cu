@@ -244,22 +244,12 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
 
     const XT *xr = a.x + (size_t)(c0 + g) * K;
     const bool has_x = g < nx;
-    float acc[MT][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[m][e] = 0.0f;
+    float acc[MT][4] = {};
     for (; u < units; u += F8_WARPS) {
         uint4 nxt[4 * MT];
         load_unit(u + F8_WARPS, nxt);
         const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
-        float d[MT][4];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                d[m][e] = 0.0f;
+        float d[MT][4] = {}; /* this unit's sums, from zero */
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const int kk = u * F8_UNIT + s * 64 + t * 16;
