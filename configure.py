@@ -117,6 +117,7 @@ TEST_LAYERS = {
     "test_gemm_sm90a_cuda": ["kernels"],
     "test_gemv_fused_cuda": ["kernels"],
     "test_matmul_cuda": ["kernels"],
+    "test_fp8_cuda": ["kernels"],
     "test_matmul_norm_cuda": ["kernels"],
     "test_sample_cuda": ["kernels"],
     "test_kernels_cuda": ["models"],  # dummy weights from models/weights.c

@@ -205,10 +205,14 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
  * accumulation, x and out in `act`. Supported (act / weight): BF16 / BF16 (the fast path),
  * F16 / F16, F32 / F32 (exact fp32, no TF32), F32 / BF16 and F32 / F16 (fp32 activations on 16-bit
  * weights, within fp32 tolerance of the CPU op: x is split into two 16-bit halves in the
- * gemm's scratch); anything else aborts. Small batches with 16-bit weights, K % 8 == 0 and
- * 16-byte aligned x and w take a memory-bound GEMV kernel where it measured faster than
- * cuBLASLt on the H200 (BF16 and F16 activations: n <= 2; F32 activations: n <= 8); everything else
- * goes through cuBLASLt.
+ * gemm's scratch), and BF16, F16 or F32 on DT_F8E4M3 weights with matmul's fp8 semantics
+ * (kernels/cuda/matmul_fp8.cu: x quantized to e4m3 per row or 128-column block; K % 16 == 0,
+ * x and w 16-byte aligned, block scales of 128 x 128; n <= 8 an own tensor-core GEMV, larger
+ * n cuBLASLt's fp8 GEMM with per-row / per-channel or block scales, its buffers (33.5 MiB)
+ * allocated by the first such eager call); anything else aborts. Small batches with 16-bit weights,
+ * K % 8 == 0 and 16-byte aligned x and w take a memory-bound GEMV kernel where it measured faster
+ * than cuBLASLt on the H200 (BF16 and F16 activations: n <= 2; F32 activations: n <= 8); everything
+ * else goes through cuBLASLt.
  *
  * A KCudaGemm holds the cuBLASLt handle, a 32 MiB workspace, the F32-activation scratch and a
  * cache of algorithms per (row bucket, N, K, dtypes, bias, alignment). It is created once per

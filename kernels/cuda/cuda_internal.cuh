@@ -346,6 +346,29 @@ void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, i
 bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const float *partials,
                                 DType act, const Tensor *w, int dim);
 
+/* ---- fp8 weights (matmul_fp8.cu) ---- */
+
+/* out[n, N] = x w^T (+ bias) for an fp8 weight (w->dtype DT_F8E4M3) with matmul's fp8
+ * semantics (include/kernels.h); k_cuda_matmul hands such calls here after its checks (bias
+ * NULL or 1-D of length N). */
+void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, cudaStream_t s);
+
+/* The gemm's fp8 state (NULL until the first fp8 call that needs it), freed and counted with
+ * the gemm. */
+typedef struct KcFp8 KcFp8;
+KcFp8 **kc_gemm_fp8(KCudaGemm *g);
+void kc_fp8_destroy(KcFp8 *f);
+size_t kc_fp8_device_bytes(const KcFp8 *f);
+
+/* The gemm's cuBLASLt handle (a cublasLtHandle_t) and workspace, and its forced path
+ * (KCudaGemmPath), for matmul_fp8.cu. */
+void *kc_gemm_lt(KCudaGemm *g, void **workspace, size_t *workspace_bytes);
+int kc_gemm_forced_path(const KCudaGemm *g);
+
+/* out[i, j] += bias[j] over out[n, N] in act (matmul.cu). */
+void kc_bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s);
+
 /* ---- the own Hopper GEMM (gemm_sm90a.cu) ---- */
 
 /* Variants are KCudaSiluMulPath's KC_SILU_MUL_N224 and KC_SILU_MUL_N224_CLUSTER2 (kernels_cuda.h).

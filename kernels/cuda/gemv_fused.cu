@@ -97,9 +97,12 @@ template <typename XT> struct GemvSiluMul {
 };
 
 /* Whether the fused kernel takes this call: k_cuda_matmul's GEMV would, for a dtype pair of
- * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). */
+ * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). Never for fp8 weights:
+ * they take k_cuda_matmul (which quantizes x) and the op after it as two calls (fusing the two
+ * for fp8 is for later). */
 static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
-    return n >= 1 && n <= GEMV_FUSED_MAX_N && (act == w->dtype || act == DT_F32) &&
+    return n >= 1 && n <= GEMV_FUSED_MAX_N && w->dtype != DT_F8E4M3 &&
+           (act == w->dtype || act == DT_F32) &&
            kc_gemv_takes(g, act, w, x, n);
 }
 

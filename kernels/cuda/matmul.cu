@@ -43,15 +43,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cublas_util.cuh"
 #include "gemv.cuh"
 
-#define CUBLAS_CHECK(expr)                                                                         \
-    do {                                                                                           \
-        cublasStatus_t cublas_check_st_ = (expr);                                                  \
-        if (cublas_check_st_ != CUBLAS_STATUS_SUCCESS)                                             \
-            pl_fatal(__FILE__, __LINE__, "cuBLAS error %s in %s",                                  \
-                     cublasLtGetStatusName(cublas_check_st_), #expr);                              \
-    } while (0)
 
 enum {
     GEMM_WORKSPACE_BYTES = 32 << 20,
@@ -88,6 +82,7 @@ struct KCudaGemm {
     int force_rows;                 /* GEMV rows per warp when forced (0 = the table's) */
     KcChoices fused;                /* the fused ops' measured forms (gemm_sm90a.cu) */
     KCudaSiluMulPath silu_mul_path; /* forced, or KC_SILU_MUL_AUTO */
+    KcFp8 *fp8;                     /* fp8-weight state (matmul_fp8.cu), made on first use */
 };
 
 /* Where the GEMV beats cuBLASLt, measured on the H200 (2026-11-30, bf16, weights cycled
@@ -195,12 +190,6 @@ static cudaDataType cuda_type(DType dt) {
     }
 }
 
-/* Largest power of two (<= 256) dividing both the address and the leading dimension in bytes:
- * what cuBLASLt may assume about every row. */
-static int alignment(const void *p, size_t ld_bytes) {
-    uintptr_t a = (uintptr_t)p | (uintptr_t)ld_bytes | (uintptr_t)256;
-    return (int)(a & (~a + 1));
-}
 
 typedef struct {
     cublasLtMatmulDescOpaque_t desc;
@@ -357,10 +346,10 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
     /* every batch's operands start a slice (or a stride) after the first: aligned as those */
     const size_t slice = splits > 1 ? (size_t)(K / splits) : 0;
     const size_t stride_bytes = (size_t)split_stride * pl_dtype_size(dt);
-    key.al_a = alignment(w, ((size_t)K | slice) * pl_dtype_size(wt));
-    key.al_b = alignment(x, ((size_t)K | slice) * pl_dtype_size(xt));
-    key.al_c = alignment(d, (size_t)N * pl_dtype_size(dt) | stride_bytes);
-    key.al_bias = bias ? alignment(bias, 0) : 0;
+    key.al_a = kc_lt_alignment(w, ((size_t)K | slice) * pl_dtype_size(wt));
+    key.al_b = kc_lt_alignment(x, ((size_t)K | slice) * pl_dtype_size(xt));
+    key.al_c = kc_lt_alignment(d, (size_t)N * pl_dtype_size(dt) | stride_bytes);
+    key.al_bias = bias ? kc_lt_alignment(bias, 0) : 0;
 
     AlgoEntry *e = cache_slot(g, &key);
     if (!e->valid) {
@@ -400,7 +389,7 @@ static void lt_gemm(KCudaGemm *g, void *d, DType dt, const void *x, DType xt, co
     CUBLAS_CHECK(st);
 }
 
-static void bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s) {
+void kc_bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s) {
     size_t total = (size_t)n * (size_t)N;
     KC_DISPATCH_ACT(act, "k_cuda_matmul", OT,
                     KC_DISPATCH_WEIGHT(bias->dtype, "k_cuda_matmul bias", BT,
@@ -439,11 +428,14 @@ void k_cuda_gemm_destroy(KCudaGemm *g) {
         CUBLAS_CHECK(cublasLtDestroy(g->lt));
     k_cuda_free(g->workspace);
     k_cuda_free(g->scratch);
+    kc_fp8_destroy(g->fp8);
     free(g);
 }
 
 size_t k_cuda_gemm_device_bytes(const KCudaGemm *g) {
-    return g ? g->workspace_bytes + 2 * g->max_rows_times_k * sizeof(uint16_t) : 0;
+    return g ? g->workspace_bytes + 2 * g->max_rows_times_k * sizeof(uint16_t) +
+                   kc_fp8_device_bytes(g->fp8)
+             : 0;
 }
 
 void k_cuda_gemm_force(KCudaGemm *g, KCudaGemmPath path, int gemv_rows) {
@@ -468,6 +460,24 @@ KcChoices *kc_gemm_choices(KCudaGemm *g) {
     return &g->fused;
 }
 
+KcFp8 **kc_gemm_fp8(KCudaGemm *g) {
+    return &g->fp8;
+}
+
+void *kc_gemm_lt(KCudaGemm *g, void **workspace, size_t *workspace_bytes) {
+    *workspace = g->workspace;
+    *workspace_bytes = g->workspace_bytes;
+    return (void *)g->lt;
+}
+
+int kc_gemm_forced_path(const KCudaGemm *g) {
+    return g->force_path;
+}
+
+int kc_gemm_forced_rows(const KCudaGemm *g) {
+    return g->force_rows;
+}
+
 void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, void *stream) {
     KC_REQUIRE(g && w && w->ndim == 2, "k_cuda_matmul: needs a gemm and a 2-D weight");
@@ -479,6 +489,10 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         return;
     KC_REQUIRE(K > 0, "k_cuda_matmul: K must be positive");
     const DType wt = w->dtype;
+    if (wt == DT_F8E4M3) { /* fp8 weights: quantized activations (matmul_fp8.cu) */
+        kc_matmul_fp8(g, out, x, act, w, b, n, kc_stream(stream));
+        return;
+    }
     const int w16 = wt == DT_BF16 || wt == DT_F16;
     const int same16 = (act == DT_BF16 || act == DT_F16) && wt == act;
     const int f32x16 = act == DT_F32 && w16;
@@ -535,7 +549,7 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
         }
     }
     if (b && !fuse_bias)
-        bias_add(out, act, b, n, N, s);
+        kc_bias_add(out, act, b, n, N, s);
 }
 
 void kc_matmul_partials(KCudaGemm *g, float *partials, int64_t split_stride, const void *x,

@@ -57,7 +57,7 @@ static unsigned candidates(const KCudaProjNorm *p, KCudaGemm *g, const void *res
                            const void *normed, const void *x, DType act, const Tensor *w,
                            const Tensor *norm_w, int n) {
     const int N = (int)w->shape[0], K = (int)w->shape[1];
-    unsigned c = 1;
+    unsigned c = 1; /* fp8 weights (w->dtype != act) always take the plain pair */
     if (!p->partials || N > p->N || n > PN_MAX_ROWS || w->dtype != act ||
         kc_gemv_takes(g, act, w, x, n) ||
         !kc_add_rmsnorm_partials_ok(residual, normed, p->partials, act, norm_w, N))

@@ -1,0 +1,664 @@
+/* matmul_fp8.cu - the linear layers on fp8 weights: out[n, N] = x[n, K] w^T (+ bias) for w in
+ * DT_F8E4M3 with its scales (Tensor.fp8), following matmul's fp8 semantics exactly
+ * (include/kernels.h; kernels/cpu/matmul_fp8.c is the reference): each group of a row of x
+ * (the whole row; 128-column blocks with FP8_SCALE_BLOCK) gets the scale s = input_scale, or
+ * max(amax / 448, PL_F8E4M3_MIN_SCALE), and is quantized to q = e4m3 satfinite of x * (1 / s)
+ * (the same fp32 operations as the CPU: IEEE division, one rounded multiply, cvt.rn.satfinite);
+ * then out = sum over groups of dot(q, w) * (s_x s_w), fp32 accumulation, bias, rounded once.
+ * Products of two e4m3 values are exact in fp32, so the results differ from the CPU's only in
+ * the order of the fp32 sums (and the tensor cores' accumulation inside one 32-deep mma).
+ *
+ * Two paths:
+ *   - Small n (decode, n <= F8_GEMV_MAX_N): f8_gemv_kernel, a memory-bound tensor-core GEMV.
+ *     A block owns 16 weight rows (one m16n8k32 e4m3 mma tile) and 8 rows of x (the mma's n),
+ *     its 8 warps split K in 128-column units. Each lane streams 16 bytes = 16 weights of two
+ *     rows per 64 columns with non-allocating loads (gemv.cuh's ld_stream), the first unit
+ *     requested before the PDL wait. x is quantized in the kernel: every block first computes
+ *     the scales of its rows of x (one pass over them, from L2), then each lane quantizes the
+ *     16 values of x its B fragment needs as it goes. The mma's k order is permuted (a lane's
+ *     16 contiguous bytes feed two mmas) identically in A and B, which the semantics allow
+ *     ("the order within a dot is the backend's"). Each unit's mma sum starts from zero and is
+ *     added to fp32 registers (block scales: times s_x s_w of that group), so the tensor
+ *     cores' limited accumulation precision spans 128 products at most, as in DeepGEMM.
+ *     The same kernel, tiled over x's rows (grid.y), is the fallback for any shape cuBLASLt
+ *     refuses (and the n % 4 tail rows of the cuBLASLt path).
+ *   - Larger n: f8_quant_kernel writes q [rows, K] e4m3 and the scales into this gemm's
+ *     buffers (allocated by the first such eager call; chunks of rows beyond them), then one
+ *     cuBLASLt fp8 GEMM (TN: A = w [K, N] op T, B = q [K, rows], both K-major; fp32 compute,
+ *     act out): per-tensor and per-channel weights with CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+ *     on both sides (A: the N channel scales, or N copies of the tensor scale; B: the per-row
+ *     x scales), 128 x 128 block weights with A BLK128x128_32F (the checkpoint's scale layout
+ *     itself, when ceil(K / 128) % 4 == 0) and B VEC128_32F (x scales [group, row], row-major
+ *     by group). Those modes are Hopper-only in cuBLASLt 12.9+; cuBLAS wants M and N (here N
+ *     and the rows) multiples of 4 for them, so the rows are taken 4 at a time and the 1-3 left
+ *     go to the GEMV. A combination the heuristic refuses falls back to the tiled GEMV; which
+ *     path each (N, K, scale kind) takes is printed once to stderr.
+ *
+ * Requirements (a loud error otherwise): K % 16 == 0, x and w 16-byte aligned, block scales
+ * of 128 only. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 out for F32). */
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <mutex>
+
+#include "cublas_util.cuh"
+#include "gemv.cuh"
+
+
+enum {
+    F8_GEMV_MAX_N = 8,     /* n at or below: the GEMV (measured: see PERFORMANCE.md) */
+    F8_TILE_N = 16,        /* weight rows per block: one m16 mma tile */
+    F8_TILE_X = 8,         /* rows of x per block: the mma's n */
+    F8_WARPS = 8,          /* warps per block, splitting K */
+    F8_UNIT = 128,         /* columns per unit of work (a block-scale group) */
+    F8_Q_BYTES = 32 << 20, /* quantized rows of x for cuBLASLt, per chunk */
+    F8_XS_FLOATS = 1 << 18,
+    F8_WVEC_FLOATS = 1 << 17, /* N copies of a per-tensor weight scale */
+    F8_CACHE = 512,
+    F8_LOGGED = 128,
+};
+
+/* How cuBLASLt is asked: scale modes of A (w) and B (x). */
+enum { F8_MODE_OUTER = 1, F8_MODE_BLOCK = 2 };
+
+typedef struct {
+    int mb, N, K, mode, ct, bias, al_w, al_out;
+} F8Key;
+
+typedef struct {
+    int valid, ok; /* ok 0: cuBLASLt refused this problem */
+    F8Key key;
+    cublasLtMatmulAlgo_t algo;
+} F8Entry;
+
+typedef struct {
+    int N, K, kind, path;
+} F8Logged;
+
+struct KcFp8 {
+    uint8_t *q;  /* [rows, K] quantized x of one chunk */
+    float *xs;   /* x scales: [groups, rows] */
+    float *wvec; /* N copies of a per-tensor weight scale */
+    F8Entry cache[F8_CACHE];
+    int cached;
+};
+
+void kc_fp8_destroy(KcFp8 *f) {
+    if (!f)
+        return;
+    k_cuda_free(f->q);
+    k_cuda_free(f->xs);
+    k_cuda_free(f->wvec);
+    free(f);
+}
+
+size_t kc_fp8_device_bytes(const KcFp8 *f) {
+    return f ? (size_t)F8_Q_BYTES + sizeof(float) * (F8_XS_FLOATS + F8_WVEC_FLOATS) : 0;
+}
+
+/* ---------------- shared device pieces ---------------- */
+
+/* The scale of a group whose largest magnitude is amax, as the CPU computes it. */
+__device__ __forceinline__ float f8_scale(float amax, float input_scale) {
+    if (input_scale > 0.0f)
+        return input_scale;
+    return fmaxf(__fdiv_rn(amax, PL_F8E4M3_MAX), PL_F8E4M3_MIN_SCALE);
+}
+
+/* Four values times inv, as e4m3 satfinite, packed lowest first (memory order). */
+__device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv)), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv)), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
+
+/* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
+ * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
+ * of 32, at most 1024); red holds 32 floats. Callers __syncthreads() before reading them. */
+template <typename XT>
+__device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, float input_scale,
+                              float *sS, float *sI, float *red) {
+    const int tid = threadIdx.x, nt = blockDim.x, chunks = K >> 3;
+    if (input_scale > 0.0f) {
+        const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+        for (int g = tid; g < groups; g += nt) {
+            sS[g] = input_scale;
+            sI[g] = __fdiv_rn(1.0f, input_scale);
+        }
+        return;
+    }
+    if (block) {
+        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop */
+        for (int c0 = 0; c0 < chunks; c0 += nt) {
+            const int c = c0 + tid;
+            float m = 0.0f;
+            if (c < chunks) {
+                float f[8];
+                load8(f, row + (size_t)c * 8);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    m = fmaxf(m, fabsf(f[e]));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if ((tid & 15) == 0 && c < chunks) {
+                const float s = f8_scale(m, 0.0f);
+                sS[c >> 4] = s;
+                sI[c >> 4] = __fdiv_rn(1.0f, s);
+            }
+        }
+        return;
+    }
+    float m = 0.0f;
+    for (int c = tid; c < chunks; c += nt) {
+        float f[8];
+        load8(f, row + (size_t)c * 8);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            m = fmaxf(m, fabsf(f[e]));
+    }
+    m = warp_max(m);
+    __syncthreads(); /* red may still be read by a previous call */
+    if ((tid & 31) == 0)
+        red[tid >> 5] = m;
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < nt / 32; w++)
+            m = fmaxf(m, red[w]);
+        const float s = f8_scale(m, 0.0f);
+        sS[0] = s;
+        sI[0] = __fdiv_rn(1.0f, s);
+    }
+}
+
+/* ---------------- the GEMV (and tiled fallback) ---------------- */
+
+template <typename XT> struct F8GemvArgs {
+    XT *out;                  /* [n, N] */
+    const XT *x;              /* [n, K] */
+    const uint8_t *w;         /* [N, K] */
+    const float *w_scale;     /* per kind */
+    const void *bias;         /* NULL: none */
+    int bias_dt, kind, N, K, n;
+    int groups;               /* block kind: ceil(K / 128); else 1 */
+    float input_scale;
+};
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Block (blockIdx.x, blockIdx.y): weight rows [16 MT bx, +16 MT) (MT m16 mma tiles) against
+ * rows [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows 16 m + g and
+ * 16 m + g + 8 of each tile m and x row g of the mma; for the 64 columns from k0 it reads
+ * columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
+ * a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides).
+ * Dynamic shared memory: the x scales and inverses, [8][groups] each. */
+template <typename XT, int MT>
+__global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a) {
+    extern __shared__ float f8_smem[];
+    __shared__ float red[F8_WARPS][32][4 * MT];
+    __shared__ float rmax[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * F8_TILE_N * MT, c0 = blockIdx.y * F8_TILE_X;
+    const int nx = min(F8_TILE_X, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
+    const bool block = a.kind == FP8_SCALE_BLOCK;
+    const int gs = block ? a.groups : 1;
+    float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
+    const uint8_t *wr[2 * MT]; /* [tile][row g, row g + 8] */
+#pragma unroll
+    for (int i = 0; i < 2 * MT; i++)
+        wr[i] = a.w + (size_t)min(r0 + 8 * i + g, a.N - 1) * K;
+
+    /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
+    auto load_unit = [&](int u, uint4 (&v)[4 * MT]) {
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const int kk = u * F8_UNIT + s * 64 + t * 16;
+#pragma unroll
+            for (int i = 0; i < 2 * MT; i++)
+                v[s * 2 * MT + i] =
+                    u < units && kk < K ? ld_stream(wr[i] + kk) : make_uint4(0, 0, 0, 0);
+        }
+    };
+
+    int u = warp;
+    uint4 cur[4 * MT];
+    load_unit(u, cur); /* the first weights are requested before the wait for x */
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    for (int i = 0; i < nx; i++)
+        f8_row_scales(a.x + (size_t)(c0 + i) * K, K, block, a.input_scale, sS + i * gs,
+                      sI + i * gs, rmax);
+    __syncthreads();
+
+    const XT *xr = a.x + (size_t)(c0 + g) * K;
+    const bool has_x = g < nx;
+    float acc[MT][4] = {};
+    for (; u < units; u += F8_WARPS) {
+        uint4 nxt[4 * MT];
+        load_unit(u + F8_WARPS, nxt);
+        const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
+        float d[MT][4] = {}; /* this unit's sums, from zero */
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            const int kk = u * F8_UNIT + s * 64 + t * 16;
+            uint32_t b[4] = {0u, 0u, 0u, 0u};
+            if (has_x && kk < K) {
+                float f[16];
+                load8(f, xr + kk);
+                load8(f + 8, xr + kk + 8);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    b[j] = f8_pack4(f + 4 * j, inv);
+            }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const uint4 &lo = cur[s * 2 * MT + 2 * m], &hi = cur[s * 2 * MT + 2 * m + 1];
+                mma_e4m3(d[m], lo.x, hi.x, lo.y, hi.y, b[0], b[1]);
+                mma_e4m3(d[m], lo.z, hi.z, lo.w, hi.w, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (block) {
+                /* d[m][e]: weight row 16 m + g (+8 for e >= 2), x row 2t + (e & 1) */
+                const float ws = a.w_scale[(size_t)((r0 + 16 * m) / F8_UNIT) * a.groups + u];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = 2 * t + (e & 1);
+                    const float xs = col < nx ? sS[col * gs + u] : 0.0f;
+                    acc[m][e] += d[m][e] * (xs * ws);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[m][e] += d[m][e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4 * MT; i++)
+            cur[i] = nxt[i];
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            red[warp][lane][4 * m + e] = acc[m][e];
+    __syncthreads();
+    if (warp != 0)
+        return;
+#pragma unroll
+    for (int i = 0; i < 4 * MT; i++) {
+        float v = red[0][lane][i];
+        for (int w = 1; w < F8_WARPS; w++)
+            v += red[w][lane][i];
+        const int m = i / 4, e = i % 4;
+        const int row = r0 + 16 * m + g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        if (row >= a.N || col >= nx)
+            continue;
+        if (!block) {
+            const float ws = a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row] : a.w_scale[0];
+            v *= sS[col] * ws;
+        }
+        if (a.bias)
+            v += load_any(a.bias, a.bias_dt, row);
+        a.out[(size_t)(c0 + col) * a.N + row] = from_f32<XT>(v);
+    }
+}
+
+/* mt: m16 tiles per block (1 or 2). */
+template <typename XT>
+static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n, int mt,
+                    cudaStream_t s) {
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    F8GemvArgs<XT> a;
+    a.out = (XT *)out;
+    a.x = (const XT *)x;
+    a.w = (const uint8_t *)w->data;
+    a.w_scale = w->fp8.w_scale;
+    a.bias = b ? b->data : NULL;
+    a.bias_dt = b ? (int)b->dtype : 0;
+    a.kind = (int)w->fp8.kind;
+    a.N = N;
+    a.K = K;
+    a.n = n;
+    a.groups = (K + F8_UNIT - 1) / F8_UNIT;
+    a.input_scale = w->fp8.input_scale;
+    const int gs = a.kind == FP8_SCALE_BLOCK ? a.groups : 1;
+    const size_t smem = 2 * sizeof(float) * F8_TILE_X * (size_t)gs;
+    KC_REQUIRE(smem <= 48 * 1024, "k_cuda_matmul fp8: K %d too deep for block scales", K);
+    const int rows = F8_TILE_N * mt;
+    const dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
+    if (mt == 2)
+        kc_launch_pdl(f8_gemv_kernel<XT, 2>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    else
+        kc_launch_pdl(f8_gemv_kernel<XT, 1>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---------------- quantization for cuBLASLt ---------------- */
+
+/* Block r quantizes row r of x[rows, K] into q (e4m3) and its scales into xs[g * ld + r];
+ * wvec (when non-NULL) gets wvec_n copies of *w_scale0. Dynamic shared memory: 2 x groups. */
+template <typename XT>
+__global__ void __launch_bounds__(256)
+    f8_quant_kernel(uint8_t *__restrict__ q, float *__restrict__ xs, int ld,
+                    const XT *__restrict__ x, int K, int block, float input_scale, float *wvec,
+                    const float *w_scale0, int wvec_n) {
+    extern __shared__ float f8_smem[];
+    __shared__ float rmax[32];
+    const int r = blockIdx.x, groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+    float *sS = f8_smem, *sI = f8_smem + groups;
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    if (wvec)
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < wvec_n;
+             j += gridDim.x * blockDim.x)
+            wvec[j] = *w_scale0;
+    const XT *row = x + (size_t)r * K;
+    f8_row_scales(row, K, block != 0, input_scale, sS, sI, rmax);
+    __syncthreads();
+    const int chunks = K >> 3;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        float f[8];
+        load8(f, row + (size_t)c * 8);
+        const float inv = sI[block ? c >> 4 : 0];
+        *(uint2 *)(q + (size_t)r * K + (size_t)c * 8) = make_uint2(f8_pack4(f, inv), f8_pack4(f + 4, inv));
+    }
+    for (int g = threadIdx.x; g < groups; g += blockDim.x)
+        xs[(size_t)g * ld + r] = sS[g];
+}
+
+/* ---------------- cuBLASLt ---------------- */
+
+static cudaDataType f8_cuda_type(DType dt) {
+    return dt == DT_F32 ? CUDA_R_32F : dt == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+
+typedef struct {
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t la, lb, lc;
+} F8Problem;
+
+static void f8_problem(F8Problem *p, const F8Key *k, int rows, const void *a_scale,
+                       const void *b_scale, const void *bias) {
+    CUBLAS_CHECK(cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    int32_t ma = k->mode == F8_MODE_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                          : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    int32_t mb = k->mode == F8_MODE_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                          : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                &a_scale, sizeof a_scale));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                &b_scale, sizeof b_scale));
+    if (k->bias) {
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                    sizeof epi));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias));
+        int32_t bt = k->ct;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            &p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->la, CUDA_R_8F_E4M3, k->K, k->N, k->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lb, CUDA_R_8F_E4M3, k->K, rows, k->K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lc, (cudaDataType)k->ct, k->N, rows, k->N));
+}
+
+static int f8_bucket(int n) {
+    if (n <= 1024)
+        return (n + 15) / 16 * 16;
+    int b = 1024;
+    while (b < n)
+        b <<= 1;
+    return b;
+}
+
+static F8Entry *f8_slot(KcFp8 *f, const F8Key *key) {
+    uint32_t h = 2166136261u;
+    const int *v = (const int *)key;
+    for (size_t i = 0; i < sizeof *key / sizeof(int); i++)
+        h = (h ^ (uint32_t)v[i]) * 16777619u;
+    for (int i = 0;; i++) {
+        F8Entry *e = &f->cache[(h + (uint32_t)i) & (F8_CACHE - 1)];
+        if (!e->valid || memcmp(&e->key, key, sizeof *key) == 0)
+            return e;
+    }
+}
+
+/* The heuristic's first algorithm for key's problem at `rows` rows; false when it has none. */
+static bool f8_query(KCudaGemm *g, const F8Key *key, int rows, const void *a_scale,
+                     const void *b_scale, const void *bias, cublasLtMatmulAlgo_t *algo) {
+    void *ws;
+    size_t ws_bytes;
+    cublasLtHandle_t lt = (cublasLtHandle_t)kc_gemm_lt(g, &ws, &ws_bytes);
+    cublasLtMatmulPreferenceOpaque_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceInit(&pref));
+    uint64_t wsb = ws_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    uint32_t al[4] = {(uint32_t)key->al_w, 256u, (uint32_t)key->al_out, (uint32_t)key->al_out};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, which[i], &al[i], sizeof al[i]));
+    F8Problem p;
+    f8_problem(&p, key, rows, a_scale, b_scale, bias);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt, &p.desc, &p.la, &p.lb, &p.lc, &p.lc, &pref, 1, &res,
+                                       &found) != CUBLAS_STATUS_SUCCESS ||
+        found < 1 || res.state != CUBLAS_STATUS_SUCCESS)
+        return false;
+    *algo = res.algo;
+    return true;
+}
+
+/* The cached algorithm for key (asked of the heuristic at the bucket's top, then at `rows`),
+ * or NULL when cuBLASLt has none. */
+static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *key, int rows,
+                                           const void *a_scale, const void *b_scale,
+                                           const void *bias) {
+    F8Entry *e = f8_slot(f, key);
+    if (e->valid)
+        return e->ok ? &e->algo : NULL;
+    cublasLtMatmulAlgo_t algo;
+    const bool ok = f8_query(g, key, key->mb, a_scale, b_scale, bias, &algo) ||
+                    f8_query(g, key, rows, a_scale, b_scale, bias, &algo);
+    if (f->cached >= F8_CACHE / 4 * 3) {
+        memset(f->cache, 0, sizeof f->cache);
+        f->cached = 0;
+        e = f8_slot(f, key);
+    }
+    e->valid = 1;
+    e->ok = ok;
+    e->key = *key;
+    e->algo = algo;
+    f->cached++;
+    return ok ? &e->algo : NULL;
+}
+
+/* ---------------- dispatch ---------------- */
+
+/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 2
+ * means two m16 tiles per block (32 weight rows), else one. */
+int kc_gemm_forced_rows(const KCudaGemm *g);
+
+enum { F8_PATH_GEMV = 0, F8_PATH_TILED = 1, F8_PATH_LT_OUTER = 2, F8_PATH_LT_BLOCK = 3 };
+
+/* Print once per process which path a (N, K, scale kind) takes. */
+static void f8_log(int N, int K, int kind, int path) {
+    static std::mutex mu;
+    static F8Logged logged[F8_LOGGED];
+    static int nlogged;
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < nlogged; i++)
+        if (logged[i].N == N && logged[i].K == K && logged[i].kind == kind &&
+            logged[i].path == path)
+            return;
+    if (nlogged == F8_LOGGED)
+        return;
+    logged[nlogged++] = F8Logged{N, K, kind, path};
+    static const char *kinds[] = {"none", "tensor", "channel", "block"};
+    static const char *paths[] = {"fp8 GEMV (n <= 8)", "fp8 tiled GEMV (cuBLASLt refused)",
+                                  "cuBLASLt fp8, outer-vector scales",
+                                  "cuBLASLt fp8, 128x128 / 1x128 block scales"};
+    fprintf(stderr, "k_cuda_matmul: fp8 %dx%d (%s scales): %s\n", N, K, kinds[kind], paths[path]);
+}
+
+template <class Fn> static void f8_dispatch_act(DType act, Fn fn) {
+    if (act == DT_BF16)
+        fn((bf16 *)0);
+    else if (act == DT_F16)
+        fn((f16 *)0);
+    else
+        fn((float *)0);
+}
+
+static KcFp8 *f8_state(KCudaGemm *g, cudaStream_t s) {
+    KcFp8 **fp = kc_gemm_fp8(g);
+    if (!*fp) {
+        KC_REQUIRE(!kc_capturing(s),
+                   "k_cuda_matmul: the first fp8 call beyond %d rows allocates: make it before "
+                   "graph capture",
+                   F8_GEMV_MAX_N);
+        KcFp8 *f = (KcFp8 *)pl_xcalloc(1, sizeof *f);
+        f->q = (uint8_t *)k_cuda_malloc(F8_Q_BYTES);
+        f->xs = (float *)k_cuda_malloc(sizeof(float) * F8_XS_FLOATS);
+        f->wvec = (float *)k_cuda_malloc(sizeof(float) * F8_WVEC_FLOATS);
+        *fp = f;
+    }
+    return *fp;
+}
+
+/* The cuBLASLt path on rows [0, n) (n % 4 == 0), in chunks that fit the buffers; false (nothing
+ * done) where cuBLASLt has no algorithm for it. */
+static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                  const Tensor *b, int n, cudaStream_t s) {
+    const Fp8Scales *sc = &w->fp8;
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    const bool block = sc->kind == FP8_SCALE_BLOCK;
+    const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+    if (N % 4 != 0 || (block && groups % 4 != 0) ||
+        (sc->kind == FP8_SCALE_TENSOR && N > F8_WVEC_FLOATS) || groups > 1024)
+        return false;
+    KcFp8 *f = f8_state(g, s);
+    int chunk = F8_Q_BYTES / K;
+    if (chunk > F8_XS_FLOATS / groups)
+        chunk = F8_XS_FLOATS / groups;
+    chunk &= ~3;
+    const size_t es = pl_dtype_size(act);
+    const bool fuse_bias = b && b->dtype == act && kc_aligned16(b->data);
+    F8Key key;
+    memset(&key, 0, sizeof key);
+    key.N = N;
+    key.K = K;
+    key.mode = block ? F8_MODE_BLOCK : F8_MODE_OUTER;
+    key.ct = (int)f8_cuda_type(act);
+    key.bias = fuse_bias;
+    key.al_w = kc_lt_alignment(w->data, (size_t)K);
+    key.al_out = kc_lt_alignment(out, (size_t)N * es);
+    const void *a_scale = sc->kind == FP8_SCALE_TENSOR ? (const void *)f->wvec : sc->w_scale;
+    const void *bias = fuse_bias ? b->data : NULL;
+    void *ws;
+    size_t ws_bytes;
+    cublasLtHandle_t lt = (cublasLtHandle_t)kc_gemm_lt(g, &ws, &ws_bytes);
+    for (int r0 = 0; r0 < n; r0 += chunk) {
+        const int rows = n - r0 < chunk ? n - r0 : chunk;
+        key.mb = f8_bucket(rows);
+        const cublasLtMatmulAlgo_t *algo = f8_algo(g, f, &key, rows, a_scale, f->xs, bias);
+        if (!algo) {
+            KC_REQUIRE(r0 == 0, "k_cuda_matmul fp8: cuBLASLt refused a later chunk");
+            return false;
+        }
+        const size_t smem = 2 * sizeof(float) * (size_t)groups;
+        f8_dispatch_act(act, [&](auto *xt) {
+            using XT = std::remove_pointer_t<decltype(xt)>;
+            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows), dim3(256), smem, s, f->q,
+                          f->xs, rows, (const XT *)x + (size_t)r0 * K, K, (int)block,
+                          sc->input_scale, sc->kind == FP8_SCALE_TENSOR ? f->wvec : (float *)NULL,
+                          sc->w_scale, N);
+        });
+        CUDA_CHECK_LAUNCH();
+        F8Problem p;
+        f8_problem(&p, &key, rows, a_scale, f->xs, bias);
+        const float alpha = 1.0f, beta = 0.0f;
+        void *o = (char *)out + (size_t)r0 * N * es;
+        cublasStatus_t st = cublasLtMatmul(lt, &p.desc, &alpha, w->data, &p.la, f->q, &p.lb,
+                                           &beta, o, &p.lc, o, &p.lc, algo, ws, ws_bytes, s);
+        if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+            /* the bucket's algorithm does not take this row count: ask for this exact size */
+            cublasLtMatmulAlgo_t exact;
+            KC_REQUIRE(f8_query(g, &key, rows, a_scale, f->xs, bias, &exact),
+                       "k_cuda_matmul fp8: cuBLASLt has no algorithm for %d rows", rows);
+            st = cublasLtMatmul(lt, &p.desc, &alpha, w->data, &p.la, f->q, &p.lb, &beta, o, &p.lc,
+                                o, &p.lc, &exact, ws, ws_bytes, s);
+        }
+        CUBLAS_CHECK(st);
+    }
+    if (b && !fuse_bias)
+        kc_bias_add(out, act, b, n, N, s);
+    return true;
+}
+
+void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, cudaStream_t s) {
+    const Fp8Scales *sc = &w->fp8;
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    KC_REQUIRE(sc->w_scale && sc->kind >= FP8_SCALE_TENSOR && sc->kind <= FP8_SCALE_BLOCK,
+               "k_cuda_matmul: fp8 weight %dx%d without scales", N, K);
+    KC_REQUIRE(sc->kind != FP8_SCALE_BLOCK || sc->block == F8_UNIT,
+               "k_cuda_matmul: fp8 block scales of %d x %d (the CUDA backend takes 128 x 128)",
+               sc->block, sc->block);
+    KC_REQUIRE(K % 16 == 0 && kc_aligned16(x) && kc_aligned16(w->data),
+               "k_cuda_matmul: fp8 weights need K %% 16 == 0 and 16-byte aligned x and w (K %d)",
+               K);
+    KC_REQUIRE(act == DT_BF16 || act == DT_F16 || act == DT_F32,
+               "k_cuda_matmul: fp8 weights with %s activations", pl_dtype_name(act));
+    if (bias)
+        KC_REQUIRE(gemv_bias_dtype_ok(bias->dtype), "k_cuda_matmul: bias dtype %s",
+                   pl_dtype_name(bias->dtype));
+    const int forced = kc_gemm_forced_path(g);
+    int done = 0, path = F8_PATH_GEMV;
+    if (forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N)) {
+        const int n4 = n & ~3;
+        if (n4 > 0 && f8_lt(g, out, x, act, w, bias, n4, s)) {
+            done = n4;
+            path = sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER;
+        } else if (n4 > 0) {
+            path = F8_PATH_TILED;
+        }
+    }
+    f8_log(N, K, (int)sc->kind, path);
+    if (done == n)
+        return;
+    const size_t es = pl_dtype_size(act);
+    f8_dispatch_act(act, [&](auto *xt) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
+                    w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
+    });
+}
