@@ -448,12 +448,19 @@ static void test_kv_waste_under_one_block_per_sequence(void **state) {
     eng_destroy(e);
 }
 
-/* An fp8 KV cache: swapping and recomputing under pressure keep every output equal to its run
- * alone (also fp8), as with the fp32 cache. */
+/* An fp8 KV cache: swapping (and on the CPU backend recomputing) under pressure keeps every
+ * output equal to its run alone (also fp8), as with the fp32 cache. A swap moves the cache's
+ * bytes as they are, on every backend. Recompute writes K and V again from a prefill, whose
+ * GPU GEMMs may differ from the decode steps' in the last bit of a 16/32-bit value; fp8
+ * rounding can turn that into one e4m3 step (~6 %) and a different greedy token, so on a GPU
+ * recompute is checked with the 16/32-bit cache only (test_swap_and_recompute_keep_outputs). */
 static void test_fp8_kv_preemption_keeps_outputs(void **state) {
     (void)state;
     kv_fp8 = 1;
-    pressure_run(6, 1, 1, 0, 0, 0);
+    if (k_device_count("cuda") == 0)
+        pressure_run(6, 1, 1, 0, 0, 0);
+    else
+        print_message("a GPU is used: fp8 recompute is not bit-stable there (see above)\n");
     pressure_run(400, 1, 0, 1, 0, 0);
 }
 

@@ -928,6 +928,8 @@ static void test_dummy_fill_fp8(void **state) {
     }
     weights_free(&host);
     weights_free(&dev);
+    assert_int_equal(bad, 0);
+}
 
 /* ---------------- Gemma's and Phi-3's ops ---------------- */
 
