@@ -19,7 +19,9 @@
  *     |gpu - ref| <= ulp_act(|ref|) + 2^-12 mag
  * (one ulp: GPU and CPU round once each, from fp32 values a hair apart, so they may land on
  * neighbouring values; 2^-12 mag bounds the fp32 reordering and the mma's truncation). The
- * worst (|gpu - ref| - ulp) / mag seen is printed, and outputs are poisoned (NaN) first.
+ * worst (|gpu - ref| - ulp) / mag seen is printed (2.2e-4 on the H200 at e069b58, against 2.4e-4:
+ * the data are from fixed seeds, so that margin does not vary), and outputs are poisoned
+ * (NaN) first.
  *
  * Without a GPU every test is skipped ("no CUDA device: skipped"); in a build without the CUDA
  * backend, "CUDA backend not built: skipped". The last test prints timings (never asserts
