@@ -28,10 +28,9 @@
 
 #include "kernels.h"
 #include "model.h"
+#include "model_run_util.h"
 
 #define DATA_DIR "tests/data/families"
-
-enum { BLOCK = 16, NUM_BLOCKS = 8, MAX_TOKENS = 64 };
 
 static KernelOps *cpu;
 
@@ -45,52 +44,12 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* One sequence in blocks 0..NUM_BLOCKS-1 (in reverse order, so slots are not positions). */
-typedef struct {
-    Model *m;
-    KvLayout layout;
-    float *cache;
-    int32_t table[NUM_BLOCKS];
-    int vocab;
-} Run;
-
-static void run_open(Run *r, const char *dir, int dummy) {
-    ModelLoadOptions opt = {
-        .dir = dir, .load_dummy = dummy, .seed = 5, .max_num_tokens = MAX_TOKENS, .ops = cpu};
-    if (model_load(&opt, &r->m) != PL_OK)
-        fail_msg("model_load(%s): %s", dir, pl_error());
-    r->layout = model_kv_layout(r->m, BLOCK);
-    r->cache = calloc(k_kv_block_elems(&r->layout) * NUM_BLOCKS, sizeof(float));
-    for (int b = 0; b < NUM_BLOCKS; b++)
-        r->table[b] = NUM_BLOCKS - 1 - b;
-    r->vocab = model_config(r->m)->vocab_size;
-}
-
-static void run_close(Run *r) {
-    model_destroy(r->m);
-    free(r->cache);
-}
-
 /* Tokens ids[n] at positions first.., logits of every row into logits[n, vocab]. */
 static void forward(Run *r, const int32_t *ids, int n, int first, float *logits) {
-    int32_t pos[MAX_TOKENS], rows[MAX_TOKENS], qs[2] = {0, n};
-    int64_t slots[MAX_TOKENS];
-    assert_true(n <= MAX_TOKENS && first + n <= NUM_BLOCKS * BLOCK);
-    for (int i = 0; i < n; i++) {
-        int p = first + i;
-        pos[i] = p;
+    int32_t rows[RUN_MAX_TOKENS];
+    for (int i = 0; i < n; i++)
         rows[i] = i;
-        slots[i] = (int64_t)r->table[p / BLOCK] * BLOCK + p % BLOCK;
-    }
-    AttnBatch b = {.num_tokens = n,
-                   .positions = pos,
-                   .slot_mapping = slots,
-                   .num_seqs = 1,
-                   .query_start = qs,
-                   .block_tables = r->table,
-                   .max_blocks_per_seq = NUM_BLOCKS,
-                   .num_decode_seqs = n == 1 && first > 0};
-    model_forward(r->m, ids, &b, r->cache, &r->layout, rows, n, logits);
+    run_forward(r, ids, n, first, rows, n, logits);
 }
 
 static int argmax(const float *x, int n) {
@@ -120,11 +79,11 @@ static void check_family(const char *name) {
     json_t *greedy = json_object_get(doc, "greedy_ids"),
            *margins = json_object_get(doc, "greedy_margins");
     int n = (int)json_array_size(prompt), g = (int)json_array_size(greedy);
-    assert_true(n > 0 && n + g <= NUM_BLOCKS * BLOCK && (int)json_array_size(want_logits) == n);
+    assert_true(n > 0 && n + g <= RUN_BLOCKS * RUN_BLOCK && (int)json_array_size(want_logits) == n);
 
     Run r;
-    run_open(&r, dir, 0);
-    int32_t ids[MAX_TOKENS];
+    run_open(&r, cpu, dir, 0, NULL);
+    int32_t ids[RUN_MAX_TOKENS];
     for (int i = 0; i < n; i++)
         ids[i] = (int32_t)json_integer_value(json_array_get(prompt, i));
     float *logits = malloc(sizeof(float) * (size_t)n * r.vocab);
@@ -254,8 +213,8 @@ static void dummy_consistent(const char *config_json) {
     fputs(config_json, f);
     fclose(f);
     Run a, b;
-    run_open(&a, dir, 1);
-    run_open(&b, dir, 1);
+    run_open(&a, cpu, dir, 1, NULL);
+    run_open(&b, cpu, dir, 1, NULL);
     enum { N = 12 };
     int32_t ids[N];
     for (int i = 0; i < N; i++)
@@ -352,7 +311,7 @@ static void test_sliding_window_bites(void **state) {
         FILE *f = fopen(path, "w");
         fputs(text, f);
         fclose(f);
-        run_open(&r[k], dir[k], 1);
+        run_open(&r[k], cpu, dir[k], 1, NULL);
         logits[k] = malloc(sizeof(float) * N * 200);
         forward(&r[k], ids, N, 0, logits[k]);
         run_close(&r[k]);

@@ -24,13 +24,12 @@
 
 #include "kernels.h"
 #include "model.h"
+#include "model_run_util.h"
 #include "safetensors.h"
 #include "weights.h"
 
 #define DATA    "tests/data/fp8"
 #define STORIES "models/stories260K"
-
-enum { BLOCK = 16, NUM_BLOCKS = 8, MAX_TOKENS = 64 };
 
 static KernelOps *cpu;
 
@@ -271,57 +270,15 @@ static void test_compressed_tensor_static(void **state) {
 
 /* ---- the model: greedy text ---- */
 
-typedef struct {
-    Model *m;
-    KvLayout layout;
-    float *cache;
-    int32_t table[NUM_BLOCKS];
-    int vocab;
-} Run;
-
-static void run_open(Run *r, const char *dir, int dummy, const char *quantization) {
-    ModelLoadOptions opt = {.dir = dir,
-                            .load_dummy = dummy,
-                            .seed = 5,
-                            .max_num_tokens = MAX_TOKENS,
-                            .ops = cpu,
-                            .quantization = quantization};
-    if (model_load(&opt, &r->m) != PL_OK)
-        fail_msg("model_load(%s): %s", dir, pl_error());
-    r->layout = model_kv_layout(r->m, BLOCK);
-    r->cache = calloc(k_kv_block_elems(&r->layout) * NUM_BLOCKS, sizeof(float));
-    for (int b = 0; b < NUM_BLOCKS; b++)
-        r->table[b] = NUM_BLOCKS - 1 - b;
-    r->vocab = model_config(r->m)->vocab_size;
-}
-
-static void run_close(Run *r) {
-    model_destroy(r->m);
-    free(r->cache);
-}
-
 /* ids[n] at positions first.., the logits of the last row into logits[vocab]. */
 static void forward_last(Run *r, const int32_t *ids, int n, int first, float *logits) {
-    int32_t pos[MAX_TOKENS], qs[2] = {0, n}, last = n - 1;
-    int64_t slots[MAX_TOKENS];
-    for (int i = 0; i < n; i++) {
-        pos[i] = first + i;
-        slots[i] = (int64_t)r->table[(first + i) / BLOCK] * BLOCK + (first + i) % BLOCK;
-    }
-    AttnBatch b = {.num_tokens = n,
-                   .positions = pos,
-                   .slot_mapping = slots,
-                   .num_seqs = 1,
-                   .query_start = qs,
-                   .block_tables = r->table,
-                   .max_blocks_per_seq = NUM_BLOCKS,
-                   .num_decode_seqs = n == 1 && first > 0};
-    model_forward(r->m, ids, &b, r->cache, &r->layout, &last, 1, logits);
+    int32_t last = n - 1;
+    run_forward(r, ids, n, first, &last, 1, logits);
 }
 
 /* Greedy continuation of `prompt` (g tokens) into out; returns how many of them equal want. */
 static int greedy_agreement(Run *r, json_t *prompt, json_t *want, int g) {
-    int32_t ids[MAX_TOKENS];
+    int32_t ids[RUN_MAX_TOKENS];
     int n = (int)json_array_size(prompt);
     for (int i = 0; i < n; i++)
         ids[i] = (int32_t)json_integer_value(json_array_get(prompt, i));
@@ -354,13 +311,13 @@ static void check_greedy(const char *dir, const char *quantization, const int *m
     assert_non_null(doc);
     json_t *cases = json_object_get(doc, "cases");
     Run r;
-    run_open(&r, dir, 0, quantization);
+    run_open(&r, cpu, dir, 0, quantization);
     size_t i;
     json_t *c;
     json_array_foreach(cases, i, c) {
         json_t *want = json_object_get(c, "completion_ids");
         int g = (int)json_array_size(want);
-        memset(r.cache, 0, k_kv_block_elems(&r.layout) * NUM_BLOCKS * sizeof(float));
+        memset(r.cache, 0, k_kv_block_elems(&r.layout) * RUN_BLOCKS * sizeof(float));
         int same = greedy_agreement(&r, json_object_get(c, "prompt_ids"), want, g);
         print_message("%s%s: golden case %zu: %d of %d greedy tokens equal\n", dir,
                       quantization ? " (quantization fp8)" : "", i, same, g);
@@ -396,8 +353,8 @@ static void test_checkpoints_greedy(void **state) {
 static void test_online_fp8_layout(void **state) {
     (void)state;
     Run f, q;
-    run_open(&f, STORIES, 0, NULL);
-    run_open(&q, STORIES, 0, "fp8");
+    run_open(&f, cpu, STORIES, 0, NULL);
+    run_open(&q, cpu, STORIES, 0, "fp8");
     const ModelConfig *c = model_config(q.m);
     assert_int_equal(c->quant.method, QUANT_ONLINE_FP8);
     size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
@@ -419,8 +376,8 @@ static void test_online_fp8_layout(void **state) {
 static void test_dummy_fp8(void **state) {
     (void)state;
     Run a, b;
-    run_open(&a, STORIES, 1, "fp8");
-    run_open(&b, STORIES, 1, "fp8");
+    run_open(&a, cpu, STORIES, 1, "fp8");
+    run_open(&b, cpu, STORIES, 1, "fp8");
     int32_t ids[4] = {1, 403, 407, 261};
     float *la = malloc(sizeof(float) * a.vocab), *lb = malloc(sizeof(float) * b.vocab);
     forward_last(&a, ids, 4, 0, la);
