@@ -10,7 +10,9 @@ void eng_start_sequence(Engine *e, Request *r, int index, Sequence *seq) {
     d->index = index;
     d->sampling = r->params.sampling;
     d->sampling.seed += (uint64_t)index;
-    d->stream = e->tok ? tok_stream_create(e->tok, r->prompt, r->num_prompt) : NULL;
+    d->stream =
+        e->tok ? tok_stream_create(e->tok, r->prompt, r->num_prompt, !r->params.keep_special_tokens)
+               : NULL;
     d->pending_row = -1;
     eng_constraint_start(e, d);
     seq->owner = d;

@@ -99,6 +99,8 @@ typedef struct {
                                   * penalties and sampling (copied; logprobs stay raw) */
     int num_logit_bias;
     int ignore_eos;                /* keep going past end-of-sequence tokens */
+    int keep_special_tokens;       /* special tokens' text stays in the output text (OpenAI /
+                                    * vLLM skip_special_tokens false); 0: dropped */
     int n;                         /* parallel samples sharing the prompt's blocks; 0 or 1 = one.
                                     * Sample i uses seed sampling.seed + i. */
     int logprobs;                  /* 1 = report each new token's log-probability */

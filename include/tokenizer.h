@@ -61,10 +61,11 @@ int tok_is_special(const Tokenizer *t, int id);
  * whole sequence, so that concatenating every piece returned after tok_stream_init equals
  * decode(prompt + generated)[strlen(decode(prompt)):]. Never returns part of a UTF-8
  * character: bytes of an unfinished character are held until it completes (or flushed as
- * U+FFFD by tok_stream_finish, as HF decode would). skip_special is always on. */
+ * U+FFFD by tok_stream_finish, as HF decode would). skip_special: special tokens add no text
+ * (HF decode's skip_special_tokens); else their text is kept. */
 typedef struct TokStream TokStream;
 
-TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n);
+TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n, int skip_special);
 /* Append one token; returns the new text (owned by the stream, valid until the next call;
  * "" when nothing is complete yet; NUL-terminated, and *len, when len is not NULL, its length,
  * which counts NUL characters of the text itself). */

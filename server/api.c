@@ -464,6 +464,8 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
             return -1;
     }
     if (opt_bool(o, "ignore_eos", "ignore_eos", &r->ignore_eos, err) < 0 ||
+        opt_bool(o, "skip_special_tokens", "skip_special_tokens", &r->skip_special_tokens, err) <
+            0 ||
         opt_str(o, "user", &r->user, err) < 0)
         return -1;
     return 0;
@@ -476,6 +478,7 @@ static void defaults(ApiRequest *r, int max_tokens) {
     r->temperature = 1;
     r->top_p = 1;
     r->top_k = -1;
+    r->skip_special_tokens = 1;
     r->repetition_penalty = 1;
     r->logprobs = -1;
 }

@@ -726,6 +726,7 @@ static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const L
                          .logit_bias = bias,
                          .num_logit_bias = q->num_logit_bias,
                          .ignore_eos = q->ignore_eos,
+                         .keep_special_tokens = !q->skip_special_tokens,
                          .n = q->best_of,
                          .logprobs = q->logprobs >= 0 || q->best_of > q->n,
                          .top_logprobs = q->logprobs > 0 ? q->logprobs : 0,

@@ -270,6 +270,10 @@ int api_parse_tools(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *er
     ApiToolFormat parser = api_tool_format(lim->tool_call_parser);
     if (choice == CHOICE_NONE)
         return 0;
+    /* Mistral's [TOOL_CALLS] is a special token in its newer tokenizers: its text is kept so
+     * that the parser sees it (vLLM's mistral parser does the same) */
+    if (parser == API_TOOLS_MISTRAL)
+        r->skip_special_tokens = 0;
     if (choice == CHOICE_AUTO) {
         if (!lim->enable_auto_tool_choice || parser == API_TOOLS_OFF)
             return api_refuse(

@@ -115,6 +115,7 @@ static void test_prompt_string_and_defaults(void **state) {
     assert_int_equal(r.logprobs, -1);
     assert_int_equal(r.echo, 0);
     assert_int_equal(r.ignore_eos, 0);
+    assert_int_equal(r.skip_special_tokens, 1);
     assert_null(r.user);
     assert_int_equal(r.is_chat, 0);
     api_request_free(&r);
@@ -187,7 +188,7 @@ static void test_all_fields(void **state) {
         " \"seed\": 42, \"stop\": [\"\\n\", \"END\"], \"stop_token_ids\": [2, 7],"
         " \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"logprobs\": 5,"
         " \"echo\": true, \"ignore_eos\": true, \"user\": \"u1\", \"suffix\": null,"
-        " \"unknown_field\": {\"x\": [1]}}";
+        " \"skip_special_tokens\": false, \"unknown_field\": {\"x\": [1]}}";
     assert_int_equal(comp(json2, &r, &e), PL_OK);
     assert_string_equal(r.model, "m");
     assert_int_equal(r.max_tokens, 100);
@@ -212,6 +213,7 @@ static void test_all_fields(void **state) {
     assert_int_equal(r.logprobs, 5);
     assert_int_equal(r.echo, 1);
     assert_int_equal(r.ignore_eos, 1);
+    assert_int_equal(r.skip_special_tokens, 0);
     assert_string_equal(r.user, "u1");
     api_request_free(&r);
     /* best_of without stream */
@@ -410,6 +412,8 @@ static void test_bad_other_types(void **state) {
         "stream_options", "'stream_options.include_usage' must be a boolean");
     bad("{\"prompt\": \"p\", \"echo\": \"x\"}", "echo", "'echo' must be a boolean");
     bad("{\"prompt\": \"p\", \"ignore_eos\": 1}", "ignore_eos", "'ignore_eos' must be a boolean");
+    bad("{\"prompt\": \"p\", \"skip_special_tokens\": \"no\"}", "skip_special_tokens",
+        "'skip_special_tokens' must be a boolean");
 }
 
 /* logit_bias and min_tokens are parsed and range-checked; fields that are defined by OpenAI
@@ -1009,6 +1013,7 @@ static void test_tool_choice(void **state) {
                      PL_OK);
     const char *mi = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
     assert_true(gr_compiled_accepts(r.constraint, mi, strlen(mi)));
+    assert_int_equal(r.skip_special_tokens, 0); /* [TOOL_CALLS] may be a special token */
     const char *mi2 = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": "
                       "\"now\", \"arguments\": {}}]";
     assert_false(gr_compiled_accepts(r.constraint, mi2, strlen(mi2))); /* not parallel */

@@ -252,7 +252,7 @@ static void test_stories_golden(void **state) {
         int32_t *cids = json_ids(json_object_get(c, "completion_ids"), &nc);
         assert_true(check_ids(t, "stories260K", json_string_value(prompt),
                               json_string_length(prompt), 1, pids, np));
-        TokStream *s = tok_stream_create(t, pids, np);
+        TokStream *s = tok_stream_create(t, pids, np, 1);
         char text[4096] = "";
         for (int k = 0; k < nc; k++) {
             const char *piece = tok_stream_push(s, cids[k], NULL);
@@ -271,6 +271,40 @@ static void test_stories_golden(void **state) {
     }
     tok_destroy(t);
     json_decref(g);
+}
+
+/* A stream keeps special tokens' text when asked (skip_special 0) and drops it otherwise; from
+ * an empty prompt its pieces add up to tok_decode of the ids with the same skip_special. */
+static void test_stream_keeps_special_tokens(void **state) {
+    (void)state;
+    Tokenizer *t = load_dir("models/stories260K");
+    assert_true(tok_is_special(t, 2));
+    int32_t ids[64], *a, *b;
+    int na, nb, n = 0;
+    assert_int_equal(tok_encode(t, "Once upon a time", 16, 0, &a, &na), PL_OK);
+    assert_int_equal(tok_encode(t, " there was", 10, 0, &b, &nb), PL_OK);
+    assert_true(na > 0 && nb > 0 && na + nb < 63);
+    memcpy(ids, a, sizeof *a * (size_t)na);
+    n = na;
+    ids[n++] = 2; /* </s> in the middle */
+    memcpy(ids + n, b, sizeof *b * (size_t)nb);
+    n += nb;
+    free(a);
+    free(b);
+    for (int skip = 0; skip < 2; skip++) {
+        TokStream *s = tok_stream_create(t, NULL, 0, skip);
+        char text[512] = "";
+        for (int k = 0; k < n; k++)
+            strcat(text, tok_stream_push(s, ids[k], NULL));
+        strcat(text, tok_stream_finish(s, NULL));
+        size_t len;
+        char *want = tok_decode(t, ids, n, skip, &len);
+        assert_string_equal(text, want);
+        assert_true(skip ? !strstr(text, "</s>") : strstr(text, "</s>") != NULL);
+        free(want);
+        tok_stream_destroy(s);
+    }
+    tok_destroy(t);
 }
 
 /* ---- invalid UTF-8 ------------------------------------------------------------------------ */
@@ -421,7 +455,7 @@ static void str_add(Str *s, const char *t) {
  * concatenation is decode(all)[len(decode(prompt)):]. Returns the number of pieces. */
 static int check_stream(const Tokenizer *t, const int32_t *ids, int n, int k, const char *what) {
     char *full = tok_decode(t, ids, n, 1, NULL), *pre = tok_decode(t, ids, k, 1, NULL);
-    TokStream *s = tok_stream_create(t, ids, k);
+    TokStream *s = tok_stream_create(t, ids, k, 1);
     Str acc = {0};
     str_add(&acc, "");
     int pieces = 0;
@@ -495,7 +529,7 @@ static void test_stream_byte_fallback(void **state) {
         1,         tok_token_to_id(t, "\xe2\x96\x81Hi"),    b0 + 0xF0, b0 + 0x9F, b0 + 0x91,
         b0 + 0x8B, tok_token_to_id(t, "\xe2\x96\x81there"), 2};
     assert_true(ids[1] > 0 && ids[6] > 0);
-    TokStream *s = tok_stream_create(t, ids, 1);
+    TokStream *s = tok_stream_create(t, ids, 1, 1);
     assert_string_equal(tok_stream_push(s, ids[1], NULL), "Hi");
     assert_string_equal(tok_stream_push(s, ids[2], NULL), "");
     assert_string_equal(tok_stream_push(s, ids[3], NULL), "");
@@ -509,21 +543,21 @@ static void test_stream_byte_fallback(void **state) {
         check_stream(t, ids, 8, k, "tinyllama bytes");
 
     /* unfinished at the end: finish() flushes U+FFFD */
-    s = tok_stream_create(t, ids, 2);
+    s = tok_stream_create(t, ids, 2, 1);
     assert_string_equal(tok_stream_push(s, ids[2], NULL), "");
     assert_string_equal(tok_stream_push(s, ids[3], NULL), "");
     assert_string_equal(tok_stream_finish(s, NULL), "\xef\xbf\xbd");
     tok_stream_destroy(s);
 
     /* a prompt that ends inside a character: the character completes in the stream */
-    s = tok_stream_create(t, ids, 4);
+    s = tok_stream_create(t, ids, 4, 1);
     assert_string_equal(tok_stream_push(s, ids[4], NULL), "");
     assert_string_equal(tok_stream_push(s, ids[5], NULL), "\xf0\x9f\x91\x8b");
     tok_stream_destroy(s);
 
     /* an ill-formed run never yields invalid UTF-8 */
     int32_t bad[] = {b0 + 0xE4, b0 + 0xBD, ids[6], b0 + 0xFF, b0 + 0x80};
-    s = tok_stream_create(t, NULL, 0);
+    s = tok_stream_create(t, NULL, 0, 1);
     Str acc = {0};
     str_add(&acc, "");
     for (int k = 0; k < 5; k++) {
@@ -562,7 +596,7 @@ static void check_token_bytes(Tokenizer *t, const char *what) {
         Str want = {0}, got = {0};
         str_add(&want, "");
         str_add(&got, "");
-        TokStream *st = tok_stream_create(t, ids, 1);
+        TokStream *st = tok_stream_create(t, ids, 1, 1);
         for (int k = 1; k < 9; k++) {
             size_t n = 0;
             char *b = tok_token_bytes(t, ids[k], &n);
@@ -629,7 +663,7 @@ static void test_stream_byte_level(void **state) {
     int n;
     assert_int_equal(tok_encode(t, text, strlen(text), 0, &ids, &n), PL_OK);
     assert_true(n >= 4); /* the emoji spans several tokens */
-    TokStream *s = tok_stream_create(t, NULL, 0);
+    TokStream *s = tok_stream_create(t, NULL, 0, 1);
     Str acc = {0};
     str_add(&acc, "");
     int empty = 0;
@@ -952,7 +986,7 @@ static void test_nul_character(void **state) {
         assert_int_equal(len, 4);
         assert_memory_equal(back, text, 5);
         free(back);
-        TokStream *s = tok_stream_create(t, NULL, 0);
+        TokStream *s = tok_stream_create(t, NULL, 0, 1);
         char acc[16];
         size_t at = 0;
         for (int i = 0; i < n; i++) {
@@ -974,6 +1008,7 @@ static void test_nul_character(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_golden),
+        cmocka_unit_test(test_stream_keeps_special_tokens),
         cmocka_unit_test(test_nul_character),
         cmocka_unit_test(test_ref_stories),
         cmocka_unit_test(test_ref_gpt2),

@@ -1,7 +1,7 @@
 /* tok_stream.c - incremental detokenization for streaming completions.
  *
- * The stream keeps a short window of the latest ids (special tokens are dropped up front, as
- * skip_special is always on) and how many bytes of decode(window) it has already returned.
+ * The stream keeps a short window of the latest ids (special tokens are dropped up front
+ * unless the stream keeps them) and how many bytes of decode(window) it has already returned.
  * Each push decodes only the window, returns the new bytes, and holds back a truncated UTF-8
  * character until it completes. The window always starts with a token whose text was already
  * returned, so context rules that act at the start of a text (Strip's leading space, Metaspace's
@@ -22,13 +22,16 @@ struct TokStream {
     const Tokenizer *t;
     int32_t *ids; /* window */
     int n, cap;
+    int skip_special; /* drop special tokens (HF's skip_special_tokens) */
     size_t sent; /* bytes of decode(window) returned so far */
     TBuf text, piece;
     DecCtx dc;
 };
 
-static int skipped(const Tokenizer *t, int32_t id) {
-    return id < 0 || id >= t->vocab_size || !t->toks[id] || (t->tok_flags[id] & TOKF_SPECIAL);
+static int skipped(const TokStream *s, int32_t id) {
+    const Tokenizer *t = s->t;
+    return id < 0 || id >= t->vocab_size || !t->toks[id] ||
+           (s->skip_special && (t->tok_flags[id] & TOKF_SPECIAL));
 }
 
 static void append(TokStream *s, int32_t id) {
@@ -41,7 +44,7 @@ static void append(TokStream *s, int32_t id) {
 
 /* Decode the window; returns the held-back byte count. */
 static size_t decode_window(TokStream *s, int mode) {
-    return tok_decode_into(s->t, s->ids, s->n, 1, mode, &s->dc, &s->text);
+    return tok_decode_into(s->t, s->ids, s->n, s->skip_special, mode, &s->dc, &s->text);
 }
 
 /* Keep only the last id once everything decoded so far has been returned. */
@@ -81,18 +84,19 @@ static int starts_mid_char(const Tokenizer *t, int32_t id) {
     return b >= 0x80 && b <= 0xbf;
 }
 
-TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n) {
+TokStream *tok_stream_create(const Tokenizer *t, const int32_t *prompt, int n, int skip_special) {
     if (!t)
         return NULL;
     TokStream *s = pl_xcalloc(1, sizeof *s);
     s->t = t;
+    s->skip_special = skip_special;
     /* The last non-special prompt id is enough context (see the banner), plus the ids before
      * it while it continues a character, so a character cut at the end of the prompt can
      * complete. */
     int32_t back[8];
     int nb = 0;
     for (int i = n - 1; i >= 0 && nb < 8; i--) {
-        if (skipped(t, prompt[i]))
+        if (skipped(s, prompt[i]))
             continue;
         back[nb++] = prompt[i];
         if (!starts_mid_char(t, prompt[i]))
@@ -120,7 +124,7 @@ static void emit(TokStream *s) {
 }
 
 const char *tok_stream_push(TokStream *s, int32_t id, size_t *len) {
-    if (skipped(s->t, id)) {
+    if (skipped(s, id)) {
         s->piece.n = 0;
         s->piece.p[0] = 0;
     } else {

@@ -20,6 +20,22 @@ describe('completions', () => {
         if (srv) await srv.stop();
     });
 
+    it('skip_special_tokens false keeps special tokens in the text, stream and not', T(20000), async () => {
+        // EOS (</s>, id 2) forced by logit_bias and kept going by ignore_eos
+        const body = { prompt: 'Once', max_tokens: 3, temperature: 0, ignore_eos: true, logit_bias: { 2: 100 } };
+        const kept = await complete({ ...body, skip_special_tokens: false });
+        assert.equal(kept.status, 200, show(kept));
+        assert.equal(kept.json.choices[0].text, '</s></s></s>');
+        const dropped = await complete(body);
+        assert.equal(dropped.status, 200, show(dropped));
+        assert.equal(dropped.json.choices[0].text, '');
+        const streamed = await complete({ ...body, skip_special_tokens: false, stream: true });
+        const { events, done } = parseSSE(streamed.text);
+        assert.ok(done, show(streamed));
+        const text = events.map((e) => e.choices?.[0]?.text ?? '').join('');
+        assert.equal(text, '</s></s></s>');
+    });
+
     it('greedy completions equal golden.json (text, finish_reason, usage)', T(20000), async () => {
         for (const g of GOLDEN) {
             const r = await complete({ prompt: g.prompt, max_tokens: g.max_tokens, temperature: 0 });

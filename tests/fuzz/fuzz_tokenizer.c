@@ -82,7 +82,7 @@ static void check_stream(const Tok *k, const int32_t *ids, int n, int cut, int c
     check_utf8(W, "decode(all)", k);
     check_utf8(W0, "decode(all, keep special)", k);
 
-    TokStream *s = tok_stream_create(k->t, ids, cut);
+    TokStream *s = tok_stream_create(k->t, ids, cut, 1);
     FUZZ_CHECK(s != NULL, "%s: tok_stream_create returned NULL", k->name);
     size_t cap = 256, len = 0;
     char *S = malloc(cap);
