@@ -129,10 +129,11 @@ describe('signals', () => {
     });
 
     it('while draining, /health answers 503 and the request in flight finishes', T(30000), async () => {
-        const srv = await startServer();
+        // one CPU thread and 64 samples x 480 tokens: about a second of work even on a fast
+        // machine, so the drain is still waiting for it when /health is asked
+        const srv = await startServer(['--cpu-threads', '1']);
         try {
-            // 32 samples x 480 tokens: seconds of work, so the drain waits for it.
-            const plain = postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: '', max_tokens: 480, n: 32,
+            const plain = postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: '', max_tokens: 480, n: 64,
                                                                   ignore_eos: true, temperature: 1, seed: 6 },
                                    { timeoutMs: EXIT_WITHIN_MS + 20000 })
                 .then((r) => ({ r }), (err) => ({ err }));
@@ -157,7 +158,7 @@ describe('signals', () => {
             const p = await plain;
             assert.ok(!p.err, `the request in flight was cut: ${p.err}`);
             assert.equal(p.r.status, 200, p.r.text?.slice(0, 300));
-            assert.equal(p.r.json.usage.completion_tokens, 32 * 480, 'complete answer');
+            assert.equal(p.r.json.usage.completion_tokens, 64 * 480, 'complete answer');
             const e = await exitsWithin(srv, EXIT_WITHIN_MS);
             assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
         } finally {
