@@ -313,19 +313,8 @@ static int bucket_of(int n) {
     return b;
 }
 
-/* The slot holding `key`, or the empty slot where it belongs (FNV-1a over the key's ints,
- * linear probing). */
 static AlgoEntry *cache_slot(KCudaGemm *g, const AlgoKey *key) {
-    int f[sizeof(AlgoKey) / sizeof(int)];
-    memcpy(f, key, sizeof f);
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        h = (h ^ (uint32_t)f[i]) * 16777619u;
-    for (int i = 0;; i++) {
-        AlgoEntry *e = &g->cache[(h + (uint32_t)i) & (GEMM_CACHE_SLOTS - 1)];
-        if (!e->valid || memcmp(&e->key, key, sizeof *key) == 0)
-            return e;
-    }
+    return kc_cache_slot(g->cache, GEMM_CACHE_SLOTS, key);
 }
 
 /* d[rows, N] (dt) = beta d + x[rows, K] (xt) w[N, K]^T (wt) (+ bias, in dt, when non-NULL);

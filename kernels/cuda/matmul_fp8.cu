@@ -437,15 +437,7 @@ static int f8_bucket(int n) {
 }
 
 static F8Entry *f8_slot(KcFp8 *f, const F8Key *key) {
-    uint32_t h = 2166136261u;
-    const int *v = (const int *)key;
-    for (size_t i = 0; i < sizeof *key / sizeof(int); i++)
-        h = (h ^ (uint32_t)v[i]) * 16777619u;
-    for (int i = 0;; i++) {
-        F8Entry *e = &f->cache[(h + (uint32_t)i) & (F8_CACHE - 1)];
-        if (!e->valid || memcmp(&e->key, key, sizeof *key) == 0)
-            return e;
-    }
+    return kc_cache_slot(f->cache, F8_CACHE, key);
 }
 
 /* The heuristic's first algorithm for key's problem at `rows` rows; false when it has none. */
