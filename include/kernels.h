@@ -451,7 +451,8 @@ typedef struct {
                             * small messages where the GPUs reach each other (else NCCL) */
     int mpi;               /* size > 1: the ranks are the processes of an MPI job (k_mpi_init
                             * called, its size = size): open only this process's rank, into
-                            * ranks[0], its collectives over MPI (the cpu backend) */
+                            * ranks[0], its collectives over MPI (cpu) or over NCCL between
+                            * the processes (cuda: one GPU per process, by host-local rank) */
 } KernelOpenOptions;
 
 /* Devices of a backend this process can open: 1 for "cpu"; the visible GPUs for "cuda" (0
@@ -478,6 +479,10 @@ Status k_mpi_init(int *rank, int *size);
 
 /* The job's size after k_mpi_init succeeded with more than one process, else 0. */
 int k_mpi_active(void);
+
+/* This process's rank among the job's processes on its host (0 without MPI): the cuda backend
+ * drives GPU k_mpi_local_rank() of the host's visible GPUs. */
+int k_mpi_local_rank(void);
 
 /* Broadcast bytes from rank 0. Ranks > 0 wait for it sleeping between polls, for ever (rank 0
  * may be idle); rank 0's send returns once it is on its way. */

@@ -70,6 +70,15 @@ void k_cuda_stream_synchronize(void *stream);
 Status k_cuda_open(const KernelOpenOptions *o, KernelOps **ranks);
 void k_cuda_close(KernelOps **ranks, int size);
 
+/* The cuda backend as one rank per MPI process (kernels.c drives it): a group id made once by
+ * k_cuda_group_id (on rank 0) and sent to every rank, then k_cuda_open_rank on each opens
+ * rank `rank` of o->size on GPU `device` into *out and joins the group's NCCL communicator
+ * (ncclCommInitRank: it waits for every rank). No one-shot all-reduce across processes. */
+enum { K_CUDA_GROUP_ID_BYTES = 128 };
+Status k_cuda_group_id(void *id);
+Status k_cuda_open_rank(const KernelOpenOptions *o, int rank, int device, const void *group_id,
+                        KernelOps **out);
+
 /* ---- element-wise and row ops ---- */
 
 /* out[n, H] (act) = table[ids[i], :], H = table->shape[1]; ids [n] int32 on the device.

@@ -2,6 +2,8 @@
  * by name, KV block geometry, RoPE frequencies (with llama3 scaling), the per-request random
  * stream and the default sampling parameters. Everything here runs on the host. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_internal.h"
@@ -36,6 +38,69 @@ int k_device_count(const char *backend) {
     return 0;
 }
 
+#ifdef PAGELLM_HAVE_CUDA
+/* Every rank's answer to "can you open your GPU?", and rank 0's word to all after it. */
+typedef struct {
+    int32_t ok;
+    char error[512];
+} RankCheck;
+
+typedef struct {
+    RankCheck check;
+    unsigned char group_id[K_CUDA_GROUP_ID_BYTES];
+} GroupStart;
+
+/* Rank 0: every rank's check (late ones named) and, when all can go, the group id. */
+static GroupStart gather_checks(const RankCheck *mine, int size) {
+    GroupStart start = {.check = {.ok = 1}};
+    RankCheck *all = pl_xcalloc((size_t)size, sizeof *all);
+    int *late = pl_xcalloc((size_t)size, sizeof *late);
+    k_mpi_gather(mine, all, sizeof *mine, 120.0, late);
+    for (int r = 0; r < size && start.check.ok; r++) {
+        if (late[r])
+            snprintf(start.check.error, sizeof start.check.error,
+                     "rank %d did not answer within 120 s while opening the cuda backend", r);
+        else if (!all[r].ok)
+            start.check = all[r];
+        start.check.ok = !start.check.error[0];
+    }
+    if (start.check.ok && k_cuda_group_id(start.group_id) != PL_OK) {
+        start.check.ok = 0;
+        snprintf(start.check.error, sizeof start.check.error, "%s", pl_error());
+    }
+    free(late);
+    free(all);
+    return start;
+}
+
+/* The cuda backend as one rank per MPI process: each rank checks it has its GPU (the host's
+ * k_mpi_local_rank()-th), rank 0 gathers the checks and broadcasts the NCCL group id or the
+ * first failure, so that no rank waits in the NCCL setup for one that cannot come. */
+static Status open_cuda_mpi(const KernelOpenOptions *o, KernelOps **ranks) {
+    int rank = 0, size = 0, device = k_mpi_local_rank();
+    Status st = k_mpi_init(&rank, &size);
+    if (st != PL_OK)
+        return st;
+    int have = k_cuda_device_count();
+    RankCheck mine = {.ok = device < have};
+    if (!mine.ok)
+        snprintf(mine.error, sizeof mine.error,
+                 "rank %d is process %d on its host, which needs GPU %d; the host shows %d "
+                 "(run one process per GPU: mpirun -np N with at most as many per host as it "
+                 "has GPUs)",
+                 rank, device, device, have);
+    GroupStart start = {0};
+    if (rank == 0)
+        start = gather_checks(&mine, size);
+    else
+        k_mpi_gather(&mine, NULL, sizeof mine, 0, NULL);
+    k_mpi_bcast(&start, sizeof start);
+    if (!start.check.ok)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s", start.check.error);
+    return k_cuda_open_rank(o, rank, device, start.group_id, ranks);
+}
+#endif
+
 Status k_open(const KernelOpenOptions *o, KernelOps **ranks) {
     KernelOpenOptions opt = *o;
     opt.size = o->size > 1 ? o->size : 1;
@@ -44,9 +109,7 @@ Status k_open(const KernelOpenOptions *o, KernelOps **ranks) {
     opt.mpi = o->mpi && opt.size > 1;
 #ifdef PAGELLM_HAVE_CUDA
     if (!strcmp(o->backend, "cuda") && opt.mpi)
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "the cuda backend does not run as MPI processes yet (its ranks "
-                            "are threads of one process: run without mpirun, or device cpu)");
+        return open_cuda_mpi(&opt, ranks);
     if (!strcmp(o->backend, "cuda"))
         return k_cuda_open(&opt, ranks);
 #else

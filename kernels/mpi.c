@@ -35,7 +35,7 @@ int k_mpi_launched_size(void) {
 
 #ifdef PAGELLM_HAVE_MPI
 
-static int mpi_rank, mpi_size, mpi_on;
+static int mpi_rank, mpi_size, mpi_on, mpi_local_rank = -1;
 
 /* An MPI call that failed: print it with MPI's reason and end the whole job. */
 static void mpi_fail(const char *call, int rc) {
@@ -70,6 +70,12 @@ Status k_mpi_init(int *rank, int *size) {
     MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
     mpi_on = mpi_size > 1;
+    if (mpi_local_rank < 0) { /* once: the split is collective */
+        MPI_Comm host;        /* the ranks that share this host's memory (and GPUs) */
+        MPI_OK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
+        MPI_OK(MPI_Comm_rank(host, &mpi_local_rank));
+        MPI_OK(MPI_Comm_free(&host));
+    }
     *rank = mpi_rank;
     *size = mpi_size;
     return PL_OK;
@@ -77,6 +83,10 @@ Status k_mpi_init(int *rank, int *size) {
 
 int k_mpi_active(void) {
     return mpi_on ? mpi_size : 0;
+}
+
+int k_mpi_local_rank(void) {
+    return mpi_local_rank > 0 ? mpi_local_rank : 0;
 }
 
 static void nap(int *polls) {
@@ -243,6 +253,10 @@ Status k_mpi_init(int *rank, int *size) {
 }
 
 int k_mpi_active(void) {
+    return 0;
+}
+
+int k_mpi_local_rank(void) {
     return 0;
 }
 

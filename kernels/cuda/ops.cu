@@ -591,27 +591,42 @@ static Status open_group(const KernelOpenOptions *o, KernelOps **ranks) {
 #endif
 }
 
+/* The op table of the options' activation dtype, or NULL (with the error set) for one the cuda
+ * backend has not. */
+static const KernelOps *ops_table(const KernelOpenOptions *o) {
+    if (o->act == DT_BF16)
+        return &cuda_ops_bf16;
+    if (o->act == DT_F16)
+        return &cuda_ops_f16;
+    if (o->act == DT_F32)
+        return &cuda_ops_f32;
+    pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend has no %s activations",
+                 pl_dtype_name(o->act));
+    return NULL;
+}
+
+static KernelOps *rank_create(const KernelOps *table, int rank, int size, int device) {
+    KernelOps *k = (KernelOps *)pl_xmalloc(sizeof *k);
+    *k = *table;
+    k->rank = rank;
+    k->device = device;
+    k->size = size;
+    k->state = state_create(device);
+    return k;
+}
+
 Status k_cuda_open(const KernelOpenOptions *o, KernelOps **ranks) {
-    if (o->act != DT_F32 && o->act != DT_BF16 && o->act != DT_F16)
-        return pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend has no %s activations",
-                            pl_dtype_name(o->act));
+    const KernelOps *table = ops_table(o);
+    if (!table)
+        return PL_ERR_UNSUPPORTED;
     int have = k_cuda_device_count();
     if (have < 1)
         return pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend: no CUDA GPU is visible");
     if (o->size > have || o->size > MAX_RANKS)
         return pl_error_set(PL_ERR_INVALID, "tensor-parallel-size %d needs %d GPUs; %d visible",
                             o->size, o->size, have);
-    const KernelOps *table = o->act == DT_BF16  ? &cuda_ops_bf16
-                             : o->act == DT_F16 ? &cuda_ops_f16
-                                                : &cuda_ops_f32;
-    for (int i = 0; i < o->size; i++) {
-        KernelOps *k = (KernelOps *)pl_xmalloc(sizeof *k);
-        *k = *table;
-        k->device = k->rank = i;
-        k->size = o->size;
-        k->state = state_create(i);
-        ranks[i] = k;
-    }
+    for (int i = 0; i < o->size; i++)
+        ranks[i] = rank_create(table, i, o->size, i);
     Status rc = o->size > 1 ? open_group(o, ranks) : PL_OK;
     if (rc != PL_OK) {
         for (int i = 0; i < o->size; i++)
@@ -621,6 +636,53 @@ Status k_cuda_open(const KernelOpenOptions *o, KernelOps **ranks) {
     CUDA_CHECK(cudaSetDevice(0)); /* the caller drives rank 0 */
     return rc;
 }
+
+#ifdef PAGELLM_HAVE_NCCL
+static_assert(sizeof(ncclUniqueId) == K_CUDA_GROUP_ID_BYTES, "NCCL's unique id size changed");
+
+Status k_cuda_group_id(void *id) {
+    ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)id);
+    if (r != ncclSuccess)
+        return pl_error_set(PL_ERR_IO, "NCCL could not make a group id: %s",
+                            ncclGetErrorString(r));
+    return PL_OK;
+}
+
+Status k_cuda_open_rank(const KernelOpenOptions *o, int rank, int device, const void *group_id,
+                        KernelOps **out) {
+    const KernelOps *table = ops_table(o);
+    if (!table)
+        return PL_ERR_UNSUPPORTED;
+    KernelOps *k = rank_create(table, rank, o->size, device);
+    ncclUniqueId id;
+    memcpy(&id, group_id, sizeof id);
+    ncclComm_t c = NULL;
+    ncclResult_t r = ncclCommInitRank(&c, o->size, id, rank);
+    if (r != ncclSuccess) {
+        state_destroy(k);
+        return pl_error_set(PL_ERR_UNSUPPORTED,
+                            "rank %d (GPU %d): joining the NCCL group of %d ranks failed: %s",
+                            rank, device, o->size, ncclGetErrorString(r));
+    }
+    st(k)->comm = c; /* no one-shot all-reduce: its peer memory is one process's */
+    *out = k;
+    return PL_OK;
+}
+#else
+static Status no_nccl(void) {
+    return pl_error_set(PL_ERR_UNSUPPORTED, "the cuda backend under MPI needs NCCL, which this "
+                                            "build has not (configure found no nccl.h / libnccl)");
+}
+
+Status k_cuda_group_id(void *id) {
+    return no_nccl();
+}
+
+Status k_cuda_open_rank(const KernelOpenOptions *o, int rank, int device, const void *group_id,
+                        KernelOps **out) {
+    return no_nccl();
+}
+#endif
 
 void k_cuda_close(KernelOps **ranks, int size) {
     KCudaArGroup *ar = size > 0 && ranks[0] ? st(ranks[0])->ar : NULL;
