@@ -11,6 +11,7 @@
 # summary lines, which tests/run_tests.sh counts.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
+. tests/support/script_test.sh
 
 CC=${CC:-cc}
 command -v "$CC" >/dev/null || CC=gcc
@@ -18,18 +19,6 @@ command -v "$CC" >/dev/null || CC=clang
 NM=${NM:-nm}
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/pagellm-layers.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
-
-passed=()
-failed=()
-
-ok() {
-    echo "[       OK ] $1"
-    passed+=("$1")
-}
-fail() {
-    echo "[  FAILED  ] $1: $2"
-    failed+=("$1")
-}
 
 # A global function that lib$1.a defines, not matching the glob $2 (default: any).
 some_function() {
@@ -47,11 +36,11 @@ some_function() {
 violation() {
     local name=$1 user=$2 provider=$3 src=$4 probe=${PROBE:-layer_probe}
     shift 4
-    echo "[ RUN      ] $name"
+    st_run "$name"
     local dir=$scratch/$name
     mkdir -p "$dir"
     if ! printf '%s\n' "$src" | "$CC" -x c -c - -o "$dir/$probe.o" 2>"$dir/cc.log"; then
-        fail "$name" "cannot compile the probe object: $(head -3 "$dir/cc.log")"
+        st_fail "$name" "cannot compile the probe object: $(head -3 "$dir/cc.log")"
         return
     fi
     cp "build/lib$user.a" "$dir/lib$user.a"
@@ -64,28 +53,29 @@ violation() {
     status=$?
     while IFS= read -r line; do echo "    $line"; done <<<"$out"
     if ((status != 1)); then
-        fail "$name" "check_layers.py exited $status, expected 1"
+        st_fail "$name" "check_layers.py exited $status, expected 1"
         return
     fi
     local want
     for want in "$@"; do
         if ! grep -qF -- "$want" <<<"$out"; then
-            fail "$name" "the output lacks: $want"
+            st_fail "$name" "the output lacks: $want"
             return
         fi
     done
-    ok "$name"
+    st_ok "$name"
 }
 
-echo "[==========] layers: 8 test(s)"
+st_begin layers layers_clean_build layers_reversed_edge layers_sideways_edge layers_narrow_edge \
+    layers_export_prefix layers_duplicate_definition layers_part_calls_up layers_part_unknown
 
-echo "[ RUN      ] layers_clean_build"
+st_run layers_clean_build
 if ! ls build/lib*.a >/dev/null 2>&1; then
-    fail layers_clean_build "no build/lib*.a (run ninja first)"
+    st_fail layers_clean_build "no build/lib*.a (run ninja first)"
 elif python3 tools/check_layers.py --nm "$NM"; then
-    ok layers_clean_build
+    st_ok layers_clean_build
 else
-    fail layers_clean_build "tools/check_layers.py failed on the build (above)"
+    st_fail layers_clean_build "tools/check_layers.py failed on the build (above)"
 fi
 
 eng=$(some_function engine)
@@ -93,7 +83,7 @@ model=$(some_function models)
 kern=$(some_function kernels '^sampling_')
 pl=$(some_function common)
 if [[ -z $eng || -z $model || -z $kern || -z $pl ]]; then
-    fail layers_probe_symbols \
+    st_fail layers_probe_symbols \
         "no function found in libengine.a, libmodels.a, libkernels.a or libcommon.a"
 else
     # Upward: the kernels calling into the engine.
@@ -126,10 +116,4 @@ else
         "part layer_probe of libengine.a is not in configure.py's PART_ORDER"
 fi
 
-echo "[==========] layers: $((${#passed[@]} + ${#failed[@]})) test(s) run."
-echo "[  PASSED  ] ${#passed[@]} test(s)."
-if ((${#failed[@]} > 0)); then
-    echo "[  FAILED  ] ${#failed[@]} test(s), listed below:"
-    printf '[  FAILED  ] %s\n' "${failed[@]}"
-    exit 1
-fi
+st_end

@@ -16,6 +16,7 @@
 # which tests/run_tests.sh counts.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
+. tests/support/script_test.sh
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
@@ -27,7 +28,7 @@ trap 'rm -rf "$scratch"' EXIT
 cases=(mpi_np2_equals_one_process mpi_np4_equals_one_process mpi_np2_swap_equals_one_process
        mpi_np4_swap_equals_one_process mpi_follower_killed_ends_the_job)
 
-echo "[==========] mpi: ${#cases[@]} test(s)"
+st_begin mpi "${cases[@]}"
 why=""
 if ! command -v mpirun >/dev/null; then
     why="mpirun not found (apt-get install openmpi-bin libopenmpi-dev, re-run ./configure.py)"
@@ -36,25 +37,7 @@ elif [[ ! -x $bin ]]; then
 elif ! grep -q PAGELLM_HAVE_MPI build.ninja 2>/dev/null; then
     why="pagellm built without MPI (configure.py found no libopenmpi-dev)"
 fi
-if [[ -n $why ]]; then
-    for c in "${cases[@]}"; do echo "[  SKIPPED ] $c: $why"; done
-    echo "[==========] mpi: ${#cases[@]} test(s) run."
-    echo "[  PASSED  ] 0 test(s)."
-    echo "[  SKIPPED ] ${#cases[@]} test(s), listed below:"
-    printf '[  SKIPPED ] %s\n' "${cases[@]}"
-    exit 0
-fi
-
-passed=()
-failed=()
-ok() {
-    echo "[       OK ] $1"
-    passed+=("$1")
-}
-fail() {
-    echo "[  FAILED  ] $1: $2"
-    failed+=("$1")
-}
+[[ -n $why ]] && st_skip_all "$why"
 
 prompts=$scratch/prompts.txt
 cat >"$prompts" <<'EOF'
@@ -77,30 +60,30 @@ swap=(--num-gpu-blocks-override 24 --block-size 16 --ignore-eos --schedule-conse
 run_case() {
     local name=$1 np=$2
     shift 2
-    echo "[ RUN      ] $name"
+    st_run "$name"
     local one=$scratch/$name.one many=$scratch/$name.many
     if ! timeout 120 "$bin" "${common[@]}" "$@" </dev/null >"$one" 2>"$one.err"; then
-        fail "$name" "one process failed: $(tail -3 "$one.err")"
+        st_fail "$name" "one process failed: $(tail -3 "$one.err")"
         return
     fi
     local status=0
     timeout 300 mpirun -np "$np" "$bin" "${common[@]}" --tensor-parallel-size "$np" "$@" \
         </dev/null >"$many" 2>"$many.err" || status=$?
     if ((status != 0)); then
-        fail "$name" "mpirun -np $np exited $status: $(tail -5 "$many.err")"
+        st_fail "$name" "mpirun -np $np exited $status: $(tail -5 "$many.err")"
         return
     fi
     if ! cmp -s "$one" "$many"; then
-        fail "$name" "completions differ: $(diff "$one" "$many" | head -6)"
+        st_fail "$name" "completions differ: $(diff "$one" "$many" | head -6)"
         return
     fi
     if [[ $* == *num-gpu-blocks-override* ]] &&
         ! grep -Eq "preemptions: [1-9][0-9]* by swap|blocks swapped out [1-9]" "$many.err"; then
-        fail "$name" "no sequence was swapped out: $(grep -h preemptions "$many.err")"
+        st_fail "$name" "no sequence was swapped out: $(grep -h preemptions "$many.err")"
         return
     fi
     echo "    $(wc -l <"$many") completions equal; $(grep -ho 'preemptions:.*' "$many.err")"
-    ok "$name"
+    st_ok "$name"
 }
 
 run_case mpi_np2_equals_one_process 2
@@ -111,7 +94,7 @@ run_case mpi_np4_swap_equals_one_process 4 "${swap[@]}"
 # A follower dies mid-generation: every process must end, mpirun non-zero, with a message
 # that names the dead rank, well before the generation would have finished.
 name=mpi_follower_killed_ends_the_job
-echo "[ RUN      ] $name"
+st_run "$name"
 big=$scratch/big
 mkdir -p "$big"
 cp models/stories260K/tokenizer.json models/stories260K/tokenizer_config.json "$big/"
@@ -145,7 +128,7 @@ if [[ -z $victim ]]; then
     echo "    out: $(wc -c <"$out") bytes; $(pgrep -af "generate --model $big" | wc -l) processes"
     kill "$job" 2>/dev/null
     wait "$job"
-    fail "$name" "no output or no rank 1 process: $(tail -3 "$out.err")"
+    st_fail "$name" "no output or no rank 1 process: $(tail -3 "$out.err")"
 else
     kill -9 "$victim"
     status=0
@@ -155,20 +138,14 @@ else
     grep -v '^ *$' "$out.err" | grep -iv "^pagellm: \(device\|kv cache\)" | head -12 |
         sed "s/^/    | /"
     if ((status == 0 || status == 124)); then
-        fail "$name" "mpirun exited $status (0: not an error; 124: hung until the timeout)"
+        st_fail "$name" "mpirun exited $status (0: not an error; 124: hung until the timeout)"
     elif ! grep -Eqi "rank 1|process rank 1" "$out.err"; then
-        fail "$name" "the message does not name rank 1"
+        st_fail "$name" "the message does not name rank 1"
     elif pgrep -f "generate --model $big" >/dev/null; then
-        fail "$name" "processes are left: $(pgrep -af "generate --model $big")"
+        st_fail "$name" "processes are left: $(pgrep -af "generate --model $big")"
     else
-        ok "$name"
+        st_ok "$name"
     fi
 fi
 
-echo "[==========] mpi: $((${#passed[@]} + ${#failed[@]})) test(s) run."
-echo "[  PASSED  ] ${#passed[@]} test(s)."
-if ((${#failed[@]} > 0)); then
-    echo "[  FAILED  ] ${#failed[@]} test(s), listed below:"
-    printf '[  FAILED  ] %s\n' "${failed[@]}"
-    exit 1
-fi
+st_end
