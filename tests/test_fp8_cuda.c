@@ -4,7 +4,8 @@
  * scales, bias on and off, BF16 and F16 activations (F32 on a few shapes), n in {1, 2, 3, 8, 17,
  * 64, 300}; (N, K) with N and K not multiples of 128 for the tensor and channel kinds (and N %
  * 4 != 0, which cuBLASLt's scale modes refuse), multiples of 128 and ragged edges for the block
- * kind (ceil(K / 128) % 4 != 0 takes the own kernel). At n <= 8 the cuBLASLt path is forced too,
+ * kind (ceil(K / 128) % 4 != 0 takes the own kernel); K % 16 != 0 in every kind and act dtype
+ * (matmul_fp8_generic.cu). At n <= 8 the cuBLASLt path is forced too,
  * above 8 the own tiled kernel, and at every n the own kernel with 32 weight rows a block,
  * whatever the automatic choice. Then a CUDA graph capture, and
  * the fused projections (qkv + RoPE + cache is not covered here; silu_mul and add_rmsnorm) on
@@ -52,6 +53,7 @@
     X(test_fp8_channel)                                                                            \
     X(test_fp8_block)                                                                              \
     X(test_fp8_f32_act)                                                                            \
+    X(test_fp8_generic)                                                                            \
     X(test_fp8_graph)                                                                              \
     X(test_fp8_fused_ops)                                                                          \
     X(test_fp8_timing)
@@ -286,6 +288,20 @@ static void test_fp8_f32_act(void **state) {
     const int shapes[][2] = {{200, 512}};
     int bad = kind_sweep(FP8_SCALE_CHANNEL, shapes, 1, f32, 1);
     bad += kind_sweep(FP8_SCALE_BLOCK, shapes, 1, f32, 1);
+    assert_int_equal(bad, 0);
+}
+
+/* K % 16 != 0 (stories260K's down projection has K = 172), every kind and act dtype: the
+ * generic kernel (matmul_fp8_generic.cu), whatever path is forced. */
+static void test_fp8_generic(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(86);
+    const DType acts[] = {DT_BF16, DT_F16, DT_F32};
+    const int shapes[][2] = {{64, 172}, {72, 36}, {130, 300}};
+    int bad = 0;
+    for (int kind = FP8_SCALE_TENSOR; kind <= FP8_SCALE_BLOCK; kind++)
+        bad += kind_sweep((Fp8ScaleKind)kind, shapes, 3, acts, 3);
     assert_int_equal(bad, 0);
 }
 
