@@ -161,47 +161,67 @@ static void make_prompt(int32_t *ids, int n, int vocab, uint32_t seed) {
     }
 }
 
-/* A model on CPU (float32) and CUDA (float32, bfloat16): prompt logits and greedy decoding.
- * must_match: the float32 greedy ids and text equal. Returns the failures. */
-static int compare_model(const ModelCase *mc, const char *name, const int32_t *prompt, int n, int g,
+/* A prompt and how many tokens to generate after it. */
+typedef struct {
+    int32_t ids[MAX_TOKENS];
+    int n, g;
+} Prompt;
+
+/* The CPU's (or a GPU's) answers to prompts[np]: each one's logits [n, vocab] and greedy run. */
+typedef struct {
+    float *logits[8];
+    Greedy run[8];
+} Answers;
+
+static void answer(Engine *e, const Prompt *ps, int np, int vocab, Answers *a) {
+    assert_true(np <= 8);
+    for (int i = 0; i < np; i++) {
+        a->logits[i] = malloc(sizeof(float) * (size_t)ps[i].n * vocab);
+        assert_int_equal(eng_prompt_logits(e, ps[i].ids, ps[i].n, a->logits[i]), PL_OK);
+        greedy(e, ps[i].ids, ps[i].n, ps[i].g, &a->run[i]);
+    }
+}
+
+/* A model on CPU (float32) and CUDA (float32, bfloat16): prompt logits and greedy decoding of
+ * each prompt. must_match: the float32 greedy ids and text equal. Returns the failures. */
+static int compare_model(const ModelCase *mc, const char *name, const Prompt *ps, int np,
                          int must_match) {
     Engine *cpu = open_engine(mc, "cpu", "float32");
     int vocab = eng_model_config(cpu)->vocab_size, bad = 0;
-    float *want = malloc(sizeof(float) * (size_t)n * vocab);
-    float *got = malloc(sizeof(float) * (size_t)n * vocab);
-    assert_int_equal(eng_prompt_logits(cpu, prompt, n, want), PL_OK);
-    Greedy *ref = malloc(sizeof *ref), *dev = malloc(sizeof *dev);
-    greedy(cpu, prompt, n, g, ref);
+    Answers *ref = malloc(sizeof *ref), *dev = malloc(sizeof *dev);
+    answer(cpu, ps, np, vocab, ref);
     eng_destroy(cpu);
     static const char *dtypes[] = {"float32", "bfloat16"};
     for (int d = 0; d < 2; d++) {
         const double tol_row = d ? TOL_ROW_BF16 : TOL_ROW_F32,
                      tol_lp = d ? TOL_LP_BF16 : TOL_LP_F32;
         Engine *e = open_engine(mc, "cuda", dtypes[d]);
-        assert_int_equal(eng_prompt_logits(e, prompt, n, got), PL_OK);
-        double rel = logit_rel(got, want, n, vocab);
-        greedy(e, prompt, n, g, dev);
+        answer(e, ps, np, vocab, dev);
         eng_destroy(e);
-        DecodeCmp dc = compare_decode(dev, ref, tol_lp);
-        int text_same =
-            dev->text_len == ref->text_len && !memcmp(dev->text, ref->text, ref->text_len);
-        print_message("%s on cuda %s%s: prompt rel %.3g (tol %g), decode |dlogprob| %.3g (tol "
-                      "%g), greedy %d/%d equal (smallest cpu margin %.3g)%s\n",
-                      name, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, tol_row, dc.lp_err,
-                      tol_lp, dc.same, g, dc.margin,
-                      !ref->text_len ? ""
-                      : text_same    ? ", text equal"
-                                     : ", TEXT DIFFERS");
-        bad += !(rel <= tol_row) + !(dc.lp_err <= tol_lp) + dc.bad;
-        if (d == 0 && must_match && (dc.same != g || !text_same)) {
-            print_error(
-                "%s: float32 greedy text differs from the CPU's:\n  cuda: %.*s\n  cpu:  %.*s\n",
-                name, (int)dev->text_len, dev->text, (int)ref->text_len, ref->text);
-            bad++;
+        for (int i = 0; i < np; i++) {
+            const Greedy *r = &ref->run[i], *g = &dev->run[i];
+            double rel = logit_rel(dev->logits[i], ref->logits[i], ps[i].n, vocab);
+            DecodeCmp dc = compare_decode(g, r, tol_lp);
+            int text_same = g->text_len == r->text_len && !memcmp(g->text, r->text, r->text_len);
+            print_message("%s, prompt %d, cuda %s%s: prompt rel %.3g (tol %g), decode |dlogprob| "
+                          "%.3g (tol %g), greedy %d/%d equal (smallest cpu margin %.3g)%s\n",
+                          name, i, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, tol_row,
+                          dc.lp_err, tol_lp, dc.same, ps[i].g, dc.margin,
+                          !r->text_len ? ""
+                          : text_same  ? ", text equal"
+                                       : ", TEXT DIFFERS");
+            bad += !(rel <= tol_row) + !(dc.lp_err <= tol_lp) + dc.bad;
+            if (d == 0 && must_match && (dc.same != ps[i].g || !text_same)) {
+                print_error("%s, prompt %d: float32 greedy text differs from the CPU's:\n  cuda: "
+                            "%.*s\n  cpu:  %.*s\n",
+                            name, i, (int)g->text_len, g->text, (int)r->text_len, r->text);
+                bad++;
+            }
+            free(dev->logits[i]);
         }
     }
-    free(want);
-    free(got);
+    for (int i = 0; i < np; i++)
+        free(ref->logits[i]);
     free(ref);
     free(dev);
     return bad;
@@ -223,21 +243,21 @@ static void test_stories_online_fp8(void **state) {
     json_t *doc = json_load_file(STORIES "/golden.json", 0, &err);
     assert_non_null(doc);
     ModelCase mc = {.dir = STORIES, .quantization = "fp8"};
+    Prompt ps[8];
     size_t i;
     json_t *c;
-    int bad = 0;
-    json_array_foreach(json_object_get(doc, "cases"), i, c) {
+    json_t *cases = json_object_get(doc, "cases");
+    assert_true(json_array_size(cases) <= 8);
+    json_array_foreach(cases, i, c) {
         json_t *p = json_object_get(c, "prompt_ids");
-        int32_t ids[MAX_TOKENS];
-        int n = (int)json_array_size(p);
-        assert_true(n <= MAX_TOKENS);
-        for (int k = 0; k < n; k++)
-            ids[k] = (int32_t)json_integer_value(json_array_get(p, k));
-        int g = (int)json_array_size(json_object_get(c, "completion_ids"));
-        char name[64];
-        snprintf(name, sizeof name, "stories260K fp8, golden case %zu", i);
-        bad += compare_model(&mc, name, ids, n, g, 1);
+        ps[i].n = (int)json_array_size(p);
+        ps[i].g = (int)json_array_size(json_object_get(c, "completion_ids"));
+        assert_true(ps[i].n <= MAX_TOKENS && ps[i].g <= MAX_TOKENS);
+        for (int k = 0; k < ps[i].n; k++)
+            ps[i].ids[k] = (int32_t)json_integer_value(json_array_get(p, k));
     }
+    int bad =
+        compare_model(&mc, "stories260K fp8 (golden prompts)", ps, (int)json_array_size(cases), 1);
     json_decref(doc);
     assert_int_equal(bad, 0);
 }
@@ -248,14 +268,14 @@ static void test_fp8_checkpoints(void **state) {
     if (!have_gpu())
         skip();
     static const char *names[] = {"fp8-block128", "fp8-block32", "ct-channel", "ct-tensor"};
-    int32_t prompt[32];
-    make_prompt(prompt, 32, 512, 11);
+    Prompt p = {.n = 32, .g = 16};
+    make_prompt(p.ids, p.n, 512, 11);
     int bad = 0;
     for (int i = 0; i < 4; i++) {
         char dir[128];
         snprintf(dir, sizeof dir, FP8DATA "/%s", names[i]);
         ModelCase mc = {.dir = dir};
-        bad += compare_model(&mc, names[i], prompt, 32, 16, 0);
+        bad += compare_model(&mc, names[i], &p, 1, 0);
     }
     assert_int_equal(bad, 0);
 }
@@ -298,15 +318,15 @@ static void test_shapes_fp8_kv(void **state) {
          "1000000.0, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", "
          "\"bos_token_id\": 1, \"eos_token_id\": 2}"},
     };
-    int32_t prompt[40];
-    make_prompt(prompt, 40, 1024, 12);
+    Prompt p = {.n = 40, .g = 24};
+    make_prompt(p.ids, p.n, 1024, 12);
     int bad = 0;
     for (int i = 0; i < 2; i++) {
         char dir[] = "/tmp/pagellm_fp8_shape_XXXXXX";
         assert_non_null(mkdtemp(dir));
         write_config(dir, configs[i][1]);
         ModelCase mc = {.dir = dir, .dummy = 1, .kv_fp8 = 1, .quantization = "fp8"};
-        bad += compare_model(&mc, configs[i][0], prompt, 40, 24, 0);
+        bad += compare_model(&mc, configs[i][0], &p, 1, 0);
         remove_config(dir);
     }
     assert_int_equal(bad, 0);
