@@ -19,12 +19,14 @@ and runs `pagellm logits` on each (--device cuda, bf16 activations, and float32)
 references computed by transformers on the GPU from the same prompt of random ids:
 
   bf16    the original bf16 model in bf16
-  fp8     transformers running the checkpoint's fp8 arithmetic: for fp8-block its own
-          FP8Linear (dynamic activation scales per token and 128 columns, as pagellm); for
-          the compressed-tensors files (the compressed-tensors package is not on the host) the
-          model with the file's dequantized weights (w_fp8 * scale), each projection's input
-          rounded to e4m3 by a forward pre-hook per the documented semantics (per token, or
-          the static scale: include/kernels.h, matmul); in bf16, and in fp32 ("fp8 fp32")
+  fp8     transformers running the checkpoint's fp8 arithmetic: the bf16 model with every
+          projection replaced by the file's dequantized weights (w_fp8 * scale, fp32) applied
+          to its input rounded to e4m3 as the matmul op documents (include/kernels.h: per token
+          and 128 columns for block scales, per token for compressed-tensors dynamic, the
+          static input_scale), in fp32, the output rounded to the model dtype; run in bf16,
+          and in fp32 ("fp8 fp32"). transformers' own FP8Linear is tried first on fp8-block and
+          used where it runs (5.17's needs the `kernels` package, absent on the H200 host);
+          compressed-tensors has no transformers path without its package
   deq     the dequantized weights without activation rounding, in bf16 (not gated)
 
   tol = rel_err(fp8, bf16): how far fp8 itself moves transformers' logits on this model.
@@ -161,10 +163,9 @@ def dequantized(tensors, module):
     return q * s, float(static) if static is not None else 0.0
 
 
-def round_input(x, group, static):
-    """x as the matmul quantizes it (include/kernels.h): per token and group of columns, scale
-    s = static, or max(amax / 448, MIN_SCALE); e4m3 satfinite of x * (1 / s), times s."""
-    xf = x.float()
+def round_input(xf, group, static):
+    """xf (fp32) as the matmul quantizes it (include/kernels.h): per token and group of
+    columns, s = static, or max(amax / 448, MIN_SCALE); e4m3 satfinite of x * (1 / s), times s."""
     K = xf.shape[-1]
     g = xf.reshape(*xf.shape[:-1], -1, group) if group < K else xf.unsqueeze(-2)
     if static:
@@ -172,22 +173,25 @@ def round_input(x, group, static):
     else:
         s = (g.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
     q = (g * (1.0 / s)).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * s
-    return q.reshape(xf.shape).to(x.dtype)
+    return q.reshape(xf.shape)
 
 
 def emulated(bf16_dir, fp8_dir, dtype, ids, act_rounding=True):
-    """The bf16 model with the fp8 file's dequantized weights (and rounded inputs), in dtype."""
+    """The bf16 model in dtype with every projection replaced by the fp8 file's arithmetic in
+    fp32 (dequantized weights, the input rounded as the matmul does unless not act_rounding),
+    its output rounded to dtype as an fp8 GEMM's is."""
     m, t = load(bf16_dir, dtype), tensors_of(fp8_dir)
-    block = any(k.endswith(".weight_scale_inv") for k in t)
+    group_of = 128 if any(k.endswith(".weight_scale_inv") for k in t) else None
     for name, mod in m.named_modules():
         if not name.endswith(PROJ):
             continue
         w, static = dequantized(t, name)
-        mod.weight.data.copy_(w.to(dtype))
-        if act_rounding:
-            group = 128 if block else w.shape[1]
-            mod.register_forward_pre_hook(
-                lambda mod, args, g=group, s=static: (round_input(args[0], g, s),))
+        w, g = w.cuda(), group_of or w.shape[1]
+
+        def forward(x, w=w, g=g, s=static):
+            xf = round_input(x.float(), g, s) if act_rounding else x.float()
+            return torch.nn.functional.linear(xf, w).to(x.dtype)
+        mod.forward = forward
     return run(m, ids)
 
 
@@ -211,6 +215,7 @@ def main():
     ap.add_argument("--tol-f32", type=float, default=1e-2,
                     help="largest rel_err of pagellm float32 against the fp32 emulation")
     args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
     import transformers
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
