@@ -35,7 +35,7 @@
  *     path each (N, K, scale kind) takes is printed once to stderr.
  *
  * These need K % 16 == 0, x and w 16-byte aligned, block scales of 128: anything else goes to
- * matmul_fp8_generic.cu. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 out for F32). */
+ * matmul_fp8_generic.cu. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 for F32). */
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 #include <stdio.h>
