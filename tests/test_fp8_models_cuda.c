@@ -19,10 +19,13 @@
  * largest |logprob difference| over the CPU's top-5 tokens at the steps where both have the
  * same history. A greedy id may differ only where the CPU's top-1 / top-2 logprob margin is
  * within the decode tolerance (a near-tie); stories260K in float32 must match exactly. The
- * tolerances (TOL_*) are set from what the H200 showed (docs/VERIFICATION.md, fp8): float32
- * differs from the CPU in the order of fp32 sums, which now and then moves an activation
- * across an e4m3 rounding boundary (one e4m3 step, 2^-3 relative, on one product); bfloat16
- * rounds every activation as well. Without a GPU every test is skipped. */
+ * tolerances (TOL_*) are set from what the H200 showed (docs/VERIFICATION.md, fp8). float32
+ * differs from the CPU in the order of fp32 sums only, but now and then that moves an
+ * activation across an e4m3 rounding boundary: the element changes by a whole e4m3 step (up to
+ * 2^-3 of it), and so does every later token that attends to it, so most rows agree to ~1e-6
+ * and a few by ~1e-2 (the rows beyond 1e-4 are counted). bfloat16 rounds every activation to
+ * 8 bits, which moves about one in 32 of them across an e4m3 boundary: its differences are of
+ * the size of fp8's own error. Without a GPU every test is skipped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,8 +48,8 @@
 enum { MAX_TOKENS = 48, TOPK = 5, TEXT_MAX = 2048 };
 
 /* Worst prompt-row rel and decode |logprob| difference accepted, per CUDA act dtype. */
-static const double TOL_ROW_F32 = 2e-3, TOL_LP_F32 = 2e-2;
-static const double TOL_ROW_BF16 = 6e-2, TOL_LP_BF16 = 0.3;
+static const double TOL_ROW_F32 = 3e-2, TOL_LP_F32 = 5e-2;
+static const double TOL_ROW_BF16 = 0.15, TOL_LP_BF16 = 0.5;
 
 typedef struct {
     const char *dir;
@@ -111,9 +114,10 @@ static void greedy(Engine *e, const int32_t *prompt, int n, int g, Greedy *out) 
     assert_int_equal(out->n, g);
 }
 
-/* Worst row of max |got - want| / max |want|. */
-static double logit_rel(const float *got, const float *want, int n, int vocab) {
+/* Worst row of max |got - want| / max |want|; *above gets the rows beyond 1e-4. */
+static double logit_rel(const float *got, const float *want, int n, int vocab, int *above) {
     double worst = 0;
+    *above = 0;
     for (int t = 0; t < n; t++) {
         double scale = 1e-30, err = 0;
         for (int v = 0; v < vocab; v++) {
@@ -122,6 +126,7 @@ static double logit_rel(const float *got, const float *want, int n, int vocab) {
             err = fmax(err, isfinite(got[i]) ? fabs(got[i] - want[i]) : INFINITY);
         }
         worst = fmax(worst, err / scale);
+        *above += !(err / scale <= 1e-4);
     }
     return worst;
 }
@@ -200,13 +205,15 @@ static int compare_model(const ModelCase *mc, const char *name, const Prompt *ps
         eng_destroy(e);
         for (int i = 0; i < np; i++) {
             const Greedy *r = &ref->run[i], *g = &dev->run[i];
-            double rel = logit_rel(dev->logits[i], ref->logits[i], ps[i].n, vocab);
+            int above;
+            double rel = logit_rel(dev->logits[i], ref->logits[i], ps[i].n, vocab, &above);
             DecodeCmp dc = compare_decode(g, r, tol_lp);
             int text_same = g->text_len == r->text_len && !memcmp(g->text, r->text, r->text_len);
-            print_message("%s, prompt %d, cuda %s%s: prompt rel %.3g (tol %g), decode |dlogprob| "
-                          "%.3g (tol %g), greedy %d/%d equal (smallest cpu margin %.3g)%s\n",
-                          name, i, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, tol_row,
-                          dc.lp_err, tol_lp, dc.same, ps[i].g, dc.margin,
+            print_message("%s, prompt %d, cuda %s%s: prompt rel %.3g (tol %g; %d/%d rows above "
+                          "1e-4), decode |dlogprob| %.3g (tol %g), greedy %d/%d equal (smallest "
+                          "cpu margin %.3g)%s\n",
+                          name, i, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, tol_row, above,
+                          ps[i].n, dc.lp_err, tol_lp, dc.same, ps[i].g, dc.margin,
                           !r->text_len ? ""
                           : text_same  ? ", text equal"
                                        : ", TEXT DIFFERS");

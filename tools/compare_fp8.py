@@ -31,8 +31,11 @@ references computed by transformers on the GPU from the same prompt of random id
 
   tol = rel_err(fp8, bf16): how far fp8 itself moves transformers' logits on this model.
   PASS: pagellm bf16 against fp8 within tol, and greedy argmax equal wherever fp8's top-1 /
-  top-2 margin exceeds twice the row's error (compare_logits.compare); and pagellm float32
-  against "fp8 fp32" within --tol-f32 (same arithmetic, fp32 sums in another order).
+  top-2 margin exceeds twice the row's error (compare_logits.compare); and pagellm float32,
+  CUDA and CPU, against "fp8 fp32" within tol / 2. The same arithmetic in fp32 differs only in
+  the order of sums, but where that moves an activation across an e4m3 rounding boundary the
+  element changes by a whole e4m3 step (~6 %), and every later token attending to it shifts:
+  most rows agree to ~1e-6, a few by ~1e-2 (the rows above 1e-4 are counted).
 
 rel_err is compare_logits.py's: max |got - ref| / max |ref| over a row, worst row. Usage:
 
@@ -199,10 +202,19 @@ def rel(got, ref):
     return float(row_errors(got, ref)[1].max())
 
 
-def pagellm(binary, model_dir, ids, dtype):
+def pagellm(binary, model_dir, ids, device, dtype):
     return pagellm_logits(binary, model_dir, ids, [
-        "--device", "cuda", "--dtype", dtype, "--num-gpu-blocks-override", "64",
+        "--device", device, "--dtype", dtype, "--num-gpu-blocks-override", "64",
         "--max-model-len", "256"]).reshape(len(ids), -1)
+
+
+def check_f32(what, got, ref, tol):
+    rows = row_errors(got, ref)[1]
+    ok = bool(np.all(np.isfinite(got))) and rows.max() <= tol
+    print(f"-- {what} against the fp32 run: rel_err {rows.max():.3g} (tol {tol:.3g}), rows above "
+          f"1e-4: {int((rows > 1e-4).sum())}/{len(rows)}, argmax agreement "
+          f"{int((got.argmax(1) == ref.argmax(1)).sum())}/{len(rows)}: {'PASS' if ok else 'FAIL'}")
+    return ok
 
 
 def main():
@@ -212,8 +224,6 @@ def main():
     ap.add_argument("--workdir", required=True, help="folder for the checkpoints")
     ap.add_argument("--n-tokens", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol-f32", type=float, default=1e-2,
-                    help="largest rel_err of pagellm float32 against the fp32 emulation")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     import transformers
@@ -247,22 +257,19 @@ def main():
         print(f"tol = rel_err(transformers fp8, bf16) = {tol:.3g}; "
               f"dequantized weights alone against bf16: {rel(deq, ref_bf16):.3g}")
         try:
-            got = pagellm(args.pagellm, d, ids, "bfloat16")
-            got32 = pagellm(args.pagellm, d, ids, "float32")
+            got = pagellm(args.pagellm, d, ids, "cuda", "bfloat16")
+            got32 = pagellm(args.pagellm, d, ids, "cuda", "float32")
+            cpu32 = pagellm(args.pagellm, d, ids, "cpu", "float32")
         except SystemExit as e:
             print(f"FAIL: {e}")
             failed.append(name)
             continue
-        print(f"-- pagellm bfloat16 against transformers fp8 (bf16):")
+        print("-- pagellm CUDA bfloat16 against transformers fp8 (bf16):")
         ok = compare(ref, got, ids, tol)
         print(f"pagellm bfloat16 against the dequantized weights (not gated): "
               f"rel_err {rel(got, deq):.3g}")
-        r32 = rel(got32, emu32)
-        ok32 = r32 <= args.tol_f32 and np.all(np.isfinite(got32))
-        print(f"-- pagellm float32 against the emulation in fp32: rel_err {r32:.3g} "
-              f"(tol {args.tol_f32:g}), argmax agreement "
-              f"{int((got32.argmax(1) == emu32.argmax(1)).sum())}/{len(ids)}: "
-              f"{'PASS' if ok32 else 'FAIL'}")
+        ok32 = check_f32("pagellm CUDA float32", got32, emu32, tol / 2)
+        ok32 &= check_f32("pagellm CPU float32", cpu32, emu32, tol / 2)
         if not (ok and ok32):
             failed.append(name)
     print(f"\n{'FAIL: ' + ', '.join(failed) if failed else 'all PASS'}")
