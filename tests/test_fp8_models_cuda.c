@@ -24,7 +24,7 @@
  * activation across an e4m3 rounding boundary: the element changes by a whole e4m3 step (up to
  * 2^-3 of it), and so does every later token that attends to it, so most rows agree to ~1e-6
  * and a few by ~1e-2 (the rows beyond 1e-4 are counted). bfloat16 rounds every activation to
- * 8 bits, which moves about one in 32 of them across an e4m3 boundary: its differences are of
+ * 8 bits, which moves a few percent of them across an e4m3 boundary: its differences are of
  * the size of fp8's own error. Without a GPU every test is skipped. */
 #include <setjmp.h>
 #include <stdarg.h>
