@@ -17,15 +17,18 @@
  * Each model runs on CUDA in float32 and in bfloat16 activations. Measures: rel = max |cuda -
  * cpu| / max |cpu| over a prompt row, worst row (as tools/compare_logits.py); in decode, the
  * largest |logprob difference| over the CPU's top-5 tokens at the steps where both have the
- * same history. A greedy id may differ only where the CPU's top-1 / top-2 logprob margin is
- * within the decode tolerance (a near-tie); stories260K in float32 must match exactly. The
- * tolerances (TOL_*) are set from what the H200 showed (docs/VERIFICATION.md, fp8). float32
- * differs from the CPU in the order of fp32 sums only, but now and then that moves an
- * activation across an e4m3 rounding boundary: the element changes by a whole e4m3 step (up to
- * 2^-3 of it), and so does every later token that attends to it, so most rows agree to ~1e-6
- * and a few by ~1e-2 (the rows beyond 1e-4 are counted). bfloat16 rounds every activation to
- * 8 bits, which moves a few percent of them across an e4m3 boundary: its differences are of
- * the size of fp8's own error. Without a GPU every test is skipped. */
+ * same history.
+ *
+ * Tolerances come from fp8's own error on the same prompt: the CPU fp8 model against the same
+ * model without fp8 (compare_model). A fixed small bound cannot hold: the same arithmetic in
+ * another order now and then moves an activation across an e4m3 rounding boundary, which
+ * changes it by a whole e4m3 step (up to 2^-3 of it), and every later token attending to it
+ * shifts too. The GEMV (up to 8 rows) and the CPU agree to ~1e-7, but cuBLASLt's fp8 GEMM
+ * (prefills beyond 8 rows) accumulates to about 2^-12 of the magnitudes (test_fp8_cuda's bound),
+ * and bfloat16 rounds every activation to 8 bits: both move enough activations across e4m3
+ * boundaries that CUDA and CPU then differ by about fp8's own error (measured on the H200:
+ * docs/VERIFICATION.md, fp8). A broken kernel or binding is far outside. Without a GPU every
+ * test is skipped. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,10 +49,6 @@
 #define FP8DATA "tests/data/fp8"
 
 enum { MAX_TOKENS = 48, TOPK = 5, TEXT_MAX = 2048 };
-
-/* Worst prompt-row rel and decode |logprob| difference accepted, per CUDA act dtype. */
-static const double TOL_ROW_F32 = 3e-2, TOL_LP_F32 = 5e-2;
-static const double TOL_ROW_BF16 = 0.15, TOL_LP_BF16 = 0.5;
 
 typedef struct {
     const char *dir;
@@ -114,10 +113,12 @@ static void greedy(Engine *e, const int32_t *prompt, int n, int g, Greedy *out) 
     assert_int_equal(out->n, g);
 }
 
-/* Worst row of max |got - want| / max |want|; *above gets the rows beyond 1e-4. */
-static double logit_rel(const float *got, const float *want, int n, int vocab, int *above) {
-    double worst = 0;
-    *above = 0;
+/* Worst row of max |got - want| / max |want|; *worst_abs gets the largest |got - want|,
+ * *above the rows beyond 1e-4 (NULL: not wanted). */
+static double logit_rel(const float *got, const float *want, int n, int vocab, double *worst_abs,
+                        int *above) {
+    double worst = 0, wabs = 0;
+    int count = 0;
     for (int t = 0; t < n; t++) {
         double scale = 1e-30, err = 0;
         for (int v = 0; v < vocab; v++) {
@@ -126,8 +127,13 @@ static double logit_rel(const float *got, const float *want, int n, int vocab, i
             err = fmax(err, isfinite(got[i]) ? fabs(got[i] - want[i]) : INFINITY);
         }
         worst = fmax(worst, err / scale);
-        *above += !(err / scale <= 1e-4);
+        wabs = fmax(wabs, err);
+        count += !(err / scale <= 1e-4);
     }
+    if (worst_abs)
+        *worst_abs = wabs;
+    if (above)
+        *above = count;
     return worst;
 }
 
@@ -178,59 +184,76 @@ typedef struct {
     Greedy run[8];
 } Answers;
 
-static void answer(Engine *e, const Prompt *ps, int np, int vocab, Answers *a) {
+/* with_greedy 0: the logits only. */
+static void answer(Engine *e, const Prompt *ps, int np, int vocab, Answers *a, int with_greedy) {
     assert_true(np <= 8);
     for (int i = 0; i < np; i++) {
         a->logits[i] = malloc(sizeof(float) * (size_t)ps[i].n * vocab);
         assert_int_equal(eng_prompt_logits(e, ps[i].ids, ps[i].n, a->logits[i]), PL_OK);
-        greedy(e, ps[i].ids, ps[i].n, ps[i].g, &a->run[i]);
+        if (with_greedy)
+            greedy(e, ps[i].ids, ps[i].n, ps[i].g, &a->run[i]);
     }
 }
 
+static void free_answers(Answers *a, int np) {
+    for (int i = 0; i < np; i++)
+        free(a->logits[i]);
+}
+
 /* A model on CPU (float32) and CUDA (float32, bfloat16): prompt logits and greedy decoding of
- * each prompt. must_match: the float32 greedy ids and text equal. Returns the failures. */
-static int compare_model(const ModelCase *mc, const char *name, const Prompt *ps, int np,
-                         int must_match) {
+ * each prompt, against tolerances from fp8's own error: the CPU fp8 model's prompt logits
+ * against those of flt, the same model without fp8 (rel_fp8, worst row, and abs_fp8, largest
+ * |difference|). CUDA's prompt rows must be within rel_fp8 of the CPU's in float32 (2 rel_fp8
+ * in bfloat16), its decode logprobs within 2 abs_fp8, and a greedy id may differ only where
+ * the CPU's top-1 / top-2 margin is within 2 abs_fp8. must_match: the float32 greedy ids and
+ * text equal. Returns the failures. */
+static int compare_model(const ModelCase *mc, const ModelCase *flt, const char *name,
+                         const Prompt *ps, int np, int must_match) {
     Engine *cpu = open_engine(mc, "cpu", "float32");
     int vocab = eng_model_config(cpu)->vocab_size, bad = 0;
-    Answers *ref = malloc(sizeof *ref), *dev = malloc(sizeof *dev);
-    answer(cpu, ps, np, vocab, ref);
+    Answers *ref = malloc(sizeof *ref), *dev = malloc(sizeof *dev), *fl = malloc(sizeof *fl);
+    answer(cpu, ps, np, vocab, ref, 1);
     eng_destroy(cpu);
+    cpu = open_engine(flt, "cpu", "float32");
+    answer(cpu, ps, np, vocab, fl, 0);
+    eng_destroy(cpu);
+    double rel_fp8[8], abs_fp8[8];
+    for (int i = 0; i < np; i++)
+        rel_fp8[i] = logit_rel(ref->logits[i], fl->logits[i], ps[i].n, vocab, &abs_fp8[i], NULL);
     static const char *dtypes[] = {"float32", "bfloat16"};
     for (int d = 0; d < 2; d++) {
-        const double tol_row = d ? TOL_ROW_BF16 : TOL_ROW_F32,
-                     tol_lp = d ? TOL_LP_BF16 : TOL_LP_F32;
         Engine *e = open_engine(mc, "cuda", dtypes[d]);
-        answer(e, ps, np, vocab, dev);
+        answer(e, ps, np, vocab, dev, 1);
         eng_destroy(e);
         for (int i = 0; i < np; i++) {
             const Greedy *r = &ref->run[i], *g = &dev->run[i];
             int above;
-            double rel = logit_rel(dev->logits[i], ref->logits[i], ps[i].n, vocab, &above);
-            DecodeCmp dc = compare_decode(g, r, tol_lp);
+            double rel = logit_rel(dev->logits[i], ref->logits[i], ps[i].n, vocab, NULL, &above);
+            DecodeCmp dc = compare_decode(g, r, 2 * abs_fp8[i]);
             int text_same = g->text_len == r->text_len && !memcmp(g->text, r->text, r->text_len);
-            print_message("%s, prompt %d, cuda %s%s: prompt rel %.3g (tol %g; %d/%d rows above "
-                          "1e-4), decode |dlogprob| %.3g (tol %g), greedy %d/%d equal (smallest "
-                          "cpu margin %.3g)%s\n",
-                          name, i, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, tol_row, above,
-                          ps[i].n, dc.lp_err, tol_lp, dc.same, ps[i].g, dc.margin,
+            print_message("%s, prompt %d, cuda %s%s: prompt rel %.3g (fp8's own %.3g; %d/%d rows "
+                          "above 1e-4), decode |dlogprob| %.3g (fp8's own |dlogit| %.3g), greedy "
+                          "%d/%d equal (smallest cpu margin %.3g)%s\n",
+                          name, i, dtypes[d], mc->kv_fp8 ? " (fp8 KV)" : "", rel, rel_fp8[i], above,
+                          ps[i].n, dc.lp_err, abs_fp8[i], dc.same, ps[i].g, dc.margin,
                           !r->text_len ? ""
                           : text_same  ? ", text equal"
                                        : ", TEXT DIFFERS");
-            bad += !(rel <= tol_row) + !(dc.lp_err <= tol_lp) + dc.bad;
+            bad += !(rel <= (d ? 2 : 1) * rel_fp8[i]) + !(dc.lp_err <= 2 * abs_fp8[i]) + dc.bad;
             if (d == 0 && must_match && (dc.same != ps[i].g || !text_same)) {
                 print_error("%s, prompt %d: float32 greedy text differs from the CPU's:\n  cuda: "
                             "%.*s\n  cpu:  %.*s\n",
                             name, i, (int)g->text_len, g->text, (int)r->text_len, r->text);
                 bad++;
             }
-            free(dev->logits[i]);
         }
+        free_answers(dev, np);
     }
-    for (int i = 0; i < np; i++)
-        free(ref->logits[i]);
+    free_answers(ref, np);
+    free_answers(fl, np);
     free(ref);
     free(dev);
+    free(fl);
     return bad;
 }
 
@@ -249,7 +272,7 @@ static void test_stories_online_fp8(void **state) {
     json_error_t err;
     json_t *doc = json_load_file(STORIES "/golden.json", 0, &err);
     assert_non_null(doc);
-    ModelCase mc = {.dir = STORIES, .quantization = "fp8"};
+    ModelCase mc = {.dir = STORIES, .quantization = "fp8"}, flt = {.dir = STORIES};
     Prompt ps[8];
     size_t i;
     json_t *c;
@@ -263,27 +286,9 @@ static void test_stories_online_fp8(void **state) {
         for (int k = 0; k < ps[i].n; k++)
             ps[i].ids[k] = (int32_t)json_integer_value(json_array_get(p, k));
     }
-    int bad =
-        compare_model(&mc, "stories260K fp8 (golden prompts)", ps, (int)json_array_size(cases), 1);
+    int bad = compare_model(&mc, &flt, "stories260K fp8 (golden prompts)", ps,
+                            (int)json_array_size(cases), 1);
     json_decref(doc);
-    assert_int_equal(bad, 0);
-}
-
-/* The fp8 checkpoint formats (tests/data/fp8). */
-static void test_fp8_checkpoints(void **state) {
-    (void)state;
-    if (!have_gpu())
-        skip();
-    static const char *names[] = {"fp8-block128", "fp8-block32", "ct-channel", "ct-tensor"};
-    Prompt p = {.n = 32, .g = 16};
-    make_prompt(p.ids, p.n, 512, 11);
-    int bad = 0;
-    for (int i = 0; i < 4; i++) {
-        char dir[128];
-        snprintf(dir, sizeof dir, FP8DATA "/%s", names[i]);
-        ModelCase mc = {.dir = dir};
-        bad += compare_model(&mc, names[i], &p, 1, 0);
-    }
     assert_int_equal(bad, 0);
 }
 
@@ -297,11 +302,54 @@ static void write_config(const char *dir, const char *json) {
     fclose(f);
 }
 
-static void remove_config(const char *dir) {
+/* Remove a folder made by the tests: config.json, a model.safetensors link, the folder. */
+static void remove_folder(const char *dir) {
     char path[256];
     snprintf(path, sizeof path, "%s/config.json", dir);
     unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
     rmdir(dir);
+}
+
+/* In dir (made here): stories260K cut to the first `layers` layers (its config with
+ * num_hidden_layers changed, its weights through a link), the float twin of a checkpoint made
+ * from that many of its layers. */
+static void stories_cut(char *dir, int layers) {
+    assert_non_null(mkdtemp(dir));
+    json_error_t err;
+    json_t *cfg = json_load_file(STORIES "/config.json", 0, &err);
+    assert_non_null(cfg);
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(layers));
+    char *text = json_dumps(cfg, 0), path[256], weights[4096];
+    write_config(dir, text);
+    free(text);
+    json_decref(cfg);
+    assert_non_null(realpath(STORIES "/model.safetensors", weights));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(symlink(weights, path), 0);
+}
+
+/* The fp8 checkpoint formats (tests/data/fp8), against stories260K cut to as many layers. */
+static void test_fp8_checkpoints(void **state) {
+    (void)state;
+    if (!have_gpu())
+        skip();
+    static const char *names[] = {"fp8-block128", "fp8-block32", "ct-channel", "ct-tensor"};
+    Prompt p = {.n = 32, .g = 16};
+    make_prompt(p.ids, p.n, 512, 11);
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        char dir[128], cut[] = "/tmp/pagellm_fp8_cut_XXXXXX";
+        snprintf(dir, sizeof dir, FP8DATA "/%s", names[i]);
+        ModelConfig cfg;
+        assert_int_equal(model_config_load(dir, &cfg), PL_OK);
+        stories_cut(cut, cfg.num_layers);
+        ModelCase mc = {.dir = dir}, flt = {.dir = cut};
+        bad += compare_model(&mc, &flt, names[i], &p, 1, 0);
+        remove_folder(cut);
+    }
+    assert_int_equal(bad, 0);
 }
 
 /* Llama-3- and Qwen2-shaped random weights, fp8 weights and fp8 KV. */
@@ -332,9 +380,10 @@ static void test_shapes_fp8_kv(void **state) {
         char dir[] = "/tmp/pagellm_fp8_shape_XXXXXX";
         assert_non_null(mkdtemp(dir));
         write_config(dir, configs[i][1]);
-        ModelCase mc = {.dir = dir, .dummy = 1, .kv_fp8 = 1, .quantization = "fp8"};
-        bad += compare_model(&mc, configs[i][0], &p, 1, 0);
-        remove_config(dir);
+        ModelCase mc = {.dir = dir, .dummy = 1, .kv_fp8 = 1, .quantization = "fp8"},
+                  flt = {.dir = dir, .dummy = 1};
+        bad += compare_model(&mc, &flt, configs[i][0], &p, 1, 0);
+        remove_folder(dir);
     }
     assert_int_equal(bad, 0);
 }

@@ -32,10 +32,13 @@ references computed by transformers on the GPU from the same prompt of random id
   tol = rel_err(fp8, bf16): how far fp8 itself moves transformers' logits on this model.
   PASS: pagellm bf16 against fp8 within tol, and greedy argmax equal wherever fp8's top-1 /
   top-2 margin exceeds twice the row's error (compare_logits.compare); and pagellm float32,
-  CUDA and CPU, against "fp8 fp32" within tol / 2. The same arithmetic in fp32 differs only in
-  the order of sums, but where that moves an activation across an e4m3 rounding boundary the
-  element changes by a whole e4m3 step (~6 %), and every later token attending to it shifts:
-  most rows agree to ~1e-6, a few by ~1e-2 (the rows above 1e-4 are counted).
+  CUDA and CPU, against "fp8 fp32" within tol as well. The same arithmetic in fp32 differs
+  only in the order of sums, but where that moves an activation across an e4m3 rounding
+  boundary the element changes by a whole e4m3 step (up to 2^-3 of it), and every later token
+  attending to it shifts. The CPU and few such moves agree to ~1e-6 on most rows (the rows
+  above 1e-4 are counted); cuBLASLt's fp8 GEMM (prefills beyond 8 rows) accumulates to about
+  2^-12 and bf16 rounds every activation, which moves many, so that two correct fp8
+  implementations then differ by a good part of fp8's own error.
 
 rel_err is compare_logits.py's: max |got - ref| / max |ref| over a row, worst row. Usage:
 
@@ -268,8 +271,8 @@ def main():
         ok = compare(ref, got, ids, tol)
         print(f"pagellm bfloat16 against the dequantized weights (not gated): "
               f"rel_err {rel(got, deq):.3g}")
-        ok32 = check_f32("pagellm CUDA float32", got32, emu32, tol / 2)
-        ok32 &= check_f32("pagellm CPU float32", cpu32, emu32, tol / 2)
+        ok32 = check_f32("pagellm CUDA float32", got32, emu32, tol)
+        ok32 &= check_f32("pagellm CPU float32", cpu32, emu32, tol)
         if not (ok and ok32):
             failed.append(name)
     print(f"\n{'FAIL: ' + ', '.join(failed) if failed else 'all PASS'}")
