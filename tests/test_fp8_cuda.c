@@ -4,8 +4,7 @@
  * scales, bias on and off, BF16 and F16 activations (F32 on a few shapes), n in {1, 2, 3, 8, 17,
  * 64, 300}; (N, K) with N and K not multiples of 128 for the tensor and channel kinds (and N %
  * 4 != 0, which cuBLASLt's scale modes refuse), multiples of 128 and ragged edges for the block
- * kind (ceil(K / 128) % 4 != 0 takes the own kernel); K % 16 != 0 in every kind and act dtype
- * (matmul_fp8_generic.cu). At n <= 8 the cuBLASLt path is forced too,
+ * kind (ceil(K / 128) % 4 != 0 takes the own kernel). At n <= 8 the cuBLASLt path is forced too,
  * above 8 the own tiled kernel, and at every n the own kernel with 32 weight rows a block,
  * whatever the automatic choice. Then a CUDA graph capture, and
  * the fused projections (qkv + RoPE + cache is not covered here; silu_mul and add_rmsnorm) on
