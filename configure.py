@@ -133,6 +133,7 @@ TEST_LAYERS = {
     "test_golden": ["engine"],
     "test_families_engine": ["engine"],
     "test_tp_cuda": ["engine"],
+    "test_fp8_models_cuda": ["engine"],
     "test_api": ["server"],
     "test_chat": ["server"],
     "test_tool_parser": ["server"],

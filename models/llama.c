@@ -145,27 +145,6 @@ static size_t scale_bytes(const Tensor *t) {
     return quant_scale_count(t) * sizeof(float);
 }
 
-/* A GPU's fp8 GEMMs read each weight row in 16-byte pieces: refuse, at load, fp8 weights whose
- * input size is not a multiple of 16 (the CPU backend takes any). */
-static Status check_fp8_inputs(Model *m) {
-    if (m->ops->host_memory)
-        return PL_OK;
-    Tensor **list = pl_xmalloc((size_t)(3 + LAYER_MAX_TENSORS * m->cfg.num_layers) * sizeof *list);
-    int n = list_tensors(&m->w, m->cfg.num_layers, list);
-    long long bad = 0;
-    for (int i = 0; i < n && !bad; i++)
-        if (list[i]->dtype == DT_F8E4M3 && list[i]->shape[1] % 16)
-            bad = (long long)list[i]->shape[1];
-    free(list);
-    if (bad)
-        return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "fp8 weights on the %s backend need every projection's input size to "
-                            "be a multiple of 16; this model has one of %lld (run it without fp8 "
-                            "quantization, or with --device cpu)",
-                            m->ops->name, bad);
-    return PL_OK;
-}
-
 /* Copy the weights into backend memory (once, at load) unless the backend reads host
  * memory; the host copies (mapping or dummy buffer) are released afterwards. With 16-bit
  * activations every weight goes up in that dtype (the GEMMs multiply bf16 by bf16, or f16 by
@@ -423,8 +402,6 @@ Status model_load(const ModelLoadOptions *opt, Model **out) {
         if (st == PL_OK)
             st = weights_bind(&m->cfg, m->ckpt, &m->shard, &m->w);
     }
-    if (st == PL_OK)
-        st = check_fp8_inputs(m);
     if (st == PL_OK)
         st = upload_weights(m);
     if (st == PL_OK && opt->kv_cache_fp8)

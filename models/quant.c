@@ -89,14 +89,17 @@ static Status expect_bool(json_t *obj, const char *path, const char *where, cons
     return PL_OK;
 }
 
-/* {quant_method: "fp8", fmt, activation_scheme, weight_block_size, modules_to_not_convert} */
+/* {quant_method: "fp8", fmt, activation_scheme, weight_block_size, modules_to_not_convert,
+ * scale_fmt (transformers 5: "float", or "ue8m0" for power-of-two E8M0 scales)} */
 static Status parse_fp8(json_t *qc, const char *path, ModelQuant *q) {
     static const char *const fmts[] = {"e4m3", NULL}, *const schemes[] = {"dynamic", "static",
                                                                           NULL};
-    const char *fmt, *scheme;
+    static const char *const scale_fmts[] = {"float", NULL};
+    const char *fmt, *scheme, *scale_fmt;
     Status s;
     if ((s = get_choice(qc, path, QC, "fmt", fmts, "e4m3", &fmt)) ||
-        (s = get_choice(qc, path, QC, "activation_scheme", schemes, "dynamic, static", &scheme)))
+        (s = get_choice(qc, path, QC, "activation_scheme", schemes, "dynamic, static", &scheme)) ||
+        (s = get_choice(qc, path, QC, "scale_fmt", scale_fmts, "float", &scale_fmt)))
         return s;
     q->static_input = scheme && !strcmp(scheme, "static");
     json_t *bs = get(qc, "weight_block_size");

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine_run_util.h"
 #include "kernels.h"
 
 #define DATA_DIR "tests/data/families"
@@ -83,6 +84,12 @@ typedef struct {
     int n;
 } Collected;
 
+static void collect(void *ctx, const EngEvent *ev) {
+    Collected *got = ctx;
+    if (ev->token >= 0 && got->n < 64)
+        got->ids[got->n++] = ev->token;
+}
+
 /* One family on one configuration: logits within tol; greedy ids exact when must_match. */
 static int run_case(const char *name, const char *device, const char *dtype, int tp, double tol,
                     int must_match) {
@@ -109,21 +116,8 @@ static int run_case(const char *name, const char *device, const char *dtype, int
     EngRequest req = {.prompt = x.prompt, .num_prompt = x.n};
     req.params =
         (GenerateParams){.max_tokens = x.g, .ignore_eos = 1, .sampling = sampling_params_default()};
-    uint64_t id;
-    assert_int_equal(eng_add_request(e, &req, &id), PL_OK);
     Collected got = {.n = 0};
-    for (int done = 0, steps = 0; !done; steps++) {
-        assert_true(steps < 1000);
-        const EngEvent *ev;
-        int count = eng_step(e, &ev);
-        for (int i = 0; i < count; i++) {
-            if (ev[i].request_id != id)
-                continue;
-            if (ev[i].token >= 0 && got.n < 64)
-                got.ids[got.n++] = ev[i].token;
-            done |= ev[i].finish != FINISH_NONE;
-        }
-    }
+    run_request(e, &req, collect, &got);
     int same = got.n == x.g;
     for (int i = 0; same && i < x.g; i++)
         same = got.ids[i] == x.greedy[i];

@@ -52,6 +52,7 @@
     X(test_fp8_channel)                                                                            \
     X(test_fp8_block)                                                                              \
     X(test_fp8_f32_act)                                                                            \
+    X(test_fp8_generic)                                                                            \
     X(test_fp8_graph)                                                                              \
     X(test_fp8_fused_ops)                                                                          \
     X(test_fp8_timing)
@@ -286,6 +287,20 @@ static void test_fp8_f32_act(void **state) {
     const int shapes[][2] = {{200, 512}};
     int bad = kind_sweep(FP8_SCALE_CHANNEL, shapes, 1, f32, 1);
     bad += kind_sweep(FP8_SCALE_BLOCK, shapes, 1, f32, 1);
+    assert_int_equal(bad, 0);
+}
+
+/* K % 16 != 0 (stories260K's down projection has K = 172), every kind and act dtype: the
+ * generic kernel (matmul_fp8_generic.cu), whatever path is forced. */
+static void test_fp8_generic(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(86);
+    const DType acts[] = {DT_BF16, DT_F16, DT_F32};
+    const int shapes[][2] = {{64, 172}, {72, 36}, {130, 300}};
+    int bad = 0;
+    for (int kind = FP8_SCALE_TENSOR; kind <= FP8_SCALE_BLOCK; kind++)
+        bad += kind_sweep((Fp8ScaleKind)kind, shapes, 3, acts, 3);
     assert_int_equal(bad, 0);
 }
 

@@ -421,6 +421,8 @@ static void test_unsupported_configs(void **state) {
     expect_config_error("{\"quant_method\": \"awq\"}", "quantization_config.quant_method", "awq");
     expect_config_error("{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "quantization_config.fmt",
                         "e5m2");
+    expect_config_error("{\"quant_method\": \"fp8\", \"scale_fmt\": \"ue8m0\"}",
+                        "quantization_config.scale_fmt", "ue8m0");
     expect_config_error("{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 64]}",
                         "weight_block_size", "[128, 64]");
     expect_config_error("{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\", "

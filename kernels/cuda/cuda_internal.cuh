@@ -366,6 +366,12 @@ size_t kc_fp8_device_bytes(const KcFp8 *f);
 void *kc_gemm_lt(KCudaGemm *g, void **workspace, size_t *workspace_bytes);
 int kc_gemm_forced_path(const KCudaGemm *g);
 
+/* Whether kc_matmul_fp8 hands w (with x) to kc_matmul_fp8_generic: K % 16 != 0, x or w off a
+ * 16-byte boundary, or block scales other than 128 x 128 (matmul_fp8_generic.cu). */
+bool kc_fp8_generic_takes(const Tensor *w, const void *x);
+void kc_matmul_fp8_generic(void *out, const void *x, DType act, const Tensor *w,
+                           const Tensor *bias, int n, cudaStream_t s);
+
 /* out[i, j] += bias[j] over out[n, N] in act (matmul.cu). */
 void kc_bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s);
 

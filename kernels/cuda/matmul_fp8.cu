@@ -34,8 +34,8 @@
  *     go to the GEMV. A combination the heuristic refuses falls back to the tiled GEMV; which
  *     path each (N, K, scale kind) takes is printed once to stderr.
  *
- * Requirements (a loud error otherwise): K % 16 == 0, x and w 16-byte aligned, block scales
- * of 128 only. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 out for F32). */
+ * These need K % 16 == 0, x and w 16-byte aligned, block scales of 128: anything else goes to
+ * matmul_fp8_generic.cu. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 for F32). */
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 #include <stdio.h>
@@ -622,6 +622,8 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     KC_REQUIRE(sc->w_scale && sc->kind >= FP8_SCALE_TENSOR && sc->kind <= FP8_SCALE_BLOCK,
                "k_cuda_matmul: fp8 weight %dx%d without scales", N, K);
+    if (kc_fp8_generic_takes(w, x)) /* any K, alignment, block size: matmul_fp8_generic.cu */
+        return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
     KC_REQUIRE(sc->kind != FP8_SCALE_BLOCK || sc->block == F8_UNIT,
                "k_cuda_matmul: fp8 block scales of %d x %d (the CUDA backend takes 128 x 128)",
                sc->block, sc->block);
