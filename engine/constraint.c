@@ -38,9 +38,7 @@ Status eng_constraint_vocab(Engine *e) {
         st = pl_error_set(PL_ERR_INVALID, "structured output: the vocabulary: %s", err);
         goto done;
     }
-    size_t words = gr_vocab_mask_words(e->gr_vocab);
-    e->smp.masks = pl_xmalloc((size_t)e->cfg.max_num_seqs * words * sizeof(uint32_t));
-    e->smp.mask_rows = pl_xmalloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t));
+    e->smp.mask = pl_xmalloc(gr_vocab_mask_words(e->gr_vocab) * sizeof(uint32_t));
 done:
     pthread_mutex_unlock(&e->gr_mu);
     return st;
@@ -51,19 +49,21 @@ void eng_constraint_start(Engine *e, SeqData *d) {
     d->matcher = c ? gr_matcher_new(c, e->gr_vocab) : NULL;
 }
 
-int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n) {
+int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
+                         int32_t *mask_rows) {
     int k = 0;
     if (!e->gr_vocab)
         return 0;
     size_t words = gr_vocab_mask_words(e->gr_vocab);
     for (int i = 0; i < n; i++) {
-        if (!rows[i]->matcher)
+        /* a sample that ended on the overlapped step before: its row is dropped, unmasked */
+        if (!rows[i]->matcher || rows[i]->finish != FINISH_NONE)
             continue;
-        uint32_t *mask = e->smp.masks + (size_t)k * words;
+        uint32_t *mask = masks + (size_t)k * words;
         /* past the automaton's limits nothing is allowed: the draw fails and the sample ends */
         if (gr_matcher_fill_mask(rows[i]->matcher, mask) != 0)
             memset(mask, 0, words * sizeof *mask);
-        e->smp.mask_rows[k++] = i;
+        mask_rows[k++] = i;
     }
     return k;
 }

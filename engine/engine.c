@@ -373,8 +373,7 @@ void eng_destroy(Engine *e) {
     free(e->smp.top_vals);
     free(e->smp.raw_rows);
     free(e->smp.edits);
-    free(e->smp.masks);
-    free(e->smp.mask_rows);
+    free(e->smp.mask);
     gr_vocab_free(e->gr_vocab);
     pthread_mutex_destroy(&e->gr_mu);
     pthread_mutex_destroy(&e->mu);

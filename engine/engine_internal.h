@@ -122,6 +122,10 @@ typedef struct {
     LogitEdit *d_edits;   /* [DEVICE_EDITS_CAP] */
     uint32_t *d_masks;    /* [max_num_seqs, mask words]: structured output's allowed tokens */
     int32_t *d_mask_rows; /* [max_num_seqs] */
+    uint32_t *h_masks;    /* pinned: their host side, built while the forward runs and
+                           * copied without waiting for it (rewritten only once the tokens
+                           * sampled after that copy are read) */
+    int32_t *h_mask_rows;
     void *workspace;
     size_t workspace_bytes;
 } DeviceSampler;
@@ -219,8 +223,7 @@ typedef struct {
     size_t raw_cap;
     LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
     size_t edits_cap;
-    uint32_t *masks;    /* [max_num_seqs, mask words] allowed tokens of the constrained rows */
-    int32_t *mask_rows; /* [max_num_seqs] their rows (eng_constraint_masks) */
+    uint32_t *mask; /* [mask words] the allowed tokens of the row sampled on the host */
 } Sampler;
 
 /* The output (output.c): the events of the last step and the text they point into. */
@@ -349,8 +352,10 @@ Status eng_constraint_vocab(Engine *e);
 void eng_constraint_start(Engine *e, SeqData *d);
 
 /* The allowed-token masks of the constrained rows among rows[n] (logits row i is rows[i]'s)
- * into e->smp.masks, their row numbers into e->smp.mask_rows; returns how many. */
-int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n);
+ * into masks (one row of gr_vocab_mask_words each), their row numbers into mask_rows;
+ * returns how many. Finished samples (the overlapped step's dropped rows) get none. */
+int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
+                         int32_t *mask_rows);
 
 /* Advance d's matcher on the token drawn: 0, 1 when the text is now complete (nothing but
  * EOS may follow), -1 when the token is not allowed (the constraint failed). */
