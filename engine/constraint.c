@@ -1,7 +1,10 @@
 /* constraint.c - constrained decoding (structured output): the model's vocabulary as the
  * grammar library matches it (each token's exact bytes inside a text, built once, on the first
  * constrained request), a matcher per constrained sample, the allowed-token masks of a step's
- * rows before they are sampled, and each matcher's advance on the token drawn. */
+ * rows before they are sampled, and each matcher's advance on the token drawn. A request may
+ * start its constraint after a text (constraint_after: a reasoning section's end, as vLLM's
+ * reasoning-aware structured output does): until that text has appeared its rows are not
+ * masked and the tokens drawn only advance the search for it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +49,9 @@ done:
 
 void eng_constraint_start(Engine *e, SeqData *d) {
     GrCompiled *c = d->req->params.constraint;
+    const char *after = d->req->constraint_after;
     d->matcher = c ? gr_matcher_new(c, e->gr_vocab) : NULL;
+    d->after_matched = d->matcher && after && *after ? 0 : -1;
 }
 
 int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
@@ -57,7 +62,7 @@ int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t 
     size_t words = gr_vocab_mask_words(e->gr_vocab);
     for (int i = 0; i < n; i++) {
         /* a sample that ended on the overlapped step before: its row is dropped, unmasked */
-        if (!rows[i]->matcher || rows[i]->finish != FINISH_NONE)
+        if (!rows[i]->matcher || rows[i]->finish != FINISH_NONE || rows[i]->after_matched >= 0)
             continue;
         uint32_t *mask = masks + (size_t)k * words;
         /* past the automaton's limits nothing is allowed: the draw fails and the sample ends */
@@ -68,9 +73,56 @@ int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t 
     return k;
 }
 
-int eng_constraint_accept(SeqData *d, int32_t token) {
+/* The longest prefix of `text` that ends the output after byte b, when the longest one before
+ * it was k bytes long (text[0..k) ended the output): the search is Knuth-Morris-Pratt's, its
+ * fallbacks found by comparison (the texts are a few bytes). */
+static int text_search_step(const char *text, int k, char b) {
+    for (;;) {
+        if (text[k] == b)
+            return k + 1;
+        if (k == 0)
+            return 0;
+        int j = k - 1; /* the longest proper prefix of text[0..k) that is also its suffix */
+        while (j > 0 && memcmp(text, text + k - j, (size_t)j))
+            j--;
+        k = j;
+    }
+}
+
+/* Before the constraint: look for constraint_after in the token's bytes. Once it is complete the
+ * matcher starts; bytes of the same token after it are offered to the matcher (a tokenizer may
+ * merge "</think>" with the whitespace after it), which keeps its start if they do not fit. */
+static void search_constraint_start(Engine *e, SeqData *d, int32_t token) {
+    const char *after = d->req->constraint_after;
+    int len = (int)strlen(after);
+    if (token == d->req->after_token) {
+        d->after_matched = -1;
+        return;
+    }
+    size_t n;
+    const char *bytes = gr_vocab_token(e->gr_vocab, token, &n);
+    if (!bytes) { /* a special token breaks the text */
+        d->after_matched = 0;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->after_matched = text_search_step(after, d->after_matched, bytes[i]);
+        if (d->after_matched == len) {
+            d->after_matched = -1;
+            if (i + 1 < n)
+                (void)gr_matcher_accept_bytes(d->matcher, bytes + i + 1, n - i - 1);
+            return;
+        }
+    }
+}
+
+int eng_constraint_accept(Engine *e, SeqData *d, int32_t token) {
     if (!d->matcher)
         return 0;
+    if (d->after_matched >= 0) {
+        search_constraint_start(e, d, token);
+        return 0;
+    }
     if (gr_matcher_accept(d->matcher, token) != 0)
         return -1;
     return gr_matcher_is_finished(d->matcher);

@@ -492,6 +492,12 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
         q->bias = memcpy(pl_xmalloc(bytes), r->params.logit_bias, bytes);
     }
     q->params.logit_bias = q->bias;
+    q->after_token = -1;
+    if (r->params.constraint && r->params.constraint_after) {
+        q->constraint_after = pl_xstrdup(r->params.constraint_after);
+        q->after_token = e->tok ? tok_token_to_id(e->tok, q->constraint_after) : -1;
+    }
+    q->params.constraint_after = q->constraint_after;
     q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
     q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
     pthread_mutex_lock(&e->mu);

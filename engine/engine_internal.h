@@ -52,6 +52,8 @@ typedef struct {
     FinishReason finish;
     int pending_row;    /* its row in the pending step (asynchronous scheduling), -1 if none */
     GrMatcher *matcher; /* structured output: where its text is in the constraint, or NULL */
+    int after_matched;  /* constraint_after: its bytes matched at the end of the text so far;
+                         * -1 once it has appeared (or without one): the matcher follows */
 } SeqData;
 
 struct Request {
@@ -62,6 +64,8 @@ struct Request {
     int num_prompt;
     int32_t *stop_ids; /* copy of params.stop_token_ids */
     LogitBias *bias;   /* copy of params.logit_bias */
+    char *constraint_after; /* copy of params.constraint_after */
+    int32_t after_token;    /* the token that is constraint_after's whole text, -1 if none */
     int n;             /* samples wanted */
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
@@ -358,8 +362,9 @@ int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t 
                          int32_t *mask_rows);
 
 /* Advance d's matcher on the token drawn: 0, 1 when the text is now complete (nothing but
- * EOS may follow), -1 when the token is not allowed (the constraint failed). */
-int eng_constraint_accept(SeqData *d, int32_t token);
+ * EOS may follow), -1 when the token is not allowed (the constraint failed). Before the
+ * request's constraint_after has appeared the token only advances the search for it. */
+int eng_constraint_accept(Engine *e, SeqData *d, int32_t token);
 
 /* ---- logit_edits.c: logit_bias and min_tokens ---- */
 

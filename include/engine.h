@@ -111,6 +111,10 @@ typedef struct {
     GrCompiled *constraint; /* structured output (grammar.h): every sample's text follows it,
                              * ending with "stop" once complete; NULL = none. Borrowed: it
                              * must stay valid until the request's last event. */
+    const char *constraint_after; /* with a constraint: it applies only after this text (the
+                                   * end of a reasoning section, "</think>", as a token of that
+                                   * text or in bytes); what comes before, and the text
+                                   * itself, are free. NULL: from the first token. Copied. */
 } GenerateParams;
 
 typedef struct {

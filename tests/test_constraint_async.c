@@ -3,8 +3,10 @@
  * masks for step N + 1 built once step N's tokens are read, while step N + 1's forward runs),
  * and give exactly the tokens of the same seeded requests run with every step waiting for its
  * tokens, among unconstrained ones, under KV-memory pressure (swap, then recompute), with
- * aborts, stop tokens, n > 1 samples and grammars completing mid-run; every finished output
- * is one the constraint accepts, and no block leaks. */
+ * aborts, n > 1 samples and grammars completing mid-run; every finished output is one the
+ * constraint accepts, and no block leaks. A constraint that starts after a text (a reasoning
+ * section's end; here "." as one token, or "y." in bytes across tokens): the output up to it
+ * is the unconstrained output of the same seed, the rest is accepted by the constraint. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,7 +193,7 @@ static int compare(const Job *a, const Job *b, int n) {
             assert_int_equal(p->finish, q->finish);
             assert_true(p->text_len == q->text_len && !memcmp(p->text, q->text, p->text_len));
             assert_int_not_equal(p->finish, FINISH_NONE);
-            if (a[i].gp.constraint && p->finish == FINISH_STOP) {
+            if (a[i].gp.constraint && !a[i].gp.constraint_after && p->finish == FINISH_STOP) {
                 if (!gr_compiled_accepts(a[i].gp.constraint, p->text, p->text_len))
                     fail_msg("job %d sample %d: not accepted: %.*s", i, x, (int)p->text_len,
                              p->text);
@@ -229,6 +231,74 @@ static void async_against_sync(int mix, int gpu_blocks, int swap_blocks, int exp
     free_all(&k);
 }
 
+/* The first end of `after` in text[0..len), or 0 if it does not appear. */
+static size_t end_of(const char *text, size_t len, const char *after) {
+    size_t m = strlen(after);
+    for (size_t i = 0; i + m <= len; i++)
+        if (!memcmp(text + i, after, m))
+            return i + m;
+    return 0;
+}
+
+/* Constraint i % 3 after `after`, 24 seeded jobs, async and sync; against the same jobs
+ * unconstrained. */
+static void constraint_after(const char *after) {
+    enum { N = 24 };
+    Constraints k = compile_all();
+    static Job free_jobs[N], async_jobs[N], sync_jobs[N];
+    Engine *e = make_engine(1, 0, 0);
+    make_jobs(e, &k, async_jobs, N, 0);
+    for (int i = 0; i < N; i++) {
+        async_jobs[i].gp.constraint = k.c[i % 3];
+        async_jobs[i].gp.constraint_after = after;
+        async_jobs[i].gp.max_tokens = MAX_OUT;
+    }
+    memcpy(sync_jobs, async_jobs, sizeof async_jobs);
+    memcpy(free_jobs, async_jobs, sizeof async_jobs);
+    for (int i = 0; i < N; i++)
+        free_jobs[i].gp.constraint = NULL;
+    run(e, async_jobs, N);
+    run(e, free_jobs, N);
+    eng_destroy(e);
+    Engine *s = make_engine(0, 0, 0);
+    run(s, sync_jobs, N);
+    eng_destroy(s);
+    compare(async_jobs, sync_jobs, N);
+    int started = 0, completed = 0;
+    for (int i = 0; i < N; i++) {
+        const Sample *c = &async_jobs[i].s[0], *f = &free_jobs[i].s[0];
+        size_t at = end_of(c->text, c->text_len, after);
+        if (!at) { /* never there: all of it free */
+            assert_int_equal(c->finish, FINISH_LENGTH);
+            assert_memory_equal(c->out, f->out, (size_t)c->num_out * 4);
+            continue;
+        }
+        started++;
+        /* free up to the text, token for token: the same as without a constraint */
+        assert_true(f->text_len >= at && !memcmp(c->text, f->text, at));
+        if (c->finish != FINISH_STOP)
+            continue;
+        if (!gr_compiled_accepts(async_jobs[i].gp.constraint, c->text + at, c->text_len - at))
+            fail_msg("job %d: not accepted after %zu bytes: %.*s", i, at, (int)c->text_len,
+                     c->text);
+        completed++;
+    }
+    print_message("after \"%s\": %d of %d samples reached it, %d completed the constraint\n", after,
+                  started, N, completed);
+    assert_true(started > N / 2 && completed > N / 3);
+    free_all(&k);
+}
+
+static void test_constraint_after_a_token(void **state) {
+    (void)state;
+    constraint_after(".");
+}
+
+static void test_constraint_after_bytes_across_tokens(void **state) {
+    (void)state;
+    constraint_after("y.");
+}
+
 static void test_async_equals_sync(void **state) {
     (void)state;
     async_against_sync(0, 0, 0, 0);
@@ -256,6 +326,8 @@ int main(void) {
         cmocka_unit_test(test_async_equals_sync_with_forks_and_aborts),
         cmocka_unit_test(test_async_equals_sync_under_swap),
         cmocka_unit_test(test_async_equals_sync_under_recompute),
+        cmocka_unit_test(test_constraint_after_a_token),
+        cmocka_unit_test(test_constraint_after_bytes_across_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
