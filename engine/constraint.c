@@ -51,7 +51,7 @@ void eng_constraint_start(Engine *e, SeqData *d) {
     GrCompiled *c = d->req->params.constraint;
     const char *after = d->req->constraint_after;
     d->matcher = c ? gr_matcher_new(c, e->gr_vocab) : NULL;
-    d->after_matched = d->matcher && after && *after ? 0 : -1;
+    d->after_matched = !d->matcher || !after ? -1 : d->req->opener_token >= 0 ? AFTER_UNOPENED : 0;
 }
 
 int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
@@ -61,13 +61,19 @@ int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t 
         return 0;
     size_t words = gr_vocab_mask_words(e->gr_vocab);
     for (int i = 0; i < n; i++) {
-        /* a sample that ended on the overlapped step before: its row is dropped, unmasked */
-        if (!rows[i]->matcher || rows[i]->finish != FINISH_NONE || rows[i]->after_matched >= 0)
+        const SeqData *d = rows[i];
+        /* unmasked: a sample that ended on the overlapped step before (its row is dropped), or
+         * one before constraint_after */
+        if (!d->matcher || d->finish != FINISH_NONE || d->after_matched >= 0)
             continue;
         uint32_t *mask = masks + (size_t)k * words;
         /* past the automaton's limits nothing is allowed: the draw fails and the sample ends */
-        if (gr_matcher_fill_mask(rows[i]->matcher, mask) != 0)
+        if (gr_matcher_fill_mask(d->matcher, mask) != 0)
             memset(mask, 0, words * sizeof *mask);
+        if (d->after_matched == AFTER_UNOPENED) { /* or the first token opens the section */
+            int32_t t = d->req->opener_token;
+            mask[t / 32] |= 1u << (t % 32);
+        }
         mask_rows[k++] = i;
     }
     return k;
@@ -119,6 +125,8 @@ static void search_constraint_start(Engine *e, SeqData *d, int32_t token) {
 int eng_constraint_accept(Engine *e, SeqData *d, int32_t token) {
     if (!d->matcher)
         return 0;
+    if (d->after_matched == AFTER_UNOPENED) /* the first token: the section opens, or never */
+        d->after_matched = token == d->req->opener_token ? 0 : -1;
     if (d->after_matched >= 0) {
         search_constraint_start(e, d, token);
         return 0;

@@ -39,6 +39,10 @@ typedef struct {
 /* The BatchBuffers fields, for the loops that allocate, upload and free them. */
 #define BATCH_FIELDS 8
 
+/* SeqData.after_matched of a sample whose first token may open the section that
+ * constraint_after ends (Request.opener_token). */
+#define AFTER_UNOPENED (-2)
+
 /* Abort id meaning "every request" (eng_abort_all). */
 #define ENG_ABORT_ALL UINT64_MAX
 
@@ -53,7 +57,8 @@ typedef struct {
     int pending_row;    /* its row in the pending step (asynchronous scheduling), -1 if none */
     GrMatcher *matcher; /* structured output: where its text is in the constraint, or NULL */
     int after_matched;  /* constraint_after: its bytes matched at the end of the text so far;
-                         * -1 once it has appeared (or without one): the matcher follows */
+                         * -1 once it has appeared (or without one): the matcher follows;
+                         * AFTER_UNOPENED before the first token of a constraint_opener */
 } SeqData;
 
 struct Request {
@@ -66,6 +71,7 @@ struct Request {
     LogitBias *bias;   /* copy of params.logit_bias */
     char *constraint_after; /* copy of params.constraint_after */
     int32_t after_token;    /* the token that is constraint_after's whole text, -1 if none */
+    int32_t opener_token;   /* the token of params.constraint_opener, -1 if none */
     int n;             /* samples wanted */
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;

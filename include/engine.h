@@ -115,6 +115,11 @@ typedef struct {
                                    * end of a reasoning section, "</think>", as a token of that
                                    * text or in bytes); what comes before, and the text
                                    * itself, are free. NULL: from the first token. Copied. */
+    const char *constraint_opener; /* with constraint_after: the section it ends is optional,
+                                    * opened by the token of this text ("<think>") as the first
+                                    * token (allowed there beside the constraint's); an output
+                                    * starting otherwise is constrained from its first token.
+                                    * NULL: the output starts inside the section. Copied. */
 } GenerateParams;
 
 typedef struct {

@@ -6,7 +6,8 @@
  * aborts, n > 1 samples and grammars completing mid-run; every finished output is one the
  * constraint accepts, and no block leaks. A constraint that starts after a text (a reasoning
  * section's end; here "." as one token, or "y." in bytes across tokens): the output up to it
- * is the unconstrained output of the same seed, the rest is accepted by the constraint. */
+ * is the unconstrained output of the same seed, the rest is accepted by the constraint; with an
+ * opener (the section optional) an output that does not open it is constrained throughout. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -240,6 +241,26 @@ static size_t end_of(const char *text, size_t len, const char *after) {
     return 0;
 }
 
+/* n jobs following constraint i % 3 after `after` (a section `opener` may open; NULL: the
+ * output starts inside it), greedy with an opener, else seeded; and the same jobs
+ * unconstrained in free_jobs, run to the end on e. */
+static void sectioned_jobs(Engine *e, const Constraints *k, Job *jobs, Job *free_jobs, int n,
+                           const char *after, const char *opener) {
+    make_jobs(e, k, jobs, n, 0);
+    for (int i = 0; i < n; i++) {
+        if (opener)
+            jobs[i].gp.sampling = sampling_params_default();
+        jobs[i].gp.constraint = k->c[i % 3];
+        jobs[i].gp.constraint_after = after;
+        jobs[i].gp.constraint_opener = opener;
+        jobs[i].gp.max_tokens = MAX_OUT;
+    }
+    memcpy(free_jobs, jobs, (size_t)n * sizeof *jobs);
+    for (int i = 0; i < n; i++)
+        free_jobs[i].gp.constraint = NULL;
+    run(e, free_jobs, n);
+}
+
 /* Constraint i % 3 after `after`, 24 seeded jobs, async and sync; against the same jobs
  * unconstrained. */
 static void constraint_after(const char *after) {
@@ -247,18 +268,9 @@ static void constraint_after(const char *after) {
     Constraints k = compile_all();
     static Job free_jobs[N], async_jobs[N], sync_jobs[N];
     Engine *e = make_engine(1, 0, 0);
-    make_jobs(e, &k, async_jobs, N, 0);
-    for (int i = 0; i < N; i++) {
-        async_jobs[i].gp.constraint = k.c[i % 3];
-        async_jobs[i].gp.constraint_after = after;
-        async_jobs[i].gp.max_tokens = MAX_OUT;
-    }
+    sectioned_jobs(e, &k, async_jobs, free_jobs, N, after, NULL);
     memcpy(sync_jobs, async_jobs, sizeof async_jobs);
-    memcpy(free_jobs, async_jobs, sizeof async_jobs);
-    for (int i = 0; i < N; i++)
-        free_jobs[i].gp.constraint = NULL;
     run(e, async_jobs, N);
-    run(e, free_jobs, N);
     eng_destroy(e);
     Engine *s = make_engine(0, 0, 0);
     run(s, sync_jobs, N);
@@ -299,6 +311,43 @@ static void test_constraint_after_bytes_across_tokens(void **state) {
     constraint_after("y.");
 }
 
+/* An optional section: greedy jobs whose first token may be "," (the section's opener, allowed
+ * beside the constraint's tokens), which the bundled model writes first after "Once upon a
+ * time". A job that opens with it unconstrained does so constrained too, and is free up to "."
+ * as without a constraint; one that does not open it is accepted by the constraint whole. */
+static void test_constraint_after_an_optional_opener(void **state) {
+    (void)state;
+    enum { N = 16 };
+    Constraints k = compile_all();
+    static Job jobs[N], free_jobs[N];
+    Engine *e = make_engine(1, 0, 0);
+    sectioned_jobs(e, &k, jobs, free_jobs, N, ".", ",");
+    run(e, jobs, N);
+    eng_destroy(e);
+    int opened = 0, whole = 0;
+    for (int i = 0; i < N; i++) {
+        const Sample *c = &jobs[i].s[0], *f = &free_jobs[i].s[0];
+        size_t at = 0;
+        if (f->text_len && f->text[0] == ',') { /* "," wins without the constraint: with it too */
+            opened++;
+            at = end_of(c->text, c->text_len, ".");
+            assert_true(at > 0 && f->text_len >= at && !memcmp(c->text, f->text, at));
+        } else if (c->text_len && c->text[0] == ',') { /* "," beat the constraint's tokens */
+            at = end_of(c->text, c->text_len, ".");
+        } else {
+            whole++;
+        }
+        if (c->finish == FINISH_STOP &&
+            !gr_compiled_accepts(jobs[i].gp.constraint, c->text + at, c->text_len - at))
+            fail_msg("job %d: not accepted after %zu bytes: %.*s", i, at, (int)c->text_len,
+                     c->text);
+    }
+    print_message("%d opened the section as unconstrained, %d were constrained throughout\n",
+                  opened, whole);
+    assert_true(opened > 0 && whole > 0);
+    free_all(&k);
+}
+
 static void test_async_equals_sync(void **state) {
     (void)state;
     async_against_sync(0, 0, 0, 0);
@@ -328,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_async_equals_sync_under_recompute),
         cmocka_unit_test(test_constraint_after_a_token),
         cmocka_unit_test(test_constraint_after_bytes_across_tokens),
+        cmocka_unit_test(test_constraint_after_an_optional_opener),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
