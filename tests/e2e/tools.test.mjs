@@ -202,6 +202,27 @@ describe('tool calling and reasoning', () => {
         assert.equal(typeof none.json.choices[0].message.content, 'string');
     });
 
+    it('auto: calls are read from the text as written, unchecked against the schema (as vLLM)', T(60000), async () => {
+        // a guided_regex makes the model write the calls: auto does not constrain the arguments,
+        // so a call whose arguments break get_weather's schema (city a number, days missing, an
+        // unknown key) comes back as written, and one that is not JSON leaves the text as content
+        const esc = (t) => t.replace(/[{}[\]()*+?.\\|^$]/g, '\\$&');
+        const wrong = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5, "zz": true}}\n</tool_call>';
+        const broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>';
+        const r = await chat(hermes, { tools: TOOLS, tool_choice: 'auto', guided_regex: esc(wrong), max_tokens: 200 });
+        assert.equal(r.status, 200, show(r));
+        const c = r.json.choices[0];
+        assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+        assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+        assert.equal(c.message.tool_calls[0].function.arguments, '{"city": 5, "zz": true}');
+        assert.notDeepEqual(validate(JSON.parse(c.message.tool_calls[0].function.arguments), WEATHER), []);
+        const b = await chat(hermes, { tools: TOOLS, tool_choice: 'auto', guided_regex: esc(broken), max_tokens: 200 });
+        assert.equal(b.status, 200, show(b));
+        assert.equal(b.json.choices[0].message.tool_calls, undefined);
+        assert.equal(b.json.choices[0].message.content, broken);
+        assert.notEqual(b.json.choices[0].finish_reason, 'tool_calls');
+    });
+
     it('malformed tools and tool_choice: 400 naming the field', T(30000), async () => {
         const cases = [
             [{ tools: {} }, 'tools', /'tools' must be a list/],
