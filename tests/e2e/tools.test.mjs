@@ -18,6 +18,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { readFileSync } from 'node:fs';
 import { startServer, curl, parseSSE, assertErrorShape, show, T } from './server.mjs';
 
 const WEATHER = {
@@ -42,6 +43,8 @@ const CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}
     '<|im_start|>assistant\n';
 const OPEN_THINK = `${CHATML}<think>\n`;
 const CLOSED_THINK = `${CHATML}<think>\n\n</think>\n\n`;
+// Qwen3's own template (tests/data/chat_templates/qwen3-0.6b.jinja)
+const QWEN3 = readFileSync(new URL('../data/chat_templates/qwen3-0.6b.jinja', import.meta.url), 'utf8');
 
 /** The keywords WEATHER and TIME use, checked by hand: a list of what is wrong. */
 function validate(v, s) {
@@ -327,9 +330,11 @@ describe('tool calling and reasoning', () => {
                 assert.equal(s.content, '');
             }
         }
-        // the prompt closed its think block: constrained from the first token, all content
+        // the prompt closed its think block (Qwen3's template, enable_thinking false): constrained
+        // from the first token, all content
         for (const srv of [r1, hermes]) {
-            const r = await chat(srv, { seed: 6, max_tokens: 200, chat_template: CLOSED_THINK,
+            const r = await chat(srv, { seed: 6, max_tokens: 200, chat_template: QWEN3,
+                                        chat_template_kwargs: { enable_thinking: false },
                                         response_format: { type: 'json_schema', json_schema: { name: 'w', schema: WEATHER } } });
             assert.equal(r.status, 200, show(r));
             const m = r.json.choices[0].message;
