@@ -494,6 +494,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     q->params.logit_bias = q->bias;
     const char *after = r->params.constraint_after, *opener = r->params.constraint_opener;
     q->opener_token = opener ? tok_token_to_id(e->tok, opener) : -1;
+    q->after_token = -1;
     /* a vocabulary without the opener's token never opens the section: constrained throughout */
     if (r->params.constraint && after && *after && (!opener || q->opener_token >= 0)) {
         q->constraint_after = pl_xstrdup(after);

@@ -119,7 +119,9 @@ typedef struct {
                                     * opened by the token of this text ("<think>") as the first
                                     * token (allowed there beside the constraint's); an output
                                     * starting otherwise is constrained from its first token.
-                                    * NULL: the output starts inside the section. Copied. */
+                                    * NULL: the output starts inside the section. Read by
+                                    * eng_add_request (a vocabulary without that token: the
+                                    * output is constrained from its first token). */
 } GenerateParams;
 
 typedef struct {
