@@ -130,6 +130,7 @@ TEST_LAYERS = {
     "test_block_manager": ["scheduler"],
     "test_scheduler": ["scheduler"],
     "test_engine": ["engine"],
+    "test_constraint_async": ["engine"],
     "test_golden": ["engine"],
     "test_families_engine": ["engine"],
     "test_tp_cuda": ["engine"],

@@ -1,7 +1,10 @@
 /* constraint.c - constrained decoding (structured output): the model's vocabulary as the
  * grammar library matches it (each token's exact bytes inside a text, built once, on the first
  * constrained request), a matcher per constrained sample, the allowed-token masks of a step's
- * rows before they are sampled, and each matcher's advance on the token drawn. */
+ * rows before they are sampled, and each matcher's advance on the token drawn. A request may
+ * start its constraint after a text (constraint_after: a reasoning section's end, as vLLM's
+ * reasoning-aware structured output does): until that text has appeared its rows are not
+ * masked and the tokens drawn only advance the search for it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,9 +41,7 @@ Status eng_constraint_vocab(Engine *e) {
         st = pl_error_set(PL_ERR_INVALID, "structured output: the vocabulary: %s", err);
         goto done;
     }
-    size_t words = gr_vocab_mask_words(e->gr_vocab);
-    e->smp.masks = pl_xmalloc((size_t)e->cfg.max_num_seqs * words * sizeof(uint32_t));
-    e->smp.mask_rows = pl_xmalloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t));
+    e->smp.mask = pl_xmalloc(gr_vocab_mask_words(e->gr_vocab) * sizeof(uint32_t));
 done:
     pthread_mutex_unlock(&e->gr_mu);
     return st;
@@ -48,29 +49,88 @@ done:
 
 void eng_constraint_start(Engine *e, SeqData *d) {
     GrCompiled *c = d->req->params.constraint;
+    const char *after = d->req->constraint_after;
     d->matcher = c ? gr_matcher_new(c, e->gr_vocab) : NULL;
+    d->after_matched = !d->matcher || !after ? -1 : d->req->opener_token >= 0 ? AFTER_UNOPENED : 0;
 }
 
-int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n) {
+int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
+                         int32_t *mask_rows) {
     int k = 0;
     if (!e->gr_vocab)
         return 0;
     size_t words = gr_vocab_mask_words(e->gr_vocab);
     for (int i = 0; i < n; i++) {
-        if (!rows[i]->matcher)
+        const SeqData *d = rows[i];
+        /* unmasked: a sample that ended on the overlapped step before (its row is dropped), or
+         * one before constraint_after */
+        if (!d->matcher || d->finish != FINISH_NONE || d->after_matched >= 0)
             continue;
-        uint32_t *mask = e->smp.masks + (size_t)k * words;
+        uint32_t *mask = masks + (size_t)k * words;
         /* past the automaton's limits nothing is allowed: the draw fails and the sample ends */
-        if (gr_matcher_fill_mask(rows[i]->matcher, mask) != 0)
+        if (gr_matcher_fill_mask(d->matcher, mask) != 0)
             memset(mask, 0, words * sizeof *mask);
-        e->smp.mask_rows[k++] = i;
+        if (d->after_matched == AFTER_UNOPENED) { /* or the first token opens the section */
+            int32_t t = d->req->opener_token;
+            mask[t / 32] |= 1u << (t % 32);
+        }
+        mask_rows[k++] = i;
     }
     return k;
 }
 
-int eng_constraint_accept(SeqData *d, int32_t token) {
+/* The longest prefix of `text` that ends the output after byte b, when the longest one before
+ * it was k bytes long (text[0..k) ended the output): the search is Knuth-Morris-Pratt's, its
+ * fallbacks found by comparison (the texts are a few bytes). */
+static int text_search_step(const char *text, int k, char b) {
+    for (;;) {
+        if (text[k] == b)
+            return k + 1;
+        if (k == 0)
+            return 0;
+        int j = k - 1; /* the longest proper prefix of text[0..k) that is also its suffix */
+        while (j > 0 && memcmp(text, text + k - j, (size_t)j))
+            j--;
+        k = j;
+    }
+}
+
+/* Before the constraint: look for constraint_after in the token's bytes. Once it is complete the
+ * matcher starts; bytes of the same token after it are offered to the matcher (a tokenizer may
+ * merge "</think>" with the whitespace after it), which keeps its start if they do not fit. */
+static void search_constraint_start(Engine *e, SeqData *d, int32_t token) {
+    const char *after = d->req->constraint_after;
+    int len = (int)strlen(after);
+    if (token == d->req->after_token) {
+        d->after_matched = -1;
+        return;
+    }
+    size_t n;
+    const char *bytes = gr_vocab_token(e->gr_vocab, token, &n);
+    if (!bytes) { /* a special token breaks the text */
+        d->after_matched = 0;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        d->after_matched = text_search_step(after, d->after_matched, bytes[i]);
+        if (d->after_matched == len) {
+            d->after_matched = -1;
+            if (i + 1 < n)
+                (void)gr_matcher_accept_bytes(d->matcher, bytes + i + 1, n - i - 1);
+            return;
+        }
+    }
+}
+
+int eng_constraint_accept(Engine *e, SeqData *d, int32_t token) {
     if (!d->matcher)
         return 0;
+    if (d->after_matched == AFTER_UNOPENED) /* the first token: the section opens, or never */
+        d->after_matched = token == d->req->opener_token ? 0 : -1;
+    if (d->after_matched >= 0) {
+        search_constraint_start(e, d, token);
+        return 0;
+    }
     if (gr_matcher_accept(d->matcher, token) != 0)
         return -1;
     return gr_matcher_is_finished(d->matcher);

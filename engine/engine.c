@@ -373,8 +373,7 @@ void eng_destroy(Engine *e) {
     free(e->smp.top_vals);
     free(e->smp.raw_rows);
     free(e->smp.edits);
-    free(e->smp.masks);
-    free(e->smp.mask_rows);
+    free(e->smp.mask);
     gr_vocab_free(e->gr_vocab);
     pthread_mutex_destroy(&e->gr_mu);
     pthread_mutex_destroy(&e->mu);
@@ -493,6 +492,16 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
         q->bias = memcpy(pl_xmalloc(bytes), r->params.logit_bias, bytes);
     }
     q->params.logit_bias = q->bias;
+    const char *after = r->params.constraint_after, *opener = r->params.constraint_opener;
+    q->opener_token = opener ? tok_token_to_id(e->tok, opener) : -1;
+    q->after_token = -1;
+    /* a vocabulary without the opener's token never opens the section: constrained throughout */
+    if (r->params.constraint && after && *after && (!opener || q->opener_token >= 0)) {
+        q->constraint_after = pl_xstrdup(after);
+        q->after_token = tok_token_to_id(e->tok, after);
+    }
+    q->params.constraint_after = q->constraint_after;
+    q->params.constraint_opener = NULL; /* only its token is kept */
     q->seqs = pl_xcalloc((size_t)q->n, sizeof *q->seqs);
     q->data = pl_xcalloc((size_t)q->n, sizeof *q->data);
     pthread_mutex_lock(&e->mu);

@@ -39,6 +39,10 @@ typedef struct {
 /* The BatchBuffers fields, for the loops that allocate, upload and free them. */
 #define BATCH_FIELDS 8
 
+/* SeqData.after_matched of a sample whose first token may open the section that
+ * constraint_after ends (Request.opener_token). */
+#define AFTER_UNOPENED (-2)
+
 /* Abort id meaning "every request" (eng_abort_all). */
 #define ENG_ABORT_ALL UINT64_MAX
 
@@ -52,6 +56,9 @@ typedef struct {
     FinishReason finish;
     int pending_row;    /* its row in the pending step (asynchronous scheduling), -1 if none */
     GrMatcher *matcher; /* structured output: where its text is in the constraint, or NULL */
+    int after_matched;  /* constraint_after: its bytes matched at the end of the text so far;
+                         * -1 once it has appeared (or without one): the matcher follows;
+                         * AFTER_UNOPENED before the first token of a constraint_opener */
 } SeqData;
 
 struct Request {
@@ -62,6 +69,9 @@ struct Request {
     int num_prompt;
     int32_t *stop_ids; /* copy of params.stop_token_ids */
     LogitBias *bias;   /* copy of params.logit_bias */
+    char *constraint_after; /* copy of params.constraint_after */
+    int32_t after_token;    /* the token that is constraint_after's whole text, -1 if none */
+    int32_t opener_token;   /* the token of params.constraint_opener, -1 if none */
     int n;             /* samples wanted */
     int num_started;   /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
@@ -122,6 +132,10 @@ typedef struct {
     LogitEdit *d_edits;   /* [DEVICE_EDITS_CAP] */
     uint32_t *d_masks;    /* [max_num_seqs, mask words]: structured output's allowed tokens */
     int32_t *d_mask_rows; /* [max_num_seqs] */
+    uint32_t *h_masks;    /* pinned: their host side, built while the forward runs and
+                           * copied without waiting for it (rewritten only once the tokens
+                           * sampled after that copy are read) */
+    int32_t *h_mask_rows;
     void *workspace;
     size_t workspace_bytes;
 } DeviceSampler;
@@ -219,8 +233,7 @@ typedef struct {
     size_t raw_cap;
     LogitEdit *edits; /* [edits_cap] the logit edits of the rows being sampled */
     size_t edits_cap;
-    uint32_t *masks;    /* [max_num_seqs, mask words] allowed tokens of the constrained rows */
-    int32_t *mask_rows; /* [max_num_seqs] their rows (eng_constraint_masks) */
+    uint32_t *mask; /* [mask words] the allowed tokens of the row sampled on the host */
 } Sampler;
 
 /* The output (output.c): the events of the last step and the text they point into. */
@@ -349,12 +362,15 @@ Status eng_constraint_vocab(Engine *e);
 void eng_constraint_start(Engine *e, SeqData *d);
 
 /* The allowed-token masks of the constrained rows among rows[n] (logits row i is rows[i]'s)
- * into e->smp.masks, their row numbers into e->smp.mask_rows; returns how many. */
-int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n);
+ * into masks (one row of gr_vocab_mask_words each), their row numbers into mask_rows;
+ * returns how many. Finished samples (the overlapped step's dropped rows) get none. */
+int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
+                         int32_t *mask_rows);
 
 /* Advance d's matcher on the token drawn: 0, 1 when the text is now complete (nothing but
- * EOS may follow), -1 when the token is not allowed (the constraint failed). */
-int eng_constraint_accept(SeqData *d, int32_t token);
+ * EOS may follow), -1 when the token is not allowed (the constraint failed). Before the
+ * request's constraint_after has appeared the token only advances the search for it. */
+int eng_constraint_accept(Engine *e, SeqData *d, int32_t token);
 
 /* ---- logit_edits.c: logit_bias and min_tokens ---- */
 

@@ -110,7 +110,7 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     Request *r = d->req;
     if (placeholder) /* the last token stands for this one */
         seq->num_tokens--;
-    int complete = eng_constraint_accept(d, token);
+    int complete = eng_constraint_accept(e, d, token);
     if (complete < 0) { /* a token outside the constraint: nothing allowed could be drawn */
         finish_sequence(e, seq, FINISH_ABORT, -1, "", 0, NULL);
         return;

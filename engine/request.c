@@ -33,6 +33,7 @@ void eng_request_free(Engine *e, Request *r) {
     free(r->prompt);
     free(r->stop_ids);
     free(r->bias);
+    free(r->constraint_after);
     free(r);
 }
 

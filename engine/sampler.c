@@ -49,6 +49,9 @@ Status eng_device_sampler_init(Engine *e) {
         if (!(*d[i].p = ops->alloc(ops, d[i].bytes)))
             return pl_error_set(PL_ERR_NOMEM, "out of %s memory for the sampler's buffers",
                                 ops->name);
+    if (!(ds->h_masks = ops->alloc_host(ops, s * (((size_t)vocab + 31) / 32) * sizeof(uint32_t))) ||
+        !(ds->h_mask_rows = ops->alloc_host(ops, s * sizeof(int32_t))))
+        return pl_error_set(PL_ERR_NOMEM, "out of pinned host memory for the sampler's masks");
     ds->h_rows = pl_xmalloc(s * sizeof(SampleRow));
     ds->h_history = pl_xmalloc(ds->history_cap * sizeof(int32_t));
     ds->h_token_logits = pl_xmalloc(s * sizeof(float));
@@ -66,6 +69,10 @@ void eng_device_sampler_free(Engine *e) {
     for (size_t i = 0; i < sizeof d / sizeof *d; i++)
         if (d[i])
             e->ops->free(e->ops, d[i]);
+    void *pinned[] = {ds->h_masks, ds->h_mask_rows};
+    for (size_t i = 0; i < sizeof pinned / sizeof *pinned; i++)
+        if (pinned[i])
+            e->ops->free_host(e->ops, pinned[i]);
     free(ds->h_rows);
     free(ds->h_history);
     free(ds->h_token_logits);
@@ -166,11 +173,11 @@ static int launch_sampling(Engine *e, const SchedulerOutput *o, RowLogprobs *lps
         ops->to_device(ops, ds->d_edits, e->smp.edits, (size_t)edits * sizeof(LogitEdit));
         ops->logits_add(ops, e->run.ranks[0].d.logits, vocab, ds->d_edits, edits);
     }
-    int masked = eng_constraint_masks(e, datas, n);
+    int masked = eng_constraint_masks(e, datas, n, ds->h_masks, ds->h_mask_rows);
     if (masked) {
         size_t words = ((size_t)vocab + 31) / 32;
-        ops->to_device(ops, ds->d_masks, e->smp.masks, (size_t)masked * words * sizeof(uint32_t));
-        ops->to_device(ops, ds->d_mask_rows, e->smp.mask_rows, (size_t)masked * sizeof(int32_t));
+        ops->to_device(ops, ds->d_masks, ds->h_masks, (size_t)masked * words * sizeof(uint32_t));
+        ops->to_device(ops, ds->d_mask_rows, ds->h_mask_rows, (size_t)masked * sizeof(int32_t));
         ops->logits_mask(ops, e->run.ranks[0].d.logits, vocab, ds->d_masks, ds->d_mask_rows,
                          masked);
     }
@@ -314,8 +321,9 @@ void eng_sample_on_host(Engine *e, const SchedulerOutput *o, int32_t *tokens, Ro
         int edits = eng_collect_edits(e, &d, 1);
         if (edits) /* after the raw logprobs, before forks copy the row */
             host->logits_add(host, row, vocab, e->smp.edits, edits);
-        if (eng_constraint_masks(e, &d, 1)) /* mask_rows[0] is 0: this row */
-            host->logits_mask(host, row, vocab, e->smp.masks, e->smp.mask_rows, 1);
+        int32_t mask_row;
+        if (eng_constraint_masks(e, &d, 1, e->smp.mask, &mask_row)) /* row 0 of one: this one */
+            host->logits_mask(host, row, vocab, e->smp.mask, &mask_row, 1);
         if (r->n > r->num_started) /* before sampling modifies the row in place */
             sample_forks(e, seq, row, vocab);
         if (eng_has_penalty(&d->sampling))

@@ -35,8 +35,7 @@ static void take_inbox(Engine *e) {
         /* logit edits: min_tokens' masks follow each token, so the host must have seen the
          * last one; and only waiting steps fall back to the host when they are too many */
         r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling) ||
-                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0 ||
-                           r->params.constraint; /* its masks follow each token too */
+                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0;
         e->num_sync_requests += r->sync_sampling || r->n > 1;
         if (e->active_n == e->active_cap) {
             e->active_cap = e->active_cap ? 2 * e->active_cap : 16;
@@ -229,10 +228,13 @@ int eng_step(Engine *e, const EngEvent **events) {
         eng_ranks_run(e, &job); /* block copies, upload and forward on every rank */
         if (overlap) {
             int parity = (int)(++e->step_id & 1);
-            eng_sample_async(e, o, parity);
             eng_stamp_blocks(e, o, e->step_id);
             e->overlapped_steps += e->pending.active;
-            eng_finish_pending(e); /* the previous step's tokens, while this one runs */
+            /* while this step's forward runs: the previous step's tokens (their matchers
+             * advance), then this step's sampling, its constrained rows masked as they now
+             * allow (the forward needs no mask, only the sampling does) */
+            eng_finish_pending(e);
+            eng_sample_async(e, o, parity);
             t[3] = t[4] = pl_now();
             sched_step_done(e->sched, o);
             eng_make_pending(e, o, parity);

@@ -126,3 +126,9 @@ int gr_vocab_size(const GrVocab *v) {
 size_t gr_vocab_mask_words(const GrVocab *v) {
     return ((size_t)v->n + 31) / 32;
 }
+
+const char *gr_vocab_token(const GrVocab *v, int id, size_t *len) {
+    int in = id >= 0 && id < v->n && v->bytes[id];
+    *len = in ? v->lens[id] : 0;
+    return in ? (const char *)v->bytes[id] : NULL;
+}

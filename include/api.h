@@ -88,7 +88,13 @@ typedef struct {
                              * not: no tools, or tool_choice none) */
     int reasoning;          /* chat: an ApiReasoning: the reasoning parser (0: none) */
     int in_reasoning;       /* chat: the output starts inside a think block: deepseek_r1, or the
-                             * rendered prompt ends with an open <think>; never when constrained */
+                             * rendered prompt ends with an open <think>; never when the prompt
+                             * closed its last think block (enable_thinking false) */
+    const char *constraint_after;  /* chat with a reasoning parser and a constraint: "</think>"
+                                    * (the constraint applies after the reasoning, as in vLLM)
+                                    * unless the prompt closed its last think block; else NULL */
+    const char *constraint_opener; /* with it, not in_reasoning (qwen3): "<think>", which the
+                                    * output may open with (GenerateParams.constraint_opener) */
 } ApiRequest;
 
 /* Parse a completions body into *req (overwritten, not freed first). max_tokens alone must
@@ -243,8 +249,8 @@ typedef void (*ApiDeltaFn)(void *ctx, const ApiDelta *d);
 typedef struct ApiOutputParser ApiOutputParser;
 
 /* A parser for one answer. in_reasoning: the output starts inside a think block (deepseek_r1,
- * or the prompt ends with an open <think>; not for a constrained output, which starts where the
- * constraint does). Free with api_output_parser_free. */
+ * or the prompt ends with an open <think>; not when the prompt closed its last think block).
+ * Free with api_output_parser_free. */
 ApiOutputParser *api_output_parser_new(ApiToolFormat tools, ApiReasoning reasoning,
                                        int in_reasoning);
 void api_output_parser_free(ApiOutputParser *p);

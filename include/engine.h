@@ -111,6 +111,17 @@ typedef struct {
     GrCompiled *constraint; /* structured output (grammar.h): every sample's text follows it,
                              * ending with "stop" once complete; NULL = none. Borrowed: it
                              * must stay valid until the request's last event. */
+    const char *constraint_after; /* with a constraint: it applies only after this text (the
+                                   * end of a reasoning section, "</think>", as a token of that
+                                   * text or in bytes); what comes before, and the text
+                                   * itself, are free. NULL: from the first token. Copied. */
+    const char *constraint_opener; /* with constraint_after: the section it ends is optional,
+                                    * opened by the token of this text ("<think>") as the first
+                                    * token (allowed there beside the constraint's); an output
+                                    * starting otherwise is constrained from its first token.
+                                    * NULL: the output starts inside the section. Read by
+                                    * eng_add_request (a vocabulary without that token: the
+                                    * output is constrained from its first token). */
 } GenerateParams;
 
 typedef struct {

@@ -102,6 +102,9 @@ void gr_vocab_free(GrVocab *v);
 int gr_vocab_size(const GrVocab *v);
 size_t gr_vocab_mask_words(const GrVocab *v);
 
+/* Token id's bytes (*len of them; NULL, *len 0 for a token never allowed or out of range). */
+const char *gr_vocab_token(const GrVocab *v, int id, size_t *len);
+
 /* A matcher for one sequence at the start of the output. The compiled constraint and the
  * vocabulary must outlive it. Free with gr_matcher_free (NULL is a no-op). */
 GrMatcher *gr_matcher_new(GrCompiled *c, const GrVocab *v);

@@ -557,6 +557,20 @@ static int parse_chat_logprobs(json_t *o, const ApiLimits *lim, ApiRequest *r, A
     return 0;
 }
 
+/* Whether a rendered prompt closed its last think block (a template's enable_thinking false
+ * writes an empty one): the reasoning has ended before the output starts, which is then all
+ * content, constrained from its first token. As vLLM's think-token parsers decide it: the
+ * last of <think> and </think> in the prompt is </think>. */
+static int reasoning_ended(const char *text, size_t len) {
+    for (size_t i = len; i-- > 0;) {
+        if (len - i >= 8 && !memcmp(text + i, "</think>", 8))
+            return 1;
+        if (len - i >= 7 && !memcmp(text + i, "<think>", 7))
+            return 0;
+    }
+    return 0;
+}
+
 Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
                       const ApiChatTemplate *tmpl, ApiRequest *req, ApiError *err) {
     defaults(req, -1);
@@ -586,8 +600,14 @@ Status api_parse_chat(const char *body, size_t len, const ApiLimits *lim,
     req->is_chat = 1;
     req->reasoning = api_reasoning_parser(lim->reasoning_parser);
     size_t end = text_len - jinja_ws_suffix(text, text_len);
-    req->in_reasoning = !req->constraint && (req->reasoning == API_REASONING_DEEPSEEK_R1 ||
-                                             (end >= 7 && !memcmp(text + end - 7, "<think>", 7)));
+    int ended = reasoning_ended(text, text_len);
+    req->in_reasoning = !ended && (req->reasoning == API_REASONING_DEEPSEEK_R1 ||
+                                   (end >= 7 && !memcmp(text + end - 7, "<think>", 7)));
+    if (req->reasoning && req->constraint && !ended) {
+        req->constraint_after = "</think>";
+        /* qwen3 with no think block open: the output may open one (or start with content) */
+        req->constraint_opener = req->in_reasoning ? NULL : "<think>";
+    }
     json_decref(o);
     return PL_OK;
 }

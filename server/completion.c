@@ -733,7 +733,9 @@ static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const L
                          .stop_token_ids = q->stop_token_ids,
                          .num_stop_token_ids = q->num_stop_token_ids,
                          .sampling = sampling_params_default(),
-                         .constraint = q->constraint};
+                         .constraint = q->constraint,
+                         .constraint_after = q->constraint_after,
+                         .constraint_opener = q->constraint_opener};
     SamplingParams *sp = &gp.sampling;
     api_sampling_params(q, sp);
     if (!q->has_seed) { /* an unseeded request still needs its own random stream */

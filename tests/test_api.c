@@ -1037,8 +1037,32 @@ static void test_request_template_and_reasoning(void **state) {
     assert_int_equal(chat_lim(&lim, MSGS "\"seed\": 1}", &r, &e), PL_OK);
     assert_int_equal(r.in_reasoning, 1);
     api_request_free(&r);
+    assert_null(r.constraint_after);
+    api_request_free(&r);
+    /* constrained: the pattern applies after the reasoning (vLLM's reasoning-aware structured
+     * output), which the output starts in */
     assert_int_equal(chat_lim(&lim, MSGS "\"guided_regex\": \"a+\"}", &r, &e), PL_OK);
-    assert_int_equal(r.in_reasoning, 0); /* constrained: the output starts with the pattern */
+    assert_int_equal(r.in_reasoning, 1);
+    assert_string_equal(r.constraint_after, "</think>");
+    assert_null(r.constraint_opener);
+    api_request_free(&r);
+    lim.reasoning_parser = "qwen3"; /* no think block open: the output may open one */
+    assert_int_equal(chat_lim(&lim, MSGS "\"guided_regex\": \"a+\"}", &r, &e), PL_OK);
+    assert_int_equal(r.in_reasoning, 0);
+    assert_string_equal(r.constraint_after, "</think>");
+    assert_string_equal(r.constraint_opener, "<think>");
+    api_request_free(&r);
+    /* a prompt that closed its think block (enable_thinking false): content, constrained at once */
+    const char *closed = MSGS "\"guided_regex\": \"a+\", \"chat_template\": \"<think>x</think>"
+                              "{% for m in messages %}<{{ m.role }}>{% endfor %}<think>\\n\\n"
+                              "</think>\\n\\n\"}";
+    assert_int_equal(chat_lim(&lim, closed, &r, &e), PL_OK);
+    assert_int_equal(r.in_reasoning, 0);
+    assert_null(r.constraint_after);
+    api_request_free(&r);
+    lim.reasoning_parser = NULL; /* no reasoning parser: constrained from the first token */
+    assert_int_equal(chat_lim(&lim, MSGS "\"guided_regex\": \"a+\"}", &r, &e), PL_OK);
+    assert_null(r.constraint_after);
     api_request_free(&r);
 }
 

@@ -4,15 +4,21 @@
 // SSE stream, without a parser and with the hermes parser) return tool_calls whose arguments
 // parse and validate against the function's parameters schema, with finish_reason
 // "tool_calls"; the official openai client's tools call works unchanged; "auto" without
-// enable-auto-tool-choice and malformed tools are 400s naming the field. Reasoning: this model
-// never writes </think> by itself, so a guided_regex forces a think block, and the test checks
-// how deepseek_r1 and qwen3 split it (reasoning_content, content, markers never shown); an
-// unconstrained deepseek_r1 answer is all reasoning, as vLLM's parser makes it. The parsers of
-// real models' formats are unit tested in tests/test_tool_parser.c.
+// enable-auto-tool-choice and malformed tools are 400s naming the field. Reasoning: with a
+// reasoning parser a constraint applies after the reasoning, as vLLM's reasoning-aware
+// structured output does: this model never writes </think> by itself, so an answer that starts
+// in its reasoning (deepseek_r1, or a prompt that opens <think>) stays free, token for token the
+// unconstrained answer; a prompt that closed its think block (enable_thinking false) is
+// constrained from the first token, which lets a guided_regex force a think block of the
+// output's own, and the test checks how deepseek_r1 and qwen3 split it (reasoning_content,
+// content, markers never shown); an unconstrained deepseek_r1 answer is all reasoning, as vLLM's
+// parser makes it. The parsers of real models' formats are unit tested in
+// tests/test_tool_parser.c.
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { readFileSync } from 'node:fs';
 import { startServer, curl, parseSSE, assertErrorShape, show, T } from './server.mjs';
 
 const WEATHER = {
@@ -32,6 +38,13 @@ const TOOLS = [
 ];
 const SCHEMAS = { get_weather: WEATHER, get_time: TIME };
 const MESSAGES = [{ role: 'user', content: 'What is the weather in Paris?' }];
+// chatml with a think block the prompt opens, or closes (as Qwen3's enable_thinking false does)
+const CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
+    '<|im_start|>assistant\n';
+const OPEN_THINK = `${CHATML}<think>\n`;
+const CLOSED_THINK = `${CHATML}<think>\n\n</think>\n\n`;
+// Qwen3's own template (tests/data/chat_templates/qwen3-0.6b.jinja)
+const QWEN3 = readFileSync(new URL('../data/chat_templates/qwen3-0.6b.jinja', import.meta.url), 'utf8');
 
 /** The keywords WEATHER and TIME use, checked by hand: a list of what is wrong. */
 function validate(v, s) {
@@ -192,6 +205,27 @@ describe('tool calling and reasoning', () => {
         assert.equal(typeof none.json.choices[0].message.content, 'string');
     });
 
+    it('auto: calls are read from the text as written, unchecked against the schema (as vLLM)', T(60000), async () => {
+        // a guided_regex makes the model write the calls: auto does not constrain the arguments,
+        // so a call whose arguments break get_weather's schema (city a number, days missing, an
+        // unknown key) comes back as written, and one that is not JSON leaves the text as content
+        const esc = (t) => t.replace(/[{}[\]()*+?.\\|^$]/g, '\\$&');
+        const wrong = '<tool_call>\n{"name": "get_weather", "arguments": {"city": 5, "zz": true}}\n</tool_call>';
+        const broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>';
+        const r = await chat(hermes, { tools: TOOLS, tool_choice: 'auto', guided_regex: esc(wrong), max_tokens: 200 });
+        assert.equal(r.status, 200, show(r));
+        const c = r.json.choices[0];
+        assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+        assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+        assert.equal(c.message.tool_calls[0].function.arguments, '{"city": 5, "zz": true}');
+        assert.notDeepEqual(validate(JSON.parse(c.message.tool_calls[0].function.arguments), WEATHER), []);
+        const b = await chat(hermes, { tools: TOOLS, tool_choice: 'auto', guided_regex: esc(broken), max_tokens: 200 });
+        assert.equal(b.status, 200, show(b));
+        assert.equal(b.json.choices[0].message.tool_calls, undefined);
+        assert.equal(b.json.choices[0].message.content, broken);
+        assert.notEqual(b.json.choices[0].finish_reason, 'tool_calls');
+    });
+
     it('malformed tools and tool_choice: 400 naming the field', T(30000), async () => {
         const cases = [
             [{ tools: {} }, 'tools', /'tools' must be a list/],
@@ -251,15 +285,17 @@ describe('tool calling and reasoning', () => {
     });
 
     it('reasoning: a forced think block is split off, stream and not', T(60000), async () => {
+        // the prompt closed its think block: the pattern applies from the first token
         const guided_regex = '<think>[a-z]{2,6}( [a-z]{2,6}){1,4}</think>[A-Z][a-z]{2,8}';
         for (const srv of [r1, hermes]) { // deepseek_r1 and qwen3
-            const r = await chat(srv, { guided_regex, seed: 4, max_tokens: 100 });
+            const r = await chat(srv, { guided_regex, seed: 4, max_tokens: 100, chat_template: CLOSED_THINK });
             assert.equal(r.status, 200, show(r));
             const m = r.json.choices[0].message;
             assert.match(m.reasoning_content, /^[a-z]{2,6}( [a-z]{2,6}){1,4}$/, JSON.stringify(m));
             assert.equal(m.reasoning, m.reasoning_content);
             assert.match(m.content, /^[A-Z][a-z]{2,8}$/, JSON.stringify(m));
-            const s = await chat(srv, { guided_regex, seed: 4, max_tokens: 100, stream: true });
+            const s = await chat(srv, { guided_regex, seed: 4, max_tokens: 100, stream: true,
+                                        chat_template: CLOSED_THINK });
             const events = parseSSE(s.text).events;
             const kinds = events.flatMap((e) => Object.keys(e.choices[0]?.delta ?? {}))
                 .filter((k) => k === 'content' || k === 'reasoning_content');
@@ -268,6 +304,42 @@ describe('tool calling and reasoning', () => {
             assert.equal(o.reasoning, m.reasoning_content);
             assert.equal(o.content, m.content);
             assert.ok(!s.text.includes('think>'), 'a marker went out');
+        }
+    });
+
+    it('reasoning: a constraint applies after the reasoning, which stays free', T(60000), async () => {
+        const constraints = [
+            { response_format: { type: 'json_schema', json_schema: { name: 'w', schema: WEATHER } } },
+            { guided_choice: ['yes', 'no'] },
+            { tools: TOOLS, tool_choice: 'required' },
+        ];
+        // deepseek_r1 (the answer starts in its reasoning) and qwen3 under a prompt that opens <think>
+        for (const [srv, extra] of [[r1, {}], [hermes, { chat_template: OPEN_THINK }]]) {
+            const base = { seed: 6, max_tokens: 24, ...extra };
+            const free = (await chat(srv, base)).json.choices[0].message.reasoning_content;
+            assert.ok(free.length > 0);
+            for (const c of constraints) {
+                const r = await chat(srv, { ...base, ...c });
+                assert.equal(r.status, 200, show(r));
+                const ch = r.json.choices[0];
+                assert.equal(ch.message.reasoning_content, free, JSON.stringify(c)); // untouched
+                assert.equal(ch.message.content, null);
+                assert.equal(ch.finish_reason, 'length');
+                const s = assemble((await chat(srv, { ...base, ...c, stream: true })).text)[0];
+                assert.equal(s.reasoning, free);
+                assert.equal(s.content, '');
+            }
+        }
+        // the prompt closed its think block (Qwen3's template, enable_thinking false): constrained
+        // from the first token, all content
+        for (const srv of [r1, hermes]) {
+            const r = await chat(srv, { seed: 6, max_tokens: 200, chat_template: QWEN3,
+                                        chat_template_kwargs: { enable_thinking: false },
+                                        response_format: { type: 'json_schema', json_schema: { name: 'w', schema: WEATHER } } });
+            assert.equal(r.status, 200, show(r));
+            const m = r.json.choices[0].message;
+            assert.equal(m.reasoning_content, null);
+            assert.deepEqual(validate(JSON.parse(m.content), WEATHER), [], m.content);
         }
     });
 
