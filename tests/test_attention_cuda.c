@@ -29,7 +29,10 @@
  * PAGELLM_ATTN_TIMING=BATCHxCTX (or BATCHxFROMxTOxBOUND: contexts spread over FROM-TO, block
  * tables of BOUND positions) times that decode case alone (to profile it), and with
  * PAGELLM_ATTN_SUSTAIN=SECONDS also after that many seconds of back-to-back launches (the time
- * once the board's power limit has set the clock; read the power beside it with nvidia-smi). */
+ * once the board's power limit has set the clock; read the power beside it with nvidia-smi), and
+ * with PAGELLM_ATTN_WINDOW=W under a sliding window of W positions. test_attention_window checks
+ * sliding windows on every path, the blocks behind every row's window absent (-1) from the
+ * block tables. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -561,7 +564,8 @@ typedef struct {
     KvLayout l;
     AttnBatch b[64]; /* one per set of blocks: rotating defeats the 60 MB L2 */
     int nsets, prefill, nh;
-    DType dt; /* q and cache */
+    int window; /* sliding window (0: none) */
+    DType dt;   /* q and cache */
     float scale;
     void *stream; /* NULL: the legacy stream */
 } TimedAttn;
@@ -570,11 +574,11 @@ static void run_attn(void *ctx, int i) {
     TimedAttn *a = ctx;
     const AttnBatch *b = &a->b[i % a->nsets];
     if (a->prefill)
-        k_cuda_attention_prefill(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale, 0,
-                                 a->stream);
+        k_cuda_attention_prefill(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                 a->window, a->stream);
     else
-        k_cuda_attention_decode(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale, 0,
-                                a->ws, a->ws_bytes, a->stream);
+        k_cuda_attention_decode(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                a->window, a->ws, a->ws_bytes, a->stream);
 }
 
 /* Wall-clock seconds (CLOCK_REALTIME, to line up with nvidia-smi's timestamps). */
@@ -700,8 +704,10 @@ static void test_attention_timing(void **state) {
         {384, 1000, 2000, 4096}, {1, 1024, 1024, 1024, 1},  {256, 1024, 1024, 1024, 1},
         {256, 128, 192, 131072}, {256, 1024, 1120, 131072}, {1, 1024, 1024, 131072}};
     /* PAGELLM_ATTN_TIMING=BATCHxCTX or BATCHxFROMxTOxBOUND: that bf16 decode case alone, listed
-     * above or not (for a profiler or a sweep), no prefill */
+     * above or not (for a profiler or a sweep), no prefill; with PAGELLM_ATTN_WINDOW=W under a
+     * sliding window of W positions (its floor: the window's K/V bytes) */
     const char *only = getenv("PAGELLM_ATTN_TIMING");
+    a.window = only && getenv("PAGELLM_ATTN_WINDOW") ? atoi(getenv("PAGELLM_ATTN_WINDOW")) : 0;
     int only_case[1][5] = {{0, 0, 0, 0, 0}};
     if (only) {
         int *oc = only_case[0];
@@ -732,7 +738,7 @@ static void test_attention_timing(void **state) {
         for (int s = 0; s < batch; s++) {
             pos[s] = lo - 1 + (int)((long)(hi - lo) * s / (batch > 1 ? batch - 1 : 1));
             used += pos[s] / bs + 1;
-            positions += pos[s] + 1;
+            positions += a.window > 0 && pos[s] + 1 > a.window ? a.window : pos[s] + 1;
         }
         const int per_set = batch * mb;
         const double set_bytes = (double)used * block_bytes;
@@ -774,11 +780,13 @@ static void test_attention_timing(void **state) {
                           t0, now_s(), settled * 1e3);
         }
         double floor_ms = positions * nkv * D * 2 * 2 / bw * 1e3;
-        char ctx[48];
+        char ctx[64];
         if (lo == hi && hi == mb * bs)
             snprintf(ctx, sizeof ctx, "ctx %5d", lo);
         else
             snprintf(ctx, sizeof ctx, "ctx %d-%d (bound %d)", lo, hi, mb * bs);
+        if (a.window > 0)
+            snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " window %d", a.window);
         print_message("timing: decode %s batch %3d %s: %8.1f us (graph %7.1f us), floor "
                       "%7.1f us (%.2fx), %.2f TB/s; x32 layers %.2f ms\n",
                       dn(a.dt), batch, ctx, ms * 1e3, graph_ms * 1e3, floor_ms * 1e3, ms / floor_ms,

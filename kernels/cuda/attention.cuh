@@ -111,10 +111,9 @@ __device__ __forceinline__ void decode_share(int total, int *first, int *left) {
  * latency counts): no scan; up to a row per thread: one scan; more: a pass for the total, then
  * tiles of a row per thread until the first item's. */
 template <int WARPS>
-__device__ __forceinline__ void decode_items_begin(DecodeItems &it, const KvGeom &kg,
-                                                   const int32_t *positions,
-                                                   const int32_t *query_start, int num_seqs,
-                                                   int part_len, int max_parts) {
+__device__ __forceinline__ void
+decode_items_begin(DecodeItems &it, const KvGeom &kg, const int32_t *positions,
+                   const int32_t *query_start, int num_seqs, int part_len, int max_parts) {
     constexpr int threads = WARPS * 32;
     /* block_scan's WARPS + 1, then the row, part and context found */
     __shared__ int scratch[WARPS + 4];
@@ -149,7 +148,8 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const KvGeom
     /* the row holding item `first`: prefix sums over tiles of a row per thread */
     for (int t0 = 0, before = 0; t0 < rows; t0 += threads) {
         int f = 0;
-        const int i = t0 + threadIdx.x, ctx = i < rows ? kv_decode_span(kg, positions[r0 + i], &f) : 0;
+        const int i = t0 + threadIdx.x,
+                  ctx = i < rows ? kv_decode_span(kg, positions[r0 + i], &f) : 0;
         const int np = ctx ? decode_nparts(ctx, part_len, max_parts) : 0;
         int tile = 0;
         const int from = before + block_scan<WARPS>(np, &tile, scratch);

@@ -282,8 +282,8 @@ static void attention_decode(const KernelOps *ops, void *out, const void *q, con
         s->attn_workspace_bytes = need;
         s->attn_workspace = k_cuda_malloc(need);
     }
-    k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, window,
-                            s->attn_workspace, s->attn_workspace_bytes, stream(ops));
+    k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, window, s->attn_workspace,
+                            s->attn_workspace_bytes, stream(ops));
 }
 
 /* Single-row sequences take the decode kernel, prompt chunks the prefill kernel: a batch
@@ -310,8 +310,7 @@ static void ops_attention(const KernelOps *ops, void *out, const void *q, const 
         p.num_seqs = b->num_seqs - nd;
         p.query_start += nd;
         p.block_tables += (size_t)nd * b->max_blocks_per_seq;
-        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, window,
-                                 stream(ops));
+        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, window, stream(ops));
     }
 }
 
