@@ -860,10 +860,10 @@ static void copy_blocks(Sim *s, const BlockCopy *m, int n, int from_cpu, int to_
                sizeof(uint64_t) * (size_t)s->bs);
 }
 
-/* Every computed slot of every table holds the KV of its own prefix. */
+/* Every computed slot of every table holds the KV of its own prefix (those still held). */
 static void verify_content(Sim *s, Live *live, int nlive) {
     for (int i = 0; i < nlive; i++)
-        for (int p = 0; p < live[i].num_computed; p++)
+        for (int p = live[i].t.num_released * s->bs; p < live[i].num_computed; p++)
             if (*slot(s, &live[i].t, p) != live[i].ph[p])
                 fail_msg("table %d slot %d: wrong KV content", i, p);
 }
@@ -880,7 +880,7 @@ static void verify_state(Sim *s, Live *live, int nlive, const BlockTable **tabs)
         const BlockTable *t = &live[i].t;
         assert_true(t->num_blocks * s->bs >= t->num_tokens);
         assert_true(live[i].num_computed <= t->num_tokens);
-        for (int b = 0; b < t->num_blocks; b++) {
+        for (int b = t->num_released; b < t->num_blocks; b++) {
             uint8_t *u = t->on_cpu[b] ? &cused[t->blocks[b]] : &gused[t->blocks[b]];
             if (!*u) {
                 *u = 1;
@@ -908,12 +908,14 @@ static void live_free(Sim *s, Live *live, int *nlive, int i) {
 
 typedef struct {
     int64_t allocs, hits_tokens, cows, swaps_out, swaps_in, forks, nevers, laters, swap_fails;
-    int64_t evictions;
+    int64_t evictions, released;
 } Counts;
 
-static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt) {
+/* window > 0: a sliding window (steps of at most 2 bs tokens), the blocks behind it released
+ * after each computation. */
+static void random_run(int bs, int caching, int window, uint64_t seed, int ops, Counts *cnt) {
     enum { MAX_LIVE = 24, GPU = 48, CPU = 24, ALPHA = 2, FAMILIES = 3 };
-    Sim s = {make(GPU, CPU, bs, 0.05f, caching), bs, NULL, NULL};
+    Sim s = {make_windowed(GPU, CPU, bs, 0.05f, caching, window, 2 * bs), bs, NULL, NULL};
     s.gkv = calloc((size_t)GPU * bs, sizeof(uint64_t));
     s.ckv = calloc((size_t)CPU * bs, sizeof(uint64_t));
     Rng r = {seed};
@@ -949,13 +951,15 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             AllocStatus st = blk_can_allocate(s.bm, nl->tok, n);
             int total = (n + bs - 1) / bs;
             if (st == BLK_ALLOC_NEVER) {
-                assert_true(total > GPU - s.bm->watermark_blocks);
+                assert_true(blk_held_blocks(blk_config(s.bm), n, 2 * bs) >
+                            GPU - s.bm->watermark_blocks);
                 cnt->nevers++;
                 free(nl->tok);
                 free(nl->ph);
             } else if (st == BLK_ALLOC_LATER) {
                 cnt->laters++;
-                assert_true(blk_num_free_gpu(s.bm) - total < s.bm->watermark_blocks);
+                if (!window) /* (with one: the first chunk's blocks and the hits kept) */
+                    assert_true(blk_num_free_gpu(s.bm) - total < s.bm->watermark_blocks);
                 free(nl->tok);
                 free(nl->ph);
             } else {
@@ -975,6 +979,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
                          : l->num_computed + 1 + rndi(&r, l->t.num_tokens - l->num_computed);
             for (int p = l->num_computed; p < to; p++) {
                 int b = p / bs;
+                assert_int_not_equal(l->t.blocks[b], BLK_RELEASED);
                 assert_false(l->t.on_cpu[b]);
                 assert_int_equal(s.bm->gpu[l->t.blocks[b]].ref, 1);
                 assert_false(s.bm->gpu[l->t.blocks[b]].registered);
@@ -982,6 +987,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             }
             l->num_computed = to;
             blk_mark_computed(s.bm, &l->t, l->tok, to);
+            blk_release_behind(s.bm, &l->t, to);
         } else if (kind < 58 && l && !l->swapped && l->num_computed == l->t.num_tokens) {
             /* decode: grow by a few tokens (copy-on-write if the last block is shared) */
             int k = 1 + rndi(&r, bs + 2), n0 = l->t.num_tokens;
@@ -1015,7 +1021,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             cnt->forks++;
         } else if (kind < 76 && l && !l->swapped) {
             int priv = 0, free_cpu = blk_num_free_cpu(s.bm);
-            for (int b = 0; b < l->t.num_blocks; b++)
+            for (int b = l->t.num_released; b < l->t.num_blocks; b++)
                 priv += s.bm->gpu[l->t.blocks[b]].ref == 1;
             int32_t *before = malloc(sizeof(int32_t) * (size_t)(l->t.num_blocks + 1));
             memcpy(before, l->t.blocks, sizeof(int32_t) * (size_t)l->t.num_blocks);
@@ -1026,7 +1032,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
                 cnt->swap_fails++;
             } else {
                 assert_int_equal(n, priv);
-                for (int b = 0, k = 0; b < l->t.num_blocks; b++) {
+                for (int b = l->t.num_released, k = 0; b < l->t.num_blocks; b++) {
                     if (l->t.on_cpu[b]) {
                         assert_int_equal(map[k].src, before[b]);
                         assert_int_equal(map[k].dst, l->t.blocks[b]);
@@ -1071,30 +1077,38 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
     if (!caching)
         assert_int_equal(st.prefix_queries + st.evictions, 0);
     cnt->evictions = st.evictions;
+    cnt->released = st.released;
+    if (!window)
+        assert_int_equal(st.released, 0);
     free(map);
     free(s.gkv);
     free(s.ckv);
     blk_destroy(s.bm);
 }
 
+/* Random operations on many tables, the simulated KV content and every invariant checked after
+ * each; with windows (2 bs + 1, releasing behind them) in the second half. */
 static void test_randomized(void **state) {
     (void)state;
     const int sizes[] = {4, 8, 16};
     int64_t hits = 0, cows = 0, swaps = 0, fails = 0, laters = 0, evictions = 0, nevers = 0;
-    int64_t forks = 0;
-    for (int caching = 0; caching <= 1; caching++) {
+    int64_t forks = 0, released = 0;
+    for (int caching = 0; caching <= 3; caching++) {
         for (int s = 0; s < 3; s++) {
             for (uint64_t seed = 1; seed <= 2; seed++) {
                 Counts c;
-                random_run(sizes[s], caching, seed * 7919 + (uint64_t)sizes[s], 2500, &c);
+                const int window = caching >= 2 ? 2 * sizes[s] + 1 : 0;
+                random_run(sizes[s], caching & 1, window, seed * 7919 + (uint64_t)sizes[s], 2500,
+                           &c);
                 if (getenv("BLK_TEST_VERBOSE"))
-                    printf("bs %d caching %d seed %d: allocs %lld hit-tokens %lld cows %lld "
-                           "swaps %lld/%lld fails %lld forks %lld later %lld never %lld "
-                           "evictions %lld\n",
-                           sizes[s], caching, (int)seed, (long long)c.allocs,
+                    printf("bs %d caching %d window %d seed %d: allocs %lld hit-tokens %lld "
+                           "cows %lld swaps %lld/%lld fails %lld forks %lld later %lld never %lld "
+                           "evictions %lld released %lld\n",
+                           sizes[s], caching & 1, window, (int)seed, (long long)c.allocs,
                            (long long)c.hits_tokens, (long long)c.cows, (long long)c.swaps_out,
                            (long long)c.swaps_in, (long long)c.swap_fails, (long long)c.forks,
-                           (long long)c.laters, (long long)c.nevers, (long long)c.evictions);
+                           (long long)c.laters, (long long)c.nevers, (long long)c.evictions,
+                           (long long)c.released);
                 hits += c.hits_tokens;
                 cows += c.cows;
                 swaps += c.swaps_in;
@@ -1103,6 +1117,7 @@ static void test_randomized(void **state) {
                 evictions += c.evictions;
                 nevers += c.nevers;
                 forks += c.forks;
+                released += c.released;
             }
         }
     }
@@ -1115,6 +1130,7 @@ static void test_randomized(void **state) {
     assert_true(nevers > 0);
     assert_true(forks > 0);
     assert_true(evictions > 0);
+    assert_true(released > 0);
 }
 
 /* ---- sliding window ---- */
