@@ -441,9 +441,9 @@ static void test_attention_window(void **state) {
     if (!quick()) { /* Mistral-7B's 4096 window under 8k-32k contexts (split decode rows) */
         attn_window = 4096;
         SeqSpec longs[4] = {{32000, 1}, {9000, 1}, {4095, 1}, {6000, 300}};
-        bad += attention_case(128, 8, 4, 16, DT_BF16, DT_BF16, longs, 4, 0, 7);
-        bad += attention_case(128, 8, 4, 16, DT_F32, DT_F32, longs, 4, 0, 7);
-        bad += attention_case(128, 8, 4, 16, DT_BF16, DT_F8E4M3, longs, 4, 0, 7);
+        bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, longs, 4, 0, 7);
+        bad += attention_case(128, 2, 4, 16, DT_F32, DT_F32, longs, 4, 0, 7);
+        bad += attention_case(128, 2, 4, 16, DT_BF16, DT_F8E4M3, longs, 4, 0, 7);
         cases += 3;
     }
     attn_window = 0;
