@@ -40,6 +40,7 @@ struct BlockManager {
 
     GpuBlock *gpu;     /* [num_gpu] */
     int32_t *gpu_free; /* [num_gpu] stack of free unregistered blocks, top at [num_gpu_free-1] */
+    int32_t *matched; /* [num_gpu] scratch: the blocks a prompt matched (distinct, so <= num_gpu) */
     int num_gpu_free;
     int32_t lru_head, lru_tail; /* evictable blocks, least recently freed/hit at head */
     int num_evictable;

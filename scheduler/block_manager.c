@@ -107,6 +107,7 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
 
     bm->gpu = pl_xcalloc((size_t)bm->num_gpu, sizeof *bm->gpu);
     bm->gpu_free = pl_xmalloc((size_t)bm->num_gpu * sizeof *bm->gpu_free);
+    bm->matched = pl_xmalloc((size_t)bm->num_gpu * sizeof *bm->matched);
     for (int i = 0; i < bm->num_gpu; i++) {
         bm->gpu[i].prev = bm->gpu[i].next = bm->gpu[i].hnext = BLK_NONE;
         bm->gpu_free[i] = bm->num_gpu - 1 - i; /* block 0 on top: taken first */
@@ -138,6 +139,7 @@ void blk_destroy(BlockManager *bm) {
         return;
     free(bm->gpu);
     free(bm->gpu_free);
+    free(bm->matched);
     free(bm->cpu_ref);
     free(bm->cpu_free);
     free(bm->tokens);
@@ -183,8 +185,8 @@ static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_t
                         int *evictable_kept, uint64_t *last) {
     int n = eligible_blocks(bm, num_tokens), bs = bm->block_size, hits = 0;
     uint64_t parent = BLK_HASH_ROOT;
-    int32_t found[n > 0 ? n : 1];
-    for (; hits < n; hits++) {
+    int32_t *found = bm->matched;
+    for (; hits < n && hits < bm->num_gpu; hits++) {
         const int32_t *tok = tokens + (size_t)hits * bs;
         uint64_t h = blk_hash_block(parent, tok, bs);
         int32_t id = blk_cache_lookup(bm, h, parent, tok);
