@@ -300,6 +300,20 @@ static void test_dummy_phi3(void **state) {
         " \"long_factor\": [1, 2, 3, 4, 5, 6]}}");
 }
 
+/* Mistral with a window of 5 on every layer, Qwen2 with use_sliding_window from layer 1 on:
+ * the 12-token prompt crosses the window, prefilled at once or a token a step. */
+static void test_dummy_sliding(void **state) {
+    dummy_consistent("{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                     " \"vocab_size\": 200, \"sliding_window\": 5}");
+    dummy_consistent("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 3,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                     " \"vocab_size\": 200, \"use_sliding_window\": true,"
+                     " \"sliding_window\": 5, \"max_window_layers\": 1}");
+}
+
 /* Gemma 2's sliding window against the same model with the window covering everything: equal
  * up to the window, different after (the layers that slide no longer see the first tokens). */
 static void test_sliding_window_bites(void **state) {
@@ -349,6 +363,7 @@ int main(void) {
         cmocka_unit_test(test_dummy_gemma3),
         cmocka_unit_test(test_dummy_phi3),
         cmocka_unit_test(test_sliding_window_bites),
+        cmocka_unit_test(test_dummy_sliding),
         cmocka_unit_test(test_gemma2_reference),
         cmocka_unit_test(test_gemma3_reference),
         cmocka_unit_test(test_phi3_reference),
