@@ -155,9 +155,14 @@ static Status size_pools(Engine *e) {
     e->num_gpu_blocks = gpu;
     e->num_cpu_blocks = cpu;
     /* One sequence must always fit the pool (minus the admission watermark), or it could
-     * be preempted forever: cap max-model-len to what the pool holds. */
+     * be preempted forever: cap max-model-len to what the pool holds (behind a sliding window
+     * on every layer, a sequence holds only the window's blocks and a chunk's). */
     int usable = (gpu - (int)(WATERMARK * gpu)) * c->block_size;
-    if (e->max_model_len > usable) {
+    BlockManagerConfig held = {.block_size = c->block_size,
+                               .sliding_window = model_kv_window(model_config(e->model)),
+                               .max_step_tokens = c->max_num_batched_tokens};
+    if (blk_held_blocks(&held, e->max_model_len, c->max_num_batched_tokens) * c->block_size >
+        usable) {
         if (!c->quiet)
             fprintf(stderr,
                     "pagellm: max-model-len lowered from %d to %d, the tokens the KV "
@@ -201,7 +206,9 @@ static Status create_scheduling(Engine *e) {
                              .num_cpu_blocks = e->num_cpu_blocks,
                              .block_size = c->block_size,
                              .watermark = WATERMARK,
-                             .enable_prefix_caching = c->enable_prefix_caching};
+                             .enable_prefix_caching = c->enable_prefix_caching,
+                             .sliding_window = model_kv_window(model_config(e->model)),
+                             .max_step_tokens = c->max_num_batched_tokens};
     if (!(e->bm = blk_create(&bc)))
         return PL_ERR_INVALID;
     SchedulerConfig sc = {.max_num_seqs = c->max_num_seqs,
@@ -643,8 +650,9 @@ EngineStats eng_stats(Engine *e) {
             swapped |= q->state == SEQ_SWAPPED;
             if (q->state != SEQ_RUNNING)
                 continue;
-            s.kv_slots_allocated += (int64_t)q->table.num_blocks * e->cfg.block_size;
-            s.kv_slots_used += q->table.num_tokens;
+            const int released = q->table.num_released * e->cfg.block_size;
+            s.kv_slots_allocated += (int64_t)q->table.num_blocks * e->cfg.block_size - released;
+            s.kv_slots_used += q->table.num_tokens - released;
         }
         if (running)
             s.num_requests_running++;

@@ -68,7 +68,7 @@ void eng_stamp_blocks(Engine *e, const SchedulerOutput *o, int64_t id) {
     for (int i = 0; i < o->num_seqs; i++) {
         const ScheduledSeq *ss = &o->seqs[i];
         const BlockTable *t = &ss->seq->table;
-        for (int b = 0; b < t->num_blocks; b++)
+        for (int b = t->num_released; b < t->num_blocks; b++) /* released: BLK_RELEASED */
             e->block_read_step[t->blocks[b]] = id;
         for (int p = ss->start; p < ss->start + ss->num_tokens; p += bs - p % bs)
             e->block_written_step[t->blocks[p / bs]] = id;

@@ -291,8 +291,9 @@ struct KernelOps {
     /* Causal GQA attention of q[num_tokens, nh, D] over the paged cache: out[num_tokens, nh, D].
      * Query head h reads KV head h / (nh / nkv). Scores are s = scale q.k; with softcap > 0
      * (Gemma 2) s = softcap tanh(s / softcap) before the softmax; with window > 0 (sliding-window
-     * layers) a token at position p attends to positions max(0, p - window + 1) .. p only (the
-     * cache may still hold the older ones). */
+     * layers) a token at position p attends to positions max(0, p - window + 1) .. p only; the
+     * block-table entries of blocks wholly before every row's window are never read (the block
+     * manager may have released them: BLK_RELEASED). */
     void (*attention)(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
                       const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                       float softcap, int window);

@@ -189,7 +189,10 @@ void k_cuda_scatter_tokens(int32_t *tokens, const int32_t *sampled, const int32_
  * of one sequence x heads of one KV head), K/V tiles in shared memory reused by every row and
  * head of the tile, online softmax (flash-attention style). bf16 q on a bf16 cache with
  * head_dim a multiple of 16 up to 256 runs on tensor cores (mma.sync, cp.async double
- * buffering); anything else on an fp32 CUDA-core kernel. Best for prompt chunks. */
+ * buffering); anything else on an fp32 CUDA-core kernel. Best for prompt chunks.
+ * window > 0 (sliding-window layers): a row at position p attends to p - window + 1 .. p only,
+ * as the CPU op; both kernels skip the positions before the first any row of the launch reads
+ * and never read a cache block wholly before it (its block-table entry may be a sentinel). */
 
 /* Scratch bytes k_cuda_attention_decode needs for the split over the sequence: partial
  * results for 256-position partitions of every row, and at least 256 (row, partition) pairs
@@ -201,11 +204,11 @@ size_t k_cuda_attention_workspace_bytes(const KvLayout *l, int num_tokens, int n
 
 void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
                              const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
-                             void *workspace, size_t workspace_bytes, void *stream);
+                             int window, void *workspace, size_t workspace_bytes, void *stream);
 
 void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *kv_cache,
                               const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
-                              void *stream);
+                              int window, void *stream);
 
 /* ---- linear layers (kernels/cuda/matmul.cu) ----
  *

@@ -89,6 +89,10 @@ typedef struct {
 /* The attention window of layer l: sliding_window on sliding layers, else 0 (all positions). */
 int model_layer_window(const ModelConfig *cfg, int layer);
 
+/* The window when every layer slides (Mistral-7B-v0.1), else 0: no layer reads a position more
+ * than this far behind the newest, so the KV cache may release what falls out of it. */
+int model_kv_window(const ModelConfig *cfg);
+
 /* Whether layer l's MLP is a mixture of experts (else the dense SwiGLU MLP). */
 int model_layer_is_moe(const ModelConfig *cfg, int layer);
 

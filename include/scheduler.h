@@ -16,7 +16,10 @@
  *      `conservativeness` (at most the whole budget; 0 reserves nothing). Work that would be
  *      preempted and recomputed is thus not admitted in the first place (an offline batch
  *      whose sequences all run to max_new never preempts), while requests that stop early
- *      soon let more in. With nothing running, the oldest is admitted anyway.
+ *      soon let more in. With nothing running, the oldest is admitted anyway. Behind a sliding
+ *      window on every layer (BlockManagerConfig.sliding_window) a sequence counts the blocks
+ *      it holds, its window's and a chunk's (blk_held_blocks), not its length's; after each
+ *      step the blocks behind its window are released (sched_step_done).
  * One engine thread owns the scheduler, its sequences and the block manager: no locks. */
 #ifndef PAGELLM_SCHEDULER_H
 #define PAGELLM_SCHEDULER_H

@@ -412,28 +412,57 @@ static Status parse_dtype(json_t *root, const char *path, ModelConfig *cfg) {
     return PL_OK;
 }
 
-/* Sliding-window attention is not implemented; attention over a context no longer than the
- * window is the same computation, so the usable context is capped at the window. */
-static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *cfg) {
-    int use = 1;
-    Status s;
-    if (strncmp(cfg->architecture, "Qwen", 4) == 0) { /* Qwen2, Qwen3, Qwen3-MoE */
-        if ((s = get_bool(root, path, "use_sliding_window", 0, &use)) != PL_OK)
-            return s;
-        int max_window_layers = 0;
-        if (use &&
-            (s = get_int(root, path, "max_window_layers", 0, 0, 0, &max_window_layers)) != PL_OK)
-            return s;
-        if (max_window_layers >= cfg->num_layers)
-            use = 0; /* only layers >= max_window_layers slide */
+/* Which layers slide, from layer_types (transformers 5 writes it for the families that have
+ * it): *found = 1 when the key is there. */
+static Status parse_layer_types(json_t *root, const char *path, ModelConfig *cfg, int *found) {
+    json_t *types = get(root, "layer_types");
+    *found = types != NULL;
+    if (!types)
+        return PL_OK;
+    if (!json_is_array(types) || (int)json_array_size(types) != cfg->num_layers)
+        return pl_error_set(PL_ERR_FORMAT,
+                            "%s: key 'layer_types' must list num_hidden_layers (%d) kinds", path,
+                            cfg->num_layers);
+    for (int l = 0; l < cfg->num_layers; l++) {
+        const char *k = json_string_value(json_array_get(types, (size_t)l));
+        if (!k || (strcmp(k, "sliding_attention") && strcmp(k, "full_attention")))
+            return pl_error_set(PL_ERR_UNSUPPORTED,
+                                "%s: key 'layer_types' entry %d must be \"sliding_attention\" "
+                                "or \"full_attention\"",
+                                path, l);
+        cfg->layer_sliding[l] = strcmp(k, "sliding_attention") == 0;
     }
+    return PL_OK;
+}
+
+/* Mistral, Mixtral, Phi-3 and the Qwens (not Gemma: parse_gemma) as transformers reads them:
+ * sliding_window (absent or null: none) on the layers layer_types marks, else on every layer;
+ * the Qwens only with use_sliding_window, and without layer_types on the layers from
+ * max_window_layers on (transformers' default 28, 48 for Qwen3-MoE). Each sliding layer
+ * attends to its last sliding_window positions at any context length. */
+static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *cfg) {
+    int use = 1, window = 0, found = 0;
+    Status s;
+    const int qwen = strncmp(cfg->architecture, "Qwen", 4) == 0; /* Qwen2, Qwen3, Qwen3-MoE */
+    if (qwen && (s = get_bool(root, path, "use_sliding_window", 0, &use)) != PL_OK)
+        return s;
     if (!use)
         return PL_OK;
-    int window = 0;
-    if ((s = get_int(root, path, "sliding_window", 0, 0, 1, &window)) != PL_OK)
+    if ((s = get_int(root, path, "sliding_window", 0, 0, 0, &window)) != PL_OK || window == 0)
         return s;
-    if (window > 0 && window < cfg->max_position_embeddings)
-        cfg->max_position_embeddings = window;
+    if (cfg->num_layers > MODEL_MAX_LAYERS)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
+                            cfg->num_layers, MODEL_MAX_LAYERS);
+    cfg->sliding_window = window;
+    if ((s = parse_layer_types(root, path, cfg, &found)) != PL_OK || found)
+        return s;
+    int first = 0;
+    if (qwen && (s = get_int(root, path, "max_window_layers", 0,
+                             strcmp(cfg->architecture, "Qwen3MoeForCausalLM") ? 28 : 48, 0,
+                             &first)) != PL_OK)
+        return s;
+    for (int l = 0; l < cfg->num_layers; l++)
+        cfg->layer_sliding[l] = l >= first;
     return PL_OK;
 }
 
@@ -477,22 +506,10 @@ static Status parse_gemma(json_t *root, const char *path, ModelConfig *cfg) {
     if (cfg->num_layers > MODEL_MAX_LAYERS)
         return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
                             cfg->num_layers, MODEL_MAX_LAYERS);
-    json_t *types = get(root, "layer_types");
-    if (types) {
-        if (!json_is_array(types) || (int)json_array_size(types) != cfg->num_layers)
-            return pl_error_set(PL_ERR_FORMAT,
-                                "%s: key 'layer_types' must list num_hidden_layers (%d) kinds",
-                                path, cfg->num_layers);
-        for (int l = 0; l < cfg->num_layers; l++) {
-            const char *k = json_string_value(json_array_get(types, (size_t)l));
-            if (!k || (strcmp(k, "sliding_attention") && strcmp(k, "full_attention")))
-                return pl_error_set(PL_ERR_UNSUPPORTED,
-                                    "%s: key 'layer_types' entry %d must be \"sliding_attention\" "
-                                    "or \"full_attention\"",
-                                    path, l);
-            cfg->layer_sliding[l] = strcmp(k, "sliding_attention") == 0;
-        }
-    } else {
+    int found = 0;
+    if ((s = parse_layer_types(root, path, cfg, &found)))
+        return s;
+    if (!found) {
         int pattern = 2;
         if (gemma3 && (s = get_int(root, path, "sliding_window_pattern", 0, 6, 1, &pattern)))
             return s;
@@ -507,6 +524,13 @@ int model_layer_window(const ModelConfig *c, int layer) {
                    c->layer_sliding[layer]
                ? c->sliding_window
                : 0;
+}
+
+int model_kv_window(const ModelConfig *c) {
+    for (int l = 0; l < c->num_layers; l++)
+        if (!model_layer_window(c, l))
+            return 0;
+    return c->num_layers > 0 ? c->sliding_window : 0;
 }
 
 /* Mixture-of-experts keys: Mixtral's num_local_experts (every layer sparse, always

@@ -4,9 +4,10 @@
  * Gemma's layer differs by a norm after the attention and one after the MLP (their outputs are
  * normed before the residual add), GeGLU, the embedding times sqrt(hidden), soft-capped
  * attention and final logits (Gemma 2) and sliding-window layers (Gemma 3 with a RoPE base of
- * their own); Phi-3 by partial rotation and LongRoPE. The sliding window is an attention mask
- * (each sliding layer reads the last W positions); the KV blocks that fall out of every
- * layer's window are not freed yet.
+ * their own); Phi-3 by partial rotation and LongRoPE. The sliding window (Mistral, Qwen2,
+ * Gemma) is an attention argument: each sliding layer reads the last W positions at any
+ * length; when every layer slides the block manager releases the KV blocks behind the window
+ * (model_kv_window).
  *
  * The forward pass is a fixed sequence of KernelOps calls over a packed batch (prefill
  * chunks and decode tokens of many sequences together), with K/V written to and read from

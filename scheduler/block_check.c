@@ -18,10 +18,19 @@ static void check_table(const BlockManager *bm, const BlockTable *t, int ti, int
         FAIL("table %d: %d blocks, capacity %d", ti, t->num_blocks, t->capacity);
     if (t->num_hashed < 0 || t->num_hashed > t->num_tokens / bs)
         FAIL("table %d: %d hashed blocks of %d tokens", ti, t->num_hashed, t->num_tokens);
+    if (t->num_released < 0 || t->num_released > t->num_blocks ||
+        (t->num_released > 0 && bm->window <= 0))
+        FAIL("table %d: %d of %d blocks released (window %d)", ti, t->num_released, t->num_blocks,
+             bm->window);
     for (int i = 0; i < t->num_blocks; i++) {
         int32_t id = t->blocks[i];
         if (t->on_cpu[i] > 1)
             FAIL("table %d block %d: on_cpu = %d", ti, i, t->on_cpu[i]);
+        if (i < t->num_released) {
+            if (id != BLK_RELEASED || t->on_cpu[i])
+                FAIL("table %d block %d: released, yet id %d (on_cpu %d)", ti, i, id, t->on_cpu[i]);
+            continue;
+        }
         if (t->on_cpu[i]) {
             if (id < 0 || id >= bm->num_cpu)
                 FAIL("table %d block %d: CPU id %d out of range", ti, i, id);

@@ -31,13 +31,16 @@ typedef struct {
 } GpuBlock;
 
 struct BlockManager {
+    BlockManagerConfig cfg; /* as created (blk_config) */
     int block_size;
     int num_gpu, num_cpu;
     int watermark_blocks; /* (int)(watermark * num_gpu) */
     int caching;          /* prefix caching on */
+    int window;           /* cfg.sliding_window: > 0 releases blocks behind it */
 
     GpuBlock *gpu;     /* [num_gpu] */
     int32_t *gpu_free; /* [num_gpu] stack of free unregistered blocks, top at [num_gpu_free-1] */
+    int32_t *matched; /* [num_gpu] scratch: the blocks a prompt matched (distinct, so <= num_gpu) */
     int num_gpu_free;
     int32_t lru_head, lru_tail; /* evictable blocks, least recently freed/hit at head */
     int num_evictable;

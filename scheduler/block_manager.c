@@ -9,7 +9,12 @@
  * free - required < watermark_blocks, and NEVER when the sequence's whole block count exceeds
  * num_gpu - watermark_blocks: that is exactly the case where the check could never pass,
  * even with every other sequence gone (its in-use hits would then be evictable), so NEVER
- * does not depend on what else is running. */
+ * does not depend on what else is running.
+ *
+ * With a sliding window a new table holds the blocks of [lo, end): lo the first position its
+ * first computed token reads (the hits before lo are claimed and released again at once), end
+ * the first step's last slot; "required" counts the new ones and the evictable hits kept, and
+ * NEVER compares the most a sequence of that length ever holds (blk_held_blocks). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +22,37 @@
 
 static int blocks_for(const BlockManager *bm, int tokens) {
     return (tokens + bm->block_size - 1) / bm->block_size;
+}
+
+int blk_held_blocks(const BlockManagerConfig *cfg, int num_tokens, int step_tokens) {
+    const int bs = cfg->block_size, all = (num_tokens + bs - 1) / bs;
+    if (cfg->sliding_window <= 0)
+        return all;
+    const long span = (long)cfg->sliding_window - 1 + (step_tokens > 0 ? step_tokens : 1);
+    const long most = (span + bs - 1) / bs + 1;
+    return most < all ? (int)most : all;
+}
+
+/* The peak of blk_held_blocks: a prompt chunk of max_step_tokens (unbounded: the whole). */
+static int peak_blocks(const BlockManager *bm, int num_tokens) {
+    const int step = bm->cfg.max_step_tokens;
+    return blk_held_blocks(&bm->cfg, num_tokens, step > 0 ? step : num_tokens);
+}
+
+const BlockManagerConfig *blk_config(const BlockManager *bm) {
+    return &bm->cfg;
+}
+
+/* The first block a token at position pos reads (0 without a window). */
+static int first_read_block(const BlockManager *bm, int pos) {
+    return bm->window > 0 && pos >= bm->window ? (pos - bm->window + 1) / bm->block_size : 0;
+}
+
+/* Slots a new table gets for a prompt of num_tokens whose first `cached` are cached: all of
+ * them, or with a window up to the first step's tokens. */
+static int first_slots(const BlockManager *bm, int num_tokens, int cached) {
+    const int step = bm->cfg.max_step_tokens;
+    return bm->window > 0 && step > 0 && cached + step < num_tokens ? cached + step : num_tokens;
 }
 
 /* Grow the table's arrays to hold n blocks (amortised doubling: the only allocation made
@@ -54,7 +90,15 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
         return NULL;
     }
 
+    if (cfg->sliding_window < 0 || cfg->max_step_tokens < 0) {
+        pl_error_set(PL_ERR_INVALID, "block manager: sliding window %d, step tokens %d",
+                     cfg->sliding_window, cfg->max_step_tokens);
+        return NULL;
+    }
+
     BlockManager *bm = pl_xcalloc(1, sizeof *bm);
+    bm->cfg = *cfg;
+    bm->window = cfg->sliding_window;
     bm->block_size = bs;
     bm->num_gpu = cfg->num_gpu_blocks;
     bm->num_cpu = cfg->num_cpu_blocks;
@@ -63,6 +107,7 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
 
     bm->gpu = pl_xcalloc((size_t)bm->num_gpu, sizeof *bm->gpu);
     bm->gpu_free = pl_xmalloc((size_t)bm->num_gpu * sizeof *bm->gpu_free);
+    bm->matched = pl_xmalloc((size_t)bm->num_gpu * sizeof *bm->matched);
     for (int i = 0; i < bm->num_gpu; i++) {
         bm->gpu[i].prev = bm->gpu[i].next = bm->gpu[i].hnext = BLK_NONE;
         bm->gpu_free[i] = bm->num_gpu - 1 - i; /* block 0 on top: taken first */
@@ -94,6 +139,7 @@ void blk_destroy(BlockManager *bm) {
         return;
     free(bm->gpu);
     free(bm->gpu_free);
+    free(bm->matched);
     free(bm->cpu_ref);
     free(bm->cpu_free);
     free(bm->tokens);
@@ -132,38 +178,41 @@ static int eligible_blocks(const BlockManager *bm, int num_tokens) {
 }
 
 /* The prompt's longest cached run of leading blocks. Fills ids[] (when not NULL) with the
- * matched blocks, counts the hits on evictable blocks, and returns the run's length; *last
- * gets the chained hash of the last matched block. Changes nothing. */
+ * matched blocks, and returns the run's length; *last gets the chained hash of the last
+ * matched block and *evictable_kept the hits on evictable blocks that the table keeps (with a
+ * window, those its first computed token reads). Changes nothing. */
 static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_tokens, int32_t *ids,
-                        int *num_evictable, uint64_t *last) {
+                        int *evictable_kept, uint64_t *last) {
     int n = eligible_blocks(bm, num_tokens), bs = bm->block_size, hits = 0;
     uint64_t parent = BLK_HASH_ROOT;
-    *num_evictable = 0;
-    for (; hits < n; hits++) {
+    int32_t *found = bm->matched;
+    for (; hits < n && hits < bm->num_gpu; hits++) {
         const int32_t *tok = tokens + (size_t)hits * bs;
         uint64_t h = blk_hash_block(parent, tok, bs);
         int32_t id = blk_cache_lookup(bm, h, parent, tok);
         if (id == BLK_NONE)
             break;
-        if (bm->gpu[id].ref == 0)
-            (*num_evictable)++;
+        found[hits] = id;
         if (ids)
             ids[hits] = id;
         parent = h;
     }
+    *evictable_kept = 0;
+    for (int i = first_read_block(bm, hits * bs); i < hits; i++)
+        *evictable_kept += bm->gpu[found[i]].ref == 0;
     *last = parent;
     return hits;
 }
 
 AllocStatus blk_can_allocate(BlockManager *bm, const int32_t *tokens, int num_tokens) {
     PL_CHECK(num_tokens >= 0);
-    int total = blocks_for(bm, num_tokens);
-    if (total > bm->num_gpu - bm->watermark_blocks)
+    if (peak_blocks(bm, num_tokens) > bm->num_gpu - bm->watermark_blocks)
         return BLK_ALLOC_NEVER;
-    int evictable_hits = 0;
+    int evictable_kept = 0;
     uint64_t last;
-    int hits = match_prefix(bm, tokens, num_tokens, NULL, &evictable_hits, &last);
-    int required = total - hits + evictable_hits;
+    int hits = match_prefix(bm, tokens, num_tokens, NULL, &evictable_kept, &last);
+    int required =
+        blocks_for(bm, first_slots(bm, num_tokens, hits * bm->block_size)) - hits + evictable_kept;
     if (blk_num_free_gpu(bm) - required < bm->watermark_blocks)
         return BLK_ALLOC_LATER;
     return BLK_ALLOC_OK;
@@ -171,12 +220,13 @@ AllocStatus blk_can_allocate(BlockManager *bm, const int32_t *tokens, int num_to
 
 int blk_allocate(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num_tokens) {
     PL_CHECK(t->num_blocks == 0 && num_tokens >= 0);
-    int total = blocks_for(bm, num_tokens);
-    ensure_capacity(t, total);
-    int evictable_hits = 0;
+    ensure_capacity(t, blocks_for(bm, num_tokens));
+    int evictable_kept = 0;
     uint64_t last;
-    int hits = match_prefix(bm, tokens, num_tokens, t->blocks, &evictable_hits, &last);
-    PL_CHECK(total - hits + evictable_hits <= blk_num_free_gpu(bm));
+    int hits = match_prefix(bm, tokens, num_tokens, t->blocks, &evictable_kept, &last);
+    const int cached = hits * bm->block_size, slots = first_slots(bm, num_tokens, cached);
+    const int total = blocks_for(bm, slots);
+    PL_CHECK(total - hits + evictable_kept <= blk_num_free_gpu(bm));
     bm->stats.prefix_queries += eligible_blocks(bm, num_tokens);
     bm->stats.prefix_hits += hits;
     /* Claim the hits first: taking new blocks may evict, and must not evict these. */
@@ -184,16 +234,32 @@ int blk_allocate(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num
         blk_pool_ref_gpu(bm, t->blocks[i]);
         t->on_cpu[i] = 0;
     }
+    t->num_blocks = hits;
+    t->num_released = 0;
+    blk_release_behind(bm, t, cached); /* hits behind the window: cached again at once */
     for (int i = hits; i < total; i++) {
         t->blocks[i] = blk_pool_take_gpu(bm);
         t->on_cpu[i] = 0;
     }
     t->num_blocks = total;
-    t->num_tokens = num_tokens;
+    t->num_tokens = slots;
     t->num_hashed = hits;
     t->last_hash = hits > 0 ? last : 0;
     BLK_DEBUG_CHECK(bm);
-    return hits * bm->block_size;
+    return cached;
+}
+
+void blk_release_behind(BlockManager *bm, BlockTable *t, int next_pos) {
+    const int upto = first_read_block(bm, next_pos);
+    for (; t->num_released < upto && t->num_released < t->num_blocks; t->num_released++) {
+        const int i = t->num_released;
+        if (t->on_cpu[i]) /* swapped: it comes back whole */
+            break;
+        blk_pool_release_gpu(bm, t->blocks[i]);
+        t->blocks[i] = BLK_RELEASED;
+        bm->stats.released++;
+    }
+    BLK_DEBUG_CHECK(bm);
 }
 
 void blk_mark_computed(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num_computed) {
@@ -205,11 +271,10 @@ void blk_mark_computed(BlockManager *bm, BlockTable *t, const int32_t *tokens, i
     for (int i = t->num_hashed; i < full && !t->on_cpu[i]; i++) {
         const int32_t *tok = tokens + (size_t)i * bs;
         uint64_t h = blk_hash_block(parent, tok, bs);
-        int32_t id = t->blocks[i];
-        const GpuBlock *b = &bm->gpu[id];
-        if (b->registered) /* reached by a hit or a fork: same tokens, same key */
-            PL_CHECK(b->hash == h && b->parent == parent);
-        else if (blk_cache_lookup(bm, h, parent, tok) == BLK_NONE)
+        int32_t id = t->blocks[i]; /* released (after a swap reset the chain): hashed only */
+        if (id != BLK_RELEASED && bm->gpu[id].registered) /* a hit or a fork: same key */
+            PL_CHECK(bm->gpu[id].hash == h && bm->gpu[id].parent == parent);
+        else if (id != BLK_RELEASED && blk_cache_lookup(bm, h, parent, tok) == BLK_NONE)
             blk_cache_insert(bm, id, h, parent, tok);
         /* else: another block already holds this content; this one stays private. */
         parent = h;
@@ -270,12 +335,15 @@ void blk_fork(BlockManager *bm, const BlockTable *parent, BlockTable *child) {
     for (int i = 0; i < parent->num_blocks; i++) {
         child->blocks[i] = parent->blocks[i];
         child->on_cpu[i] = parent->on_cpu[i];
+        if (i < parent->num_released)
+            continue;
         if (parent->on_cpu[i])
             blk_pool_ref_cpu(bm, parent->blocks[i]);
         else
             blk_pool_ref_gpu(bm, parent->blocks[i]);
     }
     child->num_blocks = parent->num_blocks;
+    child->num_released = parent->num_released;
     child->num_tokens = parent->num_tokens;
     child->num_hashed = parent->num_hashed;
     child->last_hash = parent->last_hash;
@@ -288,12 +356,12 @@ void blk_fork(BlockManager *bm, const BlockTable *parent, BlockTable *child) {
  * after swap-in (num_hashed restarts at 0), where no cached copy exists by then. */
 int blk_swap_out(BlockManager *bm, BlockTable *t, BlockCopy *map) {
     int need = 0;
-    for (int i = 0; i < t->num_blocks; i++)
+    for (int i = t->num_released; i < t->num_blocks; i++)
         need += !t->on_cpu[i] && bm->gpu[t->blocks[i]].ref == 1;
     if (need > bm->num_cpu_free)
         return -1;
     int n = 0, first = -1;
-    for (int i = 0; i < t->num_blocks; i++) {
+    for (int i = t->num_released; i < t->num_blocks; i++) {
         int32_t g = t->blocks[i];
         if (t->on_cpu[i] || bm->gpu[g].ref != 1)
             continue; /* already on the CPU, or shared: stays on the GPU */
@@ -318,10 +386,10 @@ AllocStatus blk_can_swap_in(BlockManager *bm, const BlockTable *t, int num_new) 
     if (num_new < 0)
         num_new = 0;
     int total = blocks_for(bm, t->num_tokens + num_new);
-    if (total > bm->num_gpu - bm->watermark_blocks)
+    if (total - t->num_released > bm->num_gpu - bm->watermark_blocks)
         return BLK_ALLOC_NEVER;
     int need = total - t->num_blocks + needs_cow(bm, t, num_new);
-    for (int i = 0; i < t->num_blocks; i++)
+    for (int i = t->num_released; i < t->num_blocks; i++)
         need += t->on_cpu[i];
     if (blk_num_free_gpu(bm) - need < bm->watermark_blocks)
         return BLK_ALLOC_LATER;
@@ -330,11 +398,11 @@ AllocStatus blk_can_swap_in(BlockManager *bm, const BlockTable *t, int num_new) 
 
 int blk_swap_in(BlockManager *bm, BlockTable *t, BlockCopy *map) {
     int need = 0;
-    for (int i = 0; i < t->num_blocks; i++)
+    for (int i = t->num_released; i < t->num_blocks; i++)
         need += t->on_cpu[i];
     PL_CHECK(need <= blk_num_free_gpu(bm));
     int n = 0;
-    for (int i = 0; i < t->num_blocks; i++) {
+    for (int i = t->num_released; i < t->num_blocks; i++) {
         if (!t->on_cpu[i])
             continue;
         int32_t c = t->blocks[i], g = blk_pool_take_gpu(bm);
@@ -351,7 +419,7 @@ int blk_swap_in(BlockManager *bm, BlockTable *t, BlockCopy *map) {
 /* Released last block first: within one sequence the LRU then evicts the tail of a prefix
  * before its head, which other requests are likelier to share. */
 void blk_free(BlockManager *bm, BlockTable *t) {
-    for (int i = t->num_blocks - 1; i >= 0; i--) {
+    for (int i = t->num_blocks - 1; i >= t->num_released; i--) {
         if (t->on_cpu[i])
             blk_pool_release_cpu(bm, t->blocks[i]);
         else

@@ -76,9 +76,10 @@ void sched_destroy(Scheduler *s) {
     free(s);
 }
 
-static int blocks_for(const Scheduler *s, int tokens) {
-    int bs = blk_block_size(s->bm);
-    return (tokens + bs - 1) / bs;
+/* GPU blocks a sequence of `tokens` holds computing `step` tokens a step (blk_held_blocks:
+ * fewer behind a sliding window). */
+static int held_blocks(const Scheduler *s, int tokens, int step) {
+    return blk_held_blocks(blk_config(s->bm), tokens, step);
 }
 
 Status sched_add(Scheduler *s, Sequence *seq) {
@@ -91,9 +92,9 @@ Status sched_add(Scheduler *s, Sequence *seq) {
                             "(and chunked prefill is off)",
                             seq->num_tokens, s->cfg.max_num_batched_tokens);
     if (blk_can_allocate(s->bm, seq->tokens, seq->num_tokens) == BLK_ALLOC_NEVER)
-        return pl_error_set(PL_ERR_INVALID,
-                            "the prompt needs %d KV-cache blocks; the cache holds only %d",
-                            blocks_for(s, seq->num_tokens), blk_num_gpu(s->bm));
+        return pl_error_set(
+            PL_ERR_INVALID, "the prompt needs %d KV-cache blocks; the cache holds only %d",
+            held_blocks(s, seq->num_tokens, s->cfg.max_num_batched_tokens), blk_num_gpu(s->bm));
     seq->state = SEQ_WAITING;
     list_insert_sorted(&s->waiting, seq);
     return PL_OK;
@@ -229,14 +230,15 @@ static void schedule_swapped(Scheduler *s, int *budget) {
     }
 }
 
-/* Blocks `seq` is expected to add to its table before it finishes: up to its prompt plus the
- * recently used share of its budget (max-model-len at most), from `have` blocks. */
+/* Blocks `seq` is expected to add to those it holds before it finishes: up to its prompt plus
+ * the recently used share of its budget (max-model-len at most), from `have` blocks; behind a
+ * sliding window, up to the blocks its decode steps hold. */
 static int expected_growth(const Scheduler *s, const Sequence *seq, int have) {
     double share = s->budget_used * s->cfg.conservativeness;
     int len = seq->num_prompt + (int)((share < 1 ? share : 1) * seq->max_new + 0.999);
     if (len > s->cfg.max_model_len)
         len = s->cfg.max_model_len;
-    int grow = blocks_for(s, len) - have;
+    int grow = held_blocks(s, len, 1) - have;
     return grow > 0 ? grow : 0;
 }
 
@@ -251,10 +253,13 @@ static void schedule_waiting(Scheduler *s, int *budget) {
             break;
         if (reserved < 0) {
             reserved = 0;
-            for (int i = 0; i < s->running.n; i++)
-                reserved += expected_growth(s, s->running.v[i], s->running.v[i]->table.num_blocks);
+            for (int i = 0; i < s->running.n; i++) {
+                const BlockTable *t = &s->running.v[i]->table;
+                reserved += expected_growth(s, s->running.v[i], t->num_blocks - t->num_released);
+            }
         }
-        const int prompt = blocks_for(s, seq->num_tokens); /* worst case: no cache hit */
+        /* worst case: no cache hit (behind a window: its first chunk's, not the prompt's) */
+        const int prompt = held_blocks(s, seq->num_tokens, s->cfg.max_num_batched_tokens);
         const int grow = expected_growth(s, seq, prompt);
         if (s->running.n > 0 && blk_num_free_gpu(s->bm) - prompt < reserved + grow)
             break;
@@ -303,6 +308,7 @@ void sched_step_done(Scheduler *s, const SchedulerOutput *out) {
         s->counters.generation_tokens += ss->num_tokens - prompt_part;
         seq->num_computed = ss->start + ss->num_tokens;
         blk_mark_computed(s->bm, &seq->table, seq->tokens, seq->num_computed);
+        blk_release_behind(s->bm, &seq->table, seq->num_computed);
     }
 }
 

@@ -29,7 +29,10 @@
  * PAGELLM_ATTN_TIMING=BATCHxCTX (or BATCHxFROMxTOxBOUND: contexts spread over FROM-TO, block
  * tables of BOUND positions) times that decode case alone (to profile it), and with
  * PAGELLM_ATTN_SUSTAIN=SECONDS also after that many seconds of back-to-back launches (the time
- * once the board's power limit has set the clock; read the power beside it with nvidia-smi). */
+ * once the board's power limit has set the clock; read the power beside it with nvidia-smi), and
+ * with PAGELLM_ATTN_WINDOW=W under a sliding window of W positions. test_attention_window checks
+ * sliding windows on every path, the blocks behind every row's window absent (-1) from the
+ * block tables. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -57,6 +60,7 @@
     X(test_attention_long)                                                                         \
     X(test_attention_sharp)                                                                        \
     X(test_attention_fp8)                                                                          \
+    X(test_attention_window)                                                                       \
     X(test_attention_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -86,6 +90,11 @@ static float q_range = 4.0f;
 /* The block tables' width at least this many blocks (0: one past the longest sequence's), as
  * when max-model-len is far above every context. */
 static int min_table_blocks = 0;
+
+/* The sliding window of the cases (0: none). With one, the block-table entries of blocks wholly
+ * before the window of every row of their sequence are -1 (released blocks' sentinel), so a
+ * kernel that reads one fails. */
+static int attn_window = 0;
 
 /* An fp8 cache's scales ([2 layer + v]; the cases use layer 1) when cdt is DT_F8E4M3. */
 static float kv_scales[4] = {1, 1, 1, 1};
@@ -122,8 +131,13 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
     int next = 0, row = 0;
     for (int s = 0; s < ns; s++) {
         int nb = (specs[s].prefix + specs[s].qlen + bs - 1) / bs;
+        int gone = attn_window > 0 && specs[s].prefix >= attn_window /* blocks before every row's */
+                       ? (specs[s].prefix - attn_window + 1) / bs
+                       : 0;
         for (int i = 0; i < max_blocks; i++)
             tables[s * max_blocks + i] = i < nb ? perm[next++] : -1;
+        for (int i = 0; i < gone; i++)
+            tables[s * max_blocks + i] = -1;
         qs[s] = row;
         for (int i = 0; i < specs[s].qlen; i++)
             pos[row++] = specs[s].prefix + i;
@@ -156,7 +170,8 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
                     .query_start = qs,
                     .block_tables = tables,
                     .max_blocks_per_seq = max_blocks};
-    cpu->attention(cpu, ref, q, cache8 ? (void *)cache8 : (void *)cache, &l, layer, &hb, nh, scale, 0.0f, 0);
+    cpu->attention(cpu, ref, q, cache8 ? (void *)cache8 : (void *)cache, &l, layer, &hb, nh, scale,
+                   0.0f, attn_window);
     for (size_t i = 0; i < nq; i++)
         ref[i] = round_to(ref[i], act);
 
@@ -184,10 +199,11 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
             continue;
         k_cuda_memset(dout, 0xFF, nq * pl_dtype_size(act));
         if (mode == MODE_DECODE) {
-            k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &db, nh, scale, ws, ws_bytes,
-                                    NULL);
+            k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &db, nh, scale, attn_window,
+                                    ws, ws_bytes, NULL);
         } else if (mode == MODE_PREFILL) {
-            k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &db, nh, scale, NULL);
+            k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &db, nh, scale, attn_window,
+                                     NULL);
         } else {
             AttnBatch dv = db, pv = db;
             dv.num_tokens = nd;
@@ -197,18 +213,19 @@ static int attention_case(int D, int nkv, int G, int bs, DType act, DType cdt, c
             pv.query_start = dqs + nd;
             pv.block_tables = dtab + (size_t)nd * max_blocks;
             if (nd > 0)
-                k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &dv, nh, scale, ws,
-                                        ws_bytes, NULL);
+                k_cuda_attention_decode(dout, dq, act, dcache, &dl, layer, &dv, nh, scale,
+                                        attn_window, ws, ws_bytes, NULL);
             if (ns > nd)
-                k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &pv, nh, scale, NULL);
+                k_cuda_attention_prefill(dout, dq, act, dcache, &dl, layer, &pv, nh, scale,
+                                         attn_window, NULL);
         }
         download_as(got, dout, nq, act);
         if (mode == MODE_DECODE) { /* deterministic: a second launch gives the same bits */
             void *again = k_cuda_malloc(nq * pl_dtype_size(act));
             void *h1 = xmalloc(nq * pl_dtype_size(act)), *h2 = xmalloc(nq * pl_dtype_size(act));
             k_cuda_memset(again, 0xFF, nq * pl_dtype_size(act));
-            k_cuda_attention_decode(again, dq, act, dcache, &dl, layer, &db, nh, scale, ws,
-                                    ws_bytes, NULL);
+            k_cuda_attention_decode(again, dq, act, dcache, &dl, layer, &db, nh, scale, attn_window,
+                                    ws, ws_bytes, NULL);
             k_cuda_memcpy(h1, dout, nq * pl_dtype_size(act));
             k_cuda_memcpy(h2, again, nq * pl_dtype_size(act));
             if (memcmp(h1, h2, nq * pl_dtype_size(act)) != 0) {
@@ -389,6 +406,52 @@ static void test_attention_fp8(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* Sliding windows (Mistral, Qwen2, Gemma): windows of 1 to 5000 positions over batches that
+ * cross them (decodes past and before the window, a chunk continuing a prefix longer than the
+ * window, a prompt longer than it, a long decode row split into partitions), on every path:
+ * tensor cores and CUDA cores, decode and prefill, block sizes 8 to 128, f32, bf16, f16 and an
+ * fp8 cache. The blocks wholly before every row's window are -1 in the block tables. */
+static void test_attention_window(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(23);
+    const int windows[] = {1, 5, 16, 100, 1000};
+    const int dims[] = {128, 64, 8, 80};
+    const int bss[] = {8, 16, 32, 128};
+    const DType pairs[][2] = {
+        {DT_F32, DT_F32}, {DT_BF16, DT_BF16}, {DT_F16, DT_F16}, {DT_BF16, DT_F8E4M3}};
+    int bad = 0, cases = 0;
+    for (int wi = 0; wi < 5; wi++)
+        for (int di = 0; di < 4; di++)
+            for (int bi = 0; bi < 4; bi++)
+                for (int pi = 0; pi < 4; pi++) {
+                    if ((wi + di + bi + pi) % 2 || (quick() && (di > 1 || bi > 1)))
+                        continue;
+                    attn_window = windows[wi];
+                    SeqSpec specs[6] = {{rnd_int(3000), 1},
+                                        {windows[wi] - 1, 1},
+                                        {rnd_int(40), 1},
+                                        {2 * windows[wi] + rnd_int(90), 1},
+                                        {150 + rnd_int(100), 37 + rnd_int(90)},
+                                        {0, 20 + rnd_int(300)}};
+                    bad += attention_case(dims[di], 2, 1 + (wi + bi) % 4 * 2, bss[bi], pairs[pi][0],
+                                          pairs[pi][1], specs, 6, 1, 7);
+                    cases++;
+                }
+    if (!quick()) { /* Mistral-7B's 4096 window under 8k-32k contexts (split decode rows) */
+        attn_window = 4096;
+        SeqSpec longs[4] = {{32000, 1}, {9000, 1}, {4095, 1}, {6000, 300}};
+        bad += attention_case(128, 2, 4, 16, DT_BF16, DT_BF16, longs, 4, 0, 7);
+        bad += attention_case(128, 2, 4, 16, DT_F32, DT_F32, longs, 4, 0, 7);
+        bad += attention_case(128, 2, 4, 16, DT_BF16, DT_F8E4M3, longs, 4, 0, 7);
+        cases += 3;
+    }
+    attn_window = 0;
+    print_message("attention window: %d batches x 3 modes, %d mismatching comparisons\n", cases,
+                  bad);
+    assert_int_equal(bad, 0);
+}
+
 /* Long contexts: many partitions of the split over the sequence (4k and 32k decode rows, a
  * chunk continuing a 4000-token prefix, a chunk continuing a 32k prefix) for f32 and bf16,
  * block sizes 16 and 32, 256 decode rows of 32 query heads (decode's long partitions) and 64
@@ -501,7 +564,8 @@ typedef struct {
     KvLayout l;
     AttnBatch b[64]; /* one per set of blocks: rotating defeats the 60 MB L2 */
     int nsets, prefill, nh;
-    DType dt; /* q and cache */
+    int window; /* sliding window (0: none) */
+    DType dt;   /* q and cache */
     float scale;
     void *stream; /* NULL: the legacy stream */
 } TimedAttn;
@@ -511,10 +575,10 @@ static void run_attn(void *ctx, int i) {
     const AttnBatch *b = &a->b[i % a->nsets];
     if (a->prefill)
         k_cuda_attention_prefill(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale,
-                                 a->stream);
+                                 a->window, a->stream);
     else
-        k_cuda_attention_decode(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale, a->ws,
-                                a->ws_bytes, a->stream);
+        k_cuda_attention_decode(a->out, a->q, a->dt, a->cache, &a->l, 0, b, a->nh, a->scale,
+                                a->window, a->ws, a->ws_bytes, a->stream);
 }
 
 /* Wall-clock seconds (CLOCK_REALTIME, to line up with nvidia-smi's timestamps). */
@@ -640,8 +704,10 @@ static void test_attention_timing(void **state) {
         {384, 1000, 2000, 4096}, {1, 1024, 1024, 1024, 1},  {256, 1024, 1024, 1024, 1},
         {256, 128, 192, 131072}, {256, 1024, 1120, 131072}, {1, 1024, 1024, 131072}};
     /* PAGELLM_ATTN_TIMING=BATCHxCTX or BATCHxFROMxTOxBOUND: that bf16 decode case alone, listed
-     * above or not (for a profiler or a sweep), no prefill */
+     * above or not (for a profiler or a sweep), no prefill; with PAGELLM_ATTN_WINDOW=W under a
+     * sliding window of W positions (its floor: the window's K/V bytes) */
     const char *only = getenv("PAGELLM_ATTN_TIMING");
+    a.window = only && getenv("PAGELLM_ATTN_WINDOW") ? atoi(getenv("PAGELLM_ATTN_WINDOW")) : 0;
     int only_case[1][5] = {{0, 0, 0, 0, 0}};
     if (only) {
         int *oc = only_case[0];
@@ -672,7 +738,7 @@ static void test_attention_timing(void **state) {
         for (int s = 0; s < batch; s++) {
             pos[s] = lo - 1 + (int)((long)(hi - lo) * s / (batch > 1 ? batch - 1 : 1));
             used += pos[s] / bs + 1;
-            positions += pos[s] + 1;
+            positions += a.window > 0 && pos[s] + 1 > a.window ? a.window : pos[s] + 1;
         }
         const int per_set = batch * mb;
         const double set_bytes = (double)used * block_bytes;
@@ -714,11 +780,13 @@ static void test_attention_timing(void **state) {
                           t0, now_s(), settled * 1e3);
         }
         double floor_ms = positions * nkv * D * 2 * 2 / bw * 1e3;
-        char ctx[48];
+        char ctx[64];
         if (lo == hi && hi == mb * bs)
             snprintf(ctx, sizeof ctx, "ctx %5d", lo);
         else
             snprintf(ctx, sizeof ctx, "ctx %d-%d (bound %d)", lo, hi, mb * bs);
+        if (a.window > 0)
+            snprintf(ctx + strlen(ctx), sizeof ctx - strlen(ctx), " window %d", a.window);
         print_message("timing: decode %s batch %3d %s: %8.1f us (graph %7.1f us), floor "
                       "%7.1f us (%.2fx), %.2f TB/s; x32 layers %.2f ms\n",
                       dn(a.dt), batch, ctx, ms * 1e3, graph_ms * 1e3, floor_ms * 1e3, ms / floor_ms,

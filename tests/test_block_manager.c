@@ -18,11 +18,24 @@
 #include "block_internal.h"
 #include "block_manager.h"
 
-static BlockManager *make(int gpu, int cpu, int bs, float watermark, int caching) {
-    BlockManagerConfig cfg = {gpu, cpu, bs, watermark, caching};
+/* window > 0: every layer reads only the last `window` positions; step: the most tokens a
+ * sequence computes in a step. */
+static BlockManager *make_windowed(int gpu, int cpu, int bs, float watermark, int caching,
+                                   int window, int step) {
+    BlockManagerConfig cfg = {.num_gpu_blocks = gpu,
+                              .num_cpu_blocks = cpu,
+                              .block_size = bs,
+                              .watermark = watermark,
+                              .enable_prefix_caching = caching,
+                              .sliding_window = window,
+                              .max_step_tokens = step};
     BlockManager *bm = blk_create(&cfg);
     assert_non_null(bm);
     return bm;
+}
+
+static BlockManager *make(int gpu, int cpu, int bs, float watermark, int caching) {
+    return make_windowed(gpu, cpu, bs, watermark, caching, 0, 0);
 }
 
 static void check4(const BlockManager *bm, const BlockTable *a, const BlockTable *b,
@@ -51,8 +64,10 @@ static int32_t *seq_tokens(int n, int base) {
 static void test_create_invalid(void **state) {
     (void)state;
     BlockManagerConfig bad[] = {
-        {0, 4, 16, 0.01f, 1}, {-1, 4, 16, 0.01f, 1},  {8, -1, 16, 0.01f, 1}, {8, 4, 0, 0.01f, 1},
-        {8, 4, 24, 0.01f, 1}, {8, 4, 2048, 0.01f, 1}, {8, 4, 16, -0.1f, 1},  {8, 4, 16, 1.0f, 1},
+        {0, 4, 16, 0.01f, 1, 0, 0},   {-1, 4, 16, 0.01f, 1, 0, 0}, {8, -1, 16, 0.01f, 1, 0, 0},
+        {8, 4, 0, 0.01f, 1, 0, 0},    {8, 4, 24, 0.01f, 1, 0, 0},  {8, 4, 2048, 0.01f, 1, 0, 0},
+        {8, 4, 16, -0.1f, 1, 0, 0},   {8, 4, 16, 1.0f, 1, 0, 0},   {8, 4, 16, 0.01f, 1, -1, 0},
+        {8, 4, 16, 0.01f, 1, 16, -1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_null(blk_create(&bad[i]));
@@ -845,10 +860,10 @@ static void copy_blocks(Sim *s, const BlockCopy *m, int n, int from_cpu, int to_
                sizeof(uint64_t) * (size_t)s->bs);
 }
 
-/* Every computed slot of every table holds the KV of its own prefix. */
+/* Every computed slot of every table holds the KV of its own prefix (those still held). */
 static void verify_content(Sim *s, Live *live, int nlive) {
     for (int i = 0; i < nlive; i++)
-        for (int p = 0; p < live[i].num_computed; p++)
+        for (int p = live[i].t.num_released * s->bs; p < live[i].num_computed; p++)
             if (*slot(s, &live[i].t, p) != live[i].ph[p])
                 fail_msg("table %d slot %d: wrong KV content", i, p);
 }
@@ -865,7 +880,7 @@ static void verify_state(Sim *s, Live *live, int nlive, const BlockTable **tabs)
         const BlockTable *t = &live[i].t;
         assert_true(t->num_blocks * s->bs >= t->num_tokens);
         assert_true(live[i].num_computed <= t->num_tokens);
-        for (int b = 0; b < t->num_blocks; b++) {
+        for (int b = t->num_released; b < t->num_blocks; b++) {
             uint8_t *u = t->on_cpu[b] ? &cused[t->blocks[b]] : &gused[t->blocks[b]];
             if (!*u) {
                 *u = 1;
@@ -893,12 +908,14 @@ static void live_free(Sim *s, Live *live, int *nlive, int i) {
 
 typedef struct {
     int64_t allocs, hits_tokens, cows, swaps_out, swaps_in, forks, nevers, laters, swap_fails;
-    int64_t evictions;
+    int64_t evictions, released;
 } Counts;
 
-static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt) {
+/* window > 0: a sliding window (steps of at most 2 bs tokens), the blocks behind it released
+ * after each computation. */
+static void random_run(int bs, int caching, int window, uint64_t seed, int ops, Counts *cnt) {
     enum { MAX_LIVE = 24, GPU = 48, CPU = 24, ALPHA = 2, FAMILIES = 3 };
-    Sim s = {make(GPU, CPU, bs, 0.05f, caching), bs, NULL, NULL};
+    Sim s = {make_windowed(GPU, CPU, bs, 0.05f, caching, window, 2 * bs), bs, NULL, NULL};
     s.gkv = calloc((size_t)GPU * bs, sizeof(uint64_t));
     s.ckv = calloc((size_t)CPU * bs, sizeof(uint64_t));
     Rng r = {seed};
@@ -934,13 +951,15 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             AllocStatus st = blk_can_allocate(s.bm, nl->tok, n);
             int total = (n + bs - 1) / bs;
             if (st == BLK_ALLOC_NEVER) {
-                assert_true(total > GPU - s.bm->watermark_blocks);
+                assert_true(blk_held_blocks(blk_config(s.bm), n, 2 * bs) >
+                            GPU - s.bm->watermark_blocks);
                 cnt->nevers++;
                 free(nl->tok);
                 free(nl->ph);
             } else if (st == BLK_ALLOC_LATER) {
                 cnt->laters++;
-                assert_true(blk_num_free_gpu(s.bm) - total < s.bm->watermark_blocks);
+                if (!window) /* (with one: the first chunk's blocks and the hits kept) */
+                    assert_true(blk_num_free_gpu(s.bm) - total < s.bm->watermark_blocks);
                 free(nl->tok);
                 free(nl->ph);
             } else {
@@ -960,6 +979,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
                          : l->num_computed + 1 + rndi(&r, l->t.num_tokens - l->num_computed);
             for (int p = l->num_computed; p < to; p++) {
                 int b = p / bs;
+                assert_int_not_equal(l->t.blocks[b], BLK_RELEASED);
                 assert_false(l->t.on_cpu[b]);
                 assert_int_equal(s.bm->gpu[l->t.blocks[b]].ref, 1);
                 assert_false(s.bm->gpu[l->t.blocks[b]].registered);
@@ -967,6 +987,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             }
             l->num_computed = to;
             blk_mark_computed(s.bm, &l->t, l->tok, to);
+            blk_release_behind(s.bm, &l->t, to);
         } else if (kind < 58 && l && !l->swapped && l->num_computed == l->t.num_tokens) {
             /* decode: grow by a few tokens (copy-on-write if the last block is shared) */
             int k = 1 + rndi(&r, bs + 2), n0 = l->t.num_tokens;
@@ -1000,7 +1021,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
             cnt->forks++;
         } else if (kind < 76 && l && !l->swapped) {
             int priv = 0, free_cpu = blk_num_free_cpu(s.bm);
-            for (int b = 0; b < l->t.num_blocks; b++)
+            for (int b = l->t.num_released; b < l->t.num_blocks; b++)
                 priv += s.bm->gpu[l->t.blocks[b]].ref == 1;
             int32_t *before = malloc(sizeof(int32_t) * (size_t)(l->t.num_blocks + 1));
             memcpy(before, l->t.blocks, sizeof(int32_t) * (size_t)l->t.num_blocks);
@@ -1011,7 +1032,7 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
                 cnt->swap_fails++;
             } else {
                 assert_int_equal(n, priv);
-                for (int b = 0, k = 0; b < l->t.num_blocks; b++) {
+                for (int b = l->t.num_released, k = 0; b < l->t.num_blocks; b++) {
                     if (l->t.on_cpu[b]) {
                         assert_int_equal(map[k].src, before[b]);
                         assert_int_equal(map[k].dst, l->t.blocks[b]);
@@ -1056,30 +1077,38 @@ static void random_run(int bs, int caching, uint64_t seed, int ops, Counts *cnt)
     if (!caching)
         assert_int_equal(st.prefix_queries + st.evictions, 0);
     cnt->evictions = st.evictions;
+    cnt->released = st.released;
+    if (!window)
+        assert_int_equal(st.released, 0);
     free(map);
     free(s.gkv);
     free(s.ckv);
     blk_destroy(s.bm);
 }
 
+/* Random operations on many tables, the simulated KV content and every invariant checked after
+ * each; with windows (2 bs + 1, releasing behind them) in the second half. */
 static void test_randomized(void **state) {
     (void)state;
     const int sizes[] = {4, 8, 16};
     int64_t hits = 0, cows = 0, swaps = 0, fails = 0, laters = 0, evictions = 0, nevers = 0;
-    int64_t forks = 0;
-    for (int caching = 0; caching <= 1; caching++) {
+    int64_t forks = 0, released = 0;
+    for (int caching = 0; caching <= 3; caching++) {
         for (int s = 0; s < 3; s++) {
             for (uint64_t seed = 1; seed <= 2; seed++) {
                 Counts c;
-                random_run(sizes[s], caching, seed * 7919 + (uint64_t)sizes[s], 2500, &c);
+                const int window = caching >= 2 ? 2 * sizes[s] + 1 : 0;
+                random_run(sizes[s], caching & 1, window, seed * 7919 + (uint64_t)sizes[s], 2500,
+                           &c);
                 if (getenv("BLK_TEST_VERBOSE"))
-                    printf("bs %d caching %d seed %d: allocs %lld hit-tokens %lld cows %lld "
-                           "swaps %lld/%lld fails %lld forks %lld later %lld never %lld "
-                           "evictions %lld\n",
-                           sizes[s], caching, (int)seed, (long long)c.allocs,
+                    printf("bs %d caching %d window %d seed %d: allocs %lld hit-tokens %lld "
+                           "cows %lld swaps %lld/%lld fails %lld forks %lld later %lld never %lld "
+                           "evictions %lld released %lld\n",
+                           sizes[s], caching & 1, window, (int)seed, (long long)c.allocs,
                            (long long)c.hits_tokens, (long long)c.cows, (long long)c.swaps_out,
                            (long long)c.swaps_in, (long long)c.swap_fails, (long long)c.forks,
-                           (long long)c.laters, (long long)c.nevers, (long long)c.evictions);
+                           (long long)c.laters, (long long)c.nevers, (long long)c.evictions,
+                           (long long)c.released);
                 hits += c.hits_tokens;
                 cows += c.cows;
                 swaps += c.swaps_in;
@@ -1088,6 +1117,7 @@ static void test_randomized(void **state) {
                 evictions += c.evictions;
                 nevers += c.nevers;
                 forks += c.forks;
+                released += c.released;
             }
         }
     }
@@ -1100,6 +1130,175 @@ static void test_randomized(void **state) {
     assert_true(nevers > 0);
     assert_true(forks > 0);
     assert_true(evictions > 0);
+    assert_true(released > 0);
+}
+
+/* ---- sliding window ---- */
+
+/* Blocks of the GPU pool in use (held by tables). */
+static int used(const BlockManager *bm) {
+    return blk_num_gpu(bm) - blk_num_free_gpu(bm);
+}
+
+/* A sequence as the scheduler drives it: a prompt in chunks of at most `step`, then decode
+ * steps; after each step its computed tokens are registered and the blocks behind the window
+ * released. Returns the most blocks in use seen. */
+static int run_windowed(BlockManager *bm, BlockTable *t, const int32_t *tok, int prompt, int total,
+                        int step) {
+    int done = blk_allocate(bm, t, tok, prompt), most = used(bm);
+    while (done < total) {
+        int chunk = done < prompt ? (prompt - done < step ? prompt - done : step) : 1;
+        if (done + chunk > t->num_tokens) {
+            BlockCopy cow;
+            assert_true(blk_can_append(bm, t, done + chunk - t->num_tokens));
+            blk_append(bm, t, done + chunk - t->num_tokens, &cow);
+        }
+        most = used(bm) > most ? used(bm) : most;
+        done += chunk;
+        blk_mark_computed(bm, t, tok, done);
+        blk_release_behind(bm, t, done);
+        const BlockTable *tabs[1] = {t};
+        blk_check(bm, tabs, 1);
+        /* every block the next token reads is held, every one before it released */
+        int first = done >= 6 ? (done - 6 + 1) / 4 : 0;
+        assert_int_equal(t->num_released, first);
+        for (int i = 0; i < t->num_blocks; i++)
+            assert_true((t->blocks[i] == BLK_RELEASED) == (i < first));
+    }
+    return most;
+}
+
+/* Window 6, blocks of 4, steps of at most 8 tokens: a 20-token prompt gets slots for its first
+ * chunk only, and a 400-token sequence never holds more than blk_held_blocks' peak (the window
+ * and a chunk: (6 - 1 + 8) / 4 + 1 = 5 blocks) in a pool of 6, nor more than the decode bound
+ * ((6 - 1 + 1) / 4 + 1 = 3) once decoding; freeing it returns every block. */
+static void test_window_release(void **state) {
+    (void)state;
+    for (int caching = 0; caching < 2; caching++) {
+        BlockManager *bm = make_windowed(6, 0, 4, 0.0f, caching, 6, 8);
+        int32_t *tok = seq_tokens(400, 1000);
+        assert_int_equal(blk_held_blocks(blk_config(bm), 400, 8), 5);
+        assert_int_equal(blk_held_blocks(blk_config(bm), 400, 1), 3);
+        assert_int_equal(blk_held_blocks(blk_config(bm), 7, 8), 2); /* all of a short one */
+        assert_int_equal(blk_can_allocate(bm, tok, 400), BLK_ALLOC_OK);
+        BlockTable t = {0};
+        int most = run_windowed(bm, &t, tok, 20, 20, 8);
+        assert_true(most <= 5);
+        int released = (int)blk_stats(bm).released;
+        most = 0;
+        for (int n = 21; n <= 400; n++) { /* decode, one token a step */
+            BlockCopy cow;
+            assert_true(blk_can_append(bm, &t, 1));
+            blk_append(bm, &t, 1, &cow);
+            most = used(bm) > most ? used(bm) : most;
+            blk_mark_computed(bm, &t, tok, n);
+            blk_release_behind(bm, &t, n);
+        }
+        assert_true(most <= 3);
+        assert_int_equal(t.num_blocks, 100);
+        assert_int_equal(t.num_released, (400 - 6 + 1) / 4);
+        assert_true(blk_stats(bm).released > released);
+        const BlockTable *tabs[1] = {&t};
+        blk_check(bm, tabs, 1);
+        blk_free(bm, &t);
+        assert_int_equal(used(bm), 0);
+        blk_check(bm, NULL, 0);
+        free(tok);
+        blk_destroy(bm);
+    }
+}
+
+/* Without a window nothing is released; with one, admission counts a long prompt as its
+ * first chunk (5 blocks of a 6-block pool) and NEVER only beyond what it could ever hold. */
+static void test_window_admission(void **state) {
+    (void)state;
+    BlockManager *plain = make(6, 0, 4, 0.0f, 0);
+    int32_t *tok = seq_tokens(1000, 7);
+    assert_int_equal(blk_can_allocate(plain, tok, 1000), BLK_ALLOC_NEVER);
+    BlockTable t = {0};
+    blk_allocate(plain, &t, tok, 24);
+    blk_release_behind(plain, &t, 24);
+    assert_int_equal(t.num_released, 0);
+    blk_free(plain, &t);
+    blk_destroy(plain);
+
+    BlockManager *bm = make_windowed(6, 0, 4, 0.0f, 0, 6, 8);
+    assert_int_equal(blk_can_allocate(bm, tok, 1000), BLK_ALLOC_OK);
+    blk_allocate(bm, &t, tok, 1000);
+    assert_int_equal(t.num_tokens, 8); /* the first step's slots */
+    assert_int_equal(used(bm), 2);
+    BlockTable u = {0}; /* 4 left: a second long prompt's 2 fit */
+    assert_int_equal(blk_can_allocate(bm, tok, 1000), BLK_ALLOC_OK);
+    blk_allocate(bm, &u, tok, 1000);
+    BlockTable v = {0};
+    assert_int_equal(blk_can_allocate(bm, tok, 30), BLK_ALLOC_OK);
+    blk_allocate(bm, &v, tok, 30);
+    assert_int_equal(blk_can_allocate(bm, tok, 30), BLK_ALLOC_LATER); /* 0 left */
+    blk_free(bm, &t);
+    blk_free(bm, &u);
+    blk_free(bm, &v);
+    blk_destroy(bm);
+    /* a window and step so wide that one sequence could outgrow the pool: NEVER */
+    bm = make_windowed(6, 0, 4, 0.0f, 0, 30, 8);
+    assert_int_equal(blk_can_allocate(bm, tok, 1000), BLK_ALLOC_NEVER);
+    assert_int_equal(blk_can_allocate(bm, tok, 24), BLK_ALLOC_OK);
+    blk_destroy(bm);
+    free(tok);
+}
+
+/* Prefix caching with released blocks: a sequence's blocks behind its window stay cached
+ * (registered, evictable); a new request with the same prompt matches the whole run from the
+ * first block, and the hits behind its own window are released at once (only the held ones
+ * are referenced). After the first sequence's blocks are evicted the chain is broken at its
+ * first block: no hit. */
+static void test_window_prefix_cache(void **state) {
+    (void)state;
+    BlockManager *bm = make_windowed(16, 0, 4, 0.0f, 1, 6, 8);
+    int32_t *tok = seq_tokens(64, 300);
+    BlockTable a = {0};
+    run_windowed(bm, &a, tok, 41, 41, 8);
+    assert_int_equal(a.num_released, (41 - 6 + 1) / 4);
+    int held_a = a.num_blocks - a.num_released;
+    assert_int_equal(used(bm), held_a);
+
+    BlockTable b = {0};
+    assert_int_equal(blk_can_allocate(bm, tok, 41), BLK_ALLOC_OK);
+    assert_int_equal(blk_allocate(bm, &b, tok, 41), 40); /* 10 full blocks cached */
+    assert_int_equal(b.num_released, (40 - 6 + 1) / 4);  /* 8: behind position 40's window */
+    assert_int_equal(b.num_tokens, 41);
+    for (int i = b.num_released; i < 10; i++) /* block 8 from the cache, 9 shared with a */
+        assert_int_equal(b.blocks[i], i < a.num_released ? b.blocks[i] : a.blocks[i]);
+    assert_int_equal(a.num_released, 9);
+    assert_true(b.blocks[8] >= 0);
+    assert_int_equal(ref(bm, b.blocks[9]), 2);
+    check(bm, &a, &b, NULL);
+    blk_free(bm, &b);
+    blk_free(bm, &a);
+    check(bm, NULL, NULL, NULL);
+
+    /* A fork shares the held blocks only; swapping copies those alone. */
+    BlockManager *sw = make_windowed(12, 12, 4, 0.0f, 0, 6, 8);
+    BlockTable p = {0}, c = {0};
+    run_windowed(sw, &p, tok, 30, 30, 8);
+    blk_fork(sw, &p, &c);
+    assert_int_equal(c.num_released, p.num_released);
+    check(sw, &p, &c, NULL);
+    blk_free(sw, &c);
+    BlockCopy map[16];
+    int held = p.num_blocks - p.num_released;
+    assert_int_equal(blk_swap_out(sw, &p, map), held);
+    assert_int_equal(blk_num_free_cpu(sw), 12 - held);
+    check(sw, &p, NULL, NULL);
+    assert_int_equal(blk_can_swap_in(sw, &p, 1), BLK_ALLOC_OK);
+    assert_int_equal(blk_swap_in(sw, &p, map), held);
+    for (int i = 0; i < p.num_released; i++)
+        assert_int_equal(p.blocks[i], BLK_RELEASED);
+    check(sw, &p, NULL, NULL);
+    blk_free(sw, &p);
+    check(sw, NULL, NULL, NULL);
+    blk_destroy(sw);
+    free(tok);
+    blk_destroy(bm);
 }
 
 int main(void) {
@@ -1123,6 +1322,9 @@ int main(void) {
         cmocka_unit_test(test_prefix_swap),
         cmocka_unit_test(test_hash_quality),
         cmocka_unit_test(test_randomized),
+        cmocka_unit_test(test_window_release),
+        cmocka_unit_test(test_window_admission),
+        cmocka_unit_test(test_window_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -258,7 +258,7 @@ static void test_qwen2(void **state) {
 }
 
 static void test_mistral_and_sliding_window(void **state) {
-    /* Mistral-7B-v0.1: sliding window 4096 caps the usable context (no sliding attention). */
+    /* Mistral-7B-v0.1: a 4096 window on every layer, the context not capped by it. */
     const char *m =
         "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1,"
         " \"eos_token_id\": 2, \"hidden_act\": \"silu\", \"hidden_size\": 4096,"
@@ -270,18 +270,44 @@ static void test_mistral_and_sliding_window(void **state) {
     ModelConfig c;
     assert_int_equal(parse(m, &c), PL_OK);
     assert_string_equal(c.architecture, "MistralForCausalLM");
-    assert_int_equal(c.max_position_embeddings, 4096);
+    assert_int_equal(c.max_position_embeddings, 32768);
+    assert_int_equal(model_layer_window(&c, 0), 4096);
+    assert_int_equal(model_layer_window(&c, 31), 4096);
+    assert_int_equal(model_kv_window(&c), 4096);
     assert_false(c.qkv_bias);
     assert_int_equal(c.head_dim, 128);
 
-    /* Qwen2 with use_sliding_window on and sliding layers: capped too. */
+    /* Qwen2 with use_sliding_window: layers from max_window_layers on slide, the context is
+     * not capped, and the cache keeps everything (layers 0 and 1 see all of it). */
     const char *q = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64,"
                     " \"intermediate_size\": 128, \"num_hidden_layers\": 4,"
                     " \"num_attention_heads\": 4, \"vocab_size\": 100,"
-                    " \"max_position_embeddings\": 32768, \"use_sliding_window\": true,"
-                    " \"sliding_window\": 1024, \"max_window_layers\": 2}";
-    assert_int_equal(parse(q, &c), PL_OK);
-    assert_int_equal(c.max_position_embeddings, 1024);
+                    " \"max_position_embeddings\": 32768, \"use_sliding_window\": %s,"
+                    " \"sliding_window\": 1024, \"max_window_layers\": 2%s}";
+    char text[600];
+    snprintf(text, sizeof text, q, "true", "");
+    assert_int_equal(parse(text, &c), PL_OK);
+    assert_int_equal(c.max_position_embeddings, 32768);
+    const int want[4] = {0, 0, 1024, 1024};
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(model_layer_window(&c, l), want[l]);
+    assert_int_equal(model_kv_window(&c), 0);
+    /* transformers 5's layer_types wins over max_window_layers */
+    snprintf(text, sizeof text, q, "true",
+             ", \"layer_types\": [\"sliding_attention\", \"full_attention\","
+             " \"sliding_attention\", \"sliding_attention\"]");
+    assert_int_equal(parse(text, &c), PL_OK);
+    const int typed[4] = {1024, 0, 1024, 1024};
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(model_layer_window(&c, l), typed[l]);
+    /* use_sliding_window false (Qwen2.5's configs): no window whatever sliding_window says */
+    snprintf(text, sizeof text, q, "false", "");
+    assert_int_equal(parse(text, &c), PL_OK);
+    for (int l = 0; l < 4; l++)
+        assert_int_equal(model_layer_window(&c, l), 0);
+    /* a null window: none */
+    assert_int_equal(parse(llama_with("\"sliding_window\": null"), &c), PL_OK);
+    assert_int_equal(model_layer_window(&c, 0), 0);
 }
 
 static void test_attention_bias_and_model_type(void **state) {

@@ -1,14 +1,15 @@
-/* test_families.c - Qwen3, Qwen3-MoE, Mixtral, Gemma 2, Gemma 3, Phi-3 and Llamas with linear,
- * dynamic and YaRN RoPE scaling on the CPU backend, at the models layer.
+/* test_families.c - Qwen3, Qwen3-MoE, Mixtral, Gemma 2, Gemma 3, Phi-3, Llamas with linear,
+ * dynamic and YaRN RoPE scaling, and sliding-window Mistral and Qwen2 on the CPU backend, at the
+ * models layer.
  *
  * Reference data: tests/data/families/<name>/ holds a tiny random-weight checkpoint written by
- * transformers (tools/make_random_checkpoints.py --tiny; SOURCES.md) and expected.json: a
- * 16-token prompt, transformers' float32 logits at every prompt position and its greedy
- * 16-token continuation. The model runs the prompt as one prefill, then decodes greedily one
- * token per step through the paged KV cache; every logit row must be within 1e-4 of the
- * row's largest |logit| (float32 against float32: the two differ only in the order of their
- * sums, and pagellm accumulates dot products in wider precision, so the differences are ~1e-6
- * of the row's scale after two or three layers; 1e-4 is compare_logits.py's bound for fp32),
+ * transformers (tools/make_random_checkpoints.py --tiny; SOURCES.md) and expected.json: a 16-token
+ * (sliding-window ones: 24-token) prompt, transformers' float32 logits at every prompt position
+ * and its greedy 16-token (24-token) continuation. The model runs the prompt as one prefill, then
+ * decodes greedily one token per step through the paged KV cache; every logit row must be within
+ * 1e-4 of the row's largest |logit| (float32 against float32: the two differ only in the order of
+ * their sums, and pagellm accumulates dot products in wider precision, so the differences are
+ * ~1e-6 of the row's scale after two or three layers; 1e-4 is compare_logits.py's bound for fp32),
  * and the greedy ids must be the same. A folder that is not there is skipped.
  *
  * Without data: each family's config loads with load-format dummy, runs a prompt, and its
@@ -78,7 +79,8 @@ static void check_family(const char *name) {
            *want_logits = json_object_get(doc, "logits");
     json_t *greedy = json_object_get(doc, "greedy_ids"),
            *margins = json_object_get(doc, "greedy_margins");
-    int n = (int)json_array_size(prompt), g = (int)json_array_size(greedy);
+    int n = (int)json_array_size(prompt),
+        g = (int)json_array_size(greedy); /* 16 + 16, or 24 + 24 */
     assert_true(n > 0 && n + g <= RUN_BLOCKS * RUN_BLOCK && (int)json_array_size(want_logits) == n);
 
     Run r;
@@ -144,6 +146,16 @@ static void test_gemma3_reference(void **state) {
 
 static void test_phi3_reference(void **state) {
     check_family("phi3");
+}
+
+/* Mistral (every layer slides) and Qwen2 with use_sliding_window (layer 0 attends to all, the
+ * others slide), window 16: a 24-token prompt and 24 greedy tokens, 3x the window. */
+static void test_mistral_reference(void **state) {
+    check_family("mistral");
+}
+
+static void test_qwen2_sliding_reference(void **state) {
+    check_family("qwen2-sliding");
 }
 
 static void test_llama_rope_scalings_reference(void **state) {
@@ -288,6 +300,20 @@ static void test_dummy_phi3(void **state) {
         " \"long_factor\": [1, 2, 3, 4, 5, 6]}}");
 }
 
+/* Mistral with a window of 5 on every layer, Qwen2 with use_sliding_window from layer 1 on:
+ * the 12-token prompt crosses the window, prefilled at once or a token a step. */
+static void test_dummy_sliding(void **state) {
+    dummy_consistent("{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                     " \"vocab_size\": 200, \"sliding_window\": 5}");
+    dummy_consistent("{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 64,"
+                     " \"intermediate_size\": 96, \"num_hidden_layers\": 3,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                     " \"vocab_size\": 200, \"use_sliding_window\": true,"
+                     " \"sliding_window\": 5, \"max_window_layers\": 1}");
+}
+
 /* Gemma 2's sliding window against the same model with the window covering everything: equal
  * up to the window, different after (the layers that slide no longer see the first tokens). */
 static void test_sliding_window_bites(void **state) {
@@ -337,10 +363,13 @@ int main(void) {
         cmocka_unit_test(test_dummy_gemma3),
         cmocka_unit_test(test_dummy_phi3),
         cmocka_unit_test(test_sliding_window_bites),
+        cmocka_unit_test(test_dummy_sliding),
         cmocka_unit_test(test_gemma2_reference),
         cmocka_unit_test(test_gemma3_reference),
         cmocka_unit_test(test_phi3_reference),
         cmocka_unit_test(test_llama_rope_scalings_reference),
+        cmocka_unit_test(test_mistral_reference),
+        cmocka_unit_test(test_qwen2_sliding_reference),
         cmocka_unit_test(test_rope_tables),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

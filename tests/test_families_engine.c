@@ -1,5 +1,5 @@
-/* test_families_engine.c - the tiny Qwen3, Qwen3-MoE, Mixtral, Gemma 2 / 3, Phi-3 and RoPE-scaled
- * Llama checkpoints of
+/* test_families_engine.c - the tiny Qwen3, Qwen3-MoE, Mixtral, Gemma 2 / 3, Phi-3, RoPE-scaled
+ * Llama and sliding-window Mistral and Qwen2 checkpoints of
  * tests/data/families/ (transformers' fp32 logits and greedy continuation in expected.json;
  * SOURCES.md) through the whole engine, on every backend this machine has:
  *   cpu float32        every prompt position's logits within 1e-4 of the row's largest |logit|
@@ -9,8 +9,14 @@
  *   cuda bfloat16      logits within 5e-2 of the row's scale (bf16 rounding); greedy ids
  *                      printed, not required (bf16 may flip a close pick)
  *   cuda float32 TP=2  with two GPUs: logits within 1e-4 (every expert's columns split)
- * Greedy runs go through the step loop (prefill, decode steps, EOS ignored). A missing
- * folder, GPU or second GPU is a skip that says so. */
+ * Greedy runs go through the step loop (prefill, decode steps, EOS ignored): the sliding-window
+ * Mistral's (window 16, 24 + 24 tokens, every layer sliding) with the KV blocks behind its window
+ * released as it goes. A missing folder, GPU or second GPU is a skip that says so.
+ *
+ * test_window_blocks_bounded needs no data: a dummy-weight Mistral (window 16) generates 40x its
+ * window in a pool of 8 blocks of 16 tokens, and the block manager's counters, read after every
+ * step, show at most 2 blocks in use while it decodes; its tokens are those of one prefill of
+ * the whole sequence over a full block table. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,8 +35,9 @@
 
 #define DATA_DIR "tests/data/families"
 
-static const char *const names[] = {"qwen3", "qwen3-moe",    "mixtral",       "gemma2",    "gemma3",
-                                    "phi3",  "llama-linear", "llama-dynamic", "llama-yarn"};
+static const char *const names[] = {"qwen3",      "qwen3-moe", "mixtral",      "gemma2",
+                                    "gemma3",     "phi3",      "llama-linear", "llama-dynamic",
+                                    "llama-yarn", "mistral",   "qwen2-sliding"};
 enum { NUM_NAMES = sizeof names / sizeof *names };
 
 typedef struct {
@@ -179,8 +186,120 @@ static void test_cuda_tp2(void **state) {
     run_all("cuda", "float32", 2, 1e-4, 1);
 }
 
+/* A dummy Mistral (window 16 on every layer) in a fresh folder dir. */
+static void write_window_model(char *dir) {
+    char path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 64,"
+          " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+          " \"num_key_value_heads\": 2, \"vocab_size\": 200, \"sliding_window\": 16,"
+          " \"max_position_embeddings\": 4096}",
+          f);
+    fclose(f);
+}
+
+/* The dummy model on `device` in float32 (blocks 0 and batched 0: the defaults). */
+static Engine *window_engine(const char *dir, const char *device, int blocks, int batched) {
+    EngineConfig c = eng_config_default();
+    c.model_dir = dir;
+    c.device = device;
+    c.dtype = "float32";
+    c.load_dummy = 1;
+    c.block_size = 16;
+    c.num_gpu_blocks_override = blocks;
+    if (batched)
+        c.max_num_batched_tokens = batched;
+    c.quiet = 1;
+    Engine *e = NULL;
+    if (eng_create(&c, &e) != PL_OK)
+        fail_msg("dummy Mistral on %s: %s", device, pl_error());
+    return e;
+}
+
+/* A long generation of a model whose every layer slides holds a bounded number of KV blocks:
+ * the blocks behind the window are released as it advances (the pool could not hold the
+ * sequence otherwise), at most ceil(16 / 16) + 1 = 2 in use while decoding (blk_held_blocks),
+ * whatever the backend (CUDA too where there is one). Its greedy tokens are those of one
+ * prefill of the whole sequence over a full block table (eng_prompt_logits: a private cache,
+ * nothing released), a near tie (top-2 margin under 1e-4) aside. */
+static void window_blocks_bounded(const char *device) {
+    char dir[] = "/tmp/pagellm_test_window_XXXXXX", path[64];
+    write_window_model(dir);
+    Engine *e = window_engine(dir, device, 8, 64); /* 128 tokens: the sequence is 640 */
+    assert_int_equal(eng_max_model_len(e), 4096); /* not capped by the window, nor the pool */
+    enum { PROMPT = 40, NEW = 600, VOCAB = 200 };
+    int32_t seq[PROMPT + NEW];
+    for (int i = 0; i < PROMPT; i++)
+        seq[i] = (i * 37 + 11) % VOCAB;
+    EngRequest req = {.prompt = seq, .num_prompt = PROMPT};
+    req.params =
+        (GenerateParams){.max_tokens = NEW, .ignore_eos = 1, .sampling = sampling_params_default()};
+    uint64_t id;
+    assert_int_equal(eng_add_request(e, &req, &id), PL_OK);
+    int generated = 0, most = 0, first = 1;
+    for (int done = 0, steps = 0; !done; steps++) {
+        assert_true(steps < 2 * NEW);
+        const EngEvent *ev;
+        int count = eng_step(e, &ev);
+        for (int i = 0; i < count; i++) {
+            if (ev[i].request_id == id && ev[i].token >= 0 && generated < NEW)
+                seq[PROMPT + generated++] = ev[i].token;
+            done |= ev[i].request_id == id && ev[i].finish != FINISH_NONE;
+        }
+        EngineStats st = eng_stats(e);
+        const int in_use = st.num_gpu_blocks - st.free_gpu_blocks;
+        if (!first) /* after the prompt's step: decoding */
+            most = in_use > most ? in_use : most;
+        first = 0;
+    }
+    EngineStats st = eng_stats(e);
+    print_message("window 16 on %s: %d tokens generated, at most %d of %d blocks in use while "
+                  "decoding, %lld blocks released\n",
+                  device, generated, most, st.num_gpu_blocks, (long long)st.blocks.released);
+    assert_int_equal(generated, NEW);
+    assert_true(most <= 2);
+    assert_true(st.blocks.released >= (PROMPT + NEW - 16) / 16 - 1);
+    eng_destroy(e);
+
+    Engine *full = window_engine(dir, device, 0, 0);
+    float *logits = malloc(sizeof(float) * (PROMPT + NEW - 1) * VOCAB);
+    assert_int_equal(eng_prompt_logits(full, seq, PROMPT + NEW - 1, logits), PL_OK);
+    int differ = 0, ties = 0;
+    for (int i = 0; i < NEW; i++) {
+        const float *row = logits + (size_t)(PROMPT - 1 + i) * VOCAB;
+        int best = 0;
+        for (int v = 1; v < VOCAB; v++)
+            best = row[v] > row[best] ? v : best;
+        if (best == seq[PROMPT + i])
+            continue;
+        if (row[best] - row[seq[PROMPT + i]] <= 1e-4f * (1.0f + fabsf(row[best])))
+            ties++;
+        else if (differ++ == 0)
+            print_message("  token %d: %d, one prefill's argmax %d (margin %g)\n", i,
+                          seq[PROMPT + i], best, row[best] - row[seq[PROMPT + i]]);
+    }
+    print_message("  the same as one prefill over the whole sequence: %d of %d (%d near ties)\n",
+                  NEW - differ - ties, NEW, ties);
+    assert_int_equal(differ, 0);
+    free(logits);
+    eng_destroy(full);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_window_blocks_bounded(void **state) {
+    window_blocks_bounded("cpu");
+    if (k_device_count("cuda") >= 1)
+        window_blocks_bounded("cuda");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_blocks_bounded),
         cmocka_unit_test(test_cpu),
         cmocka_unit_test(test_cuda_float32),
         cmocka_unit_test(test_cuda_bfloat16),

@@ -3,7 +3,7 @@
  * recompute when the swap pool is full or the mode says so), swapped sequences coming back
  * before new ones, rejection of requests that could never run, and admission that reserves
  * the expected growth of running sequences (schedule conservativeness; the other tests turn it
- * off to create block pressure). */
+ * off to create block pressure), and sequences behind a sliding window holding only its blocks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +23,9 @@ typedef struct {
     int n;
 } Fixture;
 
+/* The sliding window of the next fixtures' block manager (0: none). */
+static int fixture_window = 0;
+
 static Fixture *make_reserving(int gpu_blocks, int cpu_blocks, int budget, int max_seqs,
                                int chunked, PreemptionMode mode, double conservativeness) {
     Fixture *f = calloc(1, sizeof *f);
@@ -30,7 +33,9 @@ static Fixture *make_reserving(int gpu_blocks, int cpu_blocks, int budget, int m
                              .num_cpu_blocks = cpu_blocks,
                              .block_size = BS,
                              .watermark = 0,
-                             .enable_prefix_caching = 0};
+                             .enable_prefix_caching = 0,
+                             .sliding_window = fixture_window,
+                             .max_step_tokens = budget};
     f->bm = blk_create(&bc);
     assert_non_null(f->bm);
     SchedulerConfig sc = {.max_num_seqs = max_seqs,
@@ -295,6 +300,44 @@ static void test_admission_learns_early_stops(void **state) {
     destroy(f);
 }
 
+/* A sliding window of 8 on every layer: four sequences of a 20-token prompt and 100 new tokens
+ * each (30 blocks of 4 apiece without the window) run together in a pool of 12 blocks, admitted
+ * for their first chunk and the window's blocks (blk_held_blocks), and finish without a single
+ * preemption; each holds at most ceil((8 - 1 + 8) / 4) + 1 = 5 blocks while prefilling in chunks
+ * of 8, 3 while decoding. */
+static void test_window_bounds_blocks(void **state) {
+    (void)state;
+    fixture_window = 8;
+    Fixture *f = make_reserving(12, 0, 8, 8, 1, PREEMPT_RECOMPUTE, 1.0);
+    fixture_window = 0;
+    for (int i = 0; i < 4; i++)
+        add_budget(f, 20, 100);
+    const BlockManagerConfig *cfg = blk_config(f->bm);
+    int finished = 0, most_decoding = 0;
+    for (int it = 0; it < 1000 && finished < 4; it++) {
+        step(f);
+        for (int i = 0; i < f->n; i++) {
+            Sequence *q = f->seqs[i];
+            if (q->state != SEQ_RUNNING)
+                continue;
+            const int held = q->table.num_blocks - q->table.num_released;
+            assert_true(held <= blk_held_blocks(cfg, q->num_tokens, 8));
+            if (q->num_computed > q->num_prompt)
+                most_decoding = held > most_decoding ? held : most_decoding;
+            if (q->num_tokens - q->num_prompt == q->max_new) {
+                sched_remove(f->s, q);
+                finished++;
+            }
+        }
+    }
+    assert_int_equal(finished, 4);
+    assert_int_equal(most_decoding, 3);
+    SchedulerCounters c = sched_counters(f->s);
+    assert_int_equal(c.preempt_swap + c.preempt_recompute, 0);
+    assert_true(blk_stats(f->bm).released >= 4 * ((120 - 8) / 4 - 1));
+    destroy(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_and_chunked_prefill),
@@ -307,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_rejects_impossible_prompts),
         cmocka_unit_test(test_admission_reserves_growth),
         cmocka_unit_test(test_admission_learns_early_stops),
+        cmocka_unit_test(test_window_bounds_blocks),
     };
     return cmocka_run_group_tests_name("scheduler", tests, NULL, NULL);
 }

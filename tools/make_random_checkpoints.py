@@ -39,6 +39,12 @@ biases ~ N(0, 0.1^2) rather than 0, projections ~ N(0, 1/fan_in), embeddings ~ N
   OUTDIR/phi3       Phi3ForCausalLM, float32: hidden 256, 8 heads of 32, 4 KV heads, fused
                      qkv_proj and gate_up_proj, partial_rotary_factor 0.75, longrope (short and
                      long factors, original_max_position_embeddings 64, max 256), untied
+  OUTDIR/mistral    MistralForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, intermediate
+                     512, vocab 512, untied, sliding_window 32 on every layer
+  OUTDIR/qwen2-sliding
+                     Qwen2ForCausalLM, float32: as mistral with q/k/v biases, tied embeddings,
+                     use_sliding_window true, sliding_window 32, max_window_layers 1 (layer 0
+                     attends to everything, the others slide)
   OUTDIR/llama-linear, llama-dynamic, llama-yarn
                      LlamaForCausalLM, float32: hidden 256, 4 heads of 64, 2 KV heads, rope_theta
                      1e4 with linear (factor 4), dynamic NTK (factor 2, max_position_embeddings
@@ -53,7 +59,8 @@ mlp.experts.down_proj [E, H, I]). Each folder is reloaded with from_pretrained a
 must equal the in-memory model's; the tensor names written are printed.
 
 With --tiny DIR it also writes, for each of qwen3, qwen3-moe, mixtral, gemma2, gemma3, phi3,
-llama-linear, llama-dynamic and llama-yarn (those of --only, when given), a tiny version (hidden
+llama-linear, llama-dynamic, llama-yarn, mistral and qwen2-sliding (those of --only, when given),
+a tiny version (hidden
 64, 2-3 layers, vocab 256; a few hundred KB in float32) into DIR/<name>/ (meant to be committed
 as tests/data/families/<name>/): config.json, generation_config.json, model.safetensors and
 expected.json, which holds the fixed prompt (16 token ids), the float32 logits of every prompt
@@ -63,7 +70,8 @@ ignored), with each greedy step's top-1/top-2 logit margin ("greedy_margins"), a
 transformers' RoPE initialiser gives them, its inverse frequencies and cos/sin factor ("rope":
 inv_freq, attention_scaling; longrope also long_inv_freq, used past
 original_max_position_embeddings). The tiny gemma2 and gemma3 have sliding_window 8, so the
-16-token prompt and its continuation cross the window.
+16-token prompt and its continuation cross the window. The tiny mistral and qwen2-sliding have
+sliding_window 16 and a 24-token prompt with a 24-token continuation: 3x the window.
 
 Needs torch, transformers (4.4x or 5.x), safetensors; no network and no tokenizer (the
 comparison works on token ids). Usage:
@@ -77,6 +85,8 @@ e.g. the reference data of tests/test_families.c:
         --tiny /tmp/refdata/families
     python3 tools/make_random_checkpoints.py /tmp/rc --only \
         gemma2,gemma3,phi3,llama-linear,llama-dynamic,llama-yarn --tiny /tmp/refdata/families
+    python3 tools/make_random_checkpoints.py /tmp/rc --only mistral,qwen2-sliding \
+        --tiny /tmp/refdata/families
 """
 import argparse
 import copy
@@ -238,26 +248,33 @@ def build_qwen3_moe(layers, seed, hidden=256, heads=4, head_dim=64, kv_heads=2, 
     return model
 
 
-def build_mixtral(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=320, experts=4,
-                  top_k=2, vocab=512):
-    torch.manual_seed(seed)
-    cfg = transformers.MixtralConfig(
+def decoder_kwargs(layers, hidden, heads, kv_heads, intermediate, vocab, window, theta=10000.0):
+    """The config arguments Mixtral and the sliding-window Mistral and Qwen2 share."""
+    return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        sliding_window=None,
-        router_jitter_noise=0.0,
+        sliding_window=window,
         bos_token_id=1,
         eos_token_id=2,
-        **rope_kwargs(1000000.0),
+        **rope_kwargs(theta),
+    )
+
+
+def build_mixtral(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=320, experts=4,
+                  top_k=2, vocab=512):
+    torch.manual_seed(seed)
+    cfg = transformers.MixtralConfig(
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        tie_word_embeddings=False,
+        router_jitter_noise=0.0,
+        **decoder_kwargs(layers, hidden, heads, kv_heads, intermediate, vocab, None, 1000000.0),
     )
     model = transformers.MixtralForCausalLM(cfg).to(torch.float32).eval()
     randomize(model, tied=False, seed=seed + 5)
@@ -407,6 +424,31 @@ def build_llama_rope(kind, layers, seed, hidden=256, heads=4, head_dim=64, kv_he
     )
     model = LlamaForCausalLM(cfg).to(torch.float32).eval()
     randomize(model, tied=False, seed=seed + 10)
+    return model
+
+
+def build_mistral(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=512, vocab=512,
+                  window=32):
+    """Every layer slides (Mistral-7B-v0.1's shape of attention)."""
+    torch.manual_seed(seed)
+    kw = decoder_kwargs(layers, hidden, heads, kv_heads, intermediate, vocab, window)
+    cfg = eager(transformers.MistralConfig(tie_word_embeddings=False, **kw))
+    model = transformers.MistralForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=False, seed=seed + 11)
+    return model
+
+
+def build_qwen2_sliding(layers, seed, hidden=256, heads=4, kv_heads=2, intermediate=512,
+                        vocab=512, window=32, max_window_layers=1):
+    """Layers from max_window_layers on slide, the first ones attend to everything."""
+    torch.manual_seed(seed)
+    kw = decoder_kwargs(layers, hidden, heads, kv_heads, intermediate, vocab, window)
+    cfg = eager(Qwen2Config(tie_word_embeddings=True, use_sliding_window=True,
+                            max_window_layers=max_window_layers, **kw))
+    model = Qwen2ForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, tied=True, seed=seed + 12)
+    print(f"  qwen2-sliding: layer_types {getattr(model.config, 'layer_types', None)}, "
+          f"sliding_window {model.config.sliding_window}")
     return model
 
 
@@ -565,7 +607,7 @@ def write_expected(outdir, model, seed, n_prompt=16, n_new=16):
 
 def tiny_models(seed, only=None):
     """Tiny versions of the new families for tests/data/families/ (a few hundred KB each), as
-    (name, builder); only those named in `only` when given."""
+    (name, builder[, prompt tokens, new tokens]); only those named in `only` when given."""
     tiny = [
         ("gemma2", lambda: build_gemma2(3, seed, hidden=64, heads=2, head_dim=32, kv_heads=1,
                                         intermediate=128, vocab=256, window=8,
@@ -579,6 +621,11 @@ def tiny_models(seed, only=None):
                                                        head_dim=32, kv_heads=1,
                                                        intermediate=96, vocab=256)))
          for k in ROPE_VARIANTS]
+    sliding = dict(hidden=64, heads=4, kv_heads=2, intermediate=96, vocab=256, window=16)
+    tiny += [  # 24 + 24 tokens: 3x the window
+        ("mistral", lambda: build_mistral(2, seed, **sliding), 24, 24),
+        ("qwen2-sliding", lambda: build_qwen2_sliding(3, seed, **sliding), 24, 24),
+    ]
     old = [  # each builder seeds itself: building lazily changes no value
         ("qwen3", lambda: build_qwen3(2, seed, hidden=64, heads=2, head_dim=48, kv_heads=1,
                                       intermediate=64, vocab=256)),
@@ -588,7 +635,7 @@ def tiny_models(seed, only=None):
         ("mixtral", lambda: build_mixtral(2, seed, hidden=64, heads=4, kv_heads=2,
                                           intermediate=24, experts=4, top_k=2, vocab=256)),
     ]
-    return [(n, b) for n, b in old + tiny if only is None or n in only]
+    return [t for t in old + tiny if only is None or t[0] in only]
 
 
 def save(model, outdir, dtype, max_shard_size=None):
@@ -646,6 +693,8 @@ def main():
         "gemma2": lambda: build_gemma2(args.layers, args.seed),
         "gemma3": lambda: build_gemma3(args.layers, args.seed),
         "phi3": lambda: build_phi3(args.layers, args.seed),
+        "mistral": lambda: build_mistral(args.layers, args.seed),
+        "qwen2-sliding": lambda: build_qwen2_sliding(args.layers, args.seed),
     }
     for kind in ROPE_VARIANTS:
         builders[f"llama-{kind}"] = (lambda k=kind: build_llama_rope(k, args.layers, args.seed))
@@ -657,7 +706,9 @@ def main():
                ("mixtral", "mixtral", torch.float32, None),
                ("gemma2", "gemma2", torch.float32, None),
                ("gemma3", "gemma3", torch.float32, None),
-               ("phi3", "phi3", torch.float32, None)]
+               ("phi3", "phi3", torch.float32, None),
+               ("mistral", "mistral", torch.float32, None),
+               ("qwen2-sliding", "qwen2-sliding", torch.float32, None)]
     outputs += [(f"llama-{k}", f"llama-{k}", torch.float32, None) for k in ROPE_VARIANTS]
     if args.wide:
         builders["llama-wide"] = lambda: build_llama(2, args.seed, heads=64, kv_heads=8,
@@ -682,12 +733,12 @@ def main():
             save(clone, path, dtype, shard)
             check(path, clone)
     if args.tiny:
-        for name, build in tiny_models(args.seed, only):
+        for name, build, *lengths in tiny_models(args.seed, only):
             model = build()
             path = os.path.join(args.tiny, name)
             print_names(path, save_hub(model, path, torch.float32))
             again = check_logits(path, model)
-            write_expected(path, again, args.seed)
+            write_expected(path, again, args.seed, *lengths)
             size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
             print(f"  {path}: {size / 1024:.0f} KB")
     print("ok")

@@ -13,13 +13,21 @@
 enum { ATTN_MAX_HEAD_DIM = 1024 };
 
 /* Cache geometry handed to the kernels: element offsets of one layer's K half within a block
- * (V is `half` further), the block stride, and the row stride of one token; and the layer's K
- * and V scales (1 unless the cache is fp8, whose elements stand for dec(q) * ks, dec(q) * vs). */
+ * (V is `half` further), the block stride, and the row stride of one token; the layer's K
+ * and V scales (1 unless the cache is fp8, whose elements stand for dec(q) * ks, dec(q) * vs);
+ * and its sliding window. A row at position p attends to positions lo(p) = p - window + 1 (0
+ * without a window, or before it) .. p. The kernels skip whole tiles or partitions before
+ * lo(p) and mask inside the first one; they never read a cache block wholly before the window
+ * of every row of a launch (the block manager may have released it: its block-table entry is
+ * then a sentinel). Decode partitions start at lo(p) rounded down to win_align, a divisor of
+ * the block size (so still in lo(p)'s block) that keeps the kernel's steps aligned. */
 typedef struct {
     size_t block_elems, half, layer_off, row;
     int bs, nkv, D, max_blocks;
     int bs_shift; /* log2(bs) when bs is a power of two, else -1 (then divide) */
     float ks, vs;
+    int window;    /* > 0: the last `window` positions only */
+    int win_align; /* decode: the first position read is a multiple of it (1: lo(p) itself) */
 } KvGeom;
 
 /* Index into a block table of position p: p / bs, a shift for power-of-two block sizes. */
@@ -28,7 +36,7 @@ __device__ __forceinline__ int kv_block_of(const KvGeom &kg, int p) {
 }
 
 static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch *b, int nh,
-                                   const char *what) {
+                                   int window, const char *what) {
     KC_REQUIRE(l->num_kv_heads > 0 && nh > 0 && nh % l->num_kv_heads == 0,
                "%s: %d query heads are not a multiple of %d kv heads", what, nh, l->num_kv_heads);
     KC_REQUIRE(l->head_dim > 0 && l->head_dim % 8 == 0 && l->head_dim <= ATTN_MAX_HEAD_DIM,
@@ -48,6 +56,8 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
     g.max_blocks = b->max_blocks_per_seq;
     g.ks = k_kv_scale(l, layer, 0);
     g.vs = k_kv_scale(l, layer, 1);
+    g.window = window > 0 ? window : 0;
+    g.win_align = 1;
     g.bs_shift = -1;
     for (int sh = 0; sh < 31; sh++)
         if (l->block_size == 1 << sh)
@@ -55,9 +65,23 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
     return g;
 }
 
+/* The first position a row at `pos` attends to (its window's first; 0 without one). */
+__device__ __forceinline__ int kv_window_lo(const KvGeom &kg, int pos) {
+    return kg.window > 0 && pos >= kg.window ? pos - kg.window + 1 : 0;
+}
+
+/* The positions a decode row at `pos` reads: [*first, pos], *first its window's first rounded
+ * down to win_align. Returns their count. */
+__device__ __forceinline__ int kv_decode_span(const KvGeom &kg, int pos, int *first) {
+    const int lo = kv_window_lo(kg, pos);
+    *first = lo - lo % kg.win_align;
+    return pos + 1 - *first;
+}
+
 /* ---- decode work: items (row, partition) ----
  * A decode launch's work is its rows' partitions of part_len positions, ctx / part_len rounded up
- * per row, numbered row by row: N items in all. Block (x, y) takes its contiguous share of them
+ * per row (ctx: the positions it reads, from its window's first on), numbered row by row: N
+ * items in all. Block (x, y) takes its contiguous share of them
  * (N / Y or one more, Y = gridDim.y) in turn, so that rows of any mix of lengths spread
  * evenly over a grid sized for the parallelism wanted rather than for the block tables' bound (a
  * grid of bound / part_len partitions per row spends most of its blocks on partitions past every
@@ -66,6 +90,7 @@ static inline KvGeom kc_attn_check(const KvLayout *l, int layer, const AttnBatch
 typedef struct {
     int row, part, ctx; /* the next item: partition `part` of row `row`, of ctx positions */
     int left;           /* items left to this block */
+    int first;          /* the row's first position read (kv_decode_span) */
 } DecodeItems;
 
 /* Partitions of a row of ctx positions, at most max_parts + 1 (a row past the block tables
@@ -86,20 +111,23 @@ __device__ __forceinline__ void decode_share(int total, int *first, int *left) {
  * latency counts): no scan; up to a row per thread: one scan; more: a pass for the total, then
  * tiles of a row per thread until the first item's. */
 template <int WARPS>
-__device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_t *positions,
-                                                   const int32_t *query_start, int num_seqs,
-                                                   int part_len, int max_parts) {
+__device__ __forceinline__ void
+decode_items_begin(DecodeItems &it, const KvGeom &kg, const int32_t *positions,
+                   const int32_t *query_start, int num_seqs, int part_len, int max_parts) {
     constexpr int threads = WARPS * 32;
     /* block_scan's WARPS + 1, then the row, part and context found */
     __shared__ int scratch[WARPS + 4];
     const int r0 = query_start[0], rows = query_start[num_seqs] - r0, y = blockIdx.y;
     if (max_parts == 1) {
-        it = {r0 + y, 0, y < rows ? positions[r0 + y] + 1 : 0, y < rows};
+        it.row = r0 + y;
+        it.part = 0;
+        it.left = y < rows;
+        it.ctx = y < rows ? kv_decode_span(kg, positions[r0 + y], &it.first) : 0;
         return;
     }
     int first = 0, total = 0;
     if (rows <= 1) {
-        it.ctx = rows ? positions[r0] + 1 : 0;
+        it.ctx = rows ? kv_decode_span(kg, positions[r0], &it.first) : 0;
         total = rows ? decode_nparts(it.ctx, part_len, max_parts) : 0;
         decode_share(total, &first, &it.left);
         it.row = r0;
@@ -108,8 +136,10 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
     }
     if (rows > threads) {
         int n = 0;
-        for (int i = threadIdx.x; i < rows; i += threads)
-            n += decode_nparts(positions[r0 + i] + 1, part_len, max_parts);
+        for (int i = threadIdx.x; i < rows; i += threads) {
+            int f;
+            n += decode_nparts(kv_decode_span(kg, positions[r0 + i], &f), part_len, max_parts);
+        }
         block_scan<WARPS>(n, &total, scratch);
         decode_share(total, &first, &it.left);
         if (it.left == 0)
@@ -117,7 +147,9 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
     }
     /* the row holding item `first`: prefix sums over tiles of a row per thread */
     for (int t0 = 0, before = 0; t0 < rows; t0 += threads) {
-        const int i = t0 + threadIdx.x, ctx = i < rows ? positions[r0 + i] + 1 : 0;
+        int f = 0;
+        const int i = t0 + threadIdx.x,
+                  ctx = i < rows ? kv_decode_span(kg, positions[r0 + i], &f) : 0;
         const int np = ctx ? decode_nparts(ctx, part_len, max_parts) : 0;
         int tile = 0;
         const int from = before + block_scan<WARPS>(np, &tile, scratch);
@@ -136,6 +168,7 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
             it.row = r0 + scratch[WARPS + 1];
             it.part = scratch[WARPS + 2];
             it.ctx = scratch[WARPS + 3];
+            it.first = positions[it.row] + 1 - it.ctx;
             return;
         }
         before += tile;
@@ -143,24 +176,25 @@ __device__ __forceinline__ void decode_items_begin(DecodeItems &it, const int32_
 }
 
 /* Past the item just done to the next (of the same row, or the next row's first). */
-__device__ __forceinline__ void decode_items_next(DecodeItems &it, const int32_t *positions,
-                                                  int part_len, int max_parts) {
+__device__ __forceinline__ void decode_items_next(DecodeItems &it, const KvGeom &kg,
+                                                  const int32_t *positions, int part_len,
+                                                  int max_parts) {
     if (--it.left > 0 && ++it.part == decode_nparts(it.ctx, part_len, max_parts)) {
         it.row++;
         it.part = 0;
-        it.ctx = positions[it.row] + 1;
+        it.ctx = kv_decode_span(kg, positions[it.row], &it.first);
     }
 }
 
 /* item(it) for each of this block's items in turn (every thread calls it; shared memory is
  * free again between items), in a block of WARPS warps. */
 template <int WARPS, typename Item>
-__device__ __forceinline__ void decode_items_run(const int32_t *positions,
+__device__ __forceinline__ void decode_items_run(const KvGeom &kg, const int32_t *positions,
                                                  const int32_t *query_start, int num_seqs,
                                                  int part_len, int max_parts, Item item) {
     DecodeItems it;
-    decode_items_begin<WARPS>(it, positions, query_start, num_seqs, part_len, max_parts);
-    for (; it.left > 0; decode_items_next(it, positions, part_len, max_parts)) {
+    decode_items_begin<WARPS>(it, kg, positions, query_start, num_seqs, part_len, max_parts);
+    for (; it.left > 0; decode_items_next(it, kg, positions, part_len, max_parts)) {
         item(it);
         __syncthreads(); /* the next item reuses the block's shared memory */
     }
@@ -168,10 +202,11 @@ __device__ __forceinline__ void decode_items_run(const int32_t *positions,
 
 /* What a decode block does for item `it`: heads h0 .. h0 + HB - 1 of KV head g (from blockIdx.x),
  * row it.row (tok-th of the launch), positions [start, end) of its context (nparts partitions of
- * part_len), and cache blocks b0 .. b0 + nb - 1 of its sequence, whose physical numbers are
- * copied to tab (then a __syncthreads is due). A row beyond its block tables traps. */
+ * part_len from it.first), of which those before lo are masked (the window), and cache blocks
+ * b0 .. b0 + nb - 1 of its sequence, whose physical numbers are copied to tab (then a
+ * __syncthreads is due). A row beyond its block tables traps. */
 typedef struct {
-    int g, h0, row, part, nparts, start, end, b0;
+    int g, h0, row, part, nparts, start, end, b0, lo;
     size_t tok;
 } DecodeWork;
 
@@ -185,17 +220,18 @@ __device__ __forceinline__ void decode_work(DecodeWork &w, const KvGeom &kg, con
     w.row = it.row;
     w.tok = (size_t)(it.row - query_start[0]);
     w.part = it.part;
-    const int ctx = it.ctx;
-    if (ctx > kg.max_blocks * kg.bs) {
+    const int ctx = it.ctx, pos = it.first + ctx - 1;
+    if (pos >= kg.max_blocks * kg.bs) {
         if (w.part == 0 && blockIdx.x == 0 && threadIdx.x == 0)
             printf("k_cuda_attention_decode: row %d at position %d is beyond max_blocks_per_seq "
                    "%d\n",
-                   w.row, ctx - 1, kg.max_blocks);
+                   w.row, pos, kg.max_blocks);
         __trap();
     }
     w.nparts = (ctx + part_len - 1) / part_len;
-    w.start = w.part * part_len;
-    w.end = min(ctx, w.start + part_len);
+    w.start = it.first + w.part * part_len;
+    w.end = min(pos + 1, w.start + part_len);
+    w.lo = kv_window_lo(kg, pos);
     const int32_t *table =
         block_tables + (size_t)seq_of_row(query_start, num_seqs, w.row) * kg.max_blocks;
     w.b0 = kv_block_of(kg, w.start);

@@ -233,13 +233,13 @@ decode_item(const DecodeItems &it, TQ *__restrict__ out, const TQ *__restrict__ 
                 const int idx = sub * (N / LPR) + i, h = idx / U, u = idx % U;
                 const int p = p0 + u * RPW + r;
                 if (p < end)
-                    logits[h * part_len + p - start] = sc[i];
+                    logits[h * part_len + p - start] = p >= job.lo ? sc[i] : -INFINITY;
             }
         } else if (sub % (LPR / N) == 0) {
             const int idx = sub / (LPR / N), h = idx / U, u = idx % U;
             const int p = p0 + u * RPW + r;
             if (p < end)
-                logits[h * part_len + p - start] = sc[0];
+                logits[h * part_len + p - start] = p >= job.lo ? sc[0] : -INFINITY;
         }
     }
     __syncthreads(); /* the first V rows are in flight meanwhile */
@@ -351,7 +351,7 @@ __global__ __launch_bounds__(DEC_THREADS) void decode_kernel(
     kc_pdl_wait();
     kc_pdl_trigger();
     decode_items_run<DEC_WARPS>(
-        positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
+        kg, positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
             decode_item<TQ, TC, LPR, CPL, HB>(it, out, q, cache, kg, query_start, num_seqs,
                                               block_tables, nh, G, part_len, scale, ws_acc, ws_ml,
                                               max_parts);
@@ -436,7 +436,8 @@ __device__ __forceinline__ void combine_head(TQ *out, const float *ws_acc, const
 template <typename TQ>
 __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
     TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
-    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts,
+    KvGeom kg) {
     kc_pdl_wait();
     kc_pdl_trigger();
     extern __shared__ float4 red_smem[];
@@ -444,7 +445,8 @@ __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
     const int qs0 = query_start[0], row = qs0 + blockIdx.x;
     if (row >= query_start[num_seqs])
         return;
-    const int nparts = (positions[row] + part_len) / part_len;
+    int first;
+    const int nparts = (kv_decode_span(kg, positions[row], &first) + part_len - 1) / part_len;
     if (nparts <= 1)
         return;
     float4 *part_sum = red_smem;                        /* [RED_WARPS][D / 4] */
@@ -462,7 +464,8 @@ __global__ __launch_bounds__(RED_THREADS) void decode_reduce_kernel(
 template <typename TQ>
 __global__ __launch_bounds__(RED_WARP_THREADS) void decode_reduce_warp_kernel(
     TQ *out, const float *ws_acc, const float *ws_ml, const int32_t *positions,
-    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts) {
+    const int32_t *query_start, int num_seqs, int nh, int D, int part_len, int max_parts,
+    KvGeom kg) {
     kc_pdl_wait();
     kc_pdl_trigger();
     const int lane = threadIdx.x & 31;
@@ -470,7 +473,8 @@ __global__ __launch_bounds__(RED_WARP_THREADS) void decode_reduce_warp_kernel(
     const int qs0 = query_start[0], row = qs0 + blockIdx.y;
     if (h >= nh || row >= query_start[num_seqs])
         return;
-    const int nparts = (positions[row] + part_len) / part_len;
+    int first;
+    const int nparts = (kv_decode_span(kg, positions[row], &first) + part_len - 1) / part_len;
     if (nparts <= 1)
         return;
     const size_t base = ((size_t)(row - qs0) * nh + h) * max_parts;
@@ -560,9 +564,9 @@ static void launch_decode_hb(const DecodeLaunch &a, int HB) {
 
 void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv_cache,
                              const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
-                             void *workspace, size_t workspace_bytes, void *stream) {
+                             int window, void *workspace, size_t workspace_bytes, void *stream) {
     const char *what = "k_cuda_attention_decode";
-    KvGeom kg = kc_attn_check(l, layer, b, nh, what);
+    KvGeom kg = kc_attn_check(l, layer, b, nh, window, what);
     if (b->num_tokens <= 0 || b->num_seqs <= 0)
         return;
     const int D = kg.D, D8 = D / 8, G = nh / kg.nkv;
@@ -577,13 +581,19 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     for (int c = 2; c <= 8 / CPL; c *= 2)
         if (G % c == 0)
             HB = c;
-    /* Partition length: DEC_MAX_PART (tensor cores) or DEC_CHUNK, halved (down to DEC_MIN_PART)
-     * while the grid is small and the partial results still fit the workspace. ctx is the bound,
-     * not the rows' actual contexts. */
-    const size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
-    const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
     /* the CUDA-core kernel holds a partition's scores in shared memory; tensor cores need not */
     const bool tc = kc_decode_tc_ok(act, l, kg);
+    /* the alignment of a step's positions: tensor cores 8 (a half-step, in one cache block),
+     * CUDA cores a step, (32 / LPR) x (4, 2 or 1 rows per lane) */
+    const int step = tc ? 8 : 32 / LPR * (CPL == 1 ? 4 : CPL == 2 ? 2 : 1);
+    /* Partition length: DEC_MAX_PART (tensor cores) or DEC_CHUNK, halved (down to DEC_MIN_PART)
+     * while the grid is small and the partial results still fit the workspace. ctx is the bound,
+     * not the rows' actual contexts: the block tables', or a window's (from its first position
+     * rounded down to a step). */
+    size_t ctx = (size_t)b->max_blocks_per_seq * kg.bs;
+    if (kg.window > 0 && (size_t)kg.window + step - 1 < ctx)
+        ctx = (size_t)kg.window + step - 1;
+    const size_t base = (size_t)b->num_tokens * kg.nkv * (G / HB);
     int part_len = tc ? DEC_MAX_PART : DEC_CHUNK;
     auto parts_of = [&](int len) { return (ctx + len - 1) / len; };
     auto bytes_of = [&](int len) {
@@ -596,6 +606,10 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
     KC_REQUIRE(parts <= 12288, "%s: %d partitions of %d positions: context too long", what, parts,
                part_len);
     const int max_parts = parts; /* the workspace layout's partitions per (row, head) */
+    /* a window's first position rounded down to a step that lies in one cache block (the
+     * steps' alignment; it divides the block size, so no released block is read) */
+    if (tc || (kg.bs % step == 0 && part_len % step == 0))
+        kg.win_align = step;
     DecodeLaunch a;
     a.out = out;
     a.q = q;
@@ -666,13 +680,13 @@ void k_cuda_attention_decode(void *out, const void *q, DType act, const void *kv
             kc_set_smem(rkern, rsmem);
             kc_launch_pdl(rkern, rgrid, dim3(RED_THREADS), rsmem, a.stream, (TQ *)out, a.ws_acc,
                           a.ws_ml, b->positions, b->query_start, b->num_seqs, nh, D, part_len,
-                          max_parts);
+                          max_parts, a.kg);
         } else if (parts > 1) {
             dim3 rgrid((unsigned)((nh * 32 + RED_WARP_THREADS - 1) / RED_WARP_THREADS),
                        (unsigned)b->num_tokens);
             kc_launch_pdl(decode_reduce_warp_kernel<TQ>, rgrid, dim3(RED_WARP_THREADS), 0, a.stream,
                           (TQ *)out, a.ws_acc, a.ws_ml, b->positions, b->query_start, b->num_seqs,
-                          nh, D, part_len, max_parts);
+                          nh, D, part_len, max_parts, a.kg);
         }
     });
 }

@@ -128,7 +128,7 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
     const int mine = nsteps > warp ? (nsteps - warp + DTC_WARPS - 1) / DTC_WARPS : 0;
     auto step_start = [&](int i) { return start + (warp + i * DTC_WARPS) * DTC_STEP; };
     /* The step being loaded: the lane's rows q and 8 + q of its K (each half-step of 8 rows lies in
-     * one cache block: steps start at multiples of 16 and blocks at multiples of 8), and its
+     * one cache block: steps start at multiples of 8 and so do blocks), and its
      * rows before the end, less q. */
     const TC *src_lo = cache, *src_hi = cache;
     int left = 0;
@@ -214,6 +214,12 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
             if (p0 + g8 >= end)
                 s[0] = s[1] = -INFINITY;
             if (p0 + g8 + 8 >= end)
+                s[2] = s[3] = -INFINITY;
+        }
+        if (p0 < job.lo) { /* the window's first step (it holds lo): positions before lo weigh 0 */
+            if (p0 + g8 < job.lo)
+                s[0] = s[1] = -INFINITY;
+            if (p0 + g8 + 8 < job.lo)
                 s[2] = s[3] = -INFINITY;
         }
         float smax[2];
@@ -346,7 +352,7 @@ __global__ __launch_bounds__(DTC_THREADS, 4) void decode_tc_kernel(
     kc_pdl_wait();
     kc_pdl_trigger();
     decode_items_run<DTC_WARPS>(
-        positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
+        kg, positions, query_start, num_seqs, part_len, max_parts, [&](const DecodeItems &it) {
             decode_tc_item<T, TC, HB>(it, out, q, cache, kg, query_start, num_seqs, block_tables,
                                       nh, G, part_len, scale_log2, ws_acc, ws_ml, max_parts);
         });

@@ -10,9 +10,10 @@
  * Grid (query tile, KV head x head group). A tile is M query vectors: TQ = M / HB rows of one
  * sequence times the HB query heads of one KV head, so each K/V tile staged in shared memory
  * (fp32) serves every row and head of the tile. Flash-attention loop over the positions
- * 0..max position of the tile: S = Q K^T (register-tiled, RQ x RK per thread), causal mask by
- * each row's own position, online softmax, O = O * alpha + P V with O in registers.
- * All fp32 on CUDA cores. */
+ * 0..max position of the tile (with a sliding window: from the first position any row's window
+ * holds, positions before it never loaded): S = Q K^T (register-tiled, RQ x RK per thread),
+ * causal (and window) mask by each row's own position, online softmax, O = O * alpha + P V
+ * with O in registers. All fp32 on CUDA cores. */
 #include <math.h>
 
 #include "attention.cuh"
@@ -31,7 +32,7 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
     static_assert(TPR * CPT == TK && TPR <= 32, "softmax mapping");
     extern __shared__ float4 smem4[];
     float *smem = (float *)smem4;
-    __shared__ int s_seq, s_t0, s_maxpos;
+    __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
     const int tid = threadIdx.x, lane = tid & 31, D = kg.D, D8 = D >> 3, DP = D + 4;
     const int TQr = M / HB;
 
@@ -74,16 +75,23 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
     }
     __syncthreads();
     if (tid < 32) {
-        int mp = -1;
-        for (int v = lane; v < M; v += 32)
+        int mp = -1, mn = 0x7fffffff;
+        for (int v = lane; v < M; v += 32) {
             mp = max(mp, row_pos[v]);
-        for (int o = 16; o > 0; o >>= 1)
+            if (row_pos[v] >= 0)
+                mn = min(mn, row_pos[v]);
+        }
+        for (int o = 16; o > 0; o >>= 1) {
             mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, o));
-        if (lane == 0)
+            mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+        }
+        if (lane == 0) {
             s_maxpos = mp;
+            s_minpos = mn;
+        }
     }
     __syncthreads();
-    const int maxpos = s_maxpos;
+    const int maxpos = s_maxpos, lo = s_maxpos >= 0 ? kv_window_lo(kg, s_minpos) : 0;
     const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
     const TC *base = cache + kg.layer_off + (size_t)g * D;
 
@@ -96,11 +104,11 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
             acc[i][c] = 0.0f;
     const int tx = tid % TX, ty = tid / TX;
 
-    for (int k0 = 0; k0 <= maxpos; k0 += TK) {
+    for (int k0 = lo - lo % TK; k0 <= maxpos; k0 += TK) {
         for (int e = tid; e < TK * D8; e += PF_THREADS) {
             int j = e / D8, c = e - j * D8, p = k0 + j;
             float *kd = Ks + j * DP + c * 8, *vd = Vs + j * DP + c * 8;
-            if (p <= maxpos) {
+            if (p >= lo && p <= maxpos) {
                 const TC *src = base + (size_t)table[p / kg.bs] * kg.block_elems +
                                 (size_t)(p % kg.bs) * kg.row + c * 8;
                 stage8(kd, src, kg.ks);
@@ -145,8 +153,9 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
         for (int i = 0; i < RQ; i++)
 #pragma unroll
             for (int k = 0; k < RK; k++) {
-                int v = ty * RQ + i, j = tx + k * TX;
-                S[v * (TK + 1) + j] = k0 + j <= row_pos[v] ? sc[i][k] : -INFINITY;
+                int v = ty * RQ + i, j = tx + k * TX, p = k0 + j, pv = row_pos[v];
+                bool seen = p <= pv && (kg.window == 0 || p > pv - kg.window);
+                S[v * (TK + 1) + j] = seen ? sc[i][k] : -INFINITY;
             }
         __syncthreads();
 
@@ -253,9 +262,9 @@ static void launch_prefill(void *out, const void *q, const void *kv_cache, const
 
 void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *kv_cache,
                               const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
-                              void *stream) {
+                              int window, void *stream) {
     const char *what = "k_cuda_attention_prefill";
-    KvGeom kg = kc_attn_check(l, layer, b, nh, what);
+    KvGeom kg = kc_attn_check(l, layer, b, nh, window, what);
     if (b->num_tokens <= 0 || b->num_seqs <= 0)
         return;
     const int G = nh / kg.nkv;

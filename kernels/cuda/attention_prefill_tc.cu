@@ -11,7 +11,9 @@
  * this one is used); rows are padded by 16 bytes so that ldmatrix reads are conflict-free.
  * Per tile, flash-attention 2 style: S = Q K^T by mma.sync m16n8k16 (16-bit in, fp32 out; Q
  * fragments stay in registers up to D = 128, else are reloaded from shared memory), causal
- * mask by each vector's own position (only on tiles that reach past the tile's first row),
+ * mask by each vector's own position (only on tiles that reach past the tile's first row; with
+ * a sliding window the tiles start at the first position any row's window holds, positions
+ * before it never loaded, and the tiles before the last row's window start are masked too),
  * online softmax in registers (exp2 with the scale folded in), then O += P V with P rounded
  * to the 16-bit type straight from the S accumulators into A fragments and V read by
  * ldmatrix.trans. The row sums are reduced across each quad once at the end.
@@ -98,7 +100,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     const int ta = t0 + v0 / HB, tb = t0 + v1 / HB;
     const int pos0 = ta < t_end ? positions[ta] : -1, pos1 = tb < t_end ? positions[tb] : -1;
     __syncthreads();
-    const int minpos = s_minpos, maxpos = s_maxpos;
+    const int minpos = s_minpos, maxpos = s_maxpos, lo = kv_window_lo(kg, minpos);
 
     const int32_t *table = block_tables + (size_t)s * kg.max_blocks;
     const TC *kbase = cache + kg.layer_off + (size_t)g * D;
@@ -107,7 +109,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         const int k0 = kt * TK;
         for (int e = tid; e < TK * CHC; e += TC_THREADS) {
             const int j = e / CHC, c = e - j * CHC, p = k0 + j;
-            const bool ok = p <= maxpos; /* zeros past it: P = 0 must not meet garbage in V */
+            /* zeros past it: P = 0 must not meet garbage in V; before lo, blocks may be gone */
+            const bool ok = p >= lo && p <= maxpos;
             const TC *src = cache;
             if (ok) {
                 const int bi = kv_block_of(kg, p);
@@ -144,7 +147,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
         }
     };
-    load_tile(0, 0);
+    const int kt0 = lo / TK;
+    load_tile(kt0, kt0 & 1);
     cp_async_commit();
     cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
@@ -167,7 +171,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8, vcol = (lane >> 4) * 8;
 
     const int ntiles = maxpos / TK + 1;
-    for (int kt = 0; kt < ntiles; kt++) {
+    for (int kt = kt0; kt < ntiles; kt++) {
         if (kt + 1 < ntiles)
             load_tile(kt + 1, (kt + 1) & 1);
         cp_async_commit();
@@ -204,13 +208,14 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         }
 
         const int k0 = kt * TK;
-        if (k0 + TK - 1 > minpos) {
+        const int w = kg.window; /* masks past a row's position, or before its window */
+        if (k0 + TK - 1 > minpos || (w > 0 && k0 <= maxpos - w)) {
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int p = k0 + n * 8 + tq * 2 + (c & 1);
-                    if (p > (c < 2 ? pos0 : pos1))
+                    const int p = k0 + n * 8 + tq * 2 + (c & 1), pr = c < 2 ? pos0 : pos1;
+                    if (p > pr || (w > 0 && p <= pr - w))
                         sc[n][c] = -INFINITY;
                 }
         }

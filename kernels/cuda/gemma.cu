@@ -5,8 +5,8 @@
  * The attention here is a plain one (one block per query row and head, the row's visible
  * positions in chunks of ATTN_CHUNK with an online softmax, as the CPU op): correct for any
  * batch, any dtype pair and head_dim up to ATTN_MAX_HEAD_DIM, not tuned. ops.cu routes an
- * attention call to it when it has a soft-cap or a window, since the tuned decode and prefill
- * kernels (and their tensor-core forms) take neither yet. */
+ * attention call to it when it has a soft-cap (Gemma 2), which the tuned decode and prefill
+ * kernels (and their tensor-core forms) do not take; they take the window. */
 #include "attention.cuh"
 
 enum { GELU_THREADS = 256, CAP_ATTN_THREADS = 128, CAP_ATTN_CHUNK = 128 };
@@ -148,7 +148,7 @@ void k_cuda_attention_capped(void *out, const void *q, DType act, const void *kv
                              const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                              float softcap, int window, void *stream) {
     const char *what = "k_cuda_attention_capped";
-    KvGeom kg = kc_attn_check(l, layer, b, nh, what);
+    KvGeom kg = kc_attn_check(l, layer, b, nh, window, what);
     if (b->num_seqs <= 0)
         return;
     /* one block per row of the batch and query head */

@@ -272,8 +272,8 @@ static void ops_matmul_silu_mul(const KernelOps *ops, void *out, void *gate_up, 
 
 template <DType A>
 static void attention_decode(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
-                             const KvLayout *l, int layer, const AttnBatch *b, int nh,
-                             float scale) {
+                             const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
+                             int window) {
     CudaState *s = st(ops);
     size_t need = k_cuda_attention_workspace_bytes(l, b->num_tokens, nh, b->max_blocks_per_seq);
     if (need > s->attn_workspace_bytes) {
@@ -282,7 +282,7 @@ static void attention_decode(const KernelOps *ops, void *out, const void *q, con
         s->attn_workspace_bytes = need;
         s->attn_workspace = k_cuda_malloc(need);
     }
-    k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, s->attn_workspace,
+    k_cuda_attention_decode(out, q, A, kv_cache, l, layer, b, nh, scale, window, s->attn_workspace,
                             s->attn_workspace_bytes, stream(ops));
 }
 
@@ -293,7 +293,7 @@ template <DType A>
 static void ops_attention(const KernelOps *ops, void *out, const void *q, const void *kv_cache,
                           const KvLayout *l, int layer, const AttnBatch *b, int nh, float scale,
                           float softcap, int window) {
-    if (softcap > 0 || window > 0) { /* the tuned kernels take neither yet (gemma.cu) */
+    if (softcap > 0) { /* the tuned kernels do not soft-cap (gemma.cu) */
         k_cuda_attention_capped(out, q, A, kv_cache, l, layer, b, nh, scale, softcap, window,
                                 stream(ops));
         return;
@@ -302,7 +302,7 @@ static void ops_attention(const KernelOps *ops, void *out, const void *q, const 
     if (nd > 0) {
         AttnBatch d = *b;
         d.num_tokens = d.num_seqs = nd;
-        attention_decode<A>(ops, out, q, kv_cache, l, layer, &d, nh, scale);
+        attention_decode<A>(ops, out, q, kv_cache, l, layer, &d, nh, scale, window);
     }
     if (nd < b->num_seqs) {
         AttnBatch p = *b;
@@ -310,7 +310,7 @@ static void ops_attention(const KernelOps *ops, void *out, const void *q, const 
         p.num_seqs = b->num_seqs - nd;
         p.query_start += nd;
         p.block_tables += (size_t)nd * b->max_blocks_per_seq;
-        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, stream(ops));
+        k_cuda_attention_prefill(out, q, A, kv_cache, l, layer, &p, nh, scale, window, stream(ops));
     }
 }
 
