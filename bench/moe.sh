@@ -62,7 +62,7 @@ run() {
     $bin bench latency --model "$dir" --load-format dummy --block-size 16 \
         --enable-prefix-caching false --batch-size "$b" --input-len "$in" --output-len "$outlen" \
         --num-iters-warmup 0 --num-iters 1 --max-model-len 1024 --max-num-seqs "$b" \
-        --max-num-batched-tokens 8192 >"$log" 2>&1
+        --max-num-batched-tokens 8192 --swap-space 0 >"$log" 2>&1
     d=$(num "Decode step \\(batch $b\\): median [0-9.]+" <"$log")
     f=$(floor_ms "${@:4:9}" "$b" $((in + outlen / 2)))
     ratio=$(awk -v m="$d" -v f="$f" 'BEGIN{printf (m>0)?"%.2fx":"-", m/f}')

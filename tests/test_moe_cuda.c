@@ -12,6 +12,8 @@
  * times the largest |ref| of the case. Outputs start as NaN, so unwritten rows fail. Each case
  * also runs twice and must give the same bits (the grouping's order within an expert varies;
  * the values may not), and two cases are recorded in a CUDA graph and replayed: the same bits.
+ * The last test prints one layer's time at the Qwen3-30B-A3B and Mixtral-8x7B shapes against
+ * its floor (never fails on speed).
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_FILTER=pattern
@@ -30,6 +32,8 @@
 #include "kernels.h"
 #include "backend_test_util.h"
 #ifdef PAGELLM_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "kernels_cuda.h"
 #endif
 #include "cuda_test_util.h"
@@ -38,7 +42,8 @@
     X(test_moe_gemv_path)                                                                          \
     X(test_moe_mma_path)                                                                           \
     X(test_moe_plain_path)                                                                         \
-    X(test_moe_graph)
+    X(test_moe_graph)                                                                              \
+    X(test_moe_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
 
@@ -256,6 +261,70 @@ static void test_moe_graph(void **state) {
     const MoeCase gemv = {DT_BF16, DT_BF16, 1, 128, 512, 128, 8, 1, 0};
     const MoeCase mma = {DT_BF16, DT_BF16, 64, 16, 256, 96, 2, 1, 0};
     assert_int_equal(graph_case(&gemv) + graph_case(&mma), 0);
+}
+
+/* Not a check: one layer's op at the Qwen3-30B-A3B and Mixtral-8x7B shapes (bf16, random
+ * router and rows, constant expert weights), recorded in a graph and replayed: the mean of 20
+ * replays against the floor of reading the router and the experts a batch touches (E (1 - (1 -
+ * k / E)^n) expected) once at 4.23 TB/s. */
+static void time_layer(int E, int H, int I, int top_k, int n) {
+    const KernelOps *k = test_cuda_ops(DT_BF16);
+    const size_t expert_bytes = (size_t)3 * H * I * 2;
+    Weight router = make_weight(DT_BF16, 2, E, H, -0.5f, 0.5f);
+    Weight gu = {0}, dw = {0};
+    gu.dev.dtype = dw.dev.dtype = DT_BF16;
+    gu.dev.data = k_cuda_malloc((size_t)E * expert_bytes);
+    k_cuda_memset(gu.dev.data, 0x3C, (size_t)E * expert_bytes); /* bf16 0x3C3C: 0.0115 */
+    dw.dev.data = (char *)gu.dev.data + (size_t)E * 2 * I * H * 2;
+    shape3(&gu, E, 2 * (int64_t)I, H);
+    shape3(&dw, E, H, I);
+    float *x = rand_vec((size_t)n * H, -1, 1, DT_BF16);
+    void *dx = upload_as(x, (size_t)n * H, DT_BF16), *out = k_cuda_malloc((size_t)n * H * 2);
+    size_t ws_bytes = k->moe_workspace_bytes(k, n, E, H, I, top_k);
+    void *ws = k_cuda_malloc(ws_bytes);
+    k->moe_mlp(k, out, dx, &router.dev, &gu.dev, &dw.dev, n, top_k, 1, ws, ws_bytes);
+    k->graph_begin(k);
+    k->moe_mlp(k, out, dx, &router.dev, &gu.dev, &dw.dev, n, top_k, 1, ws, ws_bytes);
+    void *g = k->graph_end(k);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < 3; i++)
+        k->graph_launch(k, g);
+    enum { REPLAYS = 20 };
+    CUDA_CHECK(cudaEventRecord(e0, NULL));
+    for (int i = 0; i < REPLAYS; i++)
+        k->graph_launch(k, g);
+    CUDA_CHECK(cudaEventRecord(e1, NULL));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const double touched = E * (1 - pow(1 - (double)top_k / E, n));
+    const double floor_us = (touched * expert_bytes + (double)E * H * 2) / 4.23e12 * 1e6;
+    const double us = ms * 1e3 / REPLAYS;
+    print_message("timing: moe E %d H %d I %d top %d, %3d rows: %8.1f us, floor %7.1f us "
+                  "(%.2fx)\n",
+                  E, H, I, top_k, n, us, floor_us, us / floor_us);
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    k->graph_destroy(k, g);
+    k_cuda_free(ws);
+    k_cuda_free(out);
+    k_cuda_free(dx);
+    k_cuda_free(gu.dev.data);
+    free(x);
+    free_weight(&router);
+}
+
+static void test_moe_timing(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(41);
+    const int qwen_rows[] = {1, 8, 16, 64, 256};
+    for (int i = 0; i < 5; i++)
+        time_layer(128, 2048, 768, 8, qwen_rows[i]);
+    time_layer(8, 4096, 14336, 2, 1);
+    time_layer(8, 4096, 14336, 2, 256);
 }
 
 #endif /* PAGELLM_HAVE_CUDA */
