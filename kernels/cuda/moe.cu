@@ -81,7 +81,8 @@ __global__ __launch_bounds__(32 * MOE_WARPS) void moe_logits_kernel(float *logit
     const WT *w = router + (size_t)e * H;
     const T *xr = x + (size_t)t0 * H;
     float acc[MOE_LOGIT_ROWS] = {};
-    if (vec) { /* H % 8 == 0, 16-byte aligned rows */
+    if (vec) { /* H % 8 == 0, 16-byte aligned rows; several loads in flight */
+#pragma unroll 4
         for (int c = lane * 8; c < H; c += 32 * 8) {
             float wf[8];
             load8(wf, w + c);
