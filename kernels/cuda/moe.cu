@@ -20,9 +20,16 @@
  * Every path rounds g, u, silu(g) u and each expert's down dot to the act dtype and sums the
  * weighted experts in fp32 in increasing id, rounded once: the CPU op (kernels/cpu/moe.c) up to
  * the order of the K sums and these roundings. */
+#include "gemv.cuh"
 #include "moe.cuh"
 
-enum { MOE_ALIGN = 256, MOE_GROUP_WARPS = 16, MOE_LOGIT_ROWS = 8, MOE_WARPS = 4 };
+enum {
+    MOE_ALIGN = 256,
+    MOE_GROUP_WARPS = 16,
+    MOE_LOGIT_ROWS = 8,
+    MOE_LOGIT_PRE = 8,
+    MOE_WARPS = 4
+};
 
 static size_t align_up(size_t b) {
     return (b + MOE_ALIGN - 1) / MOE_ALIGN * MOE_ALIGN;
@@ -67,34 +74,57 @@ size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int 
     return moe_layout(NULL, NULL, NULL, NULL, act, max_rows, num_experts, hidden, inter, top_k);
 }
 
-/* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. */
+/* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
+ * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 2048) are requested
+ * before the wait for x, so they stream in while the previous kernel drains. */
 template <typename T, typename WT>
 __global__ __launch_bounds__(32 * MOE_WARPS) void moe_logits_kernel(float *logits, const T *x,
                                                                     const WT *router, int n, int E,
                                                                     int H, int vec) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
+    constexpr bool wide = sizeof(WT) == 2;
     const int lane = threadIdx.x & 31, e = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
+    const WT *w = router + (size_t)(e < E ? e : 0) * H;
+    uint4 pre[MOE_LOGIT_PRE];
+    if (wide && vec && e < E)
+#pragma unroll
+        for (int i = 0; i < MOE_LOGIT_PRE; i++)
+            if ((lane + 32 * i) * 8 < H)
+                pre[i] = ld_stream(w + (lane + 32 * i) * 8);
+    kc_pdl_wait();
+    kc_pdl_trigger();
     if (e >= E)
         return;
-    const WT *w = router + (size_t)e * H;
     const T *xr = x + (size_t)t0 * H;
     float acc[MOE_LOGIT_ROWS] = {};
+    auto dot_rows = [&](const float(&wf)[8], int c) {
+#pragma unroll
+        for (int i = 0; i < MOE_LOGIT_ROWS; i++)
+            if (i < rows) {
+                float xf[8];
+                load8(xf, xr + (size_t)i * H + c);
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    acc[i] = fmaf(wf[q], xf[q], acc[i]);
+            }
+    };
     if (vec) { /* H % 8 == 0, 16-byte aligned rows; several loads in flight */
+        int first = lane * 8;
+        if constexpr (wide) {
+#pragma unroll
+            for (int i = 0; i < MOE_LOGIT_PRE; i++)
+                if ((lane + 32 * i) * 8 < H) {
+                    float wf[8];
+                    unpack8(wf, pre[i], (const WT *)0);
+                    dot_rows(wf, (lane + 32 * i) * 8);
+                }
+            first += MOE_LOGIT_PRE * 32 * 8;
+        }
 #pragma unroll 4
-        for (int c = lane * 8; c < H; c += 32 * 8) {
+        for (int c = first; c < H; c += 32 * 8) {
             float wf[8];
             load8(wf, w + c);
-#pragma unroll
-            for (int i = 0; i < MOE_LOGIT_ROWS; i++)
-                if (i < rows) {
-                    float xf[8];
-                    load8(xf, xr + (size_t)i * H + c);
-#pragma unroll
-                    for (int q = 0; q < 8; q++)
-                        acc[i] = fmaf(wf[q], xf[q], acc[i]);
-                }
+            dot_rows(wf, c);
         }
     } else {
         for (int k = lane; k < H; k += 32) {
