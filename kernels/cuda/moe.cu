@@ -287,7 +287,7 @@ __global__ __launch_bounds__(128) void moe_combine_kernel(T *out, const T *y, Mo
                                                           int top_k) {
     kc_pdl_wait();
     kc_pdl_trigger();
-    const int t = blockIdx.y, c = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    const int t = blockIdx.x, c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
     if (c >= H)
         return;
     float acc[8] = {};
@@ -381,7 +381,7 @@ static void run_experts(T *out, const T *x, T *act, T *y, const Tensor *gate_up,
         }
         if (fast) {
             moe_mma_launch<T>(act, y, x, gu, dw, r, n, E, H, I, top_k, s);
-            kc_launch_pdl(moe_combine_kernel<T>, dim3((unsigned)((H / 8 + 127) / 128), (unsigned)n),
+            kc_launch_pdl(moe_combine_kernel<T>, dim3((unsigned)n, (unsigned)((H / 8 + 127) / 128)),
                           dim3(128), 0, s, out, (const T *)y, r, H, top_k);
             return;
         }
