@@ -15,7 +15,8 @@
 # (E (1 - (1 - k/E)^batch) of them a layer, the expected count when every row's k picks are
 # spread evenly; top 8 of 128 at batch 256: all), the LM head, and every sequence's KV at the
 # median decode step's context (prompt + half the output). Targets: batch 1 <= 1.3x the floor,
-# batch 256 <= 1.4x. Logs stay in OUTDIR (default /tmp/pagellm-moe). Takes about 2 minutes.
+# batch 256 <= 1.4x. Logs stay in OUTDIR (default /tmp/pagellm-moe). One measured iteration a
+# row (decode graphs are captured at start, so no warm-up iteration is needed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pagellm-moe}
