@@ -6,8 +6,8 @@
  * |gpu - ref| <= atol + rtol |ref| (f32: 1e-4, bf16: 1e-2), and the first mismatches are
  * printed. Outputs are poisoned (NaN) before each launch, so unwritten elements fail.
  * Attention has its own file (test_attention_cuda.c), as do the GEMMs, sampling and the
- * mixture-of-experts MLP (test_moe_cuda.c). The
- * scatter of sampled ids into a step's input ids (asynchronous scheduling) is here too.
+ * mixture-of-experts MLP (test_moe_cuda.c). The scatter of sampled ids into a step's input ids
+ * (asynchronous scheduling) is here too.
  *
  * Without a GPU (CI) every test is skipped with "no CUDA device: skipped"; in a build without
  * the CUDA backend, with "CUDA backend not built: skipped". PAGELLM_CUDA_TEST_QUICK=1 shrinks
