@@ -121,6 +121,7 @@ TEST_LAYERS = {
     "test_fp8_cuda": ["kernels"],
     "test_matmul_norm_cuda": ["kernels"],
     "test_sample_cuda": ["kernels"],
+    "test_moe_cuda": ["kernels"],
     "test_kernels_cuda": ["models"],  # dummy weights from models/weights.c
     "test_checkpoint": ["models"],
     "test_config": ["models"],

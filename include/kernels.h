@@ -333,11 +333,11 @@ struct KernelOps {
      * with gate_up [E, 2 I, H] (expert e's gate rows, then its up rows) and down [E, H, I].
      * Each expert's intermediate dim may be one tensor-parallel rank's slice (out is then a
      * partial sum to all-reduce). The workspace (backend memory) holds
-     * moe_workspace_bytes(max_rows >= n, E, I, top_k) bytes; a backend is free to route,
+     * moe_workspace_bytes(max_rows >= n, E, H, I, top_k) bytes; a backend is free to route,
      * group the rows by expert and run grouped GEMMs in it. Nothing is allocated and the
      * host never waits (the op can be recorded in a graph). NULL on backends without it. */
-    size_t (*moe_workspace_bytes)(const KernelOps *ops, int max_rows, int num_experts, int inter,
-                                  int top_k);
+    size_t (*moe_workspace_bytes)(const KernelOps *ops, int max_rows, int num_experts, int hidden,
+                                  int inter, int top_k);
     void (*moe_mlp)(const KernelOps *ops, void *out, const void *x, const Tensor *router,
                     const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                     void *workspace, size_t workspace_bytes);

@@ -141,11 +141,11 @@ void k_cuda_qkv_rope_cache(void *q_out, void *qkv, DType act, const int32_t *pos
                            const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer,
                            void *stream);
 
-/* The CPU moe_mlp op (kernels/cuda/moe.cu): a routing kernel (router logits in the act
- * dtype, fp32 softmax, top-k, renormalization), then one kernel for every (row, expert) pair's
- * silu(gate) * up and one for the weighted sum of their down projections. A first version:
- * correct, graph-safe, reading only the experts each row picked, but without grouped GEMMs. */
-size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int inter, int top_k);
+/* The CPU moe_mlp op (kernels/cuda/moe.cu): router logits in fp32, top-k routing and the rows
+ * grouped by expert on the device, then for 16-bit activations and weights GEMVs over the
+ * picked experts (decode batches) or grouped tensor-core GEMMs and a weighted combine. */
+size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int hidden, int inter,
+                                  int top_k);
 void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                     const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                     void *workspace, size_t workspace_bytes, void *stream);

@@ -71,7 +71,7 @@ static Status alloc_scratch(Model *m) {
     const size_t inter = dense ? (size_t)c->intermediate_size : 0;
     m->moe_ws_bytes =
         c->num_experts > 0
-            ? ops->moe_workspace_bytes(ops, m->max_num_tokens, c->num_experts,
+            ? ops->moe_workspace_bytes(ops, m->max_num_tokens, c->num_experts, c->hidden_size,
                                        m->shard.moe_intermediate, c->num_experts_per_tok)
             : 0;
     struct {

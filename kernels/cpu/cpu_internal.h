@@ -35,8 +35,8 @@ void cpu_kv_write(const KernelOps *ops, void *kv_cache, const KvLayout *l, int l
 void cpu_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const int32_t *positions,
                         const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                         const QkNorm *qk_norm, void *kv_cache, const KvLayout *l, int layer);
-size_t cpu_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts, int inter,
-                               int top_k);
+size_t cpu_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts, int hidden,
+                               int inter, int top_k);
 void cpu_moe_mlp(const KernelOps *ops, void *out, const void *x, const Tensor *router,
                  const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                  void *workspace, size_t workspace_bytes);

@@ -104,8 +104,8 @@ static void moe_task(void *ctx, int tid, int nt) {
     }
 }
 
-size_t cpu_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts, int inter,
-                               int top_k) {
+size_t cpu_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts, int hidden,
+                               int inter, int top_k) {
     return 0; /* per-thread scratch instead */
 }
 

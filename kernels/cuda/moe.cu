@@ -1,34 +1,309 @@
-/* moe.cu - the mixture-of-experts MLP (Mixtral, Qwen3-MoE), a first version: correct and
- * graph-safe (no host round trip, nothing allocated), reading only the experts each row picked,
- * but without grouped GEMMs: every (row, expert) pair is a set of warp dot products.
+/* moe.cu - the mixture-of-experts MLP (Mixtral, Qwen3-MoE): routing, grouping by expert, and
+ * the choice of expert path. Graph-safe: nothing is allocated and the host never waits; every
+ * grid is sized for the worst case and its spare blocks read the device-side counts and exit.
  *
- * Three launches on the workspace ([n, top_k] expert ids, their fp32 weights, and the
- * [n, top_k, I] activations in the act dtype):
- *   route  one warp per row: router logits in fp32 (transformers rounds them to the model's
- *          dtype; fp32 keeps the picks those of the fp32 reference, where a 16-bit rounding
- *          would flip close ones), fp32 softmax, top-k by repeated selection (the lower id
- *          first on ties), renormalization, the picks sorted by expert id;
- *   up     one warp per (row, pick, j): gate row j and up row I + j of the expert against the
- *          row, each rounded to the act dtype, act = silu(g) * u rounded;
- *   down   one warp per (row, output h): sum over the picks, in increasing expert id, of
- *          weight * (down row h . act), each product's dot rounded to the act dtype; the sum
- *          in fp32, rounded once.
- * As the CPU op (kernels/cpu/moe.c) up to the order of the K sums and these roundings. The
- * grouped version (rows gathered by expert, one GEMM per expert or a grouped GEMM) replaces
- * the up and down launches and keeps the route one. */
-#include "cuda_internal.cuh"
+ * Launches on the workspace (moe.cuh describes the routing it holds):
+ *   logits  one warp per (expert, 8 rows): router logits in fp32 (transformers rounds them to
+ *           the model's dtype; fp32 keeps the picks those of the fp32 reference, where a 16-bit
+ *           rounding would flip close ones);
+ *   topk    a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower id first
+ *           on ties), renormalization, the picks in increasing expert id (for n up to 16 the
+ *           group block does this itself, saving a launch);
+ *   group   one block: the per-expert counts, the active experts, their offsets, each slot's
+ *           position, and the tensor-core path's tile list;
+ *   experts 16-bit activations and weights of the same dtype, H and I multiples of 8:
+ *             n <= MOE_GEMV_MAX_ROWS: GEMVs over only the picked experts' rows (moe_gemv.cu),
+ *             the combine in the down kernel;
+ *             larger n: grouped GEMMs on tensor cores (moe_mma.cu), then `combine`, one thread
+ *             per 8 outputs of a row summing its picks in increasing expert id;
+ *           anything else (fp32): one warp per (slot, intermediate j) and per (row, output h).
+ * Every path rounds g, u, silu(g) u and each expert's down dot to the act dtype and sums the
+ * weighted experts in fp32 in increasing id, rounded once: the CPU op (kernels/cpu/moe.c) up to
+ * the order of the K sums and these roundings. */
+#include "gemv.cuh"
+#include "moe.cuh"
 
-enum { MOE_MAX_EXPERTS = 512, MOE_MAX_TOP_K = 32, MOE_WARPS = 4, MOE_ALIGN = 256 };
+enum {
+    MOE_ALIGN = 256,
+    MOE_GROUP_WARPS = 16,
+    MOE_LOGIT_ROWS = 8,
+    MOE_LOGIT_PRE = 8,
+    MOE_WARPS = 4
+};
 
-/* Workspace parts: ids [rows, k] int32, weights [rows, k] fp32, act [rows, k, I] act dtype. */
 static size_t align_up(size_t b) {
     return (b + MOE_ALIGN - 1) / MOE_ALIGN * MOE_ALIGN;
 }
 
-size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int inter, int top_k) {
-    size_t slots = (size_t)(max_rows > 0 ? max_rows : 0) * (size_t)(top_k > 0 ? top_k : 0);
-    return align_up(slots * 4) * 2 + align_up(slots * (size_t)inter * pl_dtype_size(act));
+/* The workspace's parts for `rows` rows (base NULL: only the size); act [n k, I] and y [n k, H]
+ * in the act dtype follow the routing. */
+static size_t moe_layout(char *base, MoeRouting *r, void **act, void **y, DType dt, int rows, int E,
+                         int H, int I, int top_k) {
+    const size_t slots = (size_t)rows * (size_t)top_k, es = pl_dtype_size(dt);
+    const int max_tiles = moe_max_tiles((int)slots, E, MOE_MIN_TILE_ROWS);
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        char *p = base ? base + off : NULL;
+        off += align_up(bytes);
+        return p;
+    };
+    MoeRouting l;
+    l.logits = (float *)take((size_t)rows * E * 4);
+    l.ids = (int32_t *)take(slots * 4);
+    l.weights = (float *)take(slots * 4);
+    l.pos_of = (int32_t *)take(slots * 4);
+    l.slot_at = (int32_t *)take(slots * 4);
+    l.active = (int32_t *)take((size_t)E * 4);
+    l.offset = (int32_t *)take((size_t)(E + 1) * 4);
+    l.num_active = (int32_t *)take(4);
+    l.num_tiles = (int32_t *)take(4);
+    l.tile_a = (int32_t *)take((size_t)max_tiles * 4);
+    l.tile_pos = (int32_t *)take((size_t)max_tiles * 4);
+    l.max_tiles = max_tiles;
+    void *a = take(slots * (size_t)I * es);
+    void *yy = take(dt == DT_F32 ? 0 : slots * (size_t)H * es); /* the tensor-core path's */
+    if (r)
+        *r = l, *act = a, *y = yy;
+    return off;
 }
+
+size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int hidden, int inter,
+                                  int top_k) {
+    if (max_rows <= 0 || top_k <= 0)
+        return 0;
+    return moe_layout(NULL, NULL, NULL, NULL, act, max_rows, num_experts, hidden, inter, top_k);
+}
+
+/* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
+ * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 2048) are requested
+ * before the wait for x, so they stream in while the previous kernel drains. */
+template <typename T, typename WT>
+__global__ __launch_bounds__(32 * MOE_WARPS) void moe_logits_kernel(float *logits, const T *x,
+                                                                    const WT *router, int n, int E,
+                                                                    int H, int vec) {
+    constexpr bool wide = sizeof(WT) == 2;
+    const int lane = threadIdx.x & 31, e = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+    const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
+    const WT *w = router + (size_t)(e < E ? e : 0) * H;
+    uint4 pre[MOE_LOGIT_PRE];
+    if (wide && vec && e < E)
+#pragma unroll
+        for (int i = 0; i < MOE_LOGIT_PRE; i++)
+            if ((lane + 32 * i) * 8 < H)
+                pre[i] = ld_stream(w + (lane + 32 * i) * 8);
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    if (e >= E)
+        return;
+    const T *xr = x + (size_t)t0 * H;
+    float acc[MOE_LOGIT_ROWS] = {};
+    auto dot_rows = [&](const float(&wf)[8], int c) {
+#pragma unroll
+        for (int i = 0; i < MOE_LOGIT_ROWS; i++)
+            if (i < rows) {
+                float xf[8];
+                load8(xf, xr + (size_t)i * H + c);
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    acc[i] = fmaf(wf[q], xf[q], acc[i]);
+            }
+    };
+    if (vec) { /* H % 8 == 0, 16-byte aligned rows; several loads in flight */
+        int first = lane * 8;
+        if constexpr (wide) {
+#pragma unroll
+            for (int i = 0; i < MOE_LOGIT_PRE; i++)
+                if ((lane + 32 * i) * 8 < H) {
+                    float wf[8];
+                    unpack8(wf, pre[i], (const WT *)0);
+                    dot_rows(wf, (lane + 32 * i) * 8);
+                }
+            first += MOE_LOGIT_PRE * 32 * 8;
+        }
+#pragma unroll 4
+        for (int c = first; c < H; c += 32 * 8) {
+            float wf[8];
+            load8(wf, w + c);
+            dot_rows(wf, c);
+        }
+    } else {
+        for (int k = lane; k < H; k += 32) {
+            const float wv = to_f32(w[k]);
+#pragma unroll
+            for (int i = 0; i < MOE_LOGIT_ROWS; i++)
+                if (i < rows)
+                    acc[i] = fmaf(wv, to_f32(xr[(size_t)i * H + k]), acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < MOE_LOGIT_ROWS; i++)
+        if (i < rows) {
+            const float v = warp_sum(acc[i]);
+            if (lane == 0)
+                logits[(size_t)(t0 + i) * E + e] = v;
+        }
+}
+
+/* Row t's top_k picks by the warp: lane j < top_k returns pick j's expert in *e and weight in
+ * *w, and its rank among the picks by increasing expert id. */
+__device__ static int route_row(const float *logits, int E, int top_k, int renormalize, int *e,
+                                float *w) {
+    constexpr int PER_LANE = MOE_MAX_EXPERTS / 32;
+    const int lane = threadIdx.x & 31;
+    float p[PER_LANE];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        const int ex = lane + 32 * i;
+        p[i] = ex < E ? logits[ex] : -INFINITY;
+        m = fmaxf(m, p[i]);
+    }
+    m = warp_max(m);
+    float z = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+        p[i] = lane + 32 * i < E ? expf(p[i] - m) : 0.0f;
+        z += p[i];
+    }
+    z = warp_sum(z);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++)
+        p[i] /= z;
+    /* key: the probability's bits (>= 0, so they order as the floats do) over ~id (the lower
+     * id wins a tie); 0 for taken or absent experts, below every real key */
+    uint32_t taken = 0;
+    int my_e = 0;
+    float my_p = 0.0f;
+    for (int j = 0; j < top_k; j++) {
+        unsigned long long best = 0;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) {
+            const int ex = lane + 32 * i;
+            if (ex < E && !(taken >> i & 1)) {
+                unsigned long long key =
+                    (unsigned long long)__float_as_uint(p[i]) << 32 | (uint32_t)~ex;
+                best = key > best ? key : best;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+            best = other > best ? other : best;
+        }
+        const int ex = (int)~(uint32_t)best;
+        if ((ex & 31) == lane)
+            taken |= 1u << (ex >> 5);
+        if (lane == j) {
+            my_e = ex;
+            my_p = __uint_as_float((uint32_t)(best >> 32));
+        }
+    }
+    float sum = 0.0f; /* in pick order, as the reference */
+    int rank = 0;
+    for (int j = 0; j < top_k; j++) {
+        sum += __shfl_sync(0xffffffffu, my_p, j);
+        rank += __shfl_sync(0xffffffffu, my_e, j) < my_e;
+    }
+    *e = my_e;
+    *w = renormalize ? my_p / sum : my_p;
+    return rank;
+}
+
+/* Rows' picks (a warp per row) into ids and weights, and per expert counts when `count`. */
+__device__ static void route_rows(const MoeRouting &r, int first, int step, int n, int E, int top_k,
+                                  int renormalize, int *count) {
+    for (int t = first; t < n; t += step) {
+        int e;
+        float w;
+        const int rank = route_row(r.logits + (size_t)t * E, E, top_k, renormalize, &e, &w);
+        if ((threadIdx.x & 31) < top_k) {
+            r.ids[t * top_k + rank] = e;
+            r.weights[t * top_k + rank] = w;
+            if (count)
+                atomicAdd(&count[e], 1);
+        }
+    }
+}
+
+/* The picks of larger batches, a warp per row over many blocks (the group kernel then only
+ * counts them). */
+__global__ __launch_bounds__(32 * MOE_WARPS) void moe_topk_kernel(MoeRouting r, int n, int E,
+                                                                  int top_k, int renormalize) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    route_rows(r, blockIdx.x * MOE_WARPS + (threadIdx.x >> 5), gridDim.x * MOE_WARPS, n, E, top_k,
+               renormalize, NULL);
+}
+
+/* routed: moe_topk_kernel has written ids and weights; else this block routes the rows. */
+__global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRouting r, int n, int E,
+                                                                         int top_k, int renormalize,
+                                                                         int tile_rows,
+                                                                         int routed) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS], scratch[MOE_GROUP_WARPS + 1];
+    const int tid = threadIdx.x, slots = n * top_k;
+    for (int e = tid; e < E; e += blockDim.x)
+        count[e] = 0;
+    __syncthreads();
+    if (routed)
+        for (int s = tid; s < slots; s += blockDim.x)
+            atomicAdd(&count[r.ids[s]], 1);
+    else
+        route_rows(r, tid >> 5, MOE_GROUP_WARPS, n, E, top_k, renormalize, count);
+    __syncthreads();
+    /* thread e (blockDim >= MOE_MAX_EXPERTS >= E): expert e's active index, offset, tiles */
+    const int c = tid < E ? count[tid] : 0, tiles = (c + tile_rows - 1) / tile_rows;
+    int num_active, total, num_tiles;
+    const int a = block_scan<MOE_GROUP_WARPS>(c > 0 ? 1 : 0, &num_active, scratch);
+    const int off = block_scan<MOE_GROUP_WARPS>(c, &total, scratch);
+    const int first_tile = block_scan<MOE_GROUP_WARPS>(tiles, &num_tiles, scratch);
+    if (c > 0) {
+        r.active[a] = tid;
+        r.offset[a] = off;
+        cursor[tid] = off;
+        for (int i = 0; i < tiles; i++) {
+            r.tile_a[first_tile + i] = a;
+            r.tile_pos[first_tile + i] = off + i * tile_rows;
+        }
+    }
+    if (tid == 0) {
+        *r.num_active = num_active;
+        r.offset[num_active] = slots;
+        *r.num_tiles = num_tiles;
+    }
+    __syncthreads();
+    for (int s = tid; s < slots; s += blockDim.x) {
+        const int p = atomicAdd(&cursor[r.ids[s]], 1);
+        r.slot_at[p] = s;
+        r.pos_of[s] = p;
+    }
+}
+
+/* out[t, 8c..8c+8) = sum over t's picks (increasing id) of weight * y[position]. */
+template <typename T>
+__global__ __launch_bounds__(128) void moe_combine_kernel(T *out, const T *y, MoeRouting r, int H,
+                                                          int top_k) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    const int t = blockIdx.x, c = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+    if (c >= H)
+        return;
+    float acc[8] = {};
+    for (int j = 0; j < top_k; j++) {
+        const int s = t * top_k + j;
+        const float w = r.weights[s];
+        float v[8];
+        load8(v, y + (size_t)r.pos_of[s] * H + c);
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            acc[q] += w * v[q];
+    }
+    store8(out + (size_t)t * H + c, acc);
+}
+
+/* ---- the plain path (fp32 activations or weights, odd shapes) ---- */
 
 /* sum over k < K of w[k] * x[k], the warp's lanes striding over k, reduced (every lane). */
 template <typename WT, typename XT>
@@ -37,62 +312,6 @@ __device__ __forceinline__ float warp_dot(const WT *w, const XT *x, int K) {
     for (int k = threadIdx.x & 31; k < K; k += 32)
         acc = fmaf(to_f32(w[k]), to_f32(x[k]), acc);
     return warp_sum(acc);
-}
-
-template <typename T>
-__global__ __launch_bounds__(32) void moe_route_kernel(const T *x, const void *router,
-                                                       int router_dt, int E, int H, int top_k,
-                                                       int renormalize, int32_t *ids,
-                                                       float *weights) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
-    __shared__ float p[MOE_MAX_EXPERTS];
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const T *xr = x + (size_t)t * H;
-    for (int e = 0; e < E; e++) {
-        float acc = 0.0f;
-        for (int k = lane; k < H; k += 32)
-            acc = fmaf(load_any(router, router_dt, e * H + k), to_f32(xr[k]), acc);
-        acc = warp_sum(acc);
-        if (lane == 0)
-            p[e] = acc;
-    }
-    __syncwarp();
-    if (lane != 0)
-        return;
-    float m = -INFINITY, z = 0.0f;
-    for (int e = 0; e < E; e++)
-        m = fmaxf(m, p[e]);
-    for (int e = 0; e < E; e++)
-        z += p[e] = expf(p[e] - m);
-    for (int e = 0; e < E; e++)
-        p[e] /= z;
-    int picked[MOE_MAX_TOP_K];
-    float pw[MOE_MAX_TOP_K], sum = 0.0f;
-    for (int j = 0; j < top_k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++)
-            if (p[e] >= 0.0f && (best < 0 || p[e] > p[best]))
-                best = e;
-        picked[j] = best;
-        pw[j] = p[best];
-        sum += p[best];
-        p[best] = -1.0f; /* taken (probabilities are >= 0) */
-    }
-    for (int j = 0; j < top_k; j++) { /* increasing expert id */
-        int lo = j;
-        for (int i = j + 1; i < top_k; i++)
-            if (picked[i] < picked[lo])
-                lo = i;
-        const int e = picked[lo];
-        const float pe = pw[lo];
-        picked[lo] = picked[j];
-        pw[lo] = pw[j];
-        picked[j] = e;
-        pw[j] = pe;
-        ids[(size_t)t * top_k + j] = e;
-        weights[(size_t)t * top_k + j] = renormalize ? pe / sum : pe;
-    }
 }
 
 template <typename T, typename WT>
@@ -133,6 +352,43 @@ __launch_bounds__(32 * MOE_WARPS) void moe_down_kernel(T *out, const T *act, con
         out[(size_t)t * H + h] = from_f32<T>(acc);
 }
 
+template <typename T>
+static void plain_experts(T *out, const T *x, T *act, const Tensor *gate_up, const Tensor *down,
+                          const MoeRouting &r, int n, int H, int I, int top_k, cudaStream_t s) {
+    const dim3 up_grid((unsigned)(n * top_k), (unsigned)((I + MOE_WARPS - 1) / MOE_WARPS));
+    const dim3 down_grid((unsigned)n, (unsigned)((H + MOE_WARPS - 1) / MOE_WARPS));
+    KC_DISPATCH_WEIGHT(
+        gate_up->dtype, "k_cuda_moe_mlp", WT,
+        kc_launch_pdl(moe_up_kernel<T, WT>, up_grid, dim3(32 * MOE_WARPS), 0, s, act, x,
+                      (const WT *)gate_up->data, (const int32_t *)r.ids, H, I, top_k);
+        kc_launch_pdl(moe_down_kernel<T, WT>, down_grid, dim3(32 * MOE_WARPS), 0, s, out,
+                      (const T *)act, (const WT *)down->data, (const int32_t *)r.ids,
+                      (const float *)r.weights, H, I, top_k));
+}
+
+/* The experts on the routing: the GEMVs (decode batches), the grouped GEMMs and the combine,
+ * or the plain path (`fast`: 16-bit activations and weights of one dtype, H and I multiples of
+ * 8, 16-byte aligned operands). */
+template <typename T>
+static void run_experts(T *out, const T *x, T *act, T *y, const Tensor *gate_up, const Tensor *down,
+                        const MoeRouting &r, int n, int E, int H, int I, int top_k, bool fast,
+                        cudaStream_t s) {
+    if constexpr (!std::is_same<T, float>::value) {
+        const T *gu = (const T *)gate_up->data, *dw = (const T *)down->data;
+        if (fast && n <= MOE_GEMV_MAX_ROWS) {
+            moe_gemv_launch<T>(out, x, act, gu, dw, r, n, E, H, I, top_k, s);
+            return;
+        }
+        if (fast) {
+            moe_mma_launch<T>(act, y, x, gu, dw, r, n, E, H, I, top_k, s);
+            kc_launch_pdl(moe_combine_kernel<T>, dim3((unsigned)n, (unsigned)((H / 8 + 127) / 128)),
+                          dim3(128), 0, s, out, (const T *)y, r, H, top_k);
+            return;
+        }
+    }
+    plain_experts<T>(out, x, act, gate_up, down, r, n, H, I, top_k, s);
+}
+
 void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                     const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                     void *workspace, size_t workspace_bytes, void *stream) {
@@ -150,25 +406,32 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
     KC_REQUIRE(gate_up->dtype == down->dtype, "%s: gate_up and down differ in dtype", what);
     if (n <= 0)
         return;
-    KC_REQUIRE(workspace_bytes >= k_cuda_moe_workspace_bytes(act, n, E, I, top_k),
+    KC_REQUIRE(workspace_bytes >= k_cuda_moe_workspace_bytes(act, n, E, H, I, top_k),
                "%s: workspace of %zu bytes is too small for %d rows", what, workspace_bytes, n);
-    const size_t slots = (size_t)n * top_k;
-    int32_t *ids = (int32_t *)workspace;
-    float *weights = (float *)((char *)workspace + align_up(slots * 4));
-    void *a = (char *)workspace + 2 * align_up(slots * 4);
+    MoeRouting r;
+    void *a, *y;
+    moe_layout((char *)workspace, &r, &a, &y, act, n, E, H, I, top_k);
     cudaStream_t s = kc_stream(stream);
-    const dim3 up_grid((unsigned)slots, (unsigned)((I + MOE_WARPS - 1) / MOE_WARPS));
-    const dim3 down_grid((unsigned)n, (unsigned)((H + MOE_WARPS - 1) / MOE_WARPS));
+    const bool fast = act != DT_F32 && gate_up->dtype == act && H % 8 == 0 && I % 8 == 0 &&
+                      kc_aligned16(x) && kc_aligned16(out) && kc_aligned16(gate_up->data) &&
+                      kc_aligned16(down->data);
+    const int tile_rows =
+        fast && n > MOE_GEMV_MAX_ROWS ? moe_mma_tile_rows(n, top_k, E) : n * top_k;
+    const bool routed = n > MOE_GROUP_WARPS; /* more rows than the group block's warps */
+    const bool vec = H % 8 == 0 && kc_aligned16(x) && kc_aligned16(router->data);
+    const dim3 logit_grid((unsigned)((E + MOE_WARPS - 1) / MOE_WARPS),
+                          (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
     KC_DISPATCH_ACT(
         act, what, T,
-        kc_launch_pdl(moe_route_kernel<T>, dim3((unsigned)n), dim3(32), 0, s, (const T *)x,
-                      (const void *)router->data, (int)router->dtype, E, H, top_k, renormalize, ids,
-                      weights);
-        KC_DISPATCH_ACT(gate_up->dtype, what, WT,
-                        kc_launch_pdl(moe_up_kernel<T, WT>, up_grid, dim3(32 * MOE_WARPS), 0, s,
-                                      (T *)a, (const T *)x, (const WT *)gate_up->data,
-                                      (const int32_t *)ids, H, I, top_k);
-                        kc_launch_pdl(moe_down_kernel<T, WT>, down_grid, dim3(32 * MOE_WARPS), 0, s,
-                                      (T *)out, (const T *)a, (const WT *)down->data,
-                                      (const int32_t *)ids, (const float *)weights, H, I, top_k)));
+        KC_DISPATCH_WEIGHT(router->dtype, what, RT,
+                           kc_launch_pdl(moe_logits_kernel<T, RT>, logit_grid, dim3(32 * MOE_WARPS),
+                                         0, s, r.logits, (const T *)x, (const RT *)router->data, n,
+                                         E, H, (int)vec));
+        if (routed)
+            kc_launch_pdl(moe_topk_kernel, dim3((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS)),
+                          dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
+        kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E, top_k,
+                      renormalize, tile_rows, (int)routed);
+        run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I, top_k,
+                       fast, s));
 }

@@ -252,8 +252,8 @@ static void ops_matmul_qkv_rope_cache(const KernelOps *ops, void *q_out, void *q
 
 template <DType A>
 static size_t ops_moe_workspace_bytes(const KernelOps *ops, int max_rows, int num_experts,
-                                      int inter, int top_k) {
-    return k_cuda_moe_workspace_bytes(A, max_rows, num_experts, inter, top_k);
+                                      int hidden, int inter, int top_k) {
+    return k_cuda_moe_workspace_bytes(A, max_rows, num_experts, hidden, inter, top_k);
 }
 
 template <DType A>
