@@ -45,6 +45,7 @@
 
 #include "cublas_util.cuh"
 #include "gemv.cuh"
+#include "rope.cuh"
 
 
 enum {
@@ -52,6 +53,7 @@ enum {
     F8_TILE_N = 16,        /* weight rows per block: one m16 mma tile */
     F8_TILE_X = 8,         /* rows of x per block: the mma's n */
     F8_WARPS = 8,          /* warps per block, splitting K */
+    F8_FLIGHT = 4,         /* tile-units (16 rows x 128 columns) in flight per warp */
     F8_UNIT = 128,         /* columns per unit of work (a block-scale group) */
     F8_Q_BYTES = 32 << 20, /* quantized rows of x for cuBLASLt, per chunk */
     F8_XS_FLOATS = 1 << 18,
@@ -176,10 +178,16 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
     }
 }
 
-/* ---------------- the GEMV (and tiled fallback) ---------------- */
+/* ---------------- the GEMV (and tiled fallback), with its fused epilogues ---------------- */
+
+/* What a block does with its sums: store them (the matmul), SiLU(gate) times up (its two
+ * tiles are gate rows [16 b, +16) and the up rows N / 2 after them), or RoPE and the KV-cache
+ * store (a rotated block's two tiles are the rows i and i + D / 2 of one q or k head, each
+ * v block two adjacent tiles of v rows). */
+enum { F8_EPI_STORE = 0, F8_EPI_SILU = 1, F8_EPI_QKV = 2 };
 
 template <typename XT> struct F8GemvArgs {
-    XT *out;                  /* [n, N] */
+    XT *out;                  /* STORE: [n, N]; SILU: [n, N / 2]; QKV: unused */
     const XT *x;              /* [n, K] */
     const uint8_t *w;         /* [N, K] */
     const float *w_scale;     /* per kind */
@@ -187,6 +195,8 @@ template <typename XT> struct F8GemvArgs {
     int bias_dt, kind, N, K, n;
     int groups;               /* block kind: ceil(K / 128); else 1 */
     float input_scale;
+    RopeKv rope;              /* QKV: q_out, positions, inv_freq, heads and the cache */
+    int rot_blocks;           /* QKV: blocks of rotated pairs, (nh + nkv) D / 32; v blocks after */
 };
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -197,28 +207,101 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Block (blockIdx.x, blockIdx.y): weight rows [16 MT bx, +16 MT) (MT m16 mma tiles) against
- * rows [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows 16 m + g and
- * 16 m + g + 8 of each tile m and x row g of the mma; for the 64 columns from k0 it reads
- * columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
- * a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides).
+/* The first weight row of this block's m16 tile m. */
+template <int EPI, int MT, typename XT>
+__device__ __forceinline__ int f8_tile_base(const F8GemvArgs<XT> &a, int m) {
+    const int b = blockIdx.x;
+    if constexpr (EPI == F8_EPI_SILU) {
+        return F8_TILE_N * b + m * (a.N / 2);
+    } else if constexpr (EPI == F8_EPI_QKV) {
+        const int D = a.rope.D, hd = D / 2, per_head = hd / F8_TILE_N;
+        if (b < a.rot_blocks)
+            return (b / per_head) * D + (b % per_head) * F8_TILE_N + m * hd;
+        return (a.rope.nh + a.rope.nkv) * D + (b - a.rot_blocks) * F8_TILE_N * MT + F8_TILE_N * m;
+    } else {
+        return b * F8_TILE_N * MT + F8_TILE_N * m;
+    }
+}
+
+/* What the sums v[m][e] of lane (g, t) become: v[m][e] is weight row base[m] + g (+ 8 for e
+ * >= 2) against x row c0 + 2 t + (e & 1), fully scaled and biased. The values a projection
+ * would have stored are v rounded to XT; the fused epilogues start from those, as the op after
+ * the projection does (silu_mul, rope_kv_vec_kernel). */
+template <int EPI, int MT, typename XT, typename TC>
+__device__ __forceinline__ void f8_epilogue(const F8GemvArgs<XT> &a, const float (&v)[MT][4],
+                                            const int (&base)[MT], int g, int t, int c0, int nx) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int col = 2 * t + (e & 1), dr = g + (e >= 2 ? 8 : 0), tok = c0 + col;
+        if (col >= nx)
+            continue;
+        if constexpr (EPI == F8_EPI_STORE) {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                if (base[m] + dr < a.N)
+                    a.out[(size_t)tok * a.N + base[m] + dr] = from_f32<XT>(v[m][e]);
+        } else if constexpr (EPI == F8_EPI_SILU) {
+            const float gate = to_f32(from_f32<XT>(v[0][e])), up = to_f32(from_f32<XT>(v[1][e]));
+            a.out[(size_t)tok * (a.N / 2) + base[0] + dr] = from_f32<XT>(silu_times(gate, up));
+        } else {
+            const RopeKv &r = a.rope;
+            TC *kdst = cache_row<TC>(r, tok);
+            if (blockIdx.x >= a.rot_blocks) { /* v rows: only cached */
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+                    if (kdst)
+                        kdst[r.half + (size_t)(base[m] + dr - (r.nh + r.nkv) * r.D)] =
+                            kv_enc<TC>(to_f32(from_f32<XT>(v[m][e])), r.v_inv);
+                continue;
+            }
+            const int h = base[0] / r.D, d = base[0] % r.D + dr, hd = r.D / 2;
+            float x1 = to_f32(from_f32<XT>(v[0][e])), x2 = to_f32(from_f32<XT>(v[1][e]));
+            rope_rotate<XT>(x1, x2, (float)r.positions[tok], r.inv_freq[d]);
+            if (h < r.nh) {
+                XT *q = (XT *)r.r.q_out + ((size_t)tok * r.nh + h) * r.D;
+                q[d] = from_f32<XT>(x1);
+                q[d + hd] = from_f32<XT>(x2);
+            } else if (kdst) {
+                kdst[(size_t)(h - r.nh) * r.D + d] = kv_enc<TC>(x1, r.k_inv);
+                kdst[(size_t)(h - r.nh) * r.D + d + hd] = kv_enc<TC>(x2, r.k_inv);
+            }
+        }
+    }
+}
+
+/* Block (blockIdx.x, blockIdx.y): MT m16 tiles of weight rows (f8_tile_base) against rows
+ * [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows base + g and base + g + 8
+ * of each tile and x row g of the mma; for the 64 columns from k0 it reads columns k0 + 16 t ..
+ * + 16 of each, the first 8 for one mma and the last 8 for the next (A's a0/a2 and B's b0/b1
+ * take the 4-byte halves: the same permutation of k on both sides). Warp w takes the 128-column
+ * units w, w + 8, w + 16, ...; F8_FLIGHT / MT of them are in flight per warp at any time (a ring
+ * of registers: a unit's slot is refilled with the unit F8_FLIGHT / MT ahead as soon as its
+ * mmas are issued), the first ones requested before the PDL wait, so that the scales of x and
+ * the previous kernel's tail overlap the weights' first bytes. The sum of a row does not depend
+ * on MT or on the epilogue (the same units per warp, added in the same order, the same
+ * reduction), so the fused epilogues see exactly the plain GEMV's values.
  * Dynamic shared memory: the x scales and inverses, [8][groups] each. */
-template <typename XT, int MT>
-__global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a) {
+template <typename XT, typename TC, int MT, int EPI>
+__global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT> a) {
+    constexpr int P = F8_FLIGHT / MT;
     extern __shared__ float f8_smem[];
     __shared__ float red[F8_WARPS][32][4 * MT];
     __shared__ float rmax[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * F8_TILE_N * MT, c0 = blockIdx.y * F8_TILE_X;
+    const int c0 = blockIdx.y * F8_TILE_X;
     const int nx = min(F8_TILE_X, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
     const bool block = a.kind == FP8_SCALE_BLOCK;
     const int gs = block ? a.groups : 1;
     float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
+    int base[MT];
     const uint8_t *wr[2 * MT]; /* [tile][row g, row g + 8] */
 #pragma unroll
-    for (int i = 0; i < 2 * MT; i++)
-        wr[i] = a.w + (size_t)min(r0 + 8 * i + g, a.N - 1) * K;
+    for (int m = 0; m < MT; m++) {
+        base[m] = f8_tile_base<EPI, MT>(a, m);
+        wr[2 * m] = a.w + (size_t)min(base[m] + g, a.N - 1) * K;
+        wr[2 * m + 1] = a.w + (size_t)min(base[m] + g + 8, a.N - 1) * K;
+    }
 
     /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
     auto load_unit = [&](int u, uint4 (&v)[4 * MT]) {
@@ -232,9 +315,11 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
         }
     };
 
-    int u = warp;
-    uint4 cur[4 * MT];
-    load_unit(u, cur); /* the first weights are requested before the wait for x */
+    const int mine = warp < units ? (units - warp + F8_WARPS - 1) / F8_WARPS : 0;
+    uint4 ring[P][4 * MT];
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        load_unit(warp + p * F8_WARPS, ring[p]);
     kc_pdl_wait();
     kc_pdl_trigger();
     for (int i = 0; i < nx; i++)
@@ -245,50 +330,54 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     const XT *xr = a.x + (size_t)(c0 + g) * K;
     const bool has_x = g < nx;
     float acc[MT][4] = {};
-    for (; u < units; u += F8_WARPS) {
-        uint4 nxt[4 * MT];
-        load_unit(u + F8_WARPS, nxt);
-        const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
-        float d[MT][4] = {}; /* this unit's sums, from zero */
+    for (int i0 = 0; i0 < mine; i0 += P) {
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            const int kk = u * F8_UNIT + s * 64 + t * 16;
-            uint32_t b[4] = {0u, 0u, 0u, 0u};
-            if (has_x && kk < K) {
-                float f[16];
-                load8(f, xr + kk);
-                load8(f + 8, xr + kk + 8);
+        for (int p = 0; p < P; p++) {
+            if (i0 + p >= mine)
+                break;
+            const int u = warp + (i0 + p) * F8_WARPS;
+            const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
+            float d[MT][4] = {}; /* this unit's sums, from zero */
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    b[j] = f8_pack4(f + 4 * j, inv);
+            for (int s = 0; s < 2; s++) {
+                const int kk = u * F8_UNIT + s * 64 + t * 16;
+                uint32_t b[4] = {0u, 0u, 0u, 0u};
+                if (has_x && kk < K) {
+                    float f[16];
+                    load8(f, xr + kk);
+                    load8(f + 8, xr + kk + 8);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        b[j] = f8_pack4(f + 4 * j, inv);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const uint4 &lo = ring[p][s * 2 * MT + 2 * m];
+                    const uint4 &hi = ring[p][s * 2 * MT + 2 * m + 1];
+                    mma_e4m3(d[m], lo.x, hi.x, lo.y, hi.y, b[0], b[1]);
+                    mma_e4m3(d[m], lo.z, hi.z, lo.w, hi.w, b[2], b[3]);
+                }
             }
+            load_unit(u + P * F8_WARPS, ring[p]);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                const uint4 &lo = cur[s * 2 * MT + 2 * m], &hi = cur[s * 2 * MT + 2 * m + 1];
-                mma_e4m3(d[m], lo.x, hi.x, lo.y, hi.y, b[0], b[1]);
-                mma_e4m3(d[m], lo.z, hi.z, lo.w, hi.w, b[2], b[3]);
-            }
-        }
+                if (block) {
+                    /* d[m][e]: weight row base + g (+8 for e >= 2), x row 2t + (e & 1) */
+                    const float ws =
+                        a.w_scale[(size_t)(min(base[m], a.N - 1) / F8_UNIT) * a.groups + u];
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (block) {
-                /* d[m][e]: weight row 16 m + g (+8 for e >= 2), x row 2t + (e & 1) */
-                const float ws = a.w_scale[(size_t)((r0 + 16 * m) / F8_UNIT) * a.groups + u];
+                    for (int e = 0; e < 4; e++) {
+                        const int col = 2 * t + (e & 1);
+                        const float xs = col < nx ? sS[col * gs + u] : 0.0f;
+                        acc[m][e] += d[m][e] * (xs * ws);
+                    }
+                } else {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = 2 * t + (e & 1);
-                    const float xs = col < nx ? sS[col * gs + u] : 0.0f;
-                    acc[m][e] += d[m][e] * (xs * ws);
+                    for (int e = 0; e < 4; e++)
+                        acc[m][e] += d[m][e];
                 }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[m][e] += d[m][e];
             }
         }
-#pragma unroll
-        for (int i = 0; i < 4 * MT; i++)
-            cur[i] = nxt[i];
     }
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -298,31 +387,30 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     __syncthreads();
     if (warp != 0)
         return;
+    float v[MT][4];
 #pragma unroll
-    for (int i = 0; i < 4 * MT; i++) {
-        float v = red[0][lane][i];
-        for (int w = 1; w < F8_WARPS; w++)
-            v += red[w][lane][i];
-        const int m = i / 4, e = i % 4;
-        const int row = r0 + 16 * m + g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
-        if (row >= a.N || col >= nx)
-            continue;
-        if (!block) {
-            const float ws = a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row] : a.w_scale[0];
-            v *= sS[col] * ws;
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float s = red[0][lane][4 * m + e];
+            for (int w = 1; w < F8_WARPS; w++)
+                s += red[w][lane][4 * m + e];
+            const int row = min(base[m] + g + (e >= 2 ? 8 : 0), a.N - 1), col = 2 * t + (e & 1);
+            if (!block && col < nx)
+                s *= sS[col] * (a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row] : a.w_scale[0]);
+            if (a.bias)
+                s += load_any(a.bias, a.bias_dt, row);
+            v[m][e] = s;
         }
-        if (a.bias)
-            v += load_any(a.bias, a.bias_dt, row);
-        a.out[(size_t)(c0 + col) * a.N + row] = from_f32<XT>(v);
     }
+    f8_epilogue<EPI, MT, XT, TC>(a, v, base, g, t, c0, nx);
 }
 
-/* mt: m16 tiles per block (1 or 2). */
+/* The arguments of a GEMV on w for n rows of x (the epilogue's own fields left zero). */
 template <typename XT>
-static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n, int mt,
-                    cudaStream_t s) {
-    const int N = (int)w->shape[0], K = (int)w->shape[1];
+static F8GemvArgs<XT> f8_args(void *out, const void *x, const Tensor *w, const Tensor *b, int n) {
     F8GemvArgs<XT> a;
+    memset(&a, 0, sizeof a);
     a.out = (XT *)out;
     a.x = (const XT *)x;
     a.w = (const uint8_t *)w->data;
@@ -330,21 +418,41 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
     a.bias = b ? b->data : NULL;
     a.bias_dt = b ? (int)b->dtype : 0;
     a.kind = (int)w->fp8.kind;
-    a.N = N;
-    a.K = K;
+    a.N = (int)w->shape[0];
+    a.K = (int)w->shape[1];
     a.n = n;
-    a.groups = (K + F8_UNIT - 1) / F8_UNIT;
+    a.groups = (a.K + F8_UNIT - 1) / F8_UNIT;
     a.input_scale = w->fp8.input_scale;
-    const int gs = a.kind == FP8_SCALE_BLOCK ? a.groups : 1;
-    const size_t smem = 2 * sizeof(float) * F8_TILE_X * (size_t)gs;
-    KC_REQUIRE(smem <= 48 * 1024, "k_cuda_matmul fp8: K %d too deep for block scales", K);
-    const int rows = F8_TILE_N * mt;
-    const dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
-    if (mt == 2)
-        kc_launch_pdl(f8_gemv_kernel<XT, 2>, grid, dim3(F8_WARPS * 32), smem, s, a);
-    else
-        kc_launch_pdl(f8_gemv_kernel<XT, 1>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    return a;
+}
+
+/* Dynamic shared memory of a GEMV launch: the x scales and inverses. */
+static size_t f8_gemv_smem(const Tensor *w) {
+    const int K = (int)w->shape[1];
+    const int gs = w->fp8.kind == FP8_SCALE_BLOCK ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+    return 2 * sizeof(float) * F8_TILE_X * (size_t)gs;
+}
+
+template <typename XT, typename TC, int MT, int EPI>
+static void f8_launch(const F8GemvArgs<XT> &a, const Tensor *w, unsigned blocks, cudaStream_t s) {
+    const size_t smem = f8_gemv_smem(w);
+    KC_REQUIRE(smem <= 48 * 1024, "k_cuda_matmul fp8: K %d too deep for block scales", a.K);
+    const dim3 grid(blocks, (unsigned)((a.n + F8_TILE_X - 1) / F8_TILE_X));
+    kc_launch_pdl(f8_gemv_kernel<XT, TC, MT, EPI>, grid, dim3(F8_WARPS * 32), smem, s, a);
     CUDA_CHECK_LAUNCH();
+}
+
+/* mt: m16 tiles per block (1 or 2). */
+template <typename XT>
+static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n, int mt,
+                    cudaStream_t s) {
+    const F8GemvArgs<XT> a = f8_args<XT>(out, x, w, b, n);
+    const int rows = F8_TILE_N * mt;
+    const unsigned blocks = (unsigned)((a.N + rows - 1) / rows);
+    if (mt == 2)
+        f8_launch<XT, XT, 2, F8_EPI_STORE>(a, w, blocks, s);
+    else
+        f8_launch<XT, XT, 1, F8_EPI_STORE>(a, w, blocks, s);
 }
 
 /* ---------------- quantization for cuBLASLt ---------------- */
@@ -495,11 +603,27 @@ static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *
 
 /* ---------------- dispatch ---------------- */
 
-/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 2
- * means two m16 tiles per block (32 weight rows), else one. */
+/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 1
+ * means one m16 tile per block (16 weight rows), 2 two. */
 int kc_gemm_forced_rows(const KCudaGemm *g);
 
-enum { F8_PATH_GEMV = 0, F8_PATH_TILED = 1, F8_PATH_LT_OUTER = 2, F8_PATH_LT_BLOCK = 3 };
+/* m16 tiles per GEMV block: the forced count, else 2 except at n = 1 on N >= 16384 (measured
+ * at 1681ea1's kernel; see the timing test). */
+static int f8_gemv_tiles(const KCudaGemm *g, int n, int N) {
+    const int forced = kc_gemm_forced_rows(g);
+    if (forced == 1 || forced == 2)
+        return forced;
+    return n == 1 && N >= 16384 ? 1 : 2;
+}
+
+enum {
+    F8_PATH_GEMV = 0,
+    F8_PATH_TILED = 1,
+    F8_PATH_LT_OUTER = 2,
+    F8_PATH_LT_BLOCK = 3,
+    F8_PATH_SILU = 4,
+    F8_PATH_QKV = 5
+};
 
 /* Print once per process which path a (N, K, scale kind) takes. */
 static void f8_log(int N, int K, int kind, int path) {
@@ -517,7 +641,9 @@ static void f8_log(int N, int K, int kind, int path) {
     static const char *kinds[] = {"none", "tensor", "channel", "block"};
     static const char *paths[] = {"fp8 GEMV (n <= 8)", "fp8 tiled GEMV (cuBLASLt refused)",
                                   "cuBLASLt fp8, outer-vector scales",
-                                  "cuBLASLt fp8, 128x128 / 1x128 block scales"};
+                                  "cuBLASLt fp8, 128x128 / 1x128 block scales",
+                                  "fp8 GEMV + SiLU-mul (n <= 8)",
+                                  "fp8 GEMV + RoPE + KV-cache store (n <= 8)"};
     fprintf(stderr, "k_cuda_matmul: fp8 %dx%d (%s scales): %s\n", N, K, kinds[kind], paths[path]);
 }
 
@@ -651,6 +777,53 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
-                    w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
+                    w, bias, n - done, f8_gemv_tiles(g, n - done, N), s);
     });
+}
+
+/* Whether the GEMV takes n rows of x against w: what kc_matmul_fp8 requires (loudly), n <= 8
+ * and no forced cuBLASLt. */
+static bool f8_gemv_ok(KCudaGemm *g, const void *x, DType act, const Tensor *w, int n) {
+    const Fp8Scales *sc = &w->fp8;
+    return n >= 1 && n <= F8_GEMV_MAX_N && kc_gemm_forced_path(g) != KC_GEMM_CUBLASLT &&
+           w->ndim == 2 && sc->w_scale && sc->kind >= FP8_SCALE_TENSOR &&
+           sc->kind <= FP8_SCALE_BLOCK && (sc->kind != FP8_SCALE_BLOCK || sc->block == F8_UNIT) &&
+           w->shape[1] % 16 == 0 && kc_aligned16(x) && kc_aligned16(w->data) &&
+           (act == DT_BF16 || act == DT_F16 || act == DT_F32) && f8_gemv_smem(w) <= 48 * 1024;
+}
+
+bool kc_fp8_silu_mul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w, int n,
+                     cudaStream_t s) {
+    const int N = (int)w->shape[0];
+    if (N % (2 * F8_TILE_N) != 0 || !f8_gemv_ok(g, x, act, w, n))
+        return false;
+    f8_log(N, (int)w->shape[1], (int)w->fp8.kind, F8_PATH_SILU);
+    f8_dispatch_act(act, [&](auto *xt) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        f8_launch<XT, XT, 2, F8_EPI_SILU>(f8_args<XT>(out, x, w, NULL, n), w,
+                                          (unsigned)(N / 2 / F8_TILE_N), s);
+    });
+    return true;
+}
+
+bool kc_fp8_qkv_rope_cache(KCudaGemm *g, const RopeKv *r, DType cache_dt, const void *x, DType act,
+                           const Tensor *w, const Tensor *bias, int n, cudaStream_t s) {
+    const int D = r->D;
+    if (D % (2 * F8_TILE_N) != 0 || (cache_dt != act && cache_dt != DT_F8E4M3) ||
+        !f8_gemv_ok(g, x, act, w, n))
+        return false;
+    f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, F8_PATH_QKV);
+    const int rot_blocks = (r->nh + r->nkv) * (D / 2) / F8_TILE_N;
+    const unsigned blocks = (unsigned)(rot_blocks + r->nkv * D / (2 * F8_TILE_N));
+    f8_dispatch_act(act, [&](auto *xt) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        F8GemvArgs<XT> a = f8_args<XT>(NULL, x, w, bias, n);
+        a.rope = *r;
+        a.rot_blocks = rot_blocks;
+        if (cache_dt == DT_F8E4M3)
+            f8_launch<XT, kv8, 2, F8_EPI_QKV>(a, w, blocks, s);
+        else
+            f8_launch<XT, XT, 2, F8_EPI_QKV>(a, w, blocks, s);
+    });
+    return true;
 }
