@@ -10,12 +10,16 @@
  *
  * Two paths:
  *   - Small n (decode, n <= F8_GEMV_MAX_N): f8_gemv_kernel, a memory-bound tensor-core GEMV.
- *     A block owns 16 weight rows (one m16n8k32 e4m3 mma tile) and 8 rows of x (the mma's n),
- *     its 8 warps split K in 128-column units. Each lane streams 16 bytes = 16 weights of two
- *     rows per 64 columns with non-allocating loads (gemv.cuh's ld_stream), the first unit
- *     requested before the PDL wait. x is quantized in the kernel: every block first computes
- *     the scales of its rows of x (one pass over them, from L2), then each lane quantizes the
- *     16 values of x its B fragment needs as it goes. The mma's k order is permuted (a lane's
+ *     A block owns 16 or 32 weight rows (one or two m16n8k32 e4m3 mma tiles) and 8 rows of x
+ *     (the mma's n), its 8 warps split K in 128-column units. Each lane streams 16 bytes = 16
+ *     weights of two rows per 64 columns with non-allocating loads (gemv.cuh's ld_stream),
+ *     F8_FLIGHT tile-units (8 KiB a warp) in flight, the first ones requested before the PDL
+ *     wait. x is quantized in the kernel: every block first computes the scales of its rows of
+ *     x (one pass over them, from L2, while its first weights arrive), then each lane
+ *     quantizes the 16 values of x its B fragment needs as it goes. Its epilogue may also be
+ *     the op after the projection (kc_fp8_silu_mul: gate and up tiles in one block, SiLU times
+ *     up; kc_fp8_qkv_rope_cache: the rows i and i + D/2 of a head in one block, RoPE and the
+ *     KV-cache store, bf16 or fp8 cache), one launch instead of two. The mma's k order is permuted (a lane's
  *     16 contiguous bytes feed two mmas) identically in A and B, which the semantics allow
  *     ("the order within a dot is the backend's"). Each unit's mma sum starts from zero and is
  *     added to fp32 registers (block scales: times s_x s_w of that group), so the tensor
@@ -134,7 +138,9 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
         return;
     }
     if (block) {
-        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop */
+        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop (unrolled so
+         * that several steps' loads are in flight at once: x comes from L2) */
+#pragma unroll 4
         for (int c0 = 0; c0 < chunks; c0 += nt) {
             const int c = c0 + tid;
             float m = 0.0f;
@@ -157,6 +163,7 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
         return;
     }
     float m = 0.0f;
+#pragma unroll 4
     for (int c = tid; c < chunks; c += nt) {
         float f[8];
         load8(f, row + (size_t)c * 8);
