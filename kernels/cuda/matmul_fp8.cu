@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
                     for (int e = 0; e < 4; e++) {
                         const int col = 2 * t + (e & 1);
                         const float xs = col < nx ? sS[col * gs + u] : 0.0f;
-                        acc[m][e] += d[m][e] * (xs * ws);
+                        acc[m][e] = __fadd_rn(acc[m][e], __fmul_rn(d[m][e], __fmul_rn(xs, ws)));
                     }
                 } else {
 #pragma unroll
@@ -403,10 +403,12 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
             for (int w = 1; w < F8_WARPS; w++)
                 s += red[w][lane][4 * m + e];
             const int row = min(base[m] + g + (e >= 2 ? 8 : 0), a.N - 1), col = 2 * t + (e & 1);
+            /* no contraction into FMAs: the same bits in every instantiation (MT, epilogue) */
             if (!block && col < nx)
-                s *= sS[col] * (a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row] : a.w_scale[0]);
+                s = __fmul_rn(s, __fmul_rn(sS[col], a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row]
+                                                                                : a.w_scale[0]));
             if (a.bias)
-                s += load_any(a.bias, a.bias_dt, row);
+                s = __fadd_rn(s, load_any(a.bias, a.bias_dt, row));
             v[m][e] = s;
         }
     }
