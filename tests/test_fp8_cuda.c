@@ -435,7 +435,7 @@ static void test_fp8_fused_ops(void **state) {
 /* ---------------- the fused decode ops on fp8 weights ---------------- */
 
 /* matmul_silu_mul at n rows against matmul then silu_mul, and the path seen: the fused kernel
- * leaves the gate_up scratch poisoned, and takes every n <= 8 with N % 32 == 0. The two calls
+ * leaves the gate_up scratch poisoned, and takes every n <= 8 with N % 16 == 0. The two calls
  * run with the GEMV's 16-row and 32-row blocks: a row's sum must not depend on them. */
 static int silu_case(KCudaGemm *g, Fp8ScaleKind kind, int I, int H, int n, float input_scale) {
     Fp8Weight w = make_fp8(kind, 2 * I, H, input_scale);
@@ -458,9 +458,9 @@ static int silu_case(KCudaGemm *g, Fp8ScaleKind kind, int I, int H, int n, float
         bad += dev_differ(what, o1, o2, ob, 2);
     }
     k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
-    if (still_poisoned(t1, tb) != ((2 * I) % 32 == 0)) {
+    if (still_poisoned(t1, tb) != ((2 * I) % 16 == 0)) {
         print_error("%s: expected the %s\n", what,
-                    (2 * I) % 32 == 0 ? "fused kernel" : "two calls");
+                    (2 * I) % 16 == 0 ? "fused kernel" : "two calls");
         bad++;
     }
     void *dev[] = {dx, o1, o2, t1, t2};
@@ -473,7 +473,7 @@ static int silu_case(KCudaGemm *g, Fp8ScaleKind kind, int I, int H, int n, float
 
 /* matmul_qkv_rope_cache at n rows against matmul then qkv_rope_cache: q_out and the whole cache
  * (bf16 or fp8, random bytes first) bit for bit, random non-zero positions, the last row a
- * padding slot; fused (the qkv scratch left poisoned) where D % 32 == 0. */
+ * padding slot; fused (the qkv scratch left poisoned) where D % 16 == 0. */
 static int qkv_case(KCudaGemm *g, Fp8ScaleKind kind, int D, int nh, int nkv, int K, int n,
                     DType cache_dt, int with_bias) {
     const int bs = 16, nblocks = 5, layer = 1, N = (nh + 2 * nkv) * D;
@@ -524,8 +524,8 @@ static int qkv_case(KCudaGemm *g, Fp8ScaleKind kind, int D, int nh, int nkv, int
              (int)kind, dn(cache_dt), D, nh, nkv, K, n, with_bias);
     int bad = dev_differ(what, q_a, q_b, qb, 2);
     bad += dev_differ(what, cache_a, cache_b, cache_bytes, pl_dtype_size(cache_dt));
-    if (still_poisoned(qkv_b, qkvb) != (D % 32 == 0)) {
-        print_error("%s: expected the %s\n", what, D % 32 == 0 ? "fused kernel" : "two calls");
+    if (still_poisoned(qkv_b, qkvb) != (D % 16 == 0)) {
+        print_error("%s: expected the %s\n", what, D % 16 == 0 ? "fused kernel" : "two calls");
         bad++;
     }
     void *dev[] = {dinv, dx, cache_a, cache_b, dpos, dslots, q_a, q_b, qkv_a, qkv_b};
@@ -540,9 +540,10 @@ static int qkv_case(KCudaGemm *g, Fp8ScaleKind kind, int D, int nh, int nkv, int
     return bad;
 }
 
-/* The fused decode ops on fp8 weights at n = 1..8: gate-up with SiLU (I = 448 fused, 440
- * not: N % 32 != 0; K 512 and 1040; channel, block and static input scales) and qkv with RoPE
- * and the cache (D 128 and 64 fused, 48 not; bf16 and fp8 caches; with and without a bias). */
+/* The fused decode ops on fp8 weights at n = 1..8: gate-up with SiLU (I = 448 and 440 fused,
+ * 440 with a last block of one tile at 32 rows a block; 444 not: N % 16 != 0; K 512 and 1040;
+ * channel, block and static input scales) and qkv with RoPE and the cache (D 128, 64 and 48
+ * fused, 48 with partial last blocks; 40 not; bf16 and fp8 caches; with and without a bias). */
 static void test_fp8_fused_decode(void **state) {
     (void)state;
     REQUIRE_GPU();
@@ -551,12 +552,13 @@ static void test_fp8_fused_decode(void **state) {
     int bad = 0;
     for (int n = 1; n <= 8; n++) {
         bad += silu_case(g, FP8_SCALE_CHANNEL, 448, 512, n, 0.0f);
-        bad += silu_case(g, FP8_SCALE_BLOCK, 448, 1040, n, 0.0f);
-        bad += silu_case(g, FP8_SCALE_TENSOR, 440, 512, n, 0.05f);
+        bad += silu_case(g, FP8_SCALE_BLOCK, 440, 1040, n, 0.0f);
+        bad += silu_case(g, FP8_SCALE_TENSOR, 444, 512, n, 0.05f);
         bad += qkv_case(g, FP8_SCALE_CHANNEL, 128, 8, 2, 512, n, DT_BF16, n % 2);
         bad += qkv_case(g, FP8_SCALE_CHANNEL, 128, 8, 2, 512, n, DT_F8E4M3, 0);
         bad += qkv_case(g, FP8_SCALE_BLOCK, 64, 4, 4, 1040, n, DT_F8E4M3, 1);
-        bad += qkv_case(g, FP8_SCALE_CHANNEL, 48, 2, 1, 256, n, DT_BF16, 1);
+        bad += qkv_case(g, FP8_SCALE_BLOCK, 48, 4, 2, 256, n, DT_BF16, 1);
+        bad += qkv_case(g, FP8_SCALE_CHANNEL, 40, 2, 1, 256, n, DT_BF16, 1);
     }
     k_cuda_gemm_destroy(g);
     assert_int_equal(bad, 0);

@@ -355,7 +355,7 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
                    const Tensor *bias, int n, cudaStream_t s);
 
 /* k_cuda_matmul_silu_mul on an fp8 weight in one launch (the GEMV with a SiLU-mul epilogue, the
- * same bits as the two calls) where the fp8 GEMV takes n rows and w->shape[0] % 32 == 0; false
+ * same bits as the two calls) where the fp8 GEMV takes n rows and w->shape[0] % 16 == 0; false
  * (nothing done) elsewhere. */
 bool kc_fp8_silu_mul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w, int n,
                      cudaStream_t s);

@@ -203,7 +203,8 @@ template <typename XT> struct F8GemvArgs {
     int groups;               /* block kind: ceil(K / 128); else 1 */
     float input_scale;
     RopeKv rope;              /* QKV: q_out, positions, inv_freq, heads and the cache */
-    int rot_blocks;           /* QKV: blocks of rotated pairs, (nh + nkv) D / 32; v blocks after */
+    int rot_tiles;            /* QKV: tiles of 8 rotated pairs, (nh + nkv) D / 16 */
+    int rot_blocks;           /* QKV: blocks of them, ceil(rot_tiles / MT); v blocks after */
 };
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -214,71 +215,83 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* The first weight row of this block's m16 tile m. */
+/* The weight rows of a lane: half h of m16 tile m of this block is 8 rows, lane (g, t) has
+ * row f8_half_row(a, m, h) + g. STORE: 16 consecutive rows a tile. The fused epilogues pair a
+ * tile's halves: SILU's tile p = MT bx + m is gate rows [8 p, +8) and the up rows N / 2 after
+ * them; QKV's rotated tile p is rows [i, i + 8) and [i + D/2, +8) of one q or k head (p <
+ * rot_tiles), then 16 consecutive v rows a tile. A tile past its range (the epilogue skips it)
+ * reads rows within the weight. */
 template <int EPI, int MT, typename XT>
-__device__ __forceinline__ int f8_tile_base(const F8GemvArgs<XT> &a, int m) {
-    const int b = blockIdx.x;
+__device__ __forceinline__ int f8_half_row(const F8GemvArgs<XT> &a, int m, int h) {
+    const int p = blockIdx.x * MT + m;
     if constexpr (EPI == F8_EPI_SILU) {
-        return F8_TILE_N * b + m * (a.N / 2);
+        return 8 * p + h * (a.N / 2);
     } else if constexpr (EPI == F8_EPI_QKV) {
-        const int D = a.rope.D, hd = D / 2, per_head = hd / F8_TILE_N;
-        if (b < a.rot_blocks)
-            return (b / per_head) * D + (b % per_head) * F8_TILE_N + m * hd;
-        return (a.rope.nh + a.rope.nkv) * D + (b - a.rot_blocks) * F8_TILE_N * MT + F8_TILE_N * m;
+        const int D = a.rope.D, hd = D / 2, per_head = hd / 8;
+        if (blockIdx.x < a.rot_blocks)
+            return (p / per_head) * D + (p % per_head) * 8 + h * hd;
+        return (a.rope.nh + a.rope.nkv) * D + F8_TILE_N * (p - a.rot_blocks * MT) + 8 * h;
     } else {
-        return b * F8_TILE_N * MT + F8_TILE_N * m;
+        return F8_TILE_N * p + 8 * h;
     }
 }
 
-/* What the sums v[m][e] of lane (g, t) become: v[m][e] is weight row base[m] + g (+ 8 for e
- * >= 2) against x row c0 + 2 t + (e & 1), fully scaled and biased. The values a projection
- * would have stored are v rounded to XT; the fused epilogues start from those, as the op after
- * the projection does (silu_mul, rope_kv_vec_kernel). */
+/* What the sums v[m][e] of lane (g, t) become: v[m][e] is weight row row[m][e >> 1] against x
+ * row c0 + 2 t + (e & 1), fully scaled and biased. The values a projection would have stored
+ * are v rounded to XT; the fused epilogues start from those, as the op after the projection
+ * does (silu_mul, rope_kv_vec_kernel). */
 template <int EPI, int MT, typename XT, typename TC>
 __device__ __forceinline__ void f8_epilogue(const F8GemvArgs<XT> &a, const float (&v)[MT][4],
-                                            const int (&base)[MT], int g, int t, int c0, int nx) {
+                                            const int (&row)[MT][2], int t, int c0, int nx) {
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const int col = 2 * t + (e & 1), dr = g + (e >= 2 ? 8 : 0), tok = c0 + col;
-        if (col >= nx)
-            continue;
-        if constexpr (EPI == F8_EPI_STORE) {
+    for (int m = 0; m < MT; m++) {
+        const int p = blockIdx.x * MT + m;
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-                if (base[m] + dr < a.N)
-                    a.out[(size_t)tok * a.N + base[m] + dr] = from_f32<XT>(v[m][e]);
-        } else if constexpr (EPI == F8_EPI_SILU) {
-            const float gate = to_f32(from_f32<XT>(v[0][e])), up = to_f32(from_f32<XT>(v[1][e]));
-            a.out[(size_t)tok * (a.N / 2) + base[0] + dr] = from_f32<XT>(silu_times(gate, up));
-        } else {
-            const RopeKv &r = a.rope;
-            TC *kdst = cache_row<TC>(r, tok);
-            if (blockIdx.x >= a.rot_blocks) { /* v rows: only cached */
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-                    if (kdst)
-                        kdst[r.half + (size_t)(base[m] + dr - (r.nh + r.nkv) * r.D)] =
-                            kv_enc<TC>(to_f32(from_f32<XT>(v[m][e])), r.v_inv);
+        for (int e = 0; e < 4; e++) {
+            const int col = 2 * t + (e & 1), tok = c0 + col, r = row[m][e >> 1];
+            if (col >= nx)
                 continue;
-            }
-            const int h = base[0] / r.D, d = base[0] % r.D + dr, hd = r.D / 2;
-            float x1 = to_f32(from_f32<XT>(v[0][e])), x2 = to_f32(from_f32<XT>(v[1][e]));
-            rope_rotate<XT>(x1, x2, (float)r.positions[tok], r.inv_freq[d]);
-            if (h < r.nh) {
-                XT *q = (XT *)r.r.q_out + ((size_t)tok * r.nh + h) * r.D;
-                q[d] = from_f32<XT>(x1);
-                q[d + hd] = from_f32<XT>(x2);
-            } else if (kdst) {
-                kdst[(size_t)(h - r.nh) * r.D + d] = kv_enc<TC>(x1, r.k_inv);
-                kdst[(size_t)(h - r.nh) * r.D + d + hd] = kv_enc<TC>(x2, r.k_inv);
+            if constexpr (EPI == F8_EPI_STORE) {
+                if (r < a.N)
+                    a.out[(size_t)tok * a.N + r] = from_f32<XT>(v[m][e]);
+            } else if constexpr (EPI == F8_EPI_SILU) {
+                if (e >= 2 || r >= a.N / 2)
+                    continue;
+                const float gate = to_f32(from_f32<XT>(v[m][e]));
+                const float up = to_f32(from_f32<XT>(v[m][e + 2]));
+                a.out[(size_t)tok * (a.N / 2) + r] = from_f32<XT>(silu_times(gate, up));
+            } else {
+                const RopeKv &k = a.rope;
+                const int vrow = (k.nh + k.nkv) * k.D;
+                TC *kdst = cache_row<TC>(k, tok);
+                if (blockIdx.x >= a.rot_blocks) { /* v rows: only cached */
+                    if (kdst && r < a.N)
+                        kdst[k.half + (size_t)(r - vrow)] =
+                            kv_enc<TC>(to_f32(from_f32<XT>(v[m][e])), k.v_inv);
+                    continue;
+                }
+                if (e >= 2 || p >= a.rot_tiles)
+                    continue;
+                const int h = r / k.D, d = r % k.D, hd = k.D / 2;
+                float x1 = to_f32(from_f32<XT>(v[m][e])), x2 = to_f32(from_f32<XT>(v[m][e + 2]));
+                rope_rotate<XT>(x1, x2, (float)k.positions[tok], k.inv_freq[d]);
+                if (h < k.nh) {
+                    XT *q = (XT *)k.r.q_out + ((size_t)tok * k.nh + h) * k.D;
+                    q[d] = from_f32<XT>(x1);
+                    q[d + hd] = from_f32<XT>(x2);
+                } else if (kdst) {
+                    kdst[(size_t)(h - k.nh) * k.D + d] = kv_enc<TC>(x1, k.k_inv);
+                    kdst[(size_t)(h - k.nh) * k.D + d + hd] = kv_enc<TC>(x2, k.k_inv);
+                }
             }
         }
     }
 }
 
-/* Block (blockIdx.x, blockIdx.y): MT m16 tiles of weight rows (f8_tile_base) against rows
- * [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows base + g and base + g + 8
- * of each tile and x row g of the mma; for the 64 columns from k0 it reads columns k0 + 16 t ..
+/* Block (blockIdx.x, blockIdx.y): MT m16 tiles of weight rows (f8_half_row) against rows
+ * [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight row g of each half of each
+ * tile (the mma's rows g and g + 8) and x row g of the mma; for the 64 columns from k0 it reads
+ * columns k0 + 16 t ..
  * + 16 of each, the first 8 for one mma and the last 8 for the next (A's a0/a2 and B's b0/b1
  * take the 4-byte halves: the same permutation of k on both sides). Warp w takes the 128-column
  * units w, w + 8, w + 16, ...; F8_FLIGHT / MT of them are in flight per warp at any time (a ring
@@ -301,14 +314,15 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
     const bool block = a.kind == FP8_SCALE_BLOCK;
     const int gs = block ? a.groups : 1;
     float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
-    int base[MT];
-    const uint8_t *wr[2 * MT]; /* [tile][row g, row g + 8] */
+    int row[MT][2];            /* this lane's weight rows: [tile][half] */
+    const uint8_t *wr[2 * MT]; /* the same, clamped into the weight */
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
-        base[m] = f8_tile_base<EPI, MT>(a, m);
-        wr[2 * m] = a.w + (size_t)min(base[m] + g, a.N - 1) * K;
-        wr[2 * m + 1] = a.w + (size_t)min(base[m] + g + 8, a.N - 1) * K;
-    }
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            row[m][h] = f8_half_row<EPI, MT>(a, m, h) + g;
+            wr[2 * m + h] = a.w + (size_t)min(row[m][h], a.N - 1) * K;
+        }
 
     /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
     auto load_unit = [&](int u, uint4 (&v)[4 * MT]) {
@@ -369,12 +383,14 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
 #pragma unroll
             for (int m = 0; m < MT; m++) {
                 if (block) {
-                    /* d[m][e]: weight row base + g (+8 for e >= 2), x row 2t + (e & 1) */
-                    const float ws =
-                        a.w_scale[(size_t)(min(base[m], a.N - 1) / F8_UNIT) * a.groups + u];
+                    /* d[m][e]: weight row row[m][e >> 1], x row 2t + (e & 1); a half's 8 rows
+                     * share one 128-row scale block */
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int col = 2 * t + (e & 1);
+                        const float ws = a.w_scale[(size_t)(min(row[m][e >> 1], a.N - 1) / F8_UNIT) *
+                                                       a.groups +
+                                                   u];
                         const float xs = col < nx ? sS[col * gs + u] : 0.0f;
                         acc[m][e] = __fadd_rn(acc[m][e], __fmul_rn(d[m][e], __fmul_rn(xs, ws)));
                     }
@@ -402,17 +418,17 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
             float s = red[0][lane][4 * m + e];
             for (int w = 1; w < F8_WARPS; w++)
                 s += red[w][lane][4 * m + e];
-            const int row = min(base[m] + g + (e >= 2 ? 8 : 0), a.N - 1), col = 2 * t + (e & 1);
+            const int r = min(row[m][e >> 1], a.N - 1), col = 2 * t + (e & 1);
             /* no contraction into FMAs: the same bits in every instantiation (MT, epilogue) */
             if (!block && col < nx)
-                s = __fmul_rn(s, __fmul_rn(sS[col], a.kind == FP8_SCALE_CHANNEL ? a.w_scale[row]
+                s = __fmul_rn(s, __fmul_rn(sS[col], a.kind == FP8_SCALE_CHANNEL ? a.w_scale[r]
                                                                                 : a.w_scale[0]));
             if (a.bias)
-                s = __fadd_rn(s, load_any(a.bias, a.bias_dt, row));
+                s = __fadd_rn(s, load_any(a.bias, a.bias_dt, r));
             v[m][e] = s;
         }
     }
-    f8_epilogue<EPI, MT, XT, TC>(a, v, base, g, t, c0, nx);
+    f8_epilogue<EPI, MT, XT, TC>(a, v, row, t, c0, nx);
 }
 
 /* The arguments of a GEMV on w for n rows of x (the epilogue's own fields left zero). */
@@ -616,13 +632,15 @@ static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *
  * means one m16 tile per block (16 weight rows), 2 two. */
 int kc_gemm_forced_rows(const KCudaGemm *g);
 
-/* m16 tiles per GEMV block: the forced count, else 2 except at n = 1 on N >= 16384 (measured
- * at 1681ea1's kernel; see the timing test). */
-static int f8_gemv_tiles(const KCudaGemm *g, int n, int N) {
+/* m16 tiles per GEMV block: the forced count, else 1 at n = 1 (F8_FLIGHT units a warp: at K =
+ * 4096 a warp's whole share of the row in one round of loads, and twice the blocks to spread
+ * over the SMs) and 2 for more rows of x (each quantized x fragment feeds two tiles); the
+ * timing test prints both. */
+static int f8_gemv_tiles(const KCudaGemm *g, int n) {
     const int forced = kc_gemm_forced_rows(g);
     if (forced == 1 || forced == 2)
         return forced;
-    return n == 1 && N >= 16384 ? 1 : 2;
+    return n == 1 ? 1 : 2;
 }
 
 enum {
@@ -786,7 +804,7 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
-                    w, bias, n - done, f8_gemv_tiles(g, n - done, N), s);
+                    w, bias, n - done, f8_gemv_tiles(g, n - done), s);
     });
 }
 
@@ -803,36 +821,45 @@ static bool f8_gemv_ok(KCudaGemm *g, const void *x, DType act, const Tensor *w, 
 
 bool kc_fp8_silu_mul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w, int n,
                      cudaStream_t s) {
-    const int N = (int)w->shape[0];
-    if (N % (2 * F8_TILE_N) != 0 || !f8_gemv_ok(g, x, act, w, n))
+    const int N = (int)w->shape[0], mt = f8_gemv_tiles(g, n);
+    if (N % 16 != 0 || !f8_gemv_ok(g, x, act, w, n))
         return false;
     f8_log(N, (int)w->shape[1], (int)w->fp8.kind, F8_PATH_SILU);
+    const unsigned blocks = (unsigned)((N / 16 + mt - 1) / mt); /* tiles of 8 gate-up pairs */
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
-        f8_launch<XT, XT, 2, F8_EPI_SILU>(f8_args<XT>(out, x, w, NULL, n), w,
-                                          (unsigned)(N / 2 / F8_TILE_N), s);
+        const F8GemvArgs<XT> a = f8_args<XT>(out, x, w, NULL, n);
+        if (mt == 2)
+            f8_launch<XT, XT, 2, F8_EPI_SILU>(a, w, blocks, s);
+        else
+            f8_launch<XT, XT, 1, F8_EPI_SILU>(a, w, blocks, s);
     });
     return true;
 }
 
 bool kc_fp8_qkv_rope_cache(KCudaGemm *g, const RopeKv *r, DType cache_dt, const void *x, DType act,
                            const Tensor *w, const Tensor *bias, int n, cudaStream_t s) {
-    const int D = r->D;
-    if (D % (2 * F8_TILE_N) != 0 || (cache_dt != act && cache_dt != DT_F8E4M3) ||
-        !f8_gemv_ok(g, x, act, w, n))
+    const int D = r->D, mt = f8_gemv_tiles(g, n);
+    if (D % 16 != 0 || (cache_dt != act && cache_dt != DT_F8E4M3) || !f8_gemv_ok(g, x, act, w, n))
         return false;
     f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, F8_PATH_QKV);
-    const int rot_blocks = (r->nh + r->nkv) * (D / 2) / F8_TILE_N;
-    const unsigned blocks = (unsigned)(rot_blocks + r->nkv * D / (2 * F8_TILE_N));
+    const int rot_tiles = (r->nh + r->nkv) * D / 16, v_tiles = r->nkv * D / F8_TILE_N;
+    const int rot_blocks = (rot_tiles + mt - 1) / mt;
+    const unsigned blocks = (unsigned)(rot_blocks + (v_tiles + mt - 1) / mt);
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         F8GemvArgs<XT> a = f8_args<XT>(NULL, x, w, bias, n);
         a.rope = *r;
+        a.rot_tiles = rot_tiles;
         a.rot_blocks = rot_blocks;
-        if (cache_dt == DT_F8E4M3)
+        if (cache_dt == DT_F8E4M3 && mt == 2)
             f8_launch<XT, kv8, 2, F8_EPI_QKV>(a, w, blocks, s);
-        else
+        else if (cache_dt == DT_F8E4M3)
+            f8_launch<XT, kv8, 1, F8_EPI_QKV>(a, w, blocks, s);
+        else if (mt == 2)
             f8_launch<XT, XT, 2, F8_EPI_QKV>(a, w, blocks, s);
+        else
+            f8_launch<XT, XT, 1, F8_EPI_QKV>(a, w, blocks, s);
     });
     return true;
 }
