@@ -187,10 +187,8 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
 
 /* ---------------- the GEMV (and tiled fallback), with its fused epilogues ---------------- */
 
-/* What a block does with its sums: store them (the matmul), SiLU(gate) times up (its two
- * tiles are gate rows [16 b, +16) and the up rows N / 2 after them), or RoPE and the KV-cache
- * store (a rotated block's two tiles are the rows i and i + D / 2 of one q or k head, each
- * v block two adjacent tiles of v rows). */
+/* What a block does with its sums: store them (the matmul), SiLU(gate) times up, or RoPE and
+ * the KV-cache store (f8_half_row says which rows a tile pairs for them). */
 enum { F8_EPI_STORE = 0, F8_EPI_SILU = 1, F8_EPI_QKV = 2 };
 
 template <typename XT> struct F8GemvArgs {
@@ -291,15 +289,15 @@ __device__ __forceinline__ void f8_epilogue(const F8GemvArgs<XT> &a, const float
 /* Block (blockIdx.x, blockIdx.y): MT m16 tiles of weight rows (f8_half_row) against rows
  * [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight row g of each half of each
  * tile (the mma's rows g and g + 8) and x row g of the mma; for the 64 columns from k0 it reads
- * columns k0 + 16 t ..
- * + 16 of each, the first 8 for one mma and the last 8 for the next (A's a0/a2 and B's b0/b1
- * take the 4-byte halves: the same permutation of k on both sides). Warp w takes the 128-column
- * units w, w + 8, w + 16, ...; F8_FLIGHT / MT of them are in flight per warp at any time (a ring
- * of registers: a unit's slot is refilled with the unit F8_FLIGHT / MT ahead as soon as its
- * mmas are issued), the first ones requested before the PDL wait, so that the scales of x and
- * the previous kernel's tail overlap the weights' first bytes. The sum of a row does not depend
- * on MT or on the epilogue (the same units per warp, added in the same order, the same
- * reduction), so the fused epilogues see exactly the plain GEMV's values.
+ * columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
+ * a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides). Warp w
+ * takes the 128-column units w, w + 8, w + 16, ...; F8_FLIGHT / MT of them are in flight per
+ * warp at any time (a ring of registers: a unit's slot is refilled with the unit F8_FLIGHT /
+ * MT ahead as soon as its mmas are issued), the first ones requested before the PDL wait, so
+ * that the scales of x and the previous kernel's tail overlap the weights' first bytes. The sum
+ * of a row does not depend on MT or on the epilogue (the same units per warp, added in the same
+ * order, the same reduction, no FMA contraction), so the fused epilogues see exactly the plain
+ * GEMV's values.
  * Dynamic shared memory: the x scales and inverses, [8][groups] each. */
 template <typename XT, typename TC, int MT, int EPI>
 __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT> a) {
