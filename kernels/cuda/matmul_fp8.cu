@@ -122,66 +122,84 @@ __device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
     return lo | hi << 16;
 }
 
-/* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
- * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
- * of 32, at most 1024); red holds 32 floats. Callers __syncthreads() before reading them. */
+/* sS[i gs + g], sI[i gs + g] = the scale of group g of row i < nrows (<= F8_TILE_X) of x[nrows,
+ * K] and its inverse, g < gs groups (the whole row when !block, else 128-column blocks),
+ * computed by the whole block (blockDim.x a multiple of 32, at most 1024); red holds nrows x 32
+ * floats. Callers __syncthreads() before reading them. A scale is a maximum's, exact in any
+ * order, so the loads are arranged for latency: several in flight per thread, all rows at
+ * once where the groups allow (x comes from L2). */
 template <typename XT>
-__device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, float input_scale,
-                              float *sS, float *sI, float *red) {
+__device__ void f8_row_scales(const XT *__restrict__ x, int nrows, int K, bool block,
+                              float input_scale, float *sS, float *sI, float *red) {
     const int tid = threadIdx.x, nt = blockDim.x, chunks = K >> 3;
+    const int gs = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
     if (input_scale > 0.0f) {
-        const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
-        for (int g = tid; g < groups; g += nt) {
+        for (int g = tid; g < nrows * gs; g += nt) {
             sS[g] = input_scale;
             sI[g] = __fdiv_rn(1.0f, input_scale);
         }
         return;
     }
     if (block) {
-        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop (unrolled so
-         * that several steps' loads are in flight at once: x comes from L2) */
+        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop */
+        for (int i = 0; i < nrows; i++) {
+            const XT *row = x + (size_t)i * K;
 #pragma unroll 4
-        for (int c0 = 0; c0 < chunks; c0 += nt) {
-            const int c = c0 + tid;
-            float m = 0.0f;
-            if (c < chunks) {
-                float f[8];
-                load8(f, row + (size_t)c * 8);
+            for (int c0 = 0; c0 < chunks; c0 += nt) {
+                const int c = c0 + tid;
+                float m = 0.0f;
+                if (c < chunks) {
+                    float f[8];
+                    load8(f, row + (size_t)c * 8);
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    m = fmaxf(m, fabsf(f[e]));
-            }
+                    for (int e = 0; e < 8; e++)
+                        m = fmaxf(m, fabsf(f[e]));
+                }
 #pragma unroll
-            for (int o = 8; o > 0; o >>= 1)
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            if ((tid & 15) == 0 && c < chunks) {
-                const float s = f8_scale(m, 0.0f);
-                sS[c >> 4] = s;
-                sI[c >> 4] = __fdiv_rn(1.0f, s);
+                for (int o = 8; o > 0; o >>= 1)
+                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                if ((tid & 15) == 0 && c < chunks) {
+                    const float s = f8_scale(m, 0.0f);
+                    sS[i * gs + (c >> 4)] = s;
+                    sI[i * gs + (c >> 4)] = __fdiv_rn(1.0f, s);
+                }
             }
         }
         return;
     }
-    float m = 0.0f;
+    /* the rows are contiguous: chunk j of them all is in row j / chunks */
+    float m[F8_TILE_X] = {};
+    const int total = nrows * chunks;
 #pragma unroll 4
-    for (int c = tid; c < chunks; c += nt) {
+    for (int j = tid; j < total; j += nt) {
         float f[8];
-        load8(f, row + (size_t)c * 8);
+        load8(f, x + (size_t)j * 8);
+        float v = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            m = fmaxf(m, fabsf(f[e]));
+            v = fmaxf(v, fabsf(f[e]));
+        const int r = j / chunks;
+#pragma unroll
+        for (int i = 0; i < F8_TILE_X; i++)
+            if (i == r)
+                m[i] = fmaxf(m[i], v);
     }
-    m = warp_max(m);
-    __syncthreads(); /* red may still be read by a previous call */
-    if ((tid & 31) == 0)
-        red[tid >> 5] = m;
+#pragma unroll
+    for (int i = 0; i < F8_TILE_X; i++) {
+        if (i >= nrows)
+            break;
+        const float w = warp_max(m[i]);
+        if ((tid & 31) == 0)
+            red[i * 32 + (tid >> 5)] = w;
+    }
     __syncthreads();
-    if (tid == 0) {
+    if (tid < nrows) {
+        float mm = red[tid * 32];
         for (int w = 1; w < nt / 32; w++)
-            m = fmaxf(m, red[w]);
-        const float s = f8_scale(m, 0.0f);
-        sS[0] = s;
-        sI[0] = __fdiv_rn(1.0f, s);
+            mm = fmaxf(mm, red[tid * 32 + w]);
+        const float s = f8_scale(mm, 0.0f);
+        sS[tid] = s;
+        sI[tid] = __fdiv_rn(1.0f, s);
     }
 }
 
@@ -304,7 +322,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
     constexpr int P = F8_FLIGHT / MT;
     extern __shared__ float f8_smem[];
     __shared__ float red[F8_WARPS][32][4 * MT];
-    __shared__ float rmax[32];
+    __shared__ float rmax[F8_TILE_X * 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int c0 = blockIdx.y * F8_TILE_X;
@@ -341,9 +359,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2) f8_gemv_kernel(F8GemvArgs<XT
         load_unit(warp + p * F8_WARPS, ring[p]);
     kc_pdl_wait();
     kc_pdl_trigger();
-    for (int i = 0; i < nx; i++)
-        f8_row_scales(a.x + (size_t)(c0 + i) * K, K, block, a.input_scale, sS + i * gs,
-                      sI + i * gs, rmax);
+    f8_row_scales(a.x + (size_t)c0 * K, nx, K, block, a.input_scale, sS, sI, rmax);
     __syncthreads();
 
     const XT *xr = a.x + (size_t)(c0 + g) * K;
@@ -498,7 +514,7 @@ __global__ void __launch_bounds__(256)
              j += gridDim.x * blockDim.x)
             wvec[j] = *w_scale0;
     const XT *row = x + (size_t)r * K;
-    f8_row_scales(row, K, block != 0, input_scale, sS, sI, rmax);
+    f8_row_scales(row, 1, K, block != 0, input_scale, sS, sI, rmax);
     __syncthreads();
     const int chunks = K >> 3;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
