@@ -58,6 +58,7 @@ enum {
     F8_TILE_X = 8,         /* rows of x per block: the mma's n */
     F8_WARPS = 8,          /* warps per block, splitting K */
     F8_FLIGHT = 4,         /* tile-units (16 rows x 128 columns) in flight per warp */
+    F8_Q_CHUNKS = 4,       /* 8-element chunks of a row per thread of the quantization */
     F8_UNIT = 128,         /* columns per unit of work (a block-scale group) */
     F8_Q_BYTES = 32 << 20, /* quantized rows of x for cuBLASLt, per chunk */
     F8_XS_FLOATS = 1 << 18,
@@ -497,16 +498,17 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
 /* ---------------- quantization for cuBLASLt ---------------- */
 
 /* Block r quantizes row r of x[rows, K] into q (e4m3) and its scales into xs[g * ld + r];
- * wvec (when non-NULL) gets wvec_n copies of *w_scale0. Dynamic shared memory: 2 x groups. */
+ * wvec (when non-NULL) gets wvec_n copies of *w_scale0. The row is read once: thread t holds
+ * chunks t + j blockDim.x (j < F8_Q_CHUNKS, 8 elements each) in registers from the load to the
+ * store, so all of its loads are in flight together; blockDim.x = f8_quant_threads(K). With
+ * block scales, a group (16 chunks) is a half-warp's at every j. */
 template <typename XT>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(1024)
     f8_quant_kernel(uint8_t *__restrict__ q, float *__restrict__ xs, int ld,
                     const XT *__restrict__ x, int K, int block, float input_scale, float *wvec,
                     const float *w_scale0, int wvec_n) {
-    extern __shared__ float f8_smem[];
-    __shared__ float rmax[32];
-    const int r = blockIdx.x, groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
-    float *sS = f8_smem, *sI = f8_smem + groups;
+    __shared__ float red[32];
+    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, chunks = K >> 3;
     kc_pdl_wait();
     kc_pdl_trigger();
     if (wvec)
@@ -514,17 +516,62 @@ __global__ void __launch_bounds__(256)
              j += gridDim.x * blockDim.x)
             wvec[j] = *w_scale0;
     const XT *row = x + (size_t)r * K;
-    f8_row_scales(row, 1, K, block != 0, input_scale, sS, sI, rmax);
-    __syncthreads();
-    const int chunks = K >> 3;
-    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-        float f[8];
-        load8(f, row + (size_t)c * 8);
-        const float inv = sI[block ? c >> 4 : 0];
-        *(uint2 *)(q + (size_t)r * K + (size_t)c * 8) = make_uint2(f8_pack4(f, inv), f8_pack4(f + 4, inv));
+    uint8_t *qrow = q + (size_t)r * K;
+    float f[F8_Q_CHUNKS][8], am[F8_Q_CHUNKS];
+#pragma unroll
+    for (int j = 0; j < F8_Q_CHUNKS; j++) {
+        const int c = tid + j * nt;
+        am[j] = 0.0f;
+        if (c < chunks) {
+            load8(f[j], row + (size_t)c * 8);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                am[j] = fmaxf(am[j], fabsf(f[j][e]));
+        }
     }
-    for (int g = threadIdx.x; g < groups; g += blockDim.x)
-        xs[(size_t)g * ld + r] = sS[g];
+    float s_row = input_scale;
+    if (!block && input_scale <= 0.0f) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < F8_Q_CHUNKS; j++)
+            m = fmaxf(m, am[j]);
+        m = warp_max(m);
+        if ((tid & 31) == 0)
+            red[tid >> 5] = m;
+        __syncthreads();
+        m = red[0];
+        for (int w = 1; w < nt / 32; w++)
+            m = fmaxf(m, red[w]);
+        s_row = f8_scale(m, 0.0f);
+    }
+    if (!block && tid == 0)
+        xs[r] = s_row;
+#pragma unroll
+    for (int j = 0; j < F8_Q_CHUNKS; j++) {
+        const int c = tid + j * nt;
+        float s = s_row;
+        if (block) {
+            float m = am[j];
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            s = f8_scale(m, input_scale);
+            if ((tid & 15) == 0 && c < chunks)
+                xs[(size_t)(c >> 4) * ld + r] = s;
+        }
+        if (c < chunks) {
+            const float inv = __fdiv_rn(1.0f, s);
+            *(uint2 *)(qrow + (size_t)c * 8) =
+                make_uint2(f8_pack4(f[j], inv), f8_pack4(f[j] + 4, inv));
+        }
+    }
+}
+
+/* Threads of f8_quant_kernel for rows of K: enough for F8_Q_CHUNKS chunks each, whole warps
+ * (0 when K is too deep for one block). */
+static int f8_quant_threads(int K) {
+    const int chunks = K / 8, threads = (chunks + F8_Q_CHUNKS - 1) / F8_Q_CHUNKS;
+    return threads > 1024 ? 0 : (threads + 31) / 32 * 32;
 }
 
 /* ---------------- cuBLASLt ---------------- */
@@ -722,7 +769,8 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
     const bool block = sc->kind == FP8_SCALE_BLOCK;
     const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
     if (N % 4 != 0 || (block && groups % 4 != 0) ||
-        (sc->kind == FP8_SCALE_TENSOR && N > F8_WVEC_FLOATS) || groups > 1024)
+        (sc->kind == FP8_SCALE_TENSOR && N > F8_WVEC_FLOATS) || groups > 1024 ||
+        f8_quant_threads(K) == 0)
         return false;
     KcFp8 *f = f8_state(g, s);
     int chunk = F8_Q_BYTES / K;
@@ -753,10 +801,10 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
             KC_REQUIRE(r0 == 0, "k_cuda_matmul fp8: cuBLASLt refused a later chunk");
             return false;
         }
-        const size_t smem = 2 * sizeof(float) * (size_t)groups;
         f8_dispatch_act(act, [&](auto *xt) {
             using XT = std::remove_pointer_t<decltype(xt)>;
-            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows), dim3(256), smem, s, f->q,
+            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows),
+                          dim3((unsigned)f8_quant_threads(K)), 0, s, f->q,
                           f->xs, rows, (const XT *)x + (size_t)r0 * K, K, (int)block,
                           sc->input_scale, sc->kind == FP8_SCALE_TENSOR ? f->wvec : (float *)NULL,
                           sc->w_scale, N);
