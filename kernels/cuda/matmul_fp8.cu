@@ -17,17 +17,18 @@
  *     wait. x is quantized in the kernel: every block first computes the scales of its rows of
  *     x (one pass over them, from L2, while its first weights arrive), then each lane
  *     quantizes the 16 values of x its B fragment needs as it goes. Its epilogue may also be
- *     the op after the projection (kc_fp8_silu_mul: gate and up tiles in one block, SiLU times
- *     up; kc_fp8_qkv_rope_cache: the rows i and i + D/2 of a head in one block, RoPE and the
- *     KV-cache store, bf16 or fp8 cache), one launch instead of two. The mma's k order is permuted (a lane's
- *     16 contiguous bytes feed two mmas) identically in A and B, which the semantics allow
- *     ("the order within a dot is the backend's"). Each unit's mma sum starts from zero and is
+ *     the op after the projection (kc_fp8_silu_mul: gate and up rows in one tile, SiLU times
+ *     up; kc_fp8_qkv_rope_cache: the rows i and i + D/2 of a head in one tile, RoPE and the
+ *     KV-cache store, bf16 or fp8 cache), one launch instead of two. The mma's k order is
+ *     permuted (a lane's 16 contiguous bytes feed two mmas) identically in A and B, which the
+ *     semantics allow ("the order within a dot is the backend's"). Each unit's mma sum starts from zero and is
  *     added to fp32 registers (block scales: times s_x s_w of that group), so the tensor
  *     cores' limited accumulation precision spans 128 products at most, as in DeepGEMM.
  *     The same kernel, tiled over x's rows (grid.y), is the fallback for any shape cuBLASLt
  *     refuses (and the n % 4 tail rows of the cuBLASLt path).
  *   - Larger n: f8_quant_kernel writes q [rows, K] e4m3 and the scales into this gemm's
- *     buffers (allocated by the first such eager call; chunks of rows beyond them), then one
+ *     buffers (one block a row, read once; allocated by the first such eager call; chunks of
+ *     rows beyond them), then one
  *     cuBLASLt fp8 GEMM (TN: A = w [K, N] op T, B = q [K, rows], both K-major; fp32 compute,
  *     act out): per-tensor and per-channel weights with CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
  *     on both sides (A: the N channel scales, or N copies of the tensor scale; B: the per-row
