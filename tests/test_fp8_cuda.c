@@ -439,7 +439,7 @@ static void test_fp8_fused_ops(void **state) {
  * run with the GEMV's 16-row and 32-row blocks: a row's sum must not depend on them. */
 static int silu_case(KCudaGemm *g, Fp8ScaleKind kind, int I, int H, int n, float input_scale) {
     Fp8Weight w = make_fp8(kind, 2 * I, H, input_scale);
-    float *x = make_x(n, H, DT_BF16);
+    float *x = make_x(n + 1, H, DT_BF16); /* the first n rows: none all zeros */
     void *dx = upload_as(x, (size_t)n * H, DT_BF16);
     const size_t ob = (size_t)n * I * 2, tb = 2 * ob;
     void *o1 = k_cuda_malloc(ob), *o2 = k_cuda_malloc(ob);
@@ -487,7 +487,7 @@ static int qkv_case(KCudaGemm *g, Fp8ScaleKind kind, int D, int nh, int nkv, int
     const size_t cache_bytes = k_kv_block_elems(&l) * nblocks * pl_dtype_size(cache_dt);
     Fp8Weight w = make_fp8(kind, N, K, 0.0f);
     Weight b = make_weight(DT_BF16, 1, N, 0, -1, 1);
-    float *x = make_x(n, K, DT_BF16);
+    float *x = make_x(n + 1, K, DT_BF16); /* the first n rows: none all zeros */
     unsigned char *hc = xmalloc(cache_bytes);
     for (size_t i = 0; i < cache_bytes; i++)
         hc[i] = (unsigned char)rng_next();
