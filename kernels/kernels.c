@@ -52,22 +52,21 @@ typedef struct {
 
 /* Rank 0: every rank's check (late ones named) and, when all can go, the group id. */
 static GroupStart gather_checks(const RankCheck *mine, int size) {
-    GroupStart start = {.check = {.ok = 1}};
+    GroupStart start = {0};
     RankCheck *all = pl_xcalloc((size_t)size, sizeof *all);
     int *late = pl_xcalloc((size_t)size, sizeof *late);
     k_mpi_gather(mine, all, sizeof *mine, 120.0, late);
-    for (int r = 0; r < size && start.check.ok; r++) {
-        if (late[r])
-            snprintf(start.check.error, sizeof start.check.error,
-                     "rank %d did not answer within 120 s while opening the cuda backend", r);
-        else if (!all[r].ok)
-            start.check = all[r];
-        start.check.ok = !start.check.error[0];
-    }
-    if (start.check.ok && k_cuda_group_id(start.group_id) != PL_OK) {
-        start.check.ok = 0;
+    int r = 0;
+    while (r < size && !late[r] && all[r].ok)
+        r++;
+    if (r < size && late[r])
+        snprintf(start.check.error, sizeof start.check.error,
+                 "rank %d did not answer within 120 s while opening the cuda backend", r);
+    else if (r < size)
+        start.check = all[r];
+    else if (k_cuda_group_id(start.group_id) != PL_OK)
         snprintf(start.check.error, sizeof start.check.error, "%s", pl_error());
-    }
+    start.check.ok = !start.check.error[0];
     free(late);
     free(all);
     return start;
@@ -77,11 +76,11 @@ static GroupStart gather_checks(const RankCheck *mine, int size) {
  * k_mpi_local_rank()-th), rank 0 gathers the checks and broadcasts the NCCL group id or the
  * first failure, so that no rank waits in the NCCL setup for one that cannot come. */
 static Status open_cuda_mpi(const KernelOpenOptions *o, KernelOps **ranks) {
-    int rank = 0, size = 0, device = k_mpi_local_rank();
-    Status st = k_mpi_init(&rank, &size);
+    int rank = 0, size = 0;
+    Status st = k_mpi_init(&rank, &size); /* already started: this process's rank */
     if (st != PL_OK)
         return st;
-    int have = k_cuda_device_count();
+    int device = k_mpi_local_rank(), have = k_cuda_device_count();
     RankCheck mine = {.ok = device < have};
     if (!mine.ok)
         snprintf(mine.error, sizeof mine.error,

@@ -637,8 +637,8 @@ static void catch_signals(void) {
 void srv_wait_and_drain(Server *s, double grace_seconds) {
     while (sem_wait(&signal_sem) != 0) /* EINTR */
         ;
+    atomic_store(&s->stopping, 1); /* before the message: who reads it sees /health at 503 */
     fprintf(stderr, "pagellm: shutting down: %d requests in flight\n", atomic_load(&s->in_flight));
-    atomic_store(&s->stopping, 1);
     double until = pl_now() + grace_seconds;
     while (atomic_load(&s->in_flight) > 0 && pl_now() < until)
         usleep(10000);

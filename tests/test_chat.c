@@ -158,6 +158,9 @@ static void test_real_templates_as_jinja2(void **state) {
         same_as_jinja2("qwen2.5-instruct-chujiezheng", NULL, "<|im_end|>", USER_ONLY, "{}", 0));
     assert_true(same_as_jinja2("mistral-7b-instruct-v0.1", "<s>", "</s>", USER_ONLY, "{}", 1));
     assert_true(same_as_jinja2("gemma-3-it", "<bos>", "<eos>", USER_ONLY, "{}", 1));
+    assert_true(same_as_jinja2("gemma-2-2b-it", "<bos>", "<eos>", USER_ONLY, "{}", 1));
+    assert_true(same_as_jinja2("llama-3.1-8b-instruct", "<|begin_of_text|>", "<|eot_id|>", CONV,
+                               "{\"builtin_tools\": [\"brave_search\", \"code_interpreter\"]}", 1));
 }
 
 /* chat_template_kwargs reach the template: SmolLM3's enable_thinking switches its reasoning

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """kernel_trace_steps.py - where a decode step's GPU time goes, from tools/kernel_trace.c's CSV.
 
-A step starts at an embedding kernel (the forward's first); steps whose decode attention has
---rows rows (its grid's y) are kept, the first --skip of them dropped. Prints the kept steps'
+A step starts at an embedding kernel (the forward's first, one block per token of the step);
+decode steps of --rows rows (an embedding grid of --rows blocks and a decode attention kernel)
+are kept, the first --skip of them dropped. Prints the kept steps'
 median wall time (embedding to the next embedding) and, per kernel (name and grid), the calls
 and mean GPU time per step, summed by kind (a step's last GEMM is the LM head's). A kernel's
 time is its own: from the later of its start and the end of every kernel before it, to its end
@@ -88,8 +89,8 @@ def main():
     steps = []
     for s, e in zip(starts, starts[1:]):
         ks = kernels[s:e]
-        attn = [k for k in ks if re.search(r"decode_(tc_)?kernel", k[3])]
-        if attn and all(int(k[2].split("x")[1]) == a.rows for k in attn):
+        attn = any(re.search(r"decode_(tc_)?kernel", k[3]) for k in ks)
+        if attn and int(ks[0][2].split("x")[0]) == a.rows:
             steps.append((ks + [kernels[e]], kernels[e][0] - kernels[s][0]))
     steps = steps[a.skip:]
     if not steps:

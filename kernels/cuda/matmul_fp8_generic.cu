@@ -14,25 +14,14 @@
  * Block (bx, i) has 8 warps: they first compute the scales of row i of x (warp w takes groups
  * w, w + 8, ...; dynamic shared memory, 2 floats a group), then warp w computes output
  * (i, 8 bx + w), lane l summing the group's columns l, l + 32, ... */
-#include <cuda_fp8.h>
-
 #include "cuda_internal.cuh"
+#include "kv_fp8.cuh" /* kv8: the e4m3 element, its exact decode and satfinite encode */
 
 enum { F8G_WARPS = 8 };
 
-/* The value e4m3 satfinite rounds v to, as fp32. */
-__device__ __forceinline__ float f8g_round(float v) {
-    const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
-}
-
-__device__ __forceinline__ float f8g_decode(uint8_t q) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q, __NV_E4M3)));
-}
-
 template <typename XT>
 __global__ void __launch_bounds__(F8G_WARPS * 32)
-    f8_generic_kernel(XT *__restrict__ out, const XT *__restrict__ x, const uint8_t *__restrict__ w,
+    f8_generic_kernel(XT *__restrict__ out, const XT *__restrict__ x, const kv8 *__restrict__ w,
                       const float *__restrict__ w_scale, int kind, int group, const void *bias,
                       int bias_dt, float input_scale, int N, int K) {
     extern __shared__ float f8g_smem[];
@@ -58,14 +47,14 @@ __global__ void __launch_bounds__(F8G_WARPS * 32)
     const int j = blockIdx.x * F8G_WARPS + warp;
     if (j >= N)
         return;
-    const uint8_t *wr = w + (size_t)j * K;
+    const kv8 *wr = w + (size_t)j * K;
     float acc = 0.0f;
     for (int g = 0; g < groups; g++) {
         const int c0 = g * group, len = min(group, K - c0);
         const float inv = sI[g];
         float dot = 0.0f;
         for (int k = c0 + lane; k < c0 + len; k += 32)
-            dot += f8g_round(__fmul_rn(to_f32(xr[k]), inv)) * f8g_decode(wr[k]);
+            dot += to_f32(kv_enc<kv8>(to_f32(xr[k]), inv)) * to_f32(wr[k]);
         dot = warp_sum(dot);
         const float ws = kind == FP8_SCALE_TENSOR    ? w_scale[0]
                          : kind == FP8_SCALE_CHANNEL ? w_scale[j]
@@ -99,7 +88,7 @@ void kc_matmul_fp8_generic(void *out, const void *x, DType act, const Tensor *w,
     const dim3 grid((unsigned)((N + F8G_WARPS - 1) / F8G_WARPS), (unsigned)n);
     const void *b = bias ? bias->data : NULL;
     const int bdt = bias ? (int)bias->dtype : 0;
-    const uint8_t *wq = (const uint8_t *)w->data;
+    const kv8 *wq = (const kv8 *)w->data;
     if (act == DT_BF16)
         f8_generic_kernel<bf16><<<grid, F8G_WARPS * 32, smem, s>>>(
             (bf16 *)out, (const bf16 *)x, wq, sc->w_scale, (int)sc->kind, group, b, bdt,
