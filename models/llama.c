@@ -481,10 +481,11 @@ static void add_norm(Model *m, const Tensor *norm, int n) {
 
 /* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm; one op
  * where the backend fuses them. The fused matmul ops (here, in attention_input and
- * mlp_activation) take fp8 weights too, with matmul's fp8 semantics. */
+ * mlp_activation) are used for 16/32-bit weights only: fp8 weights take the plain matmul, the
+ * one op every backend implements for them. */
 static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
     const KernelOps *ops = m->ops;
-    if (m->shard.size == 1 && ops->matmul_add_rmsnorm) {
+    if (m->shard.size == 1 && ops->matmul_add_rmsnorm && w->dtype != DT_F8E4M3) {
         ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
                                 m->local.rms_norm_eps);
         return;
@@ -515,7 +516,7 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
-    if (ops->matmul_qkv_rope_cache) {
+    if (ops->matmul_qkv_rope_cache && lw->wqkv.dtype != DT_F8E4M3) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
                                    kv_cache, kv_layout, l);
@@ -535,7 +536,7 @@ static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
         ops->gelu_tanh_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
         return;
     }
-    if (ops->matmul_silu_mul) {
+    if (ops->matmul_silu_mul && lw->w_gate_up.dtype != DT_F8E4M3) {
         ops->matmul_silu_mul(ops, m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
         return;
     }

@@ -110,21 +110,6 @@ static inline int still_poisoned(const void *d, size_t bytes) {
     return i == bytes;
 }
 
-/* Bytes where two device buffers differ; prints the first one's element index (es bytes each). */
-static inline int dev_differ(const char *what, const void *a, const void *b, size_t bytes,
-                             size_t es) {
-    unsigned char *ha = xmalloc(bytes), *hb = xmalloc(bytes);
-    k_cuda_memcpy(ha, a, bytes);
-    k_cuda_memcpy(hb, b, bytes);
-    int bad = 0;
-    for (size_t i = 0; i < bytes; i++)
-        if (ha[i] != hb[i] && bad++ == 0)
-            print_error("%s: differs first at element %zu\n", what, i / es);
-    free(ha);
-    free(hb);
-    return bad;
-}
-
 static inline void *upload(const void *host, size_t bytes) {
     void *d = k_cuda_malloc(bytes);
     k_cuda_memcpy(d, host, bytes);

@@ -55,6 +55,25 @@ static const Combo combos[] = {
     {DT_BF16, DT_BF16}, {DT_F16, DT_F16}, {DT_F32, DT_BF16}, {DT_F32, DT_F16}, {DT_F32, DT_F32}};
 enum { NCOMBOS = 5 };
 
+/* Device bytes to a fresh host buffer. */
+static unsigned char *fetch(const void *d, size_t bytes) {
+    unsigned char *h = xmalloc(bytes);
+    k_cuda_memcpy(h, d, bytes);
+    return h;
+}
+
+/* Count the bytes where two device buffers differ; print the first element index. */
+static int differ(const char *what, const void *a, const void *b, size_t bytes, size_t es) {
+    unsigned char *ha = fetch(a, bytes), *hb = fetch(b, bytes);
+    int bad = 0;
+    for (size_t i = 0; i < bytes; i++)
+        if (ha[i] != hb[i] && bad++ == 0)
+            print_error("%s: differs first at element %zu\n", what, i / es);
+    free(ha);
+    free(hb);
+    return bad;
+}
+
 /* Rotary frequencies for head dim D on the device (Llama 3 scaling). */
 typedef struct {
     Rope rope;
@@ -143,8 +162,8 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
              q.forced_off ? " (cuBLASLt forced)"
              : q.qk_norm  ? " qk_norm"
                           : "");
-    int bad = dev_differ(what, q_a, q_b, qn * es, es);
-    bad += dev_differ(what, cache_a, cache_b, cache_n * ces, ces);
+    int bad = differ(what, q_a, q_b, qn * es, es);
+    bad += differ(what, cache_a, cache_b, cache_n * ces, ces);
     int fused =
         expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) && q.cache_dt == q.c.act && !q.qk_norm;
     if (still_poisoned(qkv_b, qkvn * es) != fused) {
@@ -221,7 +240,7 @@ static int silu_case(KCudaGemm *g, Combo c, int dim, int K, int n, int forced_of
     char what[128];
     snprintf(what, sizeof what, "silu act %s w %s dim %d K %d n %d%s", dn(c.act), dn(c.wdt), dim, K,
              n, forced_off ? " (cuBLASLt forced)" : "");
-    int bad = dev_differ(what, out_a, out_b, on * es, es);
+    int bad = differ(what, out_a, out_b, on * es, es);
     int fused = expect_fused(c.act, c.wdt, K, n, forced_off);
     if (still_poisoned(gu_b, gn * es) != fused) {
         print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");

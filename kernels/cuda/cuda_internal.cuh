@@ -354,12 +354,6 @@ bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const flo
 void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, cudaStream_t s);
 
-/* k_cuda_matmul_silu_mul on an fp8 weight in one launch (the GEMV with a SiLU-mul epilogue, the
- * same bits as the two calls) where the fp8 GEMV takes n rows and w->shape[0] % 16 == 0; false
- * (nothing done) elsewhere. */
-bool kc_fp8_silu_mul(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w, int n,
-                     cudaStream_t s);
-
 /* The gemm's fp8 state (NULL until the first fp8 call that needs it), freed and counted with
  * the gemm. */
 typedef struct KcFp8 KcFp8;

@@ -10,9 +10,7 @@
  * k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned operands, a forced
  * path) or the cache's dtype differs from the activations', the two ops run as before, except
  * that the gate-up projection first asks gemm_sm90a.cu's wgmma GEMM, which takes the call where
- * it is the measured or forced path. fp8 weights take matmul_fp8.cu's GEMV with the same two
- * epilogues (kc_fp8_qkv_rope_cache, also into an fp8 cache; kc_fp8_silu_mul), likewise the same
- * bits as their two calls. */
+ * it is the measured or forced path. */
 #include <type_traits>
 
 #include "gemv.cuh"
@@ -100,8 +98,8 @@ template <typename XT> struct GemvSiluMul {
 
 /* Whether the fused kernel takes this call: k_cuda_matmul's GEMV would, for a dtype pair of
  * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). Never for fp8 weights:
- * matmul_fp8.cu's GEMV has the fused epilogues for them (kc_fp8_silu_mul,
- * kc_fp8_qkv_rope_cache). */
+ * they take k_cuda_matmul (which quantizes x) and the op after it as two calls (fusing the two
+ * for fp8 is for later). */
 static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
     return n >= 1 && n <= GEMV_FUSED_MAX_N && w->dtype != DT_F8E4M3 &&
            (act == w->dtype || act == DT_F32) &&
@@ -136,11 +134,10 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
         D % 2 == 0 && D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D &&
         rope && rope->inv_freq && rope->head_dim == D &&
         (rope->rot_dim == 0 || rope->rot_dim == D) && !rope->long_inv_freq &&
-        (rope->attn_factor == 0 || rope->attn_factor == 1) && layer >= 0 &&
+        (rope->attn_factor == 0 || rope->attn_factor == 1) && l->dtype == act && layer >= 0 &&
         layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
-    const bool fp8 = fits && w->dtype == DT_F8E4M3; /* the fp8 GEMV's own epilogue */
-    if (!fp8 && (!fits || l->dtype != act || !fused_takes(g, act, w, x, n))) {
+    if (!fits || !fused_takes(g, act, w, x, n)) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
                               kv_cache, l, layer, stream);
@@ -156,14 +153,6 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     a.cache = kv_cache;
     a.slot_mapping = slot_mapping;
     rope_cache_geometry(&a, l, layer);
-    if (fp8) {
-        if (!kc_fp8_qkv_rope_cache(g, &a, l->dtype, x, act, w, b, n, kc_stream(stream))) {
-            k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
-            k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
-                                  kv_cache, l, layer, stream);
-        }
-        return;
-    }
     const int pairs = (nh + nkv) * (D / 2);
     launch_fused<GemvQkvRope>(act, w->dtype, n, pairs + nkv * (D / 2), x, w->data, (int)w->shape[1],
                               kc_stream(stream), [&](auto *epi) {
@@ -177,9 +166,6 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,
                             const Tensor *w, int n, void *stream) {
     const int dim = w && w->ndim == 2 ? (int)(w->shape[0] / 2) : 0;
-    if (g && dim > 0 && w->dtype == DT_F8E4M3 &&
-        kc_fp8_silu_mul(g, out, x, act, w, n, kc_stream(stream)))
-        return;
     if (!g || dim <= 0 || w->shape[0] % 2 != 0 || w->shape[1] <= 0 ||
         !fused_takes(g, act, w, x, n)) {
         if (g && dim > 0 && kc_wgmma_silu_mul_try(g, out, gate_up, x, act, w, n, kc_stream(stream)))

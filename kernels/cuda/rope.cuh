@@ -87,11 +87,4 @@ __device__ __forceinline__ void rope_rotate(float &x1, float &x2, float pos, flo
     x2 = to_f32(from_f32<T>(y2));
 }
 
-/* The fused qkv projection on an fp8 weight (matmul_fp8.cu): matmul then qkv_rope_cache with
- * r's rotation (rot_dim D, no LongRoPE, no cos / sin factor, no qk norm: the caller checks)
- * and cache (of dtype cache_dt), for n <= 8 rows and D % 16 == 0; false (nothing done) where
- * its GEMV does not take the call, and the caller makes the two calls. */
-bool kc_fp8_qkv_rope_cache(KCudaGemm *g, const RopeKv *r, DType cache_dt, const void *x, DType act,
-                           const Tensor *w, const Tensor *bias, int n, cudaStream_t s);
-
 #endif
