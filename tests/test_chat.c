@@ -249,7 +249,8 @@ static void test_generation_prompt_and_continue(void **state) {
 static void test_tool_history(void **state) {
     static const char *const files[] = {
         TD "hermes-3-llama-3.1-tool-use.jinja", TD "llama-3.2-3b-instruct.jinja",
-        TD "mistral-nemo-instruct-2407.jinja", TD "qwen3-coder-30b-a3b-instruct.jinja"};
+        TD "mistral-7b-instruct-v0.3.jinja", TD "mistral-nemo-instruct-2407.jinja",
+        TD "qwen3-coder-30b-a3b-instruct.jinja"};
     const char *body =
         "{\"tool_choice\": \"none\", \"tools\": [{\"type\": \"function\", \"function\": "
         "{\"name\": \"get_weather\", \"description\": \"Weather now\", \"parameters\": "
