@@ -413,8 +413,12 @@ static Status parse_dtype(json_t *root, const char *path, ModelConfig *cfg) {
 }
 
 /* Which layers slide, from layer_types (transformers 5 writes it for the families that have
- * it): *found = 1 when the key is there. */
+ * it): *found = 1 when the key is there. Refuses more layers than layer_sliding lists, which
+ * the callers fill otherwise. */
 static Status parse_layer_types(json_t *root, const char *path, ModelConfig *cfg, int *found) {
+    if (cfg->num_layers > MODEL_MAX_LAYERS)
+        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
+                            cfg->num_layers, MODEL_MAX_LAYERS);
     json_t *types = get(root, "layer_types");
     *found = types != NULL;
     if (!types)
@@ -450,9 +454,6 @@ static Status apply_sliding_window(json_t *root, const char *path, ModelConfig *
         return PL_OK;
     if ((s = get_int(root, path, "sliding_window", 0, 0, 0, &window)) != PL_OK || window == 0)
         return s;
-    if (cfg->num_layers > MODEL_MAX_LAYERS)
-        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
-                            cfg->num_layers, MODEL_MAX_LAYERS);
     cfg->sliding_window = window;
     if ((s = parse_layer_types(root, path, cfg, &found)) != PL_OK || found)
         return s;
@@ -503,9 +504,6 @@ static Status parse_gemma(json_t *root, const char *path, ModelConfig *cfg) {
         cfg->sliding_window = 0;
     else if ((s = get_int(root, path, "sliding_window", 0, 4096, 1, &cfg->sliding_window)))
         return s;
-    if (cfg->num_layers > MODEL_MAX_LAYERS)
-        return pl_error_set(PL_ERR_UNSUPPORTED, "%s: %d layers (at most %d supported)", path,
-                            cfg->num_layers, MODEL_MAX_LAYERS);
     int found = 0;
     if ((s = parse_layer_types(root, path, cfg, &found)))
         return s;

@@ -19,9 +19,9 @@ static void check_table(const BlockManager *bm, const BlockTable *t, int ti, int
     if (t->num_hashed < 0 || t->num_hashed > t->num_tokens / bs)
         FAIL("table %d: %d hashed blocks of %d tokens", ti, t->num_hashed, t->num_tokens);
     if (t->num_released < 0 || t->num_released > t->num_blocks ||
-        (t->num_released > 0 && bm->window <= 0))
+        (t->num_released > 0 && bm->cfg.sliding_window <= 0))
         FAIL("table %d: %d of %d blocks released (window %d)", ti, t->num_released, t->num_blocks,
-             bm->window);
+             bm->cfg.sliding_window);
     for (int i = 0; i < t->num_blocks; i++) {
         int32_t id = t->blocks[i];
         if (t->on_cpu[i] > 1)

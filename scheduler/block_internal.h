@@ -36,7 +36,6 @@ struct BlockManager {
     int num_gpu, num_cpu;
     int watermark_blocks; /* (int)(watermark * num_gpu) */
     int caching;          /* prefix caching on */
-    int window;           /* cfg.sliding_window: > 0 releases blocks behind it */
 
     GpuBlock *gpu;     /* [num_gpu] */
     int32_t *gpu_free; /* [num_gpu] stack of free unregistered blocks, top at [num_gpu_free-1] */

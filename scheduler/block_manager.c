@@ -45,14 +45,16 @@ const BlockManagerConfig *blk_config(const BlockManager *bm) {
 
 /* The first block a token at position pos reads (0 without a window). */
 static int first_read_block(const BlockManager *bm, int pos) {
-    return bm->window > 0 && pos >= bm->window ? (pos - bm->window + 1) / bm->block_size : 0;
+    const int w = bm->cfg.sliding_window;
+    return w > 0 && pos >= w ? (pos - w + 1) / bm->block_size : 0;
 }
 
 /* Slots a new table gets for a prompt of num_tokens whose first `cached` are cached: all of
  * them, or with a window up to the first step's tokens. */
 static int first_slots(const BlockManager *bm, int num_tokens, int cached) {
     const int step = bm->cfg.max_step_tokens;
-    return bm->window > 0 && step > 0 && cached + step < num_tokens ? cached + step : num_tokens;
+    return bm->cfg.sliding_window > 0 && step > 0 && cached + step < num_tokens ? cached + step
+                                                                                : num_tokens;
 }
 
 /* Grow the table's arrays to hold n blocks (amortised doubling: the only allocation made
@@ -98,7 +100,6 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
 
     BlockManager *bm = pl_xcalloc(1, sizeof *bm);
     bm->cfg = *cfg;
-    bm->window = cfg->sliding_window;
     bm->block_size = bs;
     bm->num_gpu = cfg->num_gpu_blocks;
     bm->num_cpu = cfg->num_cpu_blocks;
@@ -177,15 +178,15 @@ static int eligible_blocks(const BlockManager *bm, int num_tokens) {
     return bm->caching && num_tokens > 0 ? (num_tokens - 1) / bm->block_size : 0;
 }
 
-/* The prompt's longest cached run of leading blocks. Fills ids[] (when not NULL) with the
- * matched blocks, and returns the run's length; *last gets the chained hash of the last
+/* The prompt's longest cached run of leading blocks. Fills ids[] (NULL: the manager's scratch)
+ * with the matched blocks, and returns the run's length; *last gets the chained hash of the last
  * matched block and *evictable_kept the hits on evictable blocks that the table keeps (with a
  * window, those its first computed token reads). Changes nothing. */
 static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_tokens, int32_t *ids,
                         int *evictable_kept, uint64_t *last) {
     int n = eligible_blocks(bm, num_tokens), bs = bm->block_size, hits = 0;
     uint64_t parent = BLK_HASH_ROOT;
-    int32_t *found = bm->matched;
+    int32_t *found = ids ? ids : bm->matched;
     for (; hits < n && hits < bm->num_gpu; hits++) {
         const int32_t *tok = tokens + (size_t)hits * bs;
         uint64_t h = blk_hash_block(parent, tok, bs);
@@ -193,8 +194,6 @@ static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_t
         if (id == BLK_NONE)
             break;
         found[hits] = id;
-        if (ids)
-            ids[hits] = id;
         parent = h;
     }
     *evictable_kept = 0;
@@ -251,6 +250,8 @@ int blk_allocate(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num
 
 void blk_release_behind(BlockManager *bm, BlockTable *t, int next_pos) {
     const int upto = first_read_block(bm, next_pos);
+    if (upto <= t->num_released) /* no window, or nothing new behind it */
+        return;
     for (; t->num_released < upto && t->num_released < t->num_blocks; t->num_released++) {
         const int i = t->num_released;
         if (t->on_cpu[i]) /* swapped: it comes back whole */

@@ -3,7 +3,7 @@
  * copies, poisoned scratch (whether a path wrote a buffer), tolerance checks printing the first
  * mismatches, and weights with a device twin.
  * Included by tests/test_*_cuda.c after cmocka.h and kernels.h; in a build without the CUDA
- * backend it only defines SKIP_TEST. */
+ * backend it only defines SKIP_TEST, UNIT and RUN_CUDA_TESTS. */
 #ifndef PAGELLM_TESTS_CUDA_TEST_UTIL_H
 #define PAGELLM_TESTS_CUDA_TEST_UTIL_H
 
@@ -14,6 +14,19 @@
         print_message("CUDA backend not built: skipped\n");                                        \
         skip();                                                                                    \
     }
+
+/* One cmocka test of a file's TESTS(X) list: {TESTS(UNIT)}. */
+#define UNIT(name) cmocka_unit_test(name),
+
+/* main's body: run the tests[] array, only those PAGELLM_CUDA_TEST_FILTER matches when set
+ * (cmocka's pattern). */
+#define RUN_CUDA_TESTS(tests)                                                                      \
+    do {                                                                                           \
+        const char *filter_ = getenv("PAGELLM_CUDA_TEST_FILTER");                                  \
+        if (filter_ && *filter_)                                                                   \
+            cmocka_set_test_filter(filter_);                                                       \
+        return cmocka_run_group_tests(tests, NULL, NULL);                                          \
+    } while (0)
 
 #ifdef PAGELLM_HAVE_CUDA
 

@@ -637,12 +637,7 @@ static void test_fp8_timing(void **state) {
 
 #endif /* PAGELLM_HAVE_CUDA */
 
-#define UNIT(name) cmocka_unit_test(name),
-
 int main(void) {
     const struct CMUnitTest tests[] = {FP8_TESTS(UNIT)};
-    const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
-    if (filter && *filter)
-        cmocka_set_test_filter(filter);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    RUN_CUDA_TESTS(tests);
 }

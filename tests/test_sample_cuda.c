@@ -1052,12 +1052,7 @@ static void test_race_arithmetic(void **state) {
     assert_int_equal(subnormal, 0);
 }
 
-#define UNIT(name) cmocka_unit_test(name),
-
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_race_arithmetic), SAMPLE_TESTS(UNIT)};
-    const char *filter = getenv("PAGELLM_CUDA_TEST_FILTER");
-    if (filter && *filter)
-        cmocka_set_test_filter(filter);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    RUN_CUDA_TESTS(tests);
 }
