@@ -129,6 +129,18 @@ static Status check_config(const EngineConfig *c) {
     return PL_OK;
 }
 
+/* The block manager's configuration, from the engine's and the model's (pools sized). */
+static BlockManagerConfig block_config(const Engine *e) {
+    const EngineConfig *c = &e->cfg;
+    return (BlockManagerConfig){.num_gpu_blocks = e->num_gpu_blocks,
+                                .num_cpu_blocks = e->num_cpu_blocks,
+                                .block_size = c->block_size,
+                                .watermark = WATERMARK,
+                                .enable_prefix_caching = c->enable_prefix_caching,
+                                .sliding_window = model_kv_window(model_config(e->model)),
+                                .max_step_tokens = c->max_num_batched_tokens};
+}
+
 /* Size both pools. More blocks than max_num_seqs full-length sequences could use are never
  * allocated (the pools are lazily touched memory, but an absurd size helps nobody). */
 static Status size_pools(Engine *e) {
@@ -158,10 +170,8 @@ static Status size_pools(Engine *e) {
      * be preempted forever: cap max-model-len to what the pool holds (behind a sliding window
      * on every layer, a sequence holds only the window's blocks and a chunk's). */
     int usable = (gpu - (int)(WATERMARK * gpu)) * c->block_size;
-    BlockManagerConfig held = {.block_size = c->block_size,
-                               .sliding_window = model_kv_window(model_config(e->model)),
-                               .max_step_tokens = c->max_num_batched_tokens};
-    if (blk_held_blocks(&held, e->max_model_len, c->max_num_batched_tokens) * c->block_size >
+    const BlockManagerConfig bc = block_config(e);
+    if (blk_held_blocks(&bc, e->max_model_len, c->max_num_batched_tokens) * c->block_size >
         usable) {
         if (!c->quiet)
             fprintf(stderr,
@@ -202,13 +212,7 @@ static void free_host_buffers(Engine *e) {
 
 static Status create_scheduling(Engine *e) {
     const EngineConfig *c = &e->cfg;
-    BlockManagerConfig bc = {.num_gpu_blocks = e->num_gpu_blocks,
-                             .num_cpu_blocks = e->num_cpu_blocks,
-                             .block_size = c->block_size,
-                             .watermark = WATERMARK,
-                             .enable_prefix_caching = c->enable_prefix_caching,
-                             .sliding_window = model_kv_window(model_config(e->model)),
-                             .max_step_tokens = c->max_num_batched_tokens};
+    const BlockManagerConfig bc = block_config(e);
     if (!(e->bm = blk_create(&bc)))
         return PL_ERR_INVALID;
     SchedulerConfig sc = {.max_num_seqs = c->max_num_seqs,

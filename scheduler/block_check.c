@@ -11,7 +11,7 @@ enum { SEEN_NONE, SEEN_FREE, SEEN_LRU };
 
 static void check_table(const BlockManager *bm, const BlockTable *t, int ti, int32_t *gref,
                         int32_t *cref, int32_t *gstamp, int32_t *cstamp) {
-    int bs = bm->block_size;
+    int bs = bm->cfg.block_size;
     if (t->num_tokens < 0 || t->num_blocks != (t->num_tokens + bs - 1) / bs)
         FAIL("table %d: %d tokens in %d blocks of %d", ti, t->num_tokens, t->num_blocks, bs);
     if (t->num_blocks > t->capacity || (t->num_blocks > 0 && (!t->blocks || !t->on_cpu)))
@@ -82,7 +82,7 @@ static void check_gpu_lists(const BlockManager *bm, uint8_t *seen) {
 }
 
 static void check_hash_table(const BlockManager *bm) {
-    if (!bm->caching) {
+    if (!bm->cfg.enable_prefix_caching) {
         if (bm->num_registered != 0)
             FAIL("%d registered blocks with prefix caching off", bm->num_registered);
         for (int id = 0; id < bm->num_gpu; id++)
@@ -101,7 +101,7 @@ static void check_hash_table(const BlockManager *bm) {
             if (!b->registered || (b->hash & bm->bucket_mask) != k)
                 FAIL("hash bucket %llu holds GPU block %d (registered %d, hash %016llx)",
                      (unsigned long long)k, id, b->registered, (unsigned long long)b->hash);
-            if (blk_hash_block(b->parent, tok, bm->block_size) != b->hash)
+            if (blk_hash_block(b->parent, tok, bm->cfg.block_size) != b->hash)
                 FAIL("GPU block %d: stored tokens do not hash to its key", id);
             /* The first entry with this key must be this block: no duplicate content. */
             if (blk_cache_lookup(bm, b->hash, b->parent, tok) != id)

@@ -31,11 +31,9 @@ typedef struct {
 } GpuBlock;
 
 struct BlockManager {
-    BlockManagerConfig cfg; /* as created (blk_config) */
-    int block_size;
+    BlockManagerConfig cfg; /* as created (blk_config): block size, prefix caching, window */
     int num_gpu, num_cpu;
     int watermark_blocks; /* (int)(watermark * num_gpu) */
-    int caching;          /* prefix caching on */
 
     GpuBlock *gpu;     /* [num_gpu] */
     int32_t *gpu_free; /* [num_gpu] stack of free unregistered blocks, top at [num_gpu_free-1] */
@@ -90,7 +88,7 @@ void blk_cache_insert(BlockManager *bm, int32_t id, uint64_t hash, uint64_t pare
 void blk_cache_remove(BlockManager *bm, int32_t id);
 /* The stored tokens of GPU block id ([block_size]). */
 static inline int32_t *blk_cache_tokens(const BlockManager *bm, int32_t id) {
-    return bm->tokens + (size_t)id * (size_t)bm->block_size;
+    return bm->tokens + (size_t)id * (size_t)bm->cfg.block_size;
 }
 
 #ifdef PAGELLM_DEBUG

@@ -21,7 +21,7 @@
 #include "block_internal.h"
 
 static int blocks_for(const BlockManager *bm, int tokens) {
-    return (tokens + bm->block_size - 1) / bm->block_size;
+    return (tokens + bm->cfg.block_size - 1) / bm->cfg.block_size;
 }
 
 int blk_held_blocks(const BlockManagerConfig *cfg, int num_tokens, int step_tokens) {
@@ -46,7 +46,7 @@ const BlockManagerConfig *blk_config(const BlockManager *bm) {
 /* The first block a token at position pos reads (0 without a window). */
 static int first_read_block(const BlockManager *bm, int pos) {
     const int w = bm->cfg.sliding_window;
-    return w > 0 && pos >= w ? (pos - w + 1) / bm->block_size : 0;
+    return w > 0 && pos >= w ? (pos - w + 1) / bm->cfg.block_size : 0;
 }
 
 /* Slots a new table gets for a prompt of num_tokens whose first `cached` are cached: all of
@@ -100,11 +100,9 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
 
     BlockManager *bm = pl_xcalloc(1, sizeof *bm);
     bm->cfg = *cfg;
-    bm->block_size = bs;
     bm->num_gpu = cfg->num_gpu_blocks;
     bm->num_cpu = cfg->num_cpu_blocks;
     bm->watermark_blocks = (int)(cfg->watermark * (float)cfg->num_gpu_blocks);
-    bm->caching = cfg->enable_prefix_caching != 0;
 
     bm->gpu = pl_xcalloc((size_t)bm->num_gpu, sizeof *bm->gpu);
     bm->gpu_free = pl_xmalloc((size_t)bm->num_gpu * sizeof *bm->gpu_free);
@@ -122,7 +120,7 @@ BlockManager *blk_create(const BlockManagerConfig *cfg) {
         bm->cpu_free[i] = bm->num_cpu - 1 - i;
     bm->num_cpu_free = bm->num_cpu;
 
-    if (bm->caching) {
+    if (bm->cfg.enable_prefix_caching) {
         bm->tokens = pl_xmalloc((size_t)bm->num_gpu * (size_t)bs * sizeof *bm->tokens);
         uint64_t nb = 16;
         while (nb < 2 * (uint64_t)bm->num_gpu)
@@ -149,7 +147,7 @@ void blk_destroy(BlockManager *bm) {
 }
 
 int blk_block_size(const BlockManager *bm) {
-    return bm->block_size;
+    return bm->cfg.block_size;
 }
 
 int blk_num_free_gpu(const BlockManager *bm) {
@@ -175,7 +173,8 @@ BlockStats blk_stats(const BlockManager *bm) {
 /* Full prompt blocks eligible for reuse: all but the block holding the last token when the
  * prompt is block-aligned, so at least one token is always computed (it yields the logits). */
 static int eligible_blocks(const BlockManager *bm, int num_tokens) {
-    return bm->caching && num_tokens > 0 ? (num_tokens - 1) / bm->block_size : 0;
+    return bm->cfg.enable_prefix_caching && num_tokens > 0 ? (num_tokens - 1) / bm->cfg.block_size
+                                                           : 0;
 }
 
 /* The prompt's longest cached run of leading blocks. Fills ids[] (NULL: the manager's scratch)
@@ -184,7 +183,7 @@ static int eligible_blocks(const BlockManager *bm, int num_tokens) {
  * window, those its first computed token reads). Changes nothing. */
 static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_tokens, int32_t *ids,
                         int *evictable_kept, uint64_t *last) {
-    int n = eligible_blocks(bm, num_tokens), bs = bm->block_size, hits = 0;
+    int n = eligible_blocks(bm, num_tokens), bs = bm->cfg.block_size, hits = 0;
     uint64_t parent = BLK_HASH_ROOT;
     int32_t *found = ids ? ids : bm->matched;
     for (; hits < n && hits < bm->num_gpu; hits++) {
@@ -210,8 +209,8 @@ AllocStatus blk_can_allocate(BlockManager *bm, const int32_t *tokens, int num_to
     int evictable_kept = 0;
     uint64_t last;
     int hits = match_prefix(bm, tokens, num_tokens, NULL, &evictable_kept, &last);
-    int required =
-        blocks_for(bm, first_slots(bm, num_tokens, hits * bm->block_size)) - hits + evictable_kept;
+    int required = blocks_for(bm, first_slots(bm, num_tokens, hits * bm->cfg.block_size)) - hits +
+                   evictable_kept;
     if (blk_num_free_gpu(bm) - required < bm->watermark_blocks)
         return BLK_ALLOC_LATER;
     return BLK_ALLOC_OK;
@@ -223,7 +222,7 @@ int blk_allocate(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num
     int evictable_kept = 0;
     uint64_t last;
     int hits = match_prefix(bm, tokens, num_tokens, t->blocks, &evictable_kept, &last);
-    const int cached = hits * bm->block_size, slots = first_slots(bm, num_tokens, cached);
+    const int cached = hits * bm->cfg.block_size, slots = first_slots(bm, num_tokens, cached);
     const int total = blocks_for(bm, slots);
     PL_CHECK(total - hits + evictable_kept <= blk_num_free_gpu(bm));
     bm->stats.prefix_queries += eligible_blocks(bm, num_tokens);
@@ -264,9 +263,9 @@ void blk_release_behind(BlockManager *bm, BlockTable *t, int next_pos) {
 }
 
 void blk_mark_computed(BlockManager *bm, BlockTable *t, const int32_t *tokens, int num_computed) {
-    if (!bm->caching)
+    if (!bm->cfg.enable_prefix_caching)
         return;
-    int bs = bm->block_size;
+    int bs = bm->cfg.block_size;
     int full = (num_computed < t->num_tokens ? num_computed : t->num_tokens) / bs;
     uint64_t parent = t->num_hashed > 0 ? t->last_hash : BLK_HASH_ROOT;
     for (int i = t->num_hashed; i < full && !t->on_cpu[i]; i++) {
@@ -288,7 +287,7 @@ void blk_mark_computed(BlockManager *bm, BlockTable *t, const int32_t *tokens, i
 /* 1 when growing the table writes into its partially filled last block and that block is
  * shared, so it must be copied first. */
 static int needs_cow(const BlockManager *bm, const BlockTable *t, int num_new) {
-    if (num_new <= 0 || t->num_tokens % bm->block_size == 0)
+    if (num_new <= 0 || t->num_tokens % bm->cfg.block_size == 0)
         return 0;
     int last = t->num_blocks - 1;
     return !t->on_cpu[last] && bm->gpu[t->blocks[last]].ref > 1;

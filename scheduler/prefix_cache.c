@@ -49,7 +49,7 @@ uint64_t blk_hash_block(uint64_t parent, const int32_t *tokens, int n) {
 
 int32_t blk_cache_lookup(const BlockManager *bm, uint64_t hash, uint64_t parent,
                          const int32_t *tokens) {
-    size_t bytes = (size_t)bm->block_size * sizeof(int32_t);
+    size_t bytes = (size_t)bm->cfg.block_size * sizeof(int32_t);
     for (int32_t id = bm->buckets[hash & bm->bucket_mask]; id != BLK_NONE; id = bm->gpu[id].hnext) {
         const GpuBlock *b = &bm->gpu[id];
         if (b->hash == hash && b->parent == parent &&
@@ -63,7 +63,7 @@ void blk_cache_insert(BlockManager *bm, int32_t id, uint64_t hash, uint64_t pare
                       const int32_t *tokens) {
     GpuBlock *b = &bm->gpu[id];
     PL_CHECK(!b->registered && b->ref > 0);
-    memcpy(blk_cache_tokens(bm, id), tokens, (size_t)bm->block_size * sizeof(int32_t));
+    memcpy(blk_cache_tokens(bm, id), tokens, (size_t)bm->cfg.block_size * sizeof(int32_t));
     b->hash = hash;
     b->parent = parent;
     b->registered = 1;

@@ -1157,8 +1157,7 @@ static int run_windowed(BlockManager *bm, BlockTable *t, const int32_t *tok, int
         done += chunk;
         blk_mark_computed(bm, t, tok, done);
         blk_release_behind(bm, t, done);
-        const BlockTable *tabs[1] = {t};
-        blk_check(bm, tabs, 1);
+        check(bm, t, NULL, NULL);
         /* every block the next token reads is held, every one before it released */
         int first = done >= 6 ? (done - 6 + 1) / 4 : 0;
         assert_int_equal(t->num_released, first);
@@ -1198,11 +1197,10 @@ static void test_window_release(void **state) {
         assert_int_equal(t.num_blocks, 100);
         assert_int_equal(t.num_released, (400 - 6 + 1) / 4);
         assert_true(blk_stats(bm).released > released);
-        const BlockTable *tabs[1] = {&t};
-        blk_check(bm, tabs, 1);
+        check(bm, &t, NULL, NULL);
         blk_free(bm, &t);
         assert_int_equal(used(bm), 0);
-        blk_check(bm, NULL, 0);
+        check(bm, NULL, NULL, NULL);
         free(tok);
         blk_destroy(bm);
     }

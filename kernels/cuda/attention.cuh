@@ -70,6 +70,11 @@ __device__ __forceinline__ int kv_window_lo(const KvGeom &kg, int pos) {
     return kg.window > 0 && pos >= kg.window ? pos - kg.window + 1 : 0;
 }
 
+/* Whether a row at `pos` attends to position p >= 0: p in [kv_window_lo(pos), pos]. */
+__device__ __forceinline__ bool kv_sees(const KvGeom &kg, int pos, int p) {
+    return p <= pos && p >= kv_window_lo(kg, pos);
+}
+
 /* The positions a decode row at `pos` reads: [*first, pos], *first its window's first rounded
  * down to win_align. Returns their count. */
 __device__ __forceinline__ int kv_decode_span(const KvGeom &kg, int pos, int *first) {

@@ -153,9 +153,8 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
         for (int i = 0; i < RQ; i++)
 #pragma unroll
             for (int k = 0; k < RK; k++) {
-                int v = ty * RQ + i, j = tx + k * TX, p = k0 + j, pv = row_pos[v];
-                bool seen = p <= pv && (kg.window == 0 || p > pv - kg.window);
-                S[v * (TK + 1) + j] = seen ? sc[i][k] : -INFINITY;
+                const int v = ty * RQ + i, j = tx + k * TX;
+                S[v * (TK + 1) + j] = kv_sees(kg, row_pos[v], k0 + j) ? sc[i][k] : -INFINITY;
             }
         __syncthreads();
 

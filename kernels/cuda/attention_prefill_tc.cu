@@ -214,8 +214,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int p = k0 + n * 8 + tq * 2 + (c & 1), pr = c < 2 ? pos0 : pos1;
-                    if (p > pr || (w > 0 && p <= pr - w))
+                    const int p = k0 + n * 8 + tq * 2 + (c & 1);
+                    if (!kv_sees(kg, c < 2 ? pos0 : pos1, p))
                         sc[n][c] = -INFINITY;
                 }
         }
