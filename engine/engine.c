@@ -171,8 +171,7 @@ static Status size_pools(Engine *e) {
      * on every layer, a sequence holds only the window's blocks and a chunk's). */
     int usable = (gpu - (int)(WATERMARK * gpu)) * c->block_size;
     const BlockManagerConfig bc = block_config(e);
-    if (blk_held_blocks(&bc, e->max_model_len, c->max_num_batched_tokens) * c->block_size >
-        usable) {
+    if (blk_peak_blocks(&bc, e->max_model_len) * c->block_size > usable) {
         if (!c->quiet)
             fprintf(stderr,
                     "pagellm: max-model-len lowered from %d to %d, the tokens the KV "

@@ -105,6 +105,8 @@ BlockStats blk_stats(const BlockManager *bm);
  * (window - 1 + step_tokens) positions (+1 for where they start in a block). Its peak is at
  * step_tokens = max_step_tokens (a prompt chunk), its decode steps need step_tokens = 1. */
 int blk_held_blocks(const BlockManagerConfig *cfg, int num_tokens, int step_tokens);
+/* The peak of blk_held_blocks: a prompt chunk of max_step_tokens (unbounded: the whole). */
+int blk_peak_blocks(const BlockManagerConfig *cfg, int num_tokens);
 const BlockManagerConfig *blk_config(const BlockManager *bm);
 
 /* Can a new sequence with this prompt get its blocks (counting prefix-cache hits)? */

@@ -33,10 +33,9 @@ int blk_held_blocks(const BlockManagerConfig *cfg, int num_tokens, int step_toke
     return most < all ? (int)most : all;
 }
 
-/* The peak of blk_held_blocks: a prompt chunk of max_step_tokens (unbounded: the whole). */
-static int peak_blocks(const BlockManager *bm, int num_tokens) {
-    const int step = bm->cfg.max_step_tokens;
-    return blk_held_blocks(&bm->cfg, num_tokens, step > 0 ? step : num_tokens);
+int blk_peak_blocks(const BlockManagerConfig *cfg, int num_tokens) {
+    const int step = cfg->max_step_tokens;
+    return blk_held_blocks(cfg, num_tokens, step > 0 ? step : num_tokens);
 }
 
 const BlockManagerConfig *blk_config(const BlockManager *bm) {
@@ -204,7 +203,7 @@ static int match_prefix(const BlockManager *bm, const int32_t *tokens, int num_t
 
 AllocStatus blk_can_allocate(BlockManager *bm, const int32_t *tokens, int num_tokens) {
     PL_CHECK(num_tokens >= 0);
-    if (peak_blocks(bm, num_tokens) > bm->num_gpu - bm->watermark_blocks)
+    if (blk_peak_blocks(&bm->cfg, num_tokens) > bm->num_gpu - bm->watermark_blocks)
         return BLK_ALLOC_NEVER;
     int evictable_kept = 0;
     uint64_t last;
