@@ -196,6 +196,7 @@ static void test_moe_gemv_path(void **state) {
         {DT_BF16, DT_BF16, 1, 8, 200, 96, 2, 1, 0},    /* down blocks of 16 rows, H = 200 */
         {DT_BF16, DT_BF16, 1, 4, 48, 64, 1, 1, 0},     /* top 1: blocks of 32 rows, one cut */
         {DT_BF16, DT_BF16, 1, 8, 1024, 3584, 2, 1, 0}, /* Mixtral-like, smaller */
+        {DT_F16, DT_F16, 1, 4, 4096, 128, 2, 1, 0},    /* H >= 4096: more in flight */
     };
     assert_int_equal(run_cases(cases, (int)(sizeof cases / sizeof *cases)), 0);
 }

@@ -17,13 +17,18 @@
 #include "gemv.cuh"
 #include "moe.cuh"
 
-enum { MG_WARPS = 4, MG_U = 4, MD_WARPS = 8, MD_ROWS = 4 };
+enum { MG_WARPS = 4, MD_WARPS = 8, MD_ROWS = 4 };
+
+/* Blocks of the up kernel an SM must hold at U chunks in flight per lane and weight row: at
+ * one row an expert gemv.cuh's choice for its batch-1 GEMV (12 at two chunks, for one wave of
+ * blocks at the Qwen3-30B-A3B shape; 8 at four, for deep rows). */
+template <int NX, int U> constexpr int mg_min_blocks = NX == 1 ? (U >= 4 ? 8 : 12) : NX == 2 ? 6 : 1;
 
 /* Chunks a lane requests per weight row and step of the down kernel. */
 template <int NX> constexpr int md_u = NX <= 2 ? 4 : 2;
 
-template <typename T, int NX>
-__global__ __launch_bounds__(32 * MG_WARPS, NX == 1 ? 8 : NX == 2 ? 6 : 1) void moe_gemv_up_kernel(
+template <typename T, int NX, int U>
+__global__ __launch_bounds__(32 * MG_WARPS, (mg_min_blocks<NX, U>)) void moe_gemv_up_kernel(
     T *act, const T *x, const T *gate_up, MoeRouting r, int H, int I, int top_k) {
     kc_pdl_wait();
     kc_pdl_trigger();
@@ -37,10 +42,10 @@ __global__ __launch_bounds__(32 * MG_WARPS, NX == 1 ? 8 : NX == 2 ? 6 : 1) void 
     const T *g_row = gate_up + ((size_t)e * 2 * I + (size_t)j) * H;
     const T *u_row = g_row + (size_t)I * H;
     const int H8 = H >> 3;
-    uint4 gv[MG_U], uv[MG_U];
+    uint4 gv[U], uv[U];
     auto request = [&](int c) {
 #pragma unroll
-        for (int u = 0; u < MG_U; u++)
+        for (int u = 0; u < U; u++)
             if (c + u * 32 < H8) {
                 gv[u] = ld_stream(g_row + (size_t)(c + u * 32) * 8);
                 uv[u] = ld_stream(u_row + (size_t)(c + u * 32) * 8);
@@ -53,11 +58,11 @@ __global__ __launch_bounds__(32 * MG_WARPS, NX == 1 ? 8 : NX == 2 ? 6 : 1) void 
     for (int i = 0; i < NX; i++)
         xr[i] = x + (size_t)(r.slot_at[p0 + min(i, cnt - 1)] / top_k) * H;
     float ag[NX] = {}, au[NX] = {};
-    for (int c = lane; c < H8; c += 32 * MG_U) {
+    for (int c = lane; c < H8; c += 32 * U) {
         if (c != lane)
             request(c);
 #pragma unroll
-        for (int u = 0; u < MG_U; u++)
+        for (int u = 0; u < U; u++)
             if (c + u * 32 < H8) {
                 float gf[8], uf[8];
                 unpack8(gf, gv[u], (const T *)0);
@@ -175,8 +180,11 @@ static void launch_nx(T *out, const T *x, T *act, const T *gate_up, const T *dow
                       const MoeRouting &r, int n, int E, int H, int I, int top_k, cudaStream_t s) {
     const int max_active = n * top_k < E ? n * top_k : E;
     const dim3 up_grid((unsigned)((I + MG_WARPS - 1) / MG_WARPS), (unsigned)max_active);
-    kc_launch_pdl(moe_gemv_up_kernel<T, NX>, up_grid, dim3(32 * MG_WARPS), 0, s, act, x, gate_up,
-                  r, H, I, top_k);
+    auto up = moe_gemv_up_kernel<T, NX, 4>;
+    if constexpr (NX == 1)
+        if (H < 4096)
+            up = moe_gemv_up_kernel<T, 1, 2>;
+    kc_launch_pdl(up, up_grid, dim3(32 * MG_WARPS), 0, s, act, x, gate_up, r, H, I, top_k);
     int spread = 0; /* row groups a block: about one task a warp when few experts are active */
     while ((max_active << (spread + 1)) <= MD_WARPS)
         spread++;
