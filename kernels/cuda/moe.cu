@@ -28,7 +28,7 @@ enum {
     MOE_ALIGN = 256,
     MOE_GROUP_WARPS = 16,
     MOE_LOGIT_ROWS = 8,
-    MOE_LOGIT_PRE = 8,
+    MOE_LOGIT_PRE = 16,
     MOE_WARPS = 4
 };
 
@@ -281,7 +281,7 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRout
 __device__ unsigned int moe_route_arrivals;
 
 /* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
- * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 2048) are requested
+ * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 4096) are requested
  * before the wait for x, so they stream in while the previous kernel drains. `group` (one
  * block column of rows, n <= MOE_GROUP_WARPS): the last block to finish routes the rows and
  * groups them (group_block), saving two launches. */
