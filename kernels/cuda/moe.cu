@@ -284,7 +284,7 @@ __device__ unsigned int moe_route_arrivals;
  * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 4096) are requested
  * before the wait for x, so they stream in while the previous kernel drains. `group` (one
  * block column of rows, n <= MOE_GROUP_WARPS): the last block to finish routes the rows and
- * groups them (group_block), saving two launches. */
+ * groups them (group_block), saving a launch. */
 template <typename T, typename WT>
 __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
     MoeRouting r, const T *x, const WT *router, int n, int E, int H, int vec, int group, int top_k,
