@@ -6,8 +6,8 @@
  *   route   one warp per (expert, 8 rows), 16 a block: router logits in fp32 (transformers
  *           rounds them to the model's dtype; fp32 keeps the picks those of the fp32
  *           reference, where a 16-bit rounding would flip close ones); for n up to 16 the
- *           last block to finish (an arrival count) then routes and groups as `group` does,
- *           so a decode batch's routing is one launch;
+ *           last block to finish (an arrival count) then routes and groups as `group` does
+ *           (one row: its warp 0 alone), so a decode batch's routing is one launch;
  *   topk    (n > 16) a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower
  *           id first on ties), renormalization, the picks in increasing expert id;
  *   group   (n > 16) one block: the per-expert counts, the active experts, their offsets,
@@ -267,6 +267,27 @@ __device__ static void group_block(const MoeRouting &r, int n, int E, int top_k,
     }
 }
 
+/* group_block's result for one row, by warp 0: the row's picks in increasing id are the
+ * active experts, a position (and a tile) each. */
+__device__ static void group_one_row(const MoeRouting &r, int E, int top_k, int renormalize) {
+    if (threadIdx.x >= 32)
+        return;
+    int e;
+    float w;
+    const int lane = threadIdx.x, rank = route_row(r.logits, E, top_k, renormalize, &e, &w);
+    if (lane < top_k) {
+        r.ids[rank] = e;
+        r.weights[rank] = w;
+        r.pos_of[rank] = r.slot_at[rank] = rank;
+        r.active[rank] = e;
+        r.offset[rank] = r.tile_a[rank] = r.tile_pos[rank] = rank;
+    }
+    if (lane == 0) {
+        *r.num_active = *r.num_tiles = top_k;
+        r.offset[top_k] = top_k;
+    }
+}
+
 __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRouting r, int n, int E,
                                                                          int top_k, int renormalize,
                                                                          int tile_rows) {
@@ -318,7 +339,10 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
     if (!last)
         return;
     __threadfence();
-    group_block(r, n, E, top_k, renormalize, tile_rows, 0);
+    if (n == 1)
+        group_one_row(r, E, top_k, renormalize);
+    else
+        group_block(r, n, E, top_k, renormalize, tile_rows, 0);
 }
 
 /* out[t, 8c..8c+8) = sum over t's picks (increasing id) of weight * y[position]. */
