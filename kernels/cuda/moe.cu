@@ -3,11 +3,12 @@
  * grid is sized for the worst case and its spare blocks read the device-side counts and exit.
  *
  * Launches on the workspace (moe.cuh describes the routing it holds):
- *   route   one warp per (expert, 8 rows), 16 a block: router logits in fp32 (transformers
- *           rounds them to the model's dtype; fp32 keeps the picks those of the fp32
- *           reference, where a 16-bit rounding would flip close ones); for n up to 16 the
- *           last block to finish (an arrival count) then routes and groups as `group` does
- *           (one row: its warp 0 alone), so a decode batch's routing is one launch;
+ *   route   one warp per (expert, 8 rows), 16 a block when it groups (else 4): router
+ *           logits in fp32 (transformers rounds them to the model's dtype; fp32 keeps the
+ *           picks those of the fp32 reference, where a 16-bit rounding would flip close
+ *           ones); for n up to 16 the last block to finish (an arrival count) then routes
+ *           and groups as `group` does (one row: its warp 0 alone), so a decode batch's
+ *           routing is one launch;
  *   topk    (n > 16) a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower
  *           id first on ties), renormalization, the picks in increasing expert id;
  *   group   (n > 16) one block: the per-expert counts, the active experts, their offsets,
@@ -311,7 +312,7 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
     MoeRouting r, const T *x, const WT *router, int n, int E, int H, int vec, int group, int top_k,
     int renormalize, int tile_rows) {
     constexpr bool wide = sizeof(WT) == 2;
-    const int lane = threadIdx.x & 31, e = blockIdx.x * MOE_GROUP_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31, e = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
     const WT *w = router + (size_t)(e < E ? e : 0) * H;
     uint4 pre[MOE_LOGIT_PRE];
@@ -483,13 +484,14 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
         fast && n > MOE_GEMV_MAX_ROWS ? moe_mma_tile_rows(n, top_k, E) : n * top_k;
     const bool routed = n > MOE_GROUP_WARPS; /* more rows than the group block's warps */
     const bool vec = H % 8 == 0 && kc_aligned16(x) && kc_aligned16(router->data);
-    const dim3 route_grid((unsigned)((E + MOE_GROUP_WARPS - 1) / MOE_GROUP_WARPS),
+    const int route_warps = routed ? MOE_WARPS : MOE_GROUP_WARPS; /* grouping: a whole block */
+    const dim3 route_grid((unsigned)((E + route_warps - 1) / route_warps),
                           (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_WEIGHT(router->dtype, what, RT,
                            kc_launch_pdl(moe_route_kernel<T, RT>, route_grid,
-                                         dim3(32 * MOE_GROUP_WARPS), 0, s, r, (const T *)x,
+                                         dim3(32 * route_warps), 0, s, r, (const T *)x,
                                          (const RT *)router->data, n, E, H, (int)vec,
                                          (int)!routed, top_k, renormalize, tile_rows));
         if (routed) {
