@@ -1,8 +1,10 @@
 /* test_moe_cuda.c - the CUDA mixture-of-experts MLP (k_cuda_moe_mlp, kernels/cuda/moe*.cu)
  * against the CPU op (kernels/cpu/moe.c, the reference) on the same rounded inputs, over its
  * three paths and the routing cases that break grouping:
- *   GEMV path (16-bit, n <= 8): n = 1, 2, 7; tensor-core path: n = 9, 64, 300; plain path:
- *   fp32 activations or weights, and H not a multiple of 8;
+ *   GEMV path (16-bit, n <= 8): n = 1, 2, 3, 4, 7, 8 (its kernels for at most 1, 2, 4 and 8
+ *   rows an expert; down blocks of 4 to 32 output rows, H not a multiple of them);
+ *   tensor-core path: n = 9, 16, 64, 300; plain path: fp32 activations or weights, and H not a
+ *   multiple of 8; routing in one launch up to n = 16, in three above;
  *   top-k 2 of 8 or 16 experts (Mixtral-like) and 8 of 64 or 128 (Qwen3-MoE-like), with and
  *   without renormalization; K and N not multiples of the tiles (H 200, 320; I 96, 176, 1104);
  *   "skewed" routing: every row picks one hot expert (at n = 300, 300 rows on one expert: many
@@ -189,6 +191,12 @@ static void test_moe_gemv_path(void **state) {
         {DT_BF16, DT_BF16, 2, 16, 200, 176, 2, 1, 1},
         {DT_BF16, DT_BF16, 1, 128, 2048, 768, 8, 1, 0}, /* Qwen3-30B-A3B's layer */
         {DT_BF16, DT_BF16, 8, 128, 2048, 768, 8, 1, 0},
+        {DT_BF16, DT_BF16, 4, 16, 256, 176, 4, 1, 0}, /* four rows an expert at most */
+        {DT_F16, DT_F16, 3, 16, 256, 96, 4, 0, 1},
+        {DT_BF16, DT_BF16, 1, 8, 200, 96, 2, 1, 0},    /* down blocks of 16 rows, H = 200 */
+        {DT_BF16, DT_BF16, 1, 4, 48, 64, 1, 1, 0},     /* top 1: blocks of 32 rows, one cut */
+        {DT_BF16, DT_BF16, 1, 8, 1024, 3584, 2, 1, 0}, /* Mixtral-like, smaller */
+        {DT_F16, DT_F16, 1, 4, 4096, 128, 2, 1, 0},    /* H >= 4096: more in flight */
     };
     assert_int_equal(run_cases(cases, (int)(sizeof cases / sizeof *cases)), 0);
 }
@@ -217,8 +225,11 @@ static void test_moe_plain_path(void **state) {
     REQUIRE_GPU();
     rng_seed(39);
     const MoeCase cases[] = {
-        {DT_F32, DT_F32, 5, 4, 64, 24, 1, 0, 0},     {DT_F32, DT_BF16, 9, 16, 128, 64, 4, 0, 0},
-        {DT_F32, DT_F32, 64, 128, 256, 64, 8, 1, 0}, {DT_BF16, DT_F32, 7, 8, 128, 48, 2, 1, 0},
+        {DT_F32, DT_F32, 5, 4, 64, 24, 1, 0, 0},
+        {DT_F32, DT_BF16, 9, 16, 128, 64, 4, 0, 0},
+        {DT_F32, DT_F32, 1, 8, 64, 24, 2, 0, 0},
+        {DT_F32, DT_F32, 64, 128, 256, 64, 8, 1, 0},
+        {DT_BF16, DT_F32, 7, 8, 128, 48, 2, 1, 0},
         {DT_BF16, DT_BF16, 3, 8, 60, 40, 2, 1, 0}, /* H % 8 != 0 */
         {DT_F32, DT_F32, 300, 16, 64, 24, 2, 1, 1},
     };

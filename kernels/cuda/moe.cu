@@ -3,14 +3,16 @@
  * grid is sized for the worst case and its spare blocks read the device-side counts and exit.
  *
  * Launches on the workspace (moe.cuh describes the routing it holds):
- *   logits  one warp per (expert, 8 rows): router logits in fp32 (transformers rounds them to
- *           the model's dtype; fp32 keeps the picks those of the fp32 reference, where a 16-bit
- *           rounding would flip close ones);
- *   topk    a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower id first
- *           on ties), renormalization, the picks in increasing expert id (for n up to 16 the
- *           group block does this itself, saving a launch);
- *   group   one block: the per-expert counts, the active experts, their offsets, each slot's
- *           position, and the tensor-core path's tile list;
+ *   route   one warp per (expert, 8 rows), 16 a block when it groups (else 4): router
+ *           logits in fp32 (transformers rounds them to the model's dtype; fp32 keeps the
+ *           picks those of the fp32 reference, where a 16-bit rounding would flip close
+ *           ones); for n up to 16 the last block to finish (an arrival count) then routes
+ *           and groups as `group` does (one row: its warp 0 alone), so a decode batch's
+ *           routing is one launch;
+ *   topk    (n > 16) a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower
+ *           id first on ties), renormalization, the picks in increasing expert id;
+ *   group   (n > 16) one block: the per-expert counts, the active experts, their offsets,
+ *           each slot's position, and the tensor-core path's tile list;
  *   experts 16-bit activations and weights of the same dtype, H and I multiples of 8:
  *             n <= MOE_GEMV_MAX_ROWS: GEMVs over only the picked experts' rows (moe_gemv.cu),
  *             the combine in the down kernel;
@@ -27,7 +29,7 @@ enum {
     MOE_ALIGN = 256,
     MOE_GROUP_WARPS = 16,
     MOE_LOGIT_ROWS = 8,
-    MOE_LOGIT_PRE = 8,
+    MOE_LOGIT_PRE = 16,
     MOE_WARPS = 4
 };
 
@@ -74,27 +76,13 @@ size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int 
     return moe_layout(NULL, NULL, NULL, NULL, act, max_rows, num_experts, hidden, inter, top_k);
 }
 
-/* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
- * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 2048) are requested
- * before the wait for x, so they stream in while the previous kernel drains. */
+/* The warp's logits of expert e for rows t0 .. t0 + rows (pre: its first chunks, loaded). */
 template <typename T, typename WT>
-__global__ __launch_bounds__(32 * MOE_WARPS) void moe_logits_kernel(float *logits, const T *x,
-                                                                    const WT *router, int n, int E,
-                                                                    int H, int vec) {
+__device__ __forceinline__ void router_logits(float *logits, const T *x, const WT *w,
+                                              const uint4 (&pre)[MOE_LOGIT_PRE], int t0, int rows,
+                                              int e, int E, int H, int vec) {
     constexpr bool wide = sizeof(WT) == 2;
-    const int lane = threadIdx.x & 31, e = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
-    const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
-    const WT *w = router + (size_t)(e < E ? e : 0) * H;
-    uint4 pre[MOE_LOGIT_PRE];
-    if (wide && vec && e < E)
-#pragma unroll
-        for (int i = 0; i < MOE_LOGIT_PRE; i++)
-            if ((lane + 32 * i) * 8 < H)
-                pre[i] = ld_stream(w + (lane + 32 * i) * 8);
-    kc_pdl_wait();
-    kc_pdl_trigger();
-    if (e >= E)
-        return;
+    const int lane = threadIdx.x & 31;
     const T *xr = x + (size_t)t0 * H;
     float acc[MOE_LOGIT_ROWS] = {};
     auto dot_rows = [&](const float(&wf)[8], int c) {
@@ -155,7 +143,7 @@ __device__ static int route_row(const float *logits, int E, int top_k, int renor
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++) {
         const int ex = lane + 32 * i;
-        p[i] = ex < E ? logits[ex] : -INFINITY;
+        p[i] = ex < E ? __ldcg(logits + ex) : -INFINITY; /* other blocks' */
         m = fmaxf(m, p[i]);
     }
     m = warp_max(m);
@@ -235,13 +223,10 @@ __global__ __launch_bounds__(32 * MOE_WARPS) void moe_topk_kernel(MoeRouting r, 
                renormalize, NULL);
 }
 
-/* routed: moe_topk_kernel has written ids and weights; else this block routes the rows. */
-__global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRouting r, int n, int E,
-                                                                         int top_k, int renormalize,
-                                                                         int tile_rows,
-                                                                         int routed) {
-    kc_pdl_wait();
-    kc_pdl_trigger();
+/* The grouping, by one block of MOE_GROUP_WARPS warps. routed: moe_topk_kernel has written
+ * ids and weights; else this block routes the rows. */
+__device__ static void group_block(const MoeRouting &r, int n, int E, int top_k, int renormalize,
+                                   int tile_rows, int routed) {
     __shared__ int count[MOE_MAX_EXPERTS], cursor[MOE_MAX_EXPERTS], scratch[MOE_GROUP_WARPS + 1];
     const int tid = threadIdx.x, slots = n * top_k;
     for (int e = tid; e < E; e += blockDim.x)
@@ -268,6 +253,8 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRout
             r.tile_pos[first_tile + i] = off + i * tile_rows;
         }
     }
+    if (tid >= num_active && tid < min(E, slots))
+        r.active[tid] = -1; /* no expert: the GEMV path's spare blocks exit on it */
     if (tid == 0) {
         *r.num_active = num_active;
         r.offset[num_active] = slots;
@@ -279,6 +266,84 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRout
         r.slot_at[p] = s;
         r.pos_of[s] = p;
     }
+}
+
+/* group_block's result for one row, by warp 0: the row's picks in increasing id are the
+ * active experts, a position (and a tile) each. */
+__device__ static void group_one_row(const MoeRouting &r, int E, int top_k, int renormalize) {
+    if (threadIdx.x >= 32)
+        return;
+    int e;
+    float w;
+    const int lane = threadIdx.x, rank = route_row(r.logits, E, top_k, renormalize, &e, &w);
+    if (lane < top_k) {
+        r.ids[rank] = e;
+        r.weights[rank] = w;
+        r.pos_of[rank] = r.slot_at[rank] = rank;
+        r.active[rank] = e;
+        r.offset[rank] = r.tile_a[rank] = r.tile_pos[rank] = rank;
+    }
+    if (lane == 0) {
+        *r.num_active = *r.num_tiles = top_k;
+        r.offset[top_k] = top_k;
+    }
+}
+
+__global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRouting r, int n, int E,
+                                                                         int top_k, int renormalize,
+                                                                         int tile_rows) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    group_block(r, n, E, top_k, renormalize, tile_rows, 1);
+}
+
+/* Bumped by each block of a grouping route kernel once its logits are stored; the last block
+ * to arrive groups and puts it back to 0 (one count per device: MoE layers run one at a time
+ * on a device, each kernel of the chain waiting for the one before). */
+__device__ unsigned int moe_route_arrivals;
+
+/* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
+ * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 4096) are requested
+ * before the wait for x, so they stream in while the previous kernel drains. `group` (one
+ * block column of rows, n <= MOE_GROUP_WARPS): the last block to finish routes the rows and
+ * groups them (group_block), saving a launch. */
+template <typename T, typename WT>
+__global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
+    MoeRouting r, const T *x, const WT *router, int n, int E, int H, int vec, int group, int top_k,
+    int renormalize, int tile_rows) {
+    constexpr bool wide = sizeof(WT) == 2;
+    const int lane = threadIdx.x & 31, e = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
+    const WT *w = router + (size_t)(e < E ? e : 0) * H;
+    uint4 pre[MOE_LOGIT_PRE];
+    if (wide && vec && e < E)
+#pragma unroll
+        for (int i = 0; i < MOE_LOGIT_PRE; i++)
+            if ((lane + 32 * i) * 8 < H)
+                pre[i] = ld_stream(w + (lane + 32 * i) * 8);
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    if (e < E)
+        router_logits<T, WT>(r.logits, x, w, pre, t0, rows, e, E, H, vec);
+    if (!group)
+        return;
+    __shared__ int last;
+    __threadfence(); /* this block's logits, before its arrival is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned blocks = gridDim.x * gridDim.y;
+        last = atomicAdd(&moe_route_arrivals, 1u) == blocks - 1;
+        if (last)
+            moe_route_arrivals = 0;
+    }
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (n == 1)
+        group_one_row(r, E, top_k, renormalize);
+    else
+        group_block(r, n, E, top_k, renormalize, tile_rows, 0);
 }
 
 /* out[t, 8c..8c+8) = sum over t's picks (increasing id) of weight * y[position]. */
@@ -419,19 +484,22 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
         fast && n > MOE_GEMV_MAX_ROWS ? moe_mma_tile_rows(n, top_k, E) : n * top_k;
     const bool routed = n > MOE_GROUP_WARPS; /* more rows than the group block's warps */
     const bool vec = H % 8 == 0 && kc_aligned16(x) && kc_aligned16(router->data);
-    const dim3 logit_grid((unsigned)((E + MOE_WARPS - 1) / MOE_WARPS),
+    const int route_warps = routed ? MOE_WARPS : MOE_GROUP_WARPS; /* grouping: a whole block */
+    const dim3 route_grid((unsigned)((E + route_warps - 1) / route_warps),
                           (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_WEIGHT(router->dtype, what, RT,
-                           kc_launch_pdl(moe_logits_kernel<T, RT>, logit_grid, dim3(32 * MOE_WARPS),
-                                         0, s, r.logits, (const T *)x, (const RT *)router->data, n,
-                                         E, H, (int)vec));
-        if (routed)
+                           kc_launch_pdl(moe_route_kernel<T, RT>, route_grid,
+                                         dim3(32 * route_warps), 0, s, r, (const T *)x,
+                                         (const RT *)router->data, n, E, H, (int)vec,
+                                         (int)!routed, top_k, renormalize, tile_rows));
+        if (routed) {
             kc_launch_pdl(moe_topk_kernel, dim3((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS)),
                           dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
-        kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E, top_k,
-                      renormalize, tile_rows, (int)routed);
+            kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E,
+                          top_k, renormalize, tile_rows);
+        }
         run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I, top_k,
                        fast, s));
 }

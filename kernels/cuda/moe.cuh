@@ -22,7 +22,8 @@ struct MoeRouting {
     float *weights;      /* [n, k] their weights (renormalized when asked) */
     int32_t *pos_of;     /* [n k] slot -> position */
     int32_t *slot_at;    /* [n k] position -> slot */
-    int32_t *active;     /* [E] the experts with rows, increasing id; num_active of them */
+    int32_t *active;     /* [E] the experts with rows, increasing id; num_active of them, then
+                            -1 up to min(E, n k) */
     int32_t *offset;     /* [E + 1] active expert a's positions start at offset[a] */
     int32_t *num_active; /* [1] */
     int32_t *num_tiles;  /* [1] */
@@ -38,7 +39,8 @@ static inline int moe_max_tiles(int slots, int E, int tile_rows) {
 
 /* act[pos, j] = silu(g) * u, [g; u] = gate_up_e x[row of pos], for n <= MOE_GEMV_MAX_ROWS,
  * then out[t, h] = sum over t's picks in increasing expert id of weight * (down_e act[pos]),
- * each expert's dot rounded to T: one warp per weight row pair / output (moe_gemv.cu). */
+ * each expert's dot rounded to T: two launches (moe_gemv.cu). Needs active[a] = -1 for the
+ * active indices num_active <= a < min(E, n top_k). */
 template <typename T>
 void moe_gemv_launch(T *out, const T *x, T *act, const T *gate_up, const T *down,
                      const MoeRouting &r, int n, int E, int H, int I, int top_k, cudaStream_t s);
