@@ -27,12 +27,12 @@
  * PAGELLM_CUDA_TEST_QUICK=1 shrinks the sweeps and drops the long and timing tests (for runs
  * under compute-sanitizer); PAGELLM_CUDA_TEST_FILTER=pattern runs the matching tests only;
  * PAGELLM_ATTN_TIMING=BATCHxCTX (or BATCHxFROMxTOxBOUND: contexts spread over FROM-TO, block
- * tables of BOUND positions) times that decode case alone (to profile it), and with
- * PAGELLM_ATTN_SUSTAIN=SECONDS also after that many seconds of back-to-back launches (the time
- * once the board's power limit has set the clock; read the power beside it with nvidia-smi), and
- * with PAGELLM_ATTN_WINDOW=W under a sliding window of W positions. test_attention_window checks
- * sliding windows on every path, the blocks behind every row's window absent (-1) from the
- * block tables. */
+ * tables of BOUND positions) times that decode case alone (to profile it), =prefill the prefill
+ * cases alone, and with PAGELLM_ATTN_SUSTAIN=SECONDS also after that many seconds of back-to-back
+ * launches (the time once the board's power limit has set the clock; read the power beside it with
+ * nvidia-smi), and with PAGELLM_ATTN_WINDOW=W under a sliding window of W positions.
+ * test_attention_window checks sliding windows on every path, the blocks behind every row's window
+ * absent (-1) from the block tables. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -705,8 +705,12 @@ static void test_attention_timing(void **state) {
         {256, 128, 192, 131072}, {256, 1024, 1120, 131072}, {1, 1024, 1024, 131072}};
     /* PAGELLM_ATTN_TIMING=BATCHxCTX or BATCHxFROMxTOxBOUND: that bf16 decode case alone, listed
      * above or not (for a profiler or a sweep), no prefill; with PAGELLM_ATTN_WINDOW=W under a
-     * sliding window of W positions (its floor: the window's K/V bytes) */
+     * sliding window of W positions (its floor: the window's K/V bytes); =prefill: the prefill
+     * cases alone */
     const char *only = getenv("PAGELLM_ATTN_TIMING");
+    const int prefill_only = only && strcmp(only, "prefill") == 0;
+    if (prefill_only)
+        only = NULL;
     a.window = only && getenv("PAGELLM_ATTN_WINDOW") ? atoi(getenv("PAGELLM_ATTN_WINDOW")) : 0;
     int only_case[1][5] = {{0, 0, 0, 0, 0}};
     if (only) {
@@ -723,7 +727,7 @@ static void test_attention_timing(void **state) {
                      only, max_rows, bs, nblocks);
     }
     const int(*cases)[5] = only ? only_case : dec;
-    const int ncases = only ? 1 : (int)(sizeof dec / sizeof dec[0]);
+    const int ncases = prefill_only ? 0 : only ? 1 : (int)(sizeof dec / sizeof dec[0]);
     for (int ci = 0; ci < ncases; ci++) {
         const int batch = cases[ci][0], lo = cases[ci][1], hi = cases[ci][2];
         const int mb = cases[ci][3] / bs;
@@ -800,12 +804,13 @@ static void test_attention_timing(void **state) {
         free(pos);
     }
 
-    /* prefill: {sequences, tokens each, cached prefix} */
+    /* prefill: {sequences, tokens each, cached prefix, 1: an fp8 cache (the bf16 data's bytes
+     * read as e4m3)} */
     a.dt = DT_BF16;
-    a.l.dtype = DT_BF16;
-    const int pre[][3] = {{1, 2048, 0}, {1, 512, 0}, {4, 512, 0}, {1, 512, 1536}};
-    for (int ci = 0; ci < (only ? 0 : 4); ci++) {
+    const int pre[][4] = {{1, 2048, 0}, {1, 512, 0}, {4, 512, 0}, {1, 512, 1536}, {1, 2048, 0, 1}};
+    for (int ci = 0; ci < (only ? 0 : 5); ci++) {
         const int ns = pre[ci][0], len = pre[ci][1], prefix = pre[ci][2];
+        a.l.dtype = pre[ci][3] ? DT_F8E4M3 : DT_BF16;
         const int mb = (prefix + len + bs - 1) / bs, rows = ns * len;
         int32_t *tab = xmalloc(sizeof(int32_t) * ns * mb);
         for (int i = 0; i < ns * mb; i++)
@@ -832,10 +837,11 @@ static void test_attention_timing(void **state) {
         double ms = time_median(run_attn, &a, 20);
         double flops = 4.0 * nh * D * pairs;
         double floor_ms = flops / tflops * 1e3;
-        print_message("timing: prefill %d x %4d tokens after %4d cached: %7.1f us, floor %6.1f us "
-                      "(%.2fx), %.0f TFLOP/s; x32 layers %.2f ms\n",
-                      ns, len, prefix, ms * 1e3, floor_ms * 1e3, ms / floor_ms,
-                      flops / (ms * 1e-3) / 1e12, ms * 32);
+        print_message(
+            "timing: prefill %d x %4d tokens after %4d cached%s: %7.1f us, floor %6.1f us "
+            "(%.2fx), %.0f TFLOP/s; x32 layers %.2f ms\n",
+            ns, len, prefix, pre[ci][3] ? " (fp8 cache)" : "", ms * 1e3, floor_ms * 1e3,
+            ms / floor_ms, flops / (ms * 1e-3) / 1e12, ms * 32);
         k_cuda_free(dtab);
         k_cuda_free(dqs);
         k_cuda_free(dpos);
