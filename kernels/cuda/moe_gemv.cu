@@ -22,7 +22,10 @@ enum { MG_WARPS = 4, MD_WARPS = 8, MD_ROWS = 4 };
 /* Blocks of the up kernel an SM must hold at U chunks in flight per lane and weight row: at
  * one row an expert gemv.cuh's choice for its batch-1 GEMV (12 at two chunks, for one wave of
  * blocks at the Qwen3-30B-A3B shape; 8 at four, for deep rows). */
-template <int NX, int U> constexpr int mg_min_blocks = NX == 1 ? (U >= 4 ? 8 : 12) : NX == 2 ? 6 : 1;
+template <int NX, int U>
+constexpr int mg_min_blocks = NX == 1   ? (U >= 4 ? 8 : 12)
+                              : NX == 2 ? 6
+                                        : 1;
 
 /* Chunks a lane requests per weight row and step of the down kernel. */
 template <int NX> constexpr int md_u = NX <= 2 ? 4 : 2;
