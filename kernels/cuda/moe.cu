@@ -29,7 +29,8 @@ enum {
     MOE_ALIGN = 256,
     MOE_GROUP_WARPS = 16,
     MOE_LOGIT_ROWS = 8,
-    MOE_LOGIT_PRE = 16,
+    MOE_LOGIT_PRE = 16,       /* chunks a lane requested early by a grouping route kernel */
+    MOE_LOGIT_PRE_ROUTED = 8, /* and by one that only computes logits (n > 16) */
     MOE_WARPS = 4
 };
 
@@ -77,10 +78,10 @@ size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int 
 }
 
 /* The warp's logits of expert e for rows t0 .. t0 + rows (pre: its first chunks, loaded). */
-template <typename T, typename WT>
+template <typename T, typename WT, int PRE>
 __device__ __forceinline__ void router_logits(float *logits, const T *x, const WT *w,
-                                              const uint4 (&pre)[MOE_LOGIT_PRE], int t0, int rows,
-                                              int e, int E, int H, int vec) {
+                                              const uint4 (&pre)[PRE], int t0, int rows, int e,
+                                              int E, int H, int vec) {
     constexpr bool wide = sizeof(WT) == 2;
     const int lane = threadIdx.x & 31;
     const T *xr = x + (size_t)t0 * H;
@@ -100,13 +101,13 @@ __device__ __forceinline__ void router_logits(float *logits, const T *x, const W
         int first = lane * 8;
         if constexpr (wide) {
 #pragma unroll
-            for (int i = 0; i < MOE_LOGIT_PRE; i++)
+            for (int i = 0; i < PRE; i++)
                 if ((lane + 32 * i) * 8 < H) {
                     float wf[8];
                     unpack8(wf, pre[i], (const WT *)0);
                     dot_rows(wf, (lane + 32 * i) * 8);
                 }
-            first += MOE_LOGIT_PRE * 32 * 8;
+            first += PRE * 32 * 8;
         }
 #pragma unroll 4
         for (int c = first; c < H; c += 32 * 8) {
@@ -303,29 +304,33 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_group_kernel(MoeRout
 __device__ unsigned int moe_route_arrivals;
 
 /* logits[t, e] = router[e] . x[t] in fp32; a warp per expert and up to 8 rows. A 16-bit
- * router row's first MOE_LOGIT_PRE chunks a lane (all of it up to H = 4096) are requested
- * before the wait for x, so they stream in while the previous kernel drains. `group` (one
- * block column of rows, n <= MOE_GROUP_WARPS): the last block to finish routes the rows and
- * groups them (group_block), saving a launch. */
-template <typename T, typename WT>
-__global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
-    MoeRouting r, const T *x, const WT *router, int n, int E, int H, int vec, int group, int top_k,
+ * router row's first chunks a lane (all of it up to H = 4096 when grouping, 2048 otherwise)
+ * are requested before the wait for x, so they stream in while the previous kernel drains.
+ * GROUP (one block column of rows, n <= MOE_GROUP_WARPS, blocks of MOE_GROUP_WARPS warps):
+ * the last block to finish routes the rows and groups them (group_block), saving a launch.
+ * Without it (blocks of MOE_WARPS warps) the kernel keeps the register budget and the
+ * shorter prefetch of a plain logits kernel: with the grouping kernel's, batches above 16
+ * rows ran about 1 % slower (docs/PERFORMANCE.md, Mixture of experts). */
+template <typename T, typename WT, bool GROUP>
+__global__ __launch_bounds__(32 * (GROUP ? MOE_GROUP_WARPS : MOE_WARPS)) void moe_route_kernel(
+    MoeRouting r, const T *x, const WT *router, int n, int E, int H, int vec, int top_k,
     int renormalize, int tile_rows) {
     constexpr bool wide = sizeof(WT) == 2;
+    constexpr int PRE = GROUP ? MOE_LOGIT_PRE : MOE_LOGIT_PRE_ROUTED;
     const int lane = threadIdx.x & 31, e = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * MOE_LOGIT_ROWS, rows = min(MOE_LOGIT_ROWS, n - t0);
     const WT *w = router + (size_t)(e < E ? e : 0) * H;
-    uint4 pre[MOE_LOGIT_PRE];
+    uint4 pre[PRE];
     if (wide && vec && e < E)
 #pragma unroll
-        for (int i = 0; i < MOE_LOGIT_PRE; i++)
+        for (int i = 0; i < PRE; i++)
             if ((lane + 32 * i) * 8 < H)
                 pre[i] = ld_stream(w + (lane + 32 * i) * 8);
     kc_pdl_wait();
     kc_pdl_trigger();
     if (e < E)
-        router_logits<T, WT>(r.logits, x, w, pre, t0, rows, e, E, H, vec);
-    if (!group)
+        router_logits<T, WT, PRE>(r.logits, x, w, pre, t0, rows, e, E, H, vec);
+    if (!GROUP)
         return;
     __shared__ int last;
     __threadfence(); /* this block's logits, before its arrival is counted */
@@ -344,6 +349,23 @@ __global__ __launch_bounds__(32 * MOE_GROUP_WARPS) void moe_route_kernel(
         group_one_row(r, E, top_k, renormalize);
     else
         group_block(r, n, E, top_k, renormalize, tile_rows, 0);
+}
+
+/* The route kernel for n rows: routed (n > MOE_GROUP_WARPS), logits only, in blocks of
+ * MOE_WARPS warps; else logits, routing and grouping, in blocks of MOE_GROUP_WARPS. */
+template <typename T, typename RT>
+static void launch_route(bool routed, const MoeRouting &r, const T *x, const RT *router, int n,
+                         int E, int H, int vec, int top_k, int renormalize, int tile_rows,
+                         cudaStream_t s) {
+    const int warps = routed ? MOE_WARPS : MOE_GROUP_WARPS;
+    const dim3 grid((unsigned)((E + warps - 1) / warps),
+                    (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
+    if (routed)
+        kc_launch_pdl(moe_route_kernel<T, RT, false>, grid, dim3(32 * warps), 0, s, r, x, router, n,
+                      E, H, vec, top_k, renormalize, tile_rows);
+    else
+        kc_launch_pdl(moe_route_kernel<T, RT, true>, grid, dim3(32 * warps), 0, s, r, x, router, n,
+                      E, H, vec, top_k, renormalize, tile_rows);
 }
 
 /* out[t, 8c..8c+8) = sum over t's picks (increasing id) of weight * y[position]. */
@@ -484,22 +506,16 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
         fast && n > MOE_GEMV_MAX_ROWS ? moe_mma_tile_rows(n, top_k, E) : n * top_k;
     const bool routed = n > MOE_GROUP_WARPS; /* more rows than the group block's warps */
     const bool vec = H % 8 == 0 && kc_aligned16(x) && kc_aligned16(router->data);
-    const int route_warps = routed ? MOE_WARPS : MOE_GROUP_WARPS; /* grouping: a whole block */
-    const dim3 route_grid((unsigned)((E + route_warps - 1) / route_warps),
-                          (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_WEIGHT(router->dtype, what, RT,
-                           kc_launch_pdl(moe_route_kernel<T, RT>, route_grid,
-                                         dim3(32 * route_warps), 0, s, r, (const T *)x,
-                                         (const RT *)router->data, n, E, H, (int)vec,
-                                         (int)!routed, top_k, renormalize, tile_rows));
+                           launch_route<T, RT>(routed, r, (const T *)x, (const RT *)router->data, n,
+                                               E, H, (int)vec, top_k, renormalize, tile_rows, s));
         if (routed) {
             kc_launch_pdl(moe_topk_kernel, dim3((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS)),
                           dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
             kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E,
                           top_k, renormalize, tile_rows);
-        }
-        run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I, top_k,
-                       fast, s));
+        } run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I,
+                         top_k, fast, s));
 }
