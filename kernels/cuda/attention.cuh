@@ -283,6 +283,19 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
+/* A pair of 16-bit values of type T as the mma's input type MT: the same bits, or bf16 to f16
+ * (exact within f16's range; beyond +-65504 saturated, and below 2^-24 rounded to f16's
+ * subnormals). */
+template <typename T, typename MT> __device__ __forceinline__ uint32_t as_mma_pair(uint32_t two) {
+    if constexpr (std::is_same<T, MT>::value) {
+        return two;
+    } else {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&two);
+        const float lim = 65504.0f;
+        return pack16<f16>(fminf(fmaxf(f.x, -lim), lim), fminf(fmaxf(f.y, -lim), lim));
+    }
+}
+
 /* c[16x8] += a[16x16] b[16x8], 16-bit inputs (T: bf16 or f16), fp32 accumulators. */
 template <typename T>
 __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -360,8 +373,7 @@ void kc_prefill_tc(void *out, const void *q, DType act, DType kv, const void *kv
 
 /* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32, times s
  * (an fp8 cache's scale: dec(q) * s, as the CPU reads it; 1 otherwise). */
-template <typename TC>
-__device__ __forceinline__ void stage8(float *dst, const TC *src, float s) {
+template <typename TC> __device__ __forceinline__ void stage8(float *dst, const TC *src, float s) {
     float v[8];
     load8(v, src);
     if constexpr (is_kv8<TC>::value) {

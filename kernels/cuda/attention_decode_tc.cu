@@ -25,6 +25,10 @@
  * shared memory (the drained ring); a row whose context fits one partition is written normalised,
  * else the partition's un-normalised sums and (max, sum) go to the workspace.
  *
+ * With an fp8 cache the mmas run in f16 whatever the activations: K and V pairs widen from e4m3
+ * in one instruction (to bf16 it takes four), the bf16 queries are converted once (as_mma_pair)
+ * and P is rounded to f16. On the H100 that took the fp8 batch-256 layer from 202.5 to 200.1 us.
+ *
  * Measured on the H200 (bf16, batch 256 x 1024, 8 KV heads of 4 query heads, one layer), against
  * the kernel it replaced (8-position steps through the CUDA-core kernel's passes: scores to shared
  * memory, softmax, then P.V), same machine: 37.5 M warp instructions instead of 84.6 M (ncu),
@@ -76,8 +80,9 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
                int num_seqs, const int32_t *block_tables, int nh, int G, int part_len,
                float scale_log2, float *ws_acc, float *ws_ml, int max_parts) {
     constexpr bool FP8 = is_kv8<TC>::value;
+    using MT = std::conditional_t<FP8, f16, T>; /* the mma's input type */
     constexpr int DTC_ROW_BYTES = DtcRing<TC>::ROW, DTC_UNIT_BYTES = DtcRing<TC>::UNIT;
-    constexpr int CE = 16 / (int)sizeof(TC); /* elements per 16-byte chunk */
+    constexpr int CE = 16 / (int)sizeof(TC);          /* elements per 16-byte chunk */
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int *tab = (int *)((char *)smem16 + DtcRing<TC>::BYTES); /* the partition's physical blocks */
@@ -95,8 +100,8 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
         qb[c][0] = qb[c][1] = 0u;
         if (g8 < HB) {
             const T *qh = q + ((size_t)row * nh + h0 + g8) * DTC_D + 16 * c + (FP8 ? 4 : 2) * t4;
-            qb[c][0] = *(const uint32_t *)qh;
-            qb[c][1] = *(const uint32_t *)(qh + (FP8 ? 2 : 8));
+            qb[c][0] = as_mma_pair<T, MT>(*(const uint32_t *)qh);
+            qb[c][1] = as_mma_pair<T, MT>(*(const uint32_t *)(qh + (FP8 ? 2 : 8)));
         }
     }
     __syncthreads(); /* tab */
@@ -142,8 +147,8 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
                 const TC *src = half[hs] + (r4 ? (size_t)4 * row32 : 0);
 #pragma unroll
                 for (int c8 = 0; c8 < DTC_ROW_BYTES / 128; c8++)
-                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8,
-                               src + 8 * CE * c8, r < left);
+                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8, src + 8 * CE * c8,
+                               r < left);
             }
     };
     auto load_k = [&](int i, uint32_t unit) {
@@ -191,10 +196,10 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
                 ldsm_x4(m, (k_ld + uk) ^ (32 * j));
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const uint32_t a[4] = {e4m3x2_to<T>(m[2 * h]), e4m3x2_to<T>(m[2 * h + 1]),
-                                           e4m3x2_to<T>(m[2 * h] >> 16),
-                                           e4m3x2_to<T>(m[2 * h + 1] >> 16)};
-                    mma16<T>(c[h], a, qb[2 * j + h][0], qb[2 * j + h][1]);
+                    const uint32_t a[4] = {e4m3x2_to_f16x2(m[2 * h]), e4m3x2_to_f16x2(m[2 * h + 1]),
+                                           e4m3x2_to_f16x2(m[2 * h] >> 16),
+                                           e4m3x2_to_f16x2(m[2 * h + 1] >> 16)};
+                    mma16<MT>(c[h], a, qb[2 * j + h][0], qb[2 * j + h][1]);
                 }
             }
         } else {
@@ -252,8 +257,8 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
         sum[0] += p[0] + p[2];
         sum[1] += p[1] + p[3];
         /* P^T as B (16 positions x 8 heads): the transposes of positions 0-7 and 8-15 */
-        const uint32_t pb0 = movmatrix_trans(pack16<T>(p[0], p[1]));
-        const uint32_t pb1 = movmatrix_trans(pack16<T>(p[2], p[3]));
+        const uint32_t pb0 = movmatrix_trans(pack16<MT>(p[0], p[1]));
+        const uint32_t pb1 = movmatrix_trans(pack16<MT>(p[2], p[3]));
 
         __syncwarp(); /* every lane has read step i's K (unit uk) */
         load_v(i + 1, uk);
@@ -271,9 +276,9 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
                 for (int h = 0; h < 2; h++) {
                     const uint32_t x0 = __byte_perm(m[2 * h], 0, 0x3120),
                                    x1 = __byte_perm(m[2 * h + 1], 0, 0x3120);
-                    const uint32_t a[4] = {e4m3x2_to<T>(x0), e4m3x2_to<T>(x0 >> 16),
-                                           e4m3x2_to<T>(x1), e4m3x2_to<T>(x1 >> 16)};
-                    mma16<T>(o[2 * j + h], a, pb0, pb1);
+                    const uint32_t a[4] = {e4m3x2_to_f16x2(x0), e4m3x2_to_f16x2(x0 >> 16),
+                                           e4m3x2_to_f16x2(x1), e4m3x2_to_f16x2(x1 >> 16)};
+                    mma16<MT>(o[2 * j + h], a, pb0, pb1);
                 }
             }
         } else {

@@ -20,9 +20,11 @@
  *
  * An fp8 cache: the tiles' bytes are gathered by cp.async into fp8 staging buffers (double-
  * buffered, half the bytes of a 16-bit tile), and each tile is widened once, exactly, into the
- * 16-bit K and V tiles the loop above reads (one buffer: the widening of tile kt + 1 waits for
+ * f16 K and V tiles the loop above reads (one buffer: the widening of tile kt + 1 waits for
  * tile kt's last reads); the K scale goes into the softmax scale, the V scale onto the output,
- * both in fp32. */
+ * both in fp32. The mmas then run in f16 whatever the activations: e4m3 pairs widen to f16 in
+ * one instruction (to bf16 in four), bf16 queries are converted once per block (exact within
+ * f16's range, saturated beyond +-65504) and P is rounded to f16 (3 more bits than bf16). */
 #include <math.h>
 
 #include "attention.cuh"
@@ -35,18 +37,19 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int HB, float scale_log2) {
     constexpr bool FP8 = is_kv8<TC>::value;
-    constexpr int NB = FP8 ? 1 : 2;        /* 16-bit K/V tile buffers */
-    constexpr int TK = D <= 128 ? 64 : 32; /* positions per K/V tile */
-    constexpr int DS = D + 8;              /* shared row stride in elements (16-byte pad) */
-    constexpr int CH = D / 8;              /* 16-byte chunks per row */
-    constexpr int KD = D / 16;             /* k-steps of Q K^T */
-    constexpr int NT = TK / 8;             /* position n-tiles of S */
-    constexpr int ND = D / 8;              /* dim n-tiles of O */
-    constexpr bool QREG = D <= 128;        /* Q fragments held in registers */
+    using MT = std::conditional_t<FP8, f16, T>; /* the mmas' input type, of Qs, Ks and Vs */
+    constexpr int NB = FP8 ? 1 : 2;             /* 16-bit K/V tile buffers */
+    constexpr int TK = D <= 128 ? 64 : 32;      /* positions per K/V tile */
+    constexpr int DS = D + 8;                   /* shared row stride in elements (16-byte pad) */
+    constexpr int CH = D / 8;                   /* 16-byte chunks per row */
+    constexpr int KD = D / 16;                  /* k-steps of Q K^T */
+    constexpr int NT = TK / 8;                  /* position n-tiles of S */
+    constexpr int ND = D / 8;                   /* dim n-tiles of O */
+    constexpr bool QREG = D <= 128;             /* Q fragments held in registers */
     extern __shared__ uint4 smem_tc[];
-    T *Qs = (T *)smem_tc;      /* [TC_M][DS] */
-    T *Ks = Qs + TC_M * DS;    /* [NB][TK][DS] */
-    T *Vs = Ks + NB * TK * DS; /* [NB][TK][DS] */
+    T *Qs = (T *)smem_tc;                         /* [TC_M][DS] */
+    T *Ks = Qs + TC_M * DS;                       /* [NB][TK][DS] */
+    T *Vs = Ks + NB * TK * DS;                    /* [NB][TK][DS] */
     uint8_t *K8 = (uint8_t *)(Vs + NB * TK * DS); /* fp8: [2][TK][D] staged bytes */
     uint8_t *V8 = K8 + 2 * TK * D;                /* [2][TK][D] */
     __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
@@ -139,8 +142,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             uint32_t o[8];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                o[2 * i] = e4m3x2_to<T>(w[i]);
-                o[2 * i + 1] = e4m3x2_to<T>(w[i] >> 16);
+                o[2 * i] = e4m3x2_to_f16x2(w[i]);
+                o[2 * i + 1] = e4m3x2_to_f16x2(w[i] >> 16);
             }
             uint4 *dst = (uint4 *)((kv ? Vs : Ks) + j * DS + c * 16);
             dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -152,6 +155,13 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     cp_async_commit();
     cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
+    if constexpr (!std::is_same<T, MT>::value) { /* Q to the mmas' type, once */
+        for (int e = tid; e < TC_M * D / 2; e += TC_THREADS) {
+            uint32_t *pair = (uint32_t *)(Qs + (e / (D / 2)) * DS) + e % (D / 2);
+            *pair = as_mma_pair<T, MT>(*pair);
+        }
+        __syncthreads();
+    }
 
     uint32_t qf[QREG ? KD : 1][4];
     const T *qrow = Qs + (warp * 16 + (lane & 15)) * DS + (lane >> 4) * 8;
@@ -202,8 +212,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             for (int n = 0; n < NT; n += 2) {
                 uint32_t b[4];
                 ldsm_x4(b, smem_addr(Kb + (n * 8 + krow) * DS + kk * 16 + kcol));
-                mma16<T>(sc[n], a, b[0], b[1]);
-                mma16<T>(sc[n + 1], a, b[2], b[3]);
+                mma16<MT>(sc[n], a, b[0], b[1]);
+                mma16<MT>(sc[n + 1], a, b[2], b[3]);
             }
         }
 
@@ -247,8 +257,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             const float p3 = exp2f(fmaf(sc[n][3], scale_log2, -ms1));
             rs0 += p0 + p1;
             rs1 += p2 + p3;
-            pf[n / 2][(n & 1) * 2] = pack16<T>(p0, p1);
-            pf[n / 2][(n & 1) * 2 + 1] = pack16<T>(p2, p3);
+            pf[n / 2][(n & 1) * 2] = pack16<MT>(p0, p1);
+            pf[n / 2][(n & 1) * 2 + 1] = pack16<MT>(p2, p3);
         }
         l0 = l0 * al0 + rs0;
         l1 = l1 * al1 + rs1;
@@ -265,8 +275,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             for (int d = 0; d < ND; d += 2) {
                 uint32_t b[4];
                 ldsm_x4_trans(b, smem_addr(Vb + (kc * 16 + vrow) * DS + d * 8 + vcol));
-                mma16<T>(o[d], pf[kc], b[0], b[1]);
-                mma16<T>(o[d + 1], pf[kc], b[2], b[3]);
+                mma16<MT>(o[d], pf[kc], b[0], b[1]);
+                mma16<MT>(o[d + 1], pf[kc], b[2], b[3]);
             }
         __syncthreads(); /* this buffer is refilled by the next iteration's load */
     }
@@ -309,8 +319,8 @@ static void launch_tc(void *out, const void *q, const void *cache, const KvGeom 
     const int rows = TC_M / HB;
     dim3 grid((unsigned)((b->num_tokens + rows - 1) / rows + b->num_seqs),
               (unsigned)(kg.nkv * (G / HB)));
-    const size_t smem = (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) +
-                        (FP8 ? (size_t)4 * TK * D : 0);
+    const size_t smem =
+        (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) + (FP8 ? (size_t)4 * TK * D : 0);
     auto kern = prefill_tc_kernel<T, TC, D>;
     kc_set_smem(kern, smem);
     kern<<<grid, TC_THREADS, smem, stream>>>(

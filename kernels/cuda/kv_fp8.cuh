@@ -63,17 +63,6 @@ __device__ __forceinline__ void e4m3x4_to_f32(float f[4], uint32_t u) {
     }
 }
 
-/* Two e4m3 bytes as a packed pair of the 16-bit type T (bf16 or f16), exactly. */
-template <typename T> __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t two) {
-    const uint32_t h = e4m3x2_to_f16x2(two);
-    if constexpr (std::is_same<T, f16>::value) {
-        return h;
-    } else {
-        const float2 t = __half22float2(*(const __half2 *)&h);
-        return pack16<bf16>(t.x, t.y);
-    }
-}
-
 /* 8 fp8 cache elements held in 8 bytes as fp32. */
 __device__ __forceinline__ void unpack8(float f[8], uint2 u, const kv8 *) {
     e4m3x4_to_f32(f, u.x);
