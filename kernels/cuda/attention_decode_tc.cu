@@ -27,7 +27,7 @@
  *
  * With an fp8 cache the mmas run in f16 whatever the activations: K and V pairs widen from e4m3
  * in one instruction (to bf16 it takes four), the bf16 queries are converted once (as_mma_pair)
- * and P is rounded to f16. On the H100 that took the fp8 batch-256 layer from 202.5 to 200.1 us.
+ * and P is rounded to f16 (on an H100 the fp8 batch-256 decode step: 12.44 ms against 12.52).
  *
  * Measured on the H200 (bf16, batch 256 x 1024, 8 KV heads of 4 query heads, one layer), against
  * the kernel it replaced (8-position steps through the CUDA-core kernel's passes: scores to shared
