@@ -360,12 +360,9 @@ static void launch_route(bool routed, const MoeRouting &r, const T *x, const RT 
     const int warps = routed ? MOE_WARPS : MOE_GROUP_WARPS;
     const dim3 grid((unsigned)((E + warps - 1) / warps),
                     (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
-    if (routed)
-        kc_launch_pdl(moe_route_kernel<T, RT, false>, grid, dim3(32 * warps), 0, s, r, x, router, n,
-                      E, H, vec, top_k, renormalize, tile_rows);
-    else
-        kc_launch_pdl(moe_route_kernel<T, RT, true>, grid, dim3(32 * warps), 0, s, r, x, router, n,
-                      E, H, vec, top_k, renormalize, tile_rows);
+    auto kernel = routed ? moe_route_kernel<T, RT, false> : moe_route_kernel<T, RT, true>;
+    kc_launch_pdl(kernel, grid, dim3(32 * warps), 0, s, r, x, router, n, E, H, vec, top_k,
+                  renormalize, tile_rows);
 }
 
 /* out[t, 8c..8c+8) = sum over t's picks (increasing id) of weight * y[position]. */
@@ -516,6 +513,7 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                           dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
             kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E,
                           top_k, renormalize, tile_rows);
-        } run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I,
-                         top_k, fast, s));
+        }
+        run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I, top_k,
+                       fast, s));
 }
