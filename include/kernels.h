@@ -352,6 +352,17 @@ struct KernelOps {
                                const void *x, const Tensor *w, const Tensor *norm_w, int n,
                                float eps);
 
+    /* Optional (NULL: the model makes the two calls): add_rmsnorm(residual, delta, normed,
+     * norm_w, n, K, eps) then matmul(out, normed, w, bias, n); and silu_mul(act, gate_up, n, K)
+     * then matmul(out, act, w, NULL, n), K = w->shape[1]: a block boundary, or the MLP's
+     * activation, and the projection reading it, whose fp8 activation quantization the backend
+     * may do as the first op writes. The same results as the two calls. */
+    void (*add_rmsnorm_matmul)(const KernelOps *ops, void *out, void *residual, const void *delta,
+                               void *normed, const Tensor *norm_w, const Tensor *w,
+                               const Tensor *bias, int n, float eps);
+    void (*silu_mul_matmul)(const KernelOps *ops, void *out, void *act, const void *gate_up,
+                            const Tensor *w, int n);
+
     /* out[i, :] = in[rows[i], :] for i < n, rows of `dim` (the rows whose logits are wanted). */
     void (*gather_rows)(const KernelOps *ops, void *out, const void *in, const int32_t *rows, int n,
                         int dim);

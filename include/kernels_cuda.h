@@ -299,6 +299,19 @@ void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, v
  * the plain pair (0: always); -1 restores the measured choice. */
 void k_cuda_proj_norm_force(KCudaProjNorm *p, int splits);
 
+/* An op and the fp8 projection reading its output, fused where k_cuda_matmul would quantize
+ * that output for cuBLASLt (an fp8 w beyond the GEMV's rows, kernels/cuda/matmul_fp8.cu): the
+ * op's kernel quantizes the rows as it writes them, and the GEMM follows; else the two calls.
+ * The same results either way; 1 when fused, else 0. k_cuda_add_rmsnorm_matmul =
+ * k_cuda_add_rmsnorm(residual, delta, normed, norm_w, n, K) then k_cuda_matmul(out, normed, w,
+ * bias, n); k_cuda_silu_mul_matmul = k_cuda_silu_mul(act_out, gate_up, n, K) then
+ * k_cuda_matmul(out, act_out, w, NULL, n), K = w->shape[1]. (kernels/cuda/matmul_fp8_fused.cu) */
+int k_cuda_add_rmsnorm_matmul(KCudaGemm *g, void *out, void *residual, const void *delta,
+                               void *normed, DType act, const Tensor *norm_w, const Tensor *w,
+                               const Tensor *bias, int n, float eps, void *stream);
+int k_cuda_silu_mul_matmul(KCudaGemm *g, void *out, void *act_out, const void *gate_up, DType act,
+                            const Tensor *w, int n, void *stream);
+
 /* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
  * only where the GEMV can run, else cuBLASLt; KC_GEMM_CUBLASLT also turns the fused
  * projections into their two calls), and the GEMV's weight rows per warp (1, 2 or 4; 0 = the

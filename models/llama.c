@@ -479,19 +479,49 @@ static void add_norm(Model *m, const Tensor *norm, int n) {
                          c->rms_norm_eps);
 }
 
-/* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm; one op
- * where the backend fuses them. The fused matmul ops (here, in attention_input and
- * mlp_activation) are used for 16/32-bit weights only: fp8 weights take the plain matmul, the
- * one op every backend implements for them. */
-static void project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n) {
+/* Whether the projection w reading the next block boundary's normed rows takes the residual
+ * add and norm into one op with it (add_rmsnorm_matmul: for an fp8 w the backend may quantize
+ * the rows as the norm writes them); NULL w: nothing known reads them but the LM head. */
+static int fuses_norm(const Model *m, const Tensor *w) {
+    return w && w->dtype == DT_F8E4M3 && m->ops->add_rmsnorm_matmul && m->shard.size == 1;
+}
+
+/* The block boundary after m->proj: residual += proj and normed = rmsnorm(residual) * norm now,
+ * or, returning 1, left pending for the projection `next` to do (project_normed). */
+static int finish_add_norm(Model *m, const Tensor *norm, int n, const Tensor *next) {
+    if (fuses_norm(m, next))
+        return 1;
+    add_norm(m, norm, n);
+    return 0;
+}
+
+/* out = normed w^T (+ bias); with `pending`, the block boundary left by finish_add_norm (norm
+ * `norm`) in one op with it. */
+static void project_normed(Model *m, void *out, const Tensor *w, const Tensor *bias,
+                           const Tensor *norm, int pending, int n) {
     const KernelOps *ops = m->ops;
-    if (m->shard.size == 1 && ops->matmul_add_rmsnorm && w->dtype != DT_F8E4M3) {
+    if (pending)
+        ops->add_rmsnorm_matmul(ops, out, m->residual, m->proj, m->normed, norm, w, bias, n,
+                                m->local.rms_norm_eps);
+    else
+        ops->matmul(ops, out, m->normed, w, bias, n);
+}
+
+/* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm (or
+ * left pending for `next`, as finish_add_norm); one op where the backend fuses them. The fused
+ * matmul ops (here, in attention_input and mlp_activation) are used for 16/32-bit weights only:
+ * fp8 weights take the plain matmul, the one op every backend implements for them. */
+static int project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n,
+                             const Tensor *next) {
+    const KernelOps *ops = m->ops;
+    if (!fuses_norm(m, next) && m->shard.size == 1 && ops->matmul_add_rmsnorm &&
+        w->dtype != DT_F8E4M3) {
         ops->matmul_add_rmsnorm(ops, m->residual, m->normed, m->proj, x, w, norm, n,
                                 m->local.rms_norm_eps);
-        return;
+        return 0;
     }
     ops->matmul(ops, m->proj, x, w, NULL, n);
-    add_norm(m, norm, n);
+    return finish_add_norm(m, norm, n, next);
 }
 
 /* Gemma's block end: proj = x w^T (summed over the ranks), normed by `post` (in place) before
@@ -509,60 +539,70 @@ static void project_norm_add_norm(Model *m, const Tensor *w, const void *x, cons
 }
 
 /* The attention block's input: q rotated into m->q, k and v of layer l into the cache (one
- * fused op where the backend has it). */
+ * fused op where the backend has it); `pending`: the pre-norm is still to do
+ * (finish_add_norm). */
 static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *batch,
-                            void *kv_cache, const KvLayout *kv_layout, int l, const Rope *rope) {
+                            void *kv_cache, const KvLayout *kv_layout, int l, const Rope *rope,
+                            int pending) {
     const KernelOps *ops = m->ops;
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
-    if (ops->matmul_qkv_rope_cache && lw->wqkv.dtype != DT_F8E4M3) {
+    if (!pending && ops->matmul_qkv_rope_cache && lw->wqkv.dtype != DT_F8E4M3) {
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
                                    kv_cache, kv_layout, l);
         return;
     }
-    ops->matmul(ops, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv), n);
+    project_normed(m, m->qkv, &lw->wqkv, bias_or_null(&lw->bqkv), &lw->attn_norm, pending, n);
     ops->qkv_rope_cache(ops, m->q, m->qkv, batch->positions, batch->slot_mapping, n, nh, rope,
                         qk_norm, kv_cache, kv_layout, l);
 }
 
 /* The MLP's activation: m->act = silu(gate) * up of the normed rows (one fused op where the
- * backend has it). */
-static void mlp_activation(Model *m, const LayerWeights *lw, int n) {
+ * backend has it); `pending`: the pre-norm is still to do (finish_add_norm). */
+static void mlp_activation(Model *m, const LayerWeights *lw, int n, int pending) {
     const KernelOps *ops = m->ops;
     if (m->local.gelu) { /* GeGLU */
-        ops->matmul(ops, m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+        project_normed(m, m->gate_up, &lw->w_gate_up, NULL, &lw->mlp_norm, pending, n);
         ops->gelu_tanh_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
         return;
     }
-    if (ops->matmul_silu_mul && lw->w_gate_up.dtype != DT_F8E4M3) {
+    if (!pending && ops->matmul_silu_mul && lw->w_gate_up.dtype != DT_F8E4M3) {
         ops->matmul_silu_mul(ops, m->act, m->gate_up, m->normed, &lw->w_gate_up, n);
         return;
     }
-    ops->matmul(ops, m->gate_up, m->normed, &lw->w_gate_up, NULL, n);
+    project_normed(m, m->gate_up, &lw->w_gate_up, NULL, &lw->mlp_norm, pending, n);
     ops->silu_mul(ops, m->act, m->gate_up, n, m->local.intermediate_size);
 }
 
-/* The MLP block of layer lw on the normed rows, its output added to the residual stream and
- * normed by `next` (the next layer's pre-norm or the final norm): a dense SwiGLU MLP, or a
- * mixture of experts in one op (its partial sums all-reduced with tensor parallelism). */
-static void mlp_block(Model *m, const LayerWeights *lw, const Tensor *next, int n) {
+/* The MLP block of layer lw on the normed rows (`pending`: its pre-norm still to do), its
+ * output added to the residual stream and normed by `next` (the next layer's pre-norm or the
+ * final norm), or that left pending for the projection next_w (returns 1, as
+ * finish_add_norm): a dense SwiGLU MLP, or a mixture of experts in one op (its partial sums
+ * all-reduced with tensor parallelism). */
+static int mlp_block(Model *m, const LayerWeights *lw, const Tensor *next, int n, int pending,
+                      const Tensor *next_w) {
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
     if (c->gemma) {
-        mlp_activation(m, lw, n);
+        mlp_activation(m, lw, n, pending);
         project_norm_add_norm(m, &lw->w_down, m->act, &lw->post_mlp_norm, next, n);
-        return;
+        return 0;
     }
     if (!lw->moe) {
-        mlp_activation(m, lw, n);
-        project_add_norm(m, &lw->w_down, m->act, next, n);
-        return;
+        if (!c->gelu && lw->w_down.dtype == DT_F8E4M3 && ops->silu_mul_matmul) {
+            /* fp8: the activation quantized for the down projection as it is written */
+            project_normed(m, m->gate_up, &lw->w_gate_up, NULL, &lw->mlp_norm, pending, n);
+            ops->silu_mul_matmul(ops, m->proj, m->act, m->gate_up, &lw->w_down, n);
+            return finish_add_norm(m, next, n, next_w);
+        }
+        mlp_activation(m, lw, n, pending);
+        return project_add_norm(m, &lw->w_down, m->act, next, n, next_w);
     }
     ops->moe_mlp(ops, m->proj, m->normed, &lw->router, &lw->experts_gate_up, &lw->experts_down, n,
                  c->num_experts_per_tok, c->norm_topk_prob, m->moe_ws, m->moe_ws_bytes);
-    add_norm(m, next, n);
+    return finish_add_norm(m, next, n, next_w);
 }
 
 /* Vocabulary-parallel LM head: this rank's logits slice for the picked rows, written in place
@@ -599,22 +639,28 @@ void model_forward(Model *m, const int32_t *token_ids, const AttnBatch *batch, v
         ops->scale(ops, m->residual, (size_t)n * hidden, act_round(ops->act, sqrt((double)hidden)));
     ops->rmsnorm(ops, m->normed, m->residual, &m->w.layers[0].attn_norm, n, hidden,
                  c->rms_norm_eps);
+    int pending = 0; /* a block boundary left for the projection after it */
     for (int l = 0; l < c->num_layers; l++) {
         const LayerWeights *lw = &m->w.layers[l];
         const int window = model_layer_window(c, l);
-        attention_input(m, lw, batch, kv_cache, kv_layout, l, window ? &m->rope_local : &m->rope);
+        attention_input(m, lw, batch, kv_cache, kv_layout, l, window ? &m->rope_local : &m->rope,
+                        pending);
         ops->attention(ops, m->attn, m->q, kv_cache, kv_layout, l, batch, c->num_heads, scale,
                        c->attn_softcap, window);
-        if (c->gemma)
+        if (c->gemma) {
             project_norm_add_norm(m, &lw->wo, m->attn, &lw->post_attn_norm, &lw->mlp_norm, n);
-        else
-            project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n);
+            pending = 0;
+        } else {
+            pending = project_add_norm(m, &lw->wo, m->attn, &lw->mlp_norm, n,
+                                       lw->moe ? NULL : &lw->w_gate_up);
+        }
         /* then the next layer's pre-norm; after the last layer the final norm, if logits are
          * wanted (else nothing reads the last MLP's output) */
         if (l + 1 < c->num_layers)
-            mlp_block(m, lw, &m->w.layers[l + 1].attn_norm, n);
+            pending = mlp_block(m, lw, &m->w.layers[l + 1].attn_norm, n, pending,
+                                c->gemma ? NULL : &m->w.layers[l + 1].wqkv);
         else if (num_logits > 0)
-            mlp_block(m, lw, &m->w.final_norm, n);
+            pending = mlp_block(m, lw, &m->w.final_norm, n, pending, NULL);
     }
     if (num_logits == 0)
         return;

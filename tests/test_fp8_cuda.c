@@ -8,7 +8,8 @@
  * above 8 the own tiled kernel, and at every n the own kernel with 32 weight rows a block,
  * whatever the automatic choice. Then a CUDA graph capture, and
  * the fused projections (qkv + RoPE + cache is not covered here; silu_mul and add_rmsnorm) on
- * fp8 weights against their two calls.
+ * fp8 weights against their two calls, and the norm and SiLU ops that quantize for the fp8
+ * GEMM after them (k_cuda_add_rmsnorm_matmul, k_cuda_silu_mul_matmul) against theirs.
  *
  * Tolerance. The CPU op sees exactly the GPU's inputs (x rounded to act, the same e4m3 codes
  * and scales) and the same quantization of x, and a product of two e4m3 values is exact in
@@ -55,6 +56,7 @@
     X(test_fp8_generic)                                                                            \
     X(test_fp8_graph)                                                                              \
     X(test_fp8_fused_ops)                                                                          \
+    X(test_fp8_quant_fused)                                                                        \
     X(test_fp8_timing)
 
 #ifndef PAGELLM_HAVE_CUDA
@@ -439,6 +441,110 @@ static void test_fp8_fused_ops(void **state) {
     free_fp8(&down);
     free_weight(&nw);
     k_cuda_proj_norm_destroy(pn);
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
+/* Bytes of a device buffer equal to another's; prints what differs. */
+static int same_bytes(const char *what, const void *d1, const void *d2, size_t bytes) {
+    unsigned char *h1 = xmalloc(bytes), *h2 = xmalloc(bytes);
+    k_cuda_memcpy(h1, d1, bytes);
+    k_cuda_memcpy(h2, d2, bytes);
+    size_t i = 0;
+    while (i < bytes && h1[i] == h2[i])
+        i++;
+    if (i < bytes)
+        print_error("%s: byte %zu of %zu differs from the two calls' (%u, not %u)\n", what, i,
+                    bytes, h1[i], h2[i]);
+    free(h1);
+    free(h2);
+    return i < bytes;
+}
+
+/* One fused case: residual + delta normed then times w1 (k_cuda_add_rmsnorm_matmul), and
+ * silu(gate) * up times w2 (k_cuda_silu_mul_matmul), against their two calls: the same bits in
+ * every output, and fused exactly where cuBLASLt takes the rows (n > 8). */
+static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *w2,
+                            const Weight *bias, DType act, int n) {
+    const int H = (int)w1->host.shape[1], N = (int)w1->host.shape[0];
+    const int I = (int)w2->host.shape[1], N2 = (int)w2->host.shape[0];
+    const size_t es = pl_dtype_size(act);
+    float *res = make_x(n, H, act), *delta = make_x(n, H, act), *gu = make_x(n, 2 * I, act);
+    void *dres1 = upload_as(res, (size_t)n * H, act), *dres2 = upload_as(res, (size_t)n * H, act);
+    void *ddelta = upload_as(delta, (size_t)n * H, act),
+         *dgu = upload_as(gu, (size_t)n * 2 * I, act);
+    void *norm1 = k_cuda_malloc((size_t)n * H * es), *norm2 = k_cuda_malloc((size_t)n * H * es);
+    void *out1 = k_cuda_malloc((size_t)n * N * es), *out2 = k_cuda_malloc((size_t)n * N * es);
+    void *act1 = k_cuda_malloc((size_t)n * I * es), *act2 = k_cuda_malloc((size_t)n * I * es);
+    void *dn1 = k_cuda_malloc((size_t)n * N2 * es), *dn2 = k_cuda_malloc((size_t)n * N2 * es);
+    Weight nw = make_weight(act == DT_F32 ? DT_F32 : DT_BF16, 1, H, 0, 0.5f, 1.5f);
+    const Tensor *b = bias ? &bias->dev : NULL;
+    k_cuda_memset(out1, 0xFF, (size_t)n * N * es);
+    k_cuda_memset(dn1, 0xFF, (size_t)n * N2 * es);
+    const int want = n > 8;
+    int fused = k_cuda_add_rmsnorm_matmul(g, out1, dres1, ddelta, norm1, act, &nw.dev, &w1->dev, b,
+                                           n, 1e-5f, NULL);
+    k_cuda_add_rmsnorm(dres2, ddelta, norm2, act, &nw.dev, n, H, 1e-5f, NULL);
+    k_cuda_matmul(g, out2, norm2, act, &w1->dev, b, n, NULL);
+    int fused2 = k_cuda_silu_mul_matmul(g, dn1, act1, dgu, act, &w2->dev, n, NULL);
+    k_cuda_silu_mul(act2, dgu, act, n, I, NULL);
+    k_cuda_matmul(g, dn2, act2, act, &w2->dev, NULL, n, NULL);
+    k_cuda_synchronize();
+    char what[160];
+    static const char *kn[] = {"none", "tensor", "channel", "block"};
+    snprintf(what, sizeof what, "%s act %s input_scale %g bias %s n %d", kn[w1->host.fp8.kind],
+             dn(act), (double)w1->host.fp8.input_scale, bias ? "yes" : "no", n);
+    int bad = 0;
+    if (fused != want || fused2 != want) {
+        print_error("%s: fused %d / %d, expected %d\n", what, fused, fused2, want);
+        bad++;
+    }
+    char w2s[200];
+    snprintf(w2s, sizeof w2s, "%s: add_rmsnorm_matmul out", what);
+    bad += same_bytes(w2s, out1, out2, (size_t)n * N * es);
+    snprintf(w2s, sizeof w2s, "%s: add_rmsnorm_matmul normed", what);
+    bad += same_bytes(w2s, norm1, norm2, (size_t)n * H * es);
+    snprintf(w2s, sizeof w2s, "%s: add_rmsnorm_matmul residual", what);
+    bad += same_bytes(w2s, dres1, dres2, (size_t)n * H * es);
+    snprintf(w2s, sizeof w2s, "%s: silu_mul_matmul out", what);
+    bad += same_bytes(w2s, dn1, dn2, (size_t)n * N2 * es);
+    snprintf(w2s, sizeof w2s, "%s: silu_mul_matmul act", what);
+    bad += same_bytes(w2s, act1, act2, (size_t)n * I * es);
+    void *bufs[] = {dres1, dres2, ddelta, dgu, norm1, norm2, out1, out2, act1, act2, dn1, dn2};
+    for (int i = 0; i < 12; i++)
+        k_cuda_free(bufs[i]);
+    free_weight(&nw);
+    free(res);
+    free(delta);
+    free(gu);
+    return bad;
+}
+
+/* Every scale kind (and a static input scale), BF16, F16 and F32 activations, n = 3 (the GEMV:
+ * not fused), 12, 64 and 301 (cuBLASLt, 301 with a GEMV tail row). The two weights of a case
+ * have different scales and share the gemm's per-tensor scale vector, so a fused op that did
+ * not refill it would use the other weight's. */
+static void test_fp8_quant_fused(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(87);
+    const int H = 512, I = 512, ns[] = {3, 12, 64, 301};
+    const DType acts[] = {DT_BF16, DT_F16, DT_F32};
+    KCudaGemm *g = k_cuda_gemm_create(0);
+    int bad = 0;
+    for (int kind = FP8_SCALE_TENSOR; kind <= FP8_SCALE_BLOCK; kind++)
+        for (int ai = 0; ai < 3; ai++)
+            for (int v = 0; v < 2; v++) {
+                const float is = v ? 0.05f : 0.0f;
+                Fp8Weight w1 = make_fp8((Fp8ScaleKind)kind, 768, H, is);
+                Fp8Weight w2 = make_fp8((Fp8ScaleKind)kind, H, I, is);
+                Weight bias = make_weight(acts[ai], 1, 768, 0, -1, 1);
+                for (int i = 0; i < 4; i++)
+                    bad += quant_fused_case(g, &w1, &w2, v ? &bias : NULL, acts[ai], ns[i]);
+                free_weight(&bias);
+                free_fp8(&w1);
+                free_fp8(&w2);
+            }
     k_cuda_gemm_destroy(g);
     assert_int_equal(bad, 0);
 }

@@ -10,7 +10,8 @@
  * test-side reference of the documented semantics (x quantized per token, or per token and
  * block, with the layer's dynamic or static scale, times the file's dequantized weights, in
  * double) within fp32 rounding. Then the model's greedy text on the golden prompts (leading
- * tokens equal to the float model's, as measured: 89 of 112 golden tokens with online fp8). */
+ * tokens equal to the float model's, as measured: 89 of 112 golden tokens with online fp8), and
+ * the model's sequencing of the norm / SiLU + fp8 projection ops a backend may fuse. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -416,6 +417,63 @@ static void expect_config_error(const char *qc, const char *want1, const char *w
 #define W_CH  "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"channel\"}"
 #define A_TOK "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"token\", \"dynamic\": true}"
 
+/* ---- the model's fused norm / SiLU + fp8 projection ops ---- */
+
+/* A CPU backend that has add_rmsnorm_matmul and silu_mul_matmul, made of the two calls each,
+ * counting them: the model's sequencing when a backend quantizes in the norm (the CUDA one). */
+static KernelOps fusing;
+static int calls_norm_matmul, calls_silu_matmul;
+
+static void two_call_add_rmsnorm_matmul(const KernelOps *ops, void *out, void *residual,
+                                        const void *delta, void *normed, const Tensor *norm_w,
+                                        const Tensor *w, const Tensor *bias, int n, float eps) {
+    (void)ops;
+    calls_norm_matmul++;
+    cpu->add_rmsnorm(cpu, residual, delta, normed, norm_w, n, (int)w->shape[1], eps);
+    cpu->matmul(cpu, out, normed, w, bias, n);
+}
+
+static void two_call_silu_mul_matmul(const KernelOps *ops, void *out, void *act,
+                                     const void *gate_up, const Tensor *w, int n) {
+    (void)ops;
+    calls_silu_matmul++;
+    cpu->silu_mul(cpu, act, gate_up, n, (int)w->shape[1]);
+    cpu->matmul(cpu, out, act, w, NULL, n);
+}
+
+/* stories260K quantized online, a prompt and then one decode token: the same logits bit for bit
+ * through the fused ops as through the plain ones (the same ops in the same order), the norm
+ * before every projection but the first layer's qkv fused (2 L - 1 a forward) and the SiLU
+ * before every down projection (L). */
+static void test_fused_norm_silu_ops(void **state) {
+    (void)state;
+    fusing = *cpu;
+    fusing.add_rmsnorm_matmul = two_call_add_rmsnorm_matmul;
+    fusing.silu_mul_matmul = two_call_silu_mul_matmul;
+    Run plain, fused;
+    run_open(&plain, cpu, STORIES, 0, "fp8");
+    run_open(&fused, &fusing, STORIES, 0, "fp8");
+    const int L = model_config(plain.m)->num_layers, V = plain.vocab;
+    const int32_t ids[] = {1, 403, 407, 261, 378, 5};
+    const int32_t rows[] = {0, 3, 5}, last = 0;
+    float *a = malloc(sizeof(float) * 3 * V), *b = malloc(sizeof(float) * 3 * V);
+    run_forward(&plain, ids, 6, 0, rows, 3, a);
+    calls_norm_matmul = calls_silu_matmul = 0;
+    run_forward(&fused, ids, 6, 0, rows, 3, b);
+    assert_int_equal(calls_norm_matmul, 2 * L - 1);
+    assert_int_equal(calls_silu_matmul, L);
+    assert_memory_equal(a, b, sizeof(float) * 3 * V);
+    const int32_t next = 42;
+    run_forward(&plain, &next, 1, 6, &last, 1, a);
+    run_forward(&fused, &next, 1, 6, &last, 1, b);
+    assert_int_equal(calls_norm_matmul, 2 * (2 * L - 1));
+    assert_memory_equal(a, b, sizeof(float) * V);
+    free(a);
+    free(b);
+    run_close(&plain);
+    run_close(&fused);
+}
+
 static void test_unsupported_configs(void **state) {
     (void)state;
     expect_config_error("{\"quant_method\": \"awq\"}", "quantization_config.quant_method", "awq");
@@ -484,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_online_fp8_layout),
         cmocka_unit_test(test_online_fp8_greedy),
         cmocka_unit_test(test_checkpoints_greedy),
+        cmocka_unit_test(test_fused_norm_silu_ops),
         cmocka_unit_test(test_dummy_fp8),
         cmocka_unit_test(test_unsupported_configs),
         cmocka_unit_test(test_fp8_tensor_without_config),

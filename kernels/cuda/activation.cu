@@ -1,10 +1,11 @@
 /* activation.cu - element-wise ops on activations: the gated MLP activation
  * out = silu(gate) * up, silu(g) = g / (1 + e^-g) (torch's formula, accurate expf), over the
- * fused gate-up projection's rows [n, 2 dim] (8 elements per thread where rows allow); and the
- * widening of activations to fp32. */
-#include "cuda_internal.cuh"
+ * fused gate-up projection's rows [n, 2 dim] (8 elements per thread where rows allow), also as a
+ * row per block that quantizes the rows it writes for the fp8 GEMM after it (kc_silu_mul_f8, the
+ * producer of k_cuda_silu_mul_matmul); and the widening of activations to fp32. */
+#include "fp8_quant.cuh"
 
-enum { SILU_THREADS = 128 };
+enum { SILU_THREADS = 128, SILU_ROW_VEC = 4 };
 
 /* Any shape: one element per thread, grid-stride. */
 template <typename T>
@@ -37,6 +38,56 @@ __global__ __launch_bounds__(SILU_THREADS) void silu_mul_vec_kernel(T *out, cons
     for (int e = 0; e < 8; e++)
         g[e] = silu_times(g[e], u[e]);
     store8(out + r * (size_t)dim + c, g);
+}
+
+/* Row blockIdx.x, SILU_ROW_VEC 8-element chunks per thread (c = t + j blockDim.x) held in
+ * registers until the row's scales are known; the first f8.rows rows quantized into f8. */
+template <typename T>
+__global__ __launch_bounds__(1024) void silu_mul_f8_kernel(T *out, const T *gate_up, int dim,
+                                                           KcF8Dst f8) {
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    __shared__ float red[32];
+    const size_t r = blockIdx.x;
+    float v[SILU_ROW_VEC][8];
+#pragma unroll
+    for (int j = 0; j < SILU_ROW_VEC; j++) {
+        const int c = (threadIdx.x + j * blockDim.x) * 8;
+        if (c >= dim)
+            break;
+        float u[8];
+        load8(v[j], gate_up + r * 2 * (size_t)dim + c);
+        load8(u, gate_up + r * 2 * (size_t)dim + dim + c);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            v[j][e] = to_f32(from_f32<T>(silu_times(v[j][e], u[e]))); /* as stored */
+        store8(out + r * (size_t)dim + c, v[j]);
+    }
+    f8_fill_wvec(f8);
+    if ((int)r < f8.rows)
+        f8_quant_row<SILU_ROW_VEC>(v, dim, (int)r, f8, red);
+}
+
+static int silu_f8_threads(int dim) {
+    const int threads = (dim / 8 + SILU_ROW_VEC - 1) / SILU_ROW_VEC;
+    return (threads + 31) / 32 * 32;
+}
+
+bool kc_silu_mul_f8_ok(const void *out, const void *gate_up, DType act, int dim) {
+    return dim % 8 == 0 && dim <= 8 * SILU_ROW_VEC * 1024 && kc_aligned16(out) &&
+           kc_aligned16(gate_up) && (dim * pl_dtype_size(act)) % 16 == 0;
+}
+
+void kc_silu_mul_f8(void *out, const void *gate_up, DType act, int n, int dim, const KcF8Dst *dst,
+                    cudaStream_t s) {
+    KC_REQUIRE(kc_silu_mul_f8_ok(out, gate_up, act, dim),
+               "kc_silu_mul_f8: shape or alignment the row kernel does not take (dim %d)", dim);
+    if (n <= 0)
+        return;
+    KC_DISPATCH_ACT(act, "kc_silu_mul_f8", T,
+                    kc_launch_pdl(silu_mul_f8_kernel<T>, dim3((unsigned)n),
+                                  dim3(silu_f8_threads(dim)), 0, s, (T *)out, (const T *)gate_up,
+                                  dim, *dst));
 }
 
 void k_cuda_silu_mul(void *out, const void *gate_up, DType act, int n, int dim, void *stream) {

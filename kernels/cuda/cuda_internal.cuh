@@ -354,6 +354,48 @@ bool kc_add_rmsnorm_partials_ok(const void *residual, const void *out, const flo
 void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, cudaStream_t s);
 
+/* Where a producing op (a norm, SiLU times up) writes the rows it makes quantized for the fp8
+ * GEMM after it (fp8_quant.cuh's f8_quant_row): of the launch's rows (one chunk of the GEMM's),
+ * the first `rows` go to q[rows, K] (e4m3) and their scales to xs[g * ld + r] (g a 128-column
+ * group with block scales, else 0); the scale s = input_scale when > 0, else from the group's
+ * amax. wvec (NULL: none) gets wvec_n copies of *w_scale0 (a per-tensor weight scale). */
+typedef struct {
+    uint8_t *q;
+    float *xs;
+    int ld, rows, block;
+    float input_scale;
+    float *wvec;
+    const float *w_scale0;
+    int wvec_n;
+} KcF8Dst;
+
+/* Launches the producing op on rows [r0, r0 + rows) of its output (rows >= dst->rows: the last
+ * chunk also makes the 1-3 rows the GEMV takes, unquantized), quantized into dst. */
+typedef void (*KcF8Produce)(void *ctx, const KcF8Dst *dst, int r0, int rows, cudaStream_t s);
+
+/* Whether kc_matmul_fp8_produced may take an fp8 weight w at n rows (of x at x): the cuBLASLt
+ * path, whose quantization a producing op can do. */
+bool kc_fp8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x, DType act,
+                        int n);
+
+/* out = x w^T (+ bias) as kc_matmul_fp8, x [n, K] made by `produce` (its other outputs too),
+ * chunk by chunk, quantizing as it writes; false (nothing launched) where cuBLASLt has no
+ * algorithm: then the caller runs the op and the matmul apart. */
+bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                            const Tensor *bias, int n, KcF8Produce produce, void *ctx,
+                            cudaStream_t s);
+
+/* The producers: add_rmsnorm (norm.cu's vector kernel) and silu_mul (activation.cu, a row a
+ * block) on n rows that also quantize them into dst; the _ok functions say whether the shapes
+ * and alignment fit them (else the caller runs the plain op and matmul). */
+bool kc_add_rmsnorm_f8_ok(const void *residual, const void *delta, const void *out, DType act,
+                          const Tensor *w, int dim);
+void kc_add_rmsnorm_f8(void *residual, const void *delta, void *out, DType act, const Tensor *w,
+                       int n, int dim, float eps, const KcF8Dst *dst, cudaStream_t s);
+bool kc_silu_mul_f8_ok(const void *out, const void *gate_up, DType act, int dim);
+void kc_silu_mul_f8(void *out, const void *gate_up, DType act, int n, int dim, const KcF8Dst *dst,
+                    cudaStream_t s);
+
 /* The gemm's fp8 state (NULL until the first fp8 call that needs it), freed and counted with
  * the gemm. */
 typedef struct KcFp8 KcFp8;

@@ -23,7 +23,8 @@
  *     The same kernel, tiled over x's rows (grid.y), is the fallback for any shape cuBLASLt
  *     refuses (and the n % 4 tail rows of the cuBLASLt path).
  *   - Larger n: f8_quant_kernel writes q [rows, K] e4m3 and the scales into this gemm's
- *     buffers (allocated by the first such eager call; chunks of rows beyond them), then one
+ *     buffers (allocated by the first such eager call; chunks of rows beyond them), or the op
+ *     that makes x does as it writes it (kc_matmul_fp8_produced, for matmul_fp8_fused.cu), then one
  *     cuBLASLt fp8 GEMM (TN: A = w [K, N] op T, B = q [K, rows], both K-major; fp32 compute,
  *     act out): per-tensor and per-channel weights with CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
  *     on both sides (A: the N channel scales, or N copies of the tensor scale; B: the per-row
@@ -44,15 +45,15 @@
 #include <mutex>
 
 #include "cublas_util.cuh"
+#include "fp8_quant.cuh"
 #include "gemv.cuh"
-
 
 enum {
     F8_GEMV_MAX_N = 8,     /* n at or below: the GEMV (measured: see PERFORMANCE.md) */
     F8_TILE_N = 16,        /* weight rows per block: one m16 mma tile */
     F8_TILE_X = 8,         /* rows of x per block: the mma's n */
     F8_WARPS = 8,          /* warps per block, splitting K */
-    F8_UNIT = 128,         /* columns per unit of work (a block-scale group) */
+    F8_UNIT = F8_GROUP,    /* columns per unit of work (a block-scale group) */
     F8_Q_BYTES = 32 << 20, /* quantized rows of x for cuBLASLt, per chunk */
     F8_XS_FLOATS = 1 << 18,
     F8_WVEC_FLOATS = 1 << 17, /* N copies of a per-tensor weight scale */
@@ -99,22 +100,6 @@ size_t kc_fp8_device_bytes(const KcFp8 *f) {
 }
 
 /* ---------------- shared device pieces ---------------- */
-
-/* The scale of a group whose largest magnitude is amax, as the CPU computes it. */
-__device__ __forceinline__ float f8_scale(float amax, float input_scale) {
-    if (input_scale > 0.0f)
-        return input_scale;
-    return fmaxf(__fdiv_rn(amax, PL_F8E4M3_MAX), PL_F8E4M3_MIN_SCALE);
-}
-
-/* Four values times inv, as e4m3 satfinite, packed lowest first (memory order). */
-__device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
-        make_float2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv)), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(
-        make_float2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv)), __NV_SATFINITE, __NV_E4M3);
-    return lo | hi << 16;
-}
 
 /* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
  * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
@@ -349,35 +334,30 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
 
 /* ---------------- quantization for cuBLASLt ---------------- */
 
-/* Block r quantizes row r of x[rows, K] into q (e4m3) and its scales into xs[g * ld + r];
- * wvec (when non-NULL) gets wvec_n copies of *w_scale0. Dynamic shared memory: 2 x groups. */
+/* Block r quantizes row r of x[rows, K] into d (KcF8Dst: q, the scales, the per-tensor weight
+ * scale copies). Dynamic shared memory: 2 x groups. */
 template <typename XT>
-__global__ void __launch_bounds__(256)
-    f8_quant_kernel(uint8_t *__restrict__ q, float *__restrict__ xs, int ld,
-                    const XT *__restrict__ x, int K, int block, float input_scale, float *wvec,
-                    const float *w_scale0, int wvec_n) {
+__global__ void __launch_bounds__(256) f8_quant_kernel(KcF8Dst d, const XT *__restrict__ x, int K) {
     extern __shared__ float f8_smem[];
     __shared__ float rmax[32];
-    const int r = blockIdx.x, groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+    const int r = blockIdx.x, groups = d.block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
     float *sS = f8_smem, *sI = f8_smem + groups;
     kc_pdl_wait();
     kc_pdl_trigger();
-    if (wvec)
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < wvec_n;
-             j += gridDim.x * blockDim.x)
-            wvec[j] = *w_scale0;
+    f8_fill_wvec(d);
     const XT *row = x + (size_t)r * K;
-    f8_row_scales(row, K, block != 0, input_scale, sS, sI, rmax);
+    f8_row_scales(row, K, d.block != 0, d.input_scale, sS, sI, rmax);
     __syncthreads();
     const int chunks = K >> 3;
     for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
         float f[8];
         load8(f, row + (size_t)c * 8);
-        const float inv = sI[block ? c >> 4 : 0];
-        *(uint2 *)(q + (size_t)r * K + (size_t)c * 8) = make_uint2(f8_pack4(f, inv), f8_pack4(f + 4, inv));
+        const float inv = sI[d.block ? c >> 4 : 0];
+        *(uint2 *)(d.q + (size_t)r * K + (size_t)c * 8) =
+            make_uint2(f8_pack4(f, inv), f8_pack4(f + 4, inv));
     }
     for (int g = threadIdx.x; g < groups; g += blockDim.x)
-        xs[(size_t)g * ld + r] = sS[g];
+        d.xs[(size_t)g * d.ld + r] = sS[g];
 }
 
 /* ---------------- cuBLASLt ---------------- */
@@ -546,16 +526,27 @@ static KcFp8 *f8_state(KCudaGemm *g, cudaStream_t s) {
     return *fp;
 }
 
-/* The cuBLASLt path on rows [0, n) (n % 4 == 0), in chunks that fit the buffers; false (nothing
- * done) where cuBLASLt has no algorithm for it. */
-static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
-                  const Tensor *b, int n, cudaStream_t s) {
+/* Whether cuBLASLt's scale modes can take w's shape and scales at all. */
+static bool f8_lt_shape_ok(const Tensor *w) {
     const Fp8Scales *sc = &w->fp8;
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const bool block = sc->kind == FP8_SCALE_BLOCK;
     const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
-    if (N % 4 != 0 || (block && groups % 4 != 0) ||
-        (sc->kind == FP8_SCALE_TENSOR && N > F8_WVEC_FLOATS) || groups > 1024)
+    return N % 4 == 0 && (!block || groups % 4 == 0) &&
+           (sc->kind != FP8_SCALE_TENSOR || N <= F8_WVEC_FLOATS) && groups <= 1024;
+}
+
+/* The cuBLASLt path on rows [0, n4), n4 = n & ~3, in chunks that fit the buffers: each chunk's
+ * rows of x quantized by f8_quant_kernel, or by `produce` (NULL: none), which also makes the
+ * n - n4 rows after them with the last chunk (unquantized: the GEMV takes them). False
+ * (nothing launched) where cuBLASLt has no algorithm for it. */
+static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                  const Tensor *b, int n, KcF8Produce produce, void *ctx, cudaStream_t s) {
+    const Fp8Scales *sc = &w->fp8;
+    const int N = (int)w->shape[0], K = (int)w->shape[1], n4 = n & ~3;
+    const bool block = sc->kind == FP8_SCALE_BLOCK;
+    const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
+    if (n4 == 0 || !f8_lt_shape_ok(w))
         return false;
     KcFp8 *f = f8_state(g, s);
     int chunk = F8_Q_BYTES / K;
@@ -578,22 +569,33 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
     void *ws;
     size_t ws_bytes;
     cublasLtHandle_t lt = (cublasLtHandle_t)kc_gemm_lt(g, &ws, &ws_bytes);
-    for (int r0 = 0; r0 < n; r0 += chunk) {
-        const int rows = n - r0 < chunk ? n - r0 : chunk;
+    for (int r0 = 0; r0 < n4; r0 += chunk) {
+        const int rows = n4 - r0 < chunk ? n4 - r0 : chunk;
         key.mb = f8_bucket(rows);
         const cublasLtMatmulAlgo_t *algo = f8_algo(g, f, &key, rows, a_scale, f->xs, bias);
         if (!algo) {
             KC_REQUIRE(r0 == 0, "k_cuda_matmul fp8: cuBLASLt refused a later chunk");
             return false;
         }
-        const size_t smem = 2 * sizeof(float) * (size_t)groups;
-        f8_dispatch_act(act, [&](auto *xt) {
-            using XT = std::remove_pointer_t<decltype(xt)>;
-            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows), dim3(256), smem, s, f->q,
-                          f->xs, rows, (const XT *)x + (size_t)r0 * K, K, (int)block,
-                          sc->input_scale, sc->kind == FP8_SCALE_TENSOR ? f->wvec : (float *)NULL,
-                          sc->w_scale, N);
-        });
+        const KcF8Dst d = {f->q,
+                           f->xs,
+                           rows,
+                           rows,
+                           (int)block,
+                           sc->input_scale,
+                           sc->kind == FP8_SCALE_TENSOR ? f->wvec : (float *)NULL,
+                           sc->w_scale,
+                           N};
+        if (produce) {
+            produce(ctx, &d, r0, r0 + rows == n4 ? n - r0 : rows, s);
+        } else {
+            const size_t smem = 2 * sizeof(float) * (size_t)groups;
+            f8_dispatch_act(act, [&](auto *xt) {
+                using XT = std::remove_pointer_t<decltype(xt)>;
+                kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows), dim3(256), smem, s, d,
+                              (const XT *)x + (size_t)r0 * K, K);
+            });
+        }
         CUDA_CHECK_LAUNCH();
         F8Problem p;
         f8_problem(&p, &key, rows, a_scale, f->xs, bias);
@@ -612,18 +614,19 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         CUBLAS_CHECK(st);
     }
     if (b && !fuse_bias)
-        kc_bias_add(out, act, b, n, N, s);
+        kc_bias_add(out, act, b, n4, N, s);
     return true;
 }
 
-void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
-                   const Tensor *bias, int n, cudaStream_t s) {
+/* Whether the fast paths take w with x at all (else matmul_fp8_generic.cu does); fatal for
+ * what no path takes. */
+static bool f8_fast_ok(const void *x, DType act, const Tensor *w, const Tensor *bias) {
     const Fp8Scales *sc = &w->fp8;
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     KC_REQUIRE(sc->w_scale && sc->kind >= FP8_SCALE_TENSOR && sc->kind <= FP8_SCALE_BLOCK,
                "k_cuda_matmul: fp8 weight %dx%d without scales", N, K);
     if (kc_fp8_generic_takes(w, x)) /* any K, alignment, block size: matmul_fp8_generic.cu */
-        return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
+        return false;
     KC_REQUIRE(sc->kind != FP8_SCALE_BLOCK || sc->block == F8_UNIT,
                "k_cuda_matmul: fp8 block scales of %d x %d (the CUDA backend takes 128 x 128)",
                sc->block, sc->block);
@@ -635,24 +638,64 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     if (bias)
         KC_REQUIRE(gemv_bias_dtype_ok(bias->dtype), "k_cuda_matmul: bias dtype %s",
                    pl_dtype_name(bias->dtype));
+    return true;
+}
+
+/* Whether n rows go to cuBLASLt (the default above F8_GEMV_MAX_N, or forced). */
+static bool f8_wants_lt(const KCudaGemm *g, int n) {
     const int forced = kc_gemm_forced_path(g);
-    int done = 0, path = F8_PATH_GEMV;
-    if (forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N)) {
-        const int n4 = n & ~3;
-        if (n4 > 0 && f8_lt(g, out, x, act, w, bias, n4, s)) {
-            done = n4;
-            path = sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER;
-        } else if (n4 > 0) {
-            path = F8_PATH_TILED;
-        }
-    }
-    f8_log(N, K, (int)sc->kind, path);
-    if (done == n)
-        return;
+    return forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N);
+}
+
+/* Rows [done, n) by the GEMV. */
+static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                         const Tensor *bias, int done, int n, cudaStream_t s) {
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
     const size_t es = pl_dtype_size(act);
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
                     w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
     });
+}
+
+void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, cudaStream_t s) {
+    if (!f8_fast_ok(x, act, w, bias))
+        return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
+    const Fp8Scales *sc = &w->fp8;
+    int done = 0, path = F8_PATH_GEMV;
+    if (f8_wants_lt(g, n) && n >= 4) {
+        if (f8_lt(g, out, x, act, w, bias, n, NULL, NULL, s)) {
+            done = n & ~3;
+            path = sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER;
+        } else {
+            path = F8_PATH_TILED;
+        }
+    }
+    f8_log((int)w->shape[0], (int)w->shape[1], (int)sc->kind, path);
+    if (done < n)
+        f8_gemv_rows(g, out, x, act, w, bias, done, n, s);
+}
+
+bool kc_fp8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x, DType act,
+                        int n) {
+    /* anything k_cuda_matmul would refuse or treat apart goes the plain way */
+    const bool bias_ok = !bias || (bias->data && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
+    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && n >= 4 && f8_wants_lt(g, n) &&
+           f8_fast_ok(x, act, w, bias) && f8_lt_shape_ok(w);
+}
+
+bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                            const Tensor *bias, int n, KcF8Produce produce, void *ctx,
+                            cudaStream_t s) {
+    if (!kc_fp8_produced_ok(g, w, bias, x, act, n) ||
+        !f8_lt(g, out, x, act, w, bias, n, produce, ctx, s))
+        return false;
+    const Fp8Scales *sc = &w->fp8;
+    f8_log((int)w->shape[0], (int)w->shape[1], (int)sc->kind,
+           sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER);
+    if (n & 3)
+        f8_gemv_rows(g, out, x, act, w, bias, n & ~3, n, s);
+    return true;
 }

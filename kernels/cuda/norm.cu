@@ -4,8 +4,10 @@
  * tree reduction. With a delta, residual + delta is rounded to the activation dtype, stored, and
  * that stored value is what gets normalised (as transformers does in bf16). The delta may also
  * come as S fp32 split-K partials of a projection (kc_add_rmsnorm_ex): their sum is
- * rounded to the activation dtype first, as the projection's own output would have been. */
-#include "cuda_internal.cuh"
+ * rounded to the activation dtype first, as the projection's own output would have been. The
+ * vector kernel can also quantize the rows it writes for the fp8 GEMM after it
+ * (kc_add_rmsnorm_f8, the producer of k_cuda_add_rmsnorm_matmul). */
+#include "fp8_quant.cuh"
 
 enum { NORM_THREADS = 256, NORM_VEC = 4, NORM_MAX_THREADS = 1024 };
 
@@ -55,13 +57,12 @@ __device__ __forceinline__ void sum_partials(float d[8], const float *p, size_t 
 
 /* dim % 8 == 0, dim <= 8 * NORM_VEC * NORM_MAX_THREADS, 16-byte aligned rows: each thread
  * holds up to NORM_VEC 8-element vectors in registers between the sum and the scaling, so a
- * row is read once, with all its loads in flight together (a batch-1 row is one block). */
-template <typename T, typename TW, int S = 0>
-__global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, const T *x,
-                                                                    const T *delta, T *res_out,
-                                                                    const TW *w, int dim, float eps,
-                                                                    const float *partials,
-                                                                    size_t split_stride) {
+ * row is read once, with all its loads in flight together (a batch-1 row is one block). With
+ * Q, the first f8.rows rows of out are also quantized into f8 (KcF8Dst). */
+template <typename T, typename TW, int S = 0, bool Q = false>
+__global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(
+    T *out, const T *x, const T *delta, T *res_out, const TW *w, int dim, float eps,
+    const float *partials, size_t split_stride, KcF8Dst f8) {
     kc_pdl_wait();
     kc_pdl_trigger();
     __shared__ float scratch[32];
@@ -109,9 +110,17 @@ __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(T *out, cons
         else
             load8(wv, w + (size_t)c * 8);
 #pragma unroll
-        for (int e = 0; e < 8; e++)
+        for (int e = 0; e < 8; e++) {
             v[j][e] = wv[e] * (v[j][e] * inv);
+            if constexpr (Q)
+                v[j][e] = to_f32(from_f32<T>(v[j][e])); /* as stored: what matmul would read */
+        }
         store8(out + base + (size_t)c * 8, v[j]);
+    }
+    if constexpr (Q) {
+        f8_fill_wvec(f8);
+        if ((int)blockIdx.x < f8.rows)
+            f8_quant_row<NORM_VEC>(v, dim, blockIdx.x, f8, scratch);
     }
 }
 
@@ -142,10 +151,10 @@ static void launch_norm(void *out, const void *x, const void *delta, void *res_o
         act, what, T,
         KC_DISPATCH_WEIGHT(
             w->dtype, what, TW,
-            if (vec)
-                kc_launch_pdl(norm_vec_kernel<T, TW>, dim3(n), dim3(threads), 0, kc_stream(stream),
-                              (T *)out, (const T *)x, (const T *)delta, (T *)res_out,
-                              (const TW *)w->data, dim, eps, (const float *)nullptr, (size_t)0);
+            if (vec) kc_launch_pdl(norm_vec_kernel<T, TW>, dim3(n), dim3(threads), 0,
+                                   kc_stream(stream), (T *)out, (const T *)x, (const T *)delta,
+                                   (T *)res_out, (const TW *)w->data, dim, eps,
+                                   (const float *)nullptr, (size_t)0, KcF8Dst{});
             else kc_launch_pdl(norm_kernel<T, TW>, dim3(n), dim3(NORM_THREADS), 0,
                                kc_stream(stream), (T *)out, (const T *)x, (const T *)delta,
                                (T *)res_out, (const TW *)w->data, dim, eps)));
@@ -189,7 +198,7 @@ void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, i
                                kc_launch_pdl(norm_vec_kernel<T, TW, S>, grid, block, 0, s,         \
                                              (T *)out, (const T *)residual, (const T *)nullptr,    \
                                              (T *)res_out, (const TW *)w->data, dim, eps,          \
-                                             partials, split_stride)));                            \
+                                             partials, split_stride, KcF8Dst{})));                 \
         break;
     switch (splits) {
         NORM_PARTIALS_CASE(2)
@@ -198,4 +207,24 @@ void kc_add_rmsnorm_ex(void *res_out, const void *residual, const void *delta, i
             pl_fatal(__FILE__, __LINE__, "kc_add_rmsnorm_ex: %d partials (0, 2 or 4)", splits);
     }
 #undef NORM_PARTIALS_CASE
+}
+
+bool kc_add_rmsnorm_f8_ok(const void *residual, const void *delta, const void *out, DType act,
+                          const Tensor *w, int dim) {
+    return w->ndim == 1 && w->shape[0] == dim && norm_vec_ok(out, residual, delta, w, act, dim);
+}
+
+void kc_add_rmsnorm_f8(void *residual, const void *delta, void *out, DType act, const Tensor *w,
+                       int n, int dim, float eps, const KcF8Dst *dst, cudaStream_t s) {
+    KC_REQUIRE(kc_add_rmsnorm_f8_ok(residual, delta, out, act, w, dim),
+               "kc_add_rmsnorm_f8: shape, dtype or alignment the vector kernel does not take");
+    if (n <= 0)
+        return;
+    KC_DISPATCH_ACT(act, "kc_add_rmsnorm_f8", T,
+                    KC_DISPATCH_WEIGHT(w->dtype, "kc_add_rmsnorm_f8", TW,
+                                       kc_launch_pdl(norm_vec_kernel<T, TW, 0, true>, dim3(n),
+                                                     dim3(norm_vec_threads(dim)), 0, s, (T *)out,
+                                                     (const T *)residual, (const T *)delta,
+                                                     (T *)residual, (const TW *)w->data, dim, eps,
+                                                     (const float *)nullptr, (size_t)0, *dst)));
 }

@@ -220,6 +220,20 @@ static void ops_matmul_add_rmsnorm(const KernelOps *ops, void *residual, void *n
 }
 
 template <DType A>
+static void ops_add_rmsnorm_matmul(const KernelOps *ops, void *out, void *residual,
+                                   const void *delta, void *normed, const Tensor *norm_w,
+                                   const Tensor *w, const Tensor *bias, int n, float eps) {
+    k_cuda_add_rmsnorm_matmul(gemm(ops), out, residual, delta, normed, A, norm_w, w, bias, n, eps,
+                              stream(ops));
+}
+
+template <DType A>
+static void ops_silu_mul_matmul(const KernelOps *ops, void *out, void *act, const void *gate_up,
+                                const Tensor *w, int n) {
+    k_cuda_silu_mul_matmul(gemm(ops), out, act, gate_up, A, w, n, stream(ops));
+}
+
+template <DType A>
 static void ops_rope(const KernelOps *ops, void *q, void *k, const int32_t *positions, int n,
                      int nh, int nkv, const Rope *rope) {
     k_cuda_rope(q, k, A, positions, n, nh, nkv, rope, stream(ops));
@@ -504,6 +518,8 @@ template <DType A> static KernelOps make_ops(void) {
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;
     o.matmul_add_rmsnorm = ops_matmul_add_rmsnorm<A>;
+    o.add_rmsnorm_matmul = ops_add_rmsnorm_matmul<A>;
+    o.silu_mul_matmul = ops_silu_mul_matmul<A>;
     o.moe_workspace_bytes = ops_moe_workspace_bytes<A>;
     o.moe_mlp = ops_moe_mlp<A>;
     o.gather_rows = ops_gather_rows<A>;

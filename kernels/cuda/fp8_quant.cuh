@@ -1,0 +1,109 @@
+/* fp8_quant.cuh - the activation quantization of matmul's fp8 semantics (include/kernels.h,
+ * kernels/cpu/matmul_fp8.c), as device pieces shared by the fp8 matmul (matmul_fp8.cu) and the
+ * ops that quantize the rows they write for the fp8 GEMM after them (norm.cu, activation.cu):
+ * a group's scale s = input_scale, or max(amax / 448, PL_F8E4M3_MIN_SCALE) by IEEE division,
+ * its inverse 1 / s likewise, and q = e4m3 satfinite of one rounded product x * (1 / s). */
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "cuda_internal.cuh"
+
+enum { F8_GROUP = 128 }; /* columns of a block-scale group (128 x 128 weight blocks) */
+
+/* The scale of a group whose largest magnitude is amax, as the CPU computes it. */
+__device__ __forceinline__ float f8_scale(float amax, float input_scale) {
+    if (input_scale > 0.0f)
+        return input_scale;
+    return fmaxf(__fdiv_rn(amax, PL_F8E4M3_MAX), PL_F8E4M3_MIN_SCALE);
+}
+
+/* Four values times inv, as e4m3 satfinite, packed lowest first (memory order). */
+__device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fmul_rn(f[0], inv), __fmul_rn(f[1], inv)), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv)), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
+
+/* Writes wvec_n copies of *w_scale0 into wvec (when set): the per-tensor weight scale as the
+ * per-channel vector cuBLASLt reads, refreshed by every quantization launch (the buffer is
+ * shared by the weights). The whole grid calls it. */
+__device__ __forceinline__ void f8_fill_wvec(const KcF8Dst &d) {
+    if (!d.wvec)
+        return;
+    const size_t nt = (size_t)gridDim.x * gridDim.y * blockDim.x;
+    const size_t first = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+    for (size_t j = first; j < (size_t)d.wvec_n; j += nt)
+        d.wvec[j] = *d.w_scale0;
+}
+
+/* Quantizes row r of x[., K] (K = 8 chunks) held in registers: thread t holds chunk
+ * c = t + j blockDim.x in v[j] (j < NV; chunks past K hold anything), already rounded to the
+ * activation dtype, as the rows matmul would read. Writes q[r, K] and the scales
+ * xs[g * ld + r]. The whole block calls it (blockDim.x a multiple of 32); red holds 32 floats
+ * and is reusable afterwards. */
+template <int NV>
+__device__ __forceinline__ void f8_quant_row(const float (&v)[NV][8], int K, int r,
+                                             const KcF8Dst &d, float *red) {
+    const int tid = threadIdx.x, chunks = K >> 3;
+    float inv[NV];
+    if (d.input_scale > 0.0f) {
+        const float i = __fdiv_rn(1.0f, d.input_scale);
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            inv[j] = i;
+        const int groups = d.block ? (K + F8_GROUP - 1) / F8_GROUP : 1;
+        for (int g = tid; g < groups; g += blockDim.x)
+            d.xs[(size_t)g * d.ld + r] = d.input_scale;
+    } else if (d.block) {
+        /* 16 chunks of 8 are one group: a half-warp's for each j */
+#pragma unroll
+        for (int j = 0; j < NV; j++) {
+            const int c = tid + j * blockDim.x;
+            float m = 0.0f;
+            if (c < chunks)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    m = fmaxf(m, fabsf(v[j][e]));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float s = f8_scale(m, 0.0f);
+            inv[j] = __fdiv_rn(1.0f, s);
+            if ((tid & 15) == 0 && c < chunks)
+                d.xs[(size_t)(c >> 4) * d.ld + r] = s;
+        }
+    } else {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            if (tid + j * (int)blockDim.x < chunks)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    m = fmaxf(m, fabsf(v[j][e]));
+        m = warp_max(m);
+        __syncthreads(); /* red may still be read by a previous use */
+        if ((tid & 31) == 0)
+            red[tid >> 5] = m;
+        __syncthreads();
+        m = (tid & 31) < (int)(blockDim.x >> 5) ? red[tid & 31] : 0.0f;
+        m = warp_max(m);
+        const float s = f8_scale(m, 0.0f);
+        if (tid == 0)
+            d.xs[r] = s;
+        const float i = __fdiv_rn(1.0f, s);
+#pragma unroll
+        for (int j = 0; j < NV; j++)
+            inv[j] = i;
+    }
+    uint8_t *qr = d.q + (size_t)r * K;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+        const int c = tid + j * blockDim.x;
+        if (c < chunks)
+            *(uint2 *)(qr + (size_t)c * 8) =
+                make_uint2(f8_pack4(v[j], inv[j]), f8_pack4(v[j] + 4, inv[j]));
+    }
+}
