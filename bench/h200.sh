@@ -7,6 +7,7 @@
 #   DTYPE=fp8 bench/h200.sh       the fp8 table (issue 36): the same model quantized online
 #                                 (--quantization fp8) with an fp8 KV cache, fp8 floors and
 #                                 targets, rows 1-5 and 11 (Llama-3-70B shape, batch 1)
+#   PAGELLM_BIN=path bench/h200.sh   another build's binary (bench/ab.sh compares two)
 #
 # Model: Llama-3-8B shape (hidden 4096, 32 layers, 32 heads, 8 KV heads, head_dim 128,
 # intermediate 14336, vocab 128256), load-format dummy, bf16, block size 16, written to
@@ -18,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pagellm-h200}
 mkdir -p "$out"
-bin=build/pagellm
+bin=${PAGELLM_BIN:-build/pagellm}
 [ -x "$bin" ] || { echo "bench/h200.sh: $bin not built (./configure.py && ninja)" >&2; exit 1; }
 . bench/llama_config.sh
 write_llama_config "$out/l3" 4096 32 32 14336

@@ -4,6 +4,7 @@
 #
 #   bench/moe.sh [OUTDIR]         (from the repository root, after ./configure.py && ninja)
 #   ROWS="1 3" bench/moe.sh       only those rows (numbered as in the comments below)
+#   PAGELLM_BIN=path bench/moe.sh another build's binary (bench/ab.sh compares two)
 #
 # Models (load-format dummy, bf16, block size 16, GPT-2's tokenizer.json for the config):
 #   Qwen3-30B-A3B shape: 48 layers, hidden 2048, 32 heads / 4 KV heads of 128, 128 experts,
@@ -21,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pagellm-moe}
 mkdir -p "$out/q3m" "$out/mx"
-bin=build/pagellm
+bin=${PAGELLM_BIN:-build/pagellm}
 [ -x "$bin" ] || { echo "bench/moe.sh: $bin not built (./configure.py && ninja)" >&2; exit 1; }
 cat >"$out/q3m/config.json" <<J
 {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
