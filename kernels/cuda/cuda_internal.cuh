@@ -167,17 +167,26 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* Sum over all threads of a block of at most 1024 threads (blockDim.x a multiple of 32);
- * every thread gets the result. `scratch` holds 32 floats; reusable after the call. */
-__device__ __forceinline__ float block_sum(float v, float *scratch) {
+/* v reduced by the warp reduction WR (warp_sum, warp_max) over all threads of a block of at
+ * most 1024 threads (blockDim.x a multiple of 32), lanes past the warps padded with 0; every
+ * thread gets the result. `scratch` holds 32 floats; reusable after the call. */
+template <float (*WR)(float)>
+__device__ __forceinline__ float block_reduce(float v, float *scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = WR(v);
     __syncthreads(); /* scratch may still be read by a previous call */
     if (lane == 0)
         scratch[warp] = v;
     __syncthreads();
     v = lane < nwarps ? scratch[lane] : 0.0f;
-    return warp_sum(v);
+    return WR(v);
+}
+__device__ __forceinline__ float block_sum(float v, float *scratch) {
+    return block_reduce<warp_sum>(v, scratch);
+}
+/* Of non-negative values (the 0 padding). */
+__device__ __forceinline__ float block_max(float v, float *scratch) {
+    return block_reduce<warp_max>(v, scratch);
 }
 
 /* Exclusive prefix sum of x over a block of WARPS warps (its whole size) in thread order;
@@ -356,13 +365,14 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
 
 /* Where a producing op (a norm, SiLU times up) writes the rows it makes quantized for the fp8
  * GEMM after it (fp8_quant.cuh's f8_quant_row): of the launch's rows (one chunk of the GEMM's),
- * the first `rows` go to q[rows, K] (e4m3) and their scales to xs[g * ld + r] (g a 128-column
- * group with block scales, else 0); the scale s = input_scale when > 0, else from the group's
- * amax. wvec (NULL: none) gets wvec_n copies of *w_scale0 (a per-tensor weight scale). */
+ * the first `rows` go to q[rows, K] (e4m3) and their scales to xs[g * rows + r] (g a
+ * 128-column group with block scales, else 0); the scale s = input_scale when > 0, else from
+ * the group's amax. wvec (NULL: none) gets wvec_n copies of *w_scale0 (a per-tensor weight
+ * scale). */
 typedef struct {
     uint8_t *q;
     float *xs;
-    int ld, rows, block;
+    int rows, block;
     float input_scale;
     float *wvec;
     const float *w_scale0;
@@ -372,11 +382,6 @@ typedef struct {
 /* Launches the producing op on rows [r0, r0 + rows) of its output (rows >= dst->rows: the last
  * chunk also makes the 1-3 rows the GEMV takes, unquantized), quantized into dst. */
 typedef void (*KcF8Produce)(void *ctx, const KcF8Dst *dst, int r0, int rows, cudaStream_t s);
-
-/* Whether kc_matmul_fp8_produced may take an fp8 weight w at n rows (of x at x): the cuBLASLt
- * path, whose quantization a producing op can do. */
-bool kc_fp8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x, DType act,
-                        int n);
 
 /* out = x w^T (+ bias) as kc_matmul_fp8, x [n, K] made by `produce` (its other outputs too),
  * chunk by chunk, quantizing as it writes; false (nothing launched) where cuBLASLt has no

@@ -42,7 +42,7 @@ __device__ __forceinline__ void f8_fill_wvec(const KcF8Dst &d) {
 /* Quantizes row r of x[., K] (K = 8 chunks) held in registers: thread t holds chunk
  * c = t + j blockDim.x in v[j] (j < NV; chunks past K hold anything), already rounded to the
  * activation dtype, as the rows matmul would read. Writes q[r, K] and the scales
- * xs[g * ld + r]. The whole block calls it (blockDim.x a multiple of 32); red holds 32 floats
+ * xs[g * d.rows + r]. The whole block calls it (blockDim.x a multiple of 32); red holds 32 floats
  * and is reusable afterwards. */
 template <int NV>
 __device__ __forceinline__ void f8_quant_row(const float (&v)[NV][8], int K, int r,
@@ -56,7 +56,7 @@ __device__ __forceinline__ void f8_quant_row(const float (&v)[NV][8], int K, int
             inv[j] = i;
         const int groups = d.block ? (K + F8_GROUP - 1) / F8_GROUP : 1;
         for (int g = tid; g < groups; g += blockDim.x)
-            d.xs[(size_t)g * d.ld + r] = d.input_scale;
+            d.xs[(size_t)g * d.rows + r] = d.input_scale;
     } else if (d.block) {
         /* 16 chunks of 8 are one group: a half-warp's for each j */
 #pragma unroll
@@ -73,7 +73,7 @@ __device__ __forceinline__ void f8_quant_row(const float (&v)[NV][8], int K, int
             const float s = f8_scale(m, 0.0f);
             inv[j] = __fdiv_rn(1.0f, s);
             if ((tid & 15) == 0 && c < chunks)
-                d.xs[(size_t)(c >> 4) * d.ld + r] = s;
+                d.xs[(size_t)(c >> 4) * d.rows + r] = s;
         }
     } else {
         float m = 0.0f;
@@ -83,14 +83,7 @@ __device__ __forceinline__ void f8_quant_row(const float (&v)[NV][8], int K, int
 #pragma unroll
                 for (int e = 0; e < 8; e++)
                     m = fmaxf(m, fabsf(v[j][e]));
-        m = warp_max(m);
-        __syncthreads(); /* red may still be read by a previous use */
-        if ((tid & 31) == 0)
-            red[tid >> 5] = m;
-        __syncthreads();
-        m = (tid & 31) < (int)(blockDim.x >> 5) ? red[tid & 31] : 0.0f;
-        m = warp_max(m);
-        const float s = f8_scale(m, 0.0f);
+        const float s = f8_scale(block_max(m, red), 0.0f);
         if (tid == 0)
             d.xs[r] = s;
         const float i = __fdiv_rn(1.0f, s);

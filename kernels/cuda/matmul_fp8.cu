@@ -147,14 +147,8 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
         for (int e = 0; e < 8; e++)
             m = fmaxf(m, fabsf(f[e]));
     }
-    m = warp_max(m);
-    __syncthreads(); /* red may still be read by a previous call */
-    if ((tid & 31) == 0)
-        red[tid >> 5] = m;
-    __syncthreads();
+    m = block_max(m, red);
     if (tid == 0) {
-        for (int w = 1; w < nt / 32; w++)
-            m = fmaxf(m, red[w]);
         const float s = f8_scale(m, 0.0f);
         sS[0] = s;
         sI[0] = __fdiv_rn(1.0f, s);
@@ -357,7 +351,7 @@ __global__ void __launch_bounds__(256) f8_quant_kernel(KcF8Dst d, const XT *__re
             make_uint2(f8_pack4(f, inv), f8_pack4(f + 4, inv));
     }
     for (int g = threadIdx.x; g < groups; g += blockDim.x)
-        d.xs[(size_t)g * d.ld + r] = sS[g];
+        d.xs[(size_t)g * d.rows + r] = sS[g];
 }
 
 /* ---------------- cuBLASLt ---------------- */
@@ -580,7 +574,6 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         const KcF8Dst d = {f->q,
                            f->xs,
                            rows,
-                           rows,
                            (int)block,
                            sc->input_scale,
                            sc->kind == FP8_SCALE_TENSOR ? f->wvec : (float *)NULL,
@@ -659,38 +652,11 @@ static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, cons
     });
 }
 
-void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
-                   const Tensor *bias, int n, cudaStream_t s) {
-    if (!f8_fast_ok(x, act, w, bias))
-        return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
-    const Fp8Scales *sc = &w->fp8;
-    int done = 0, path = F8_PATH_GEMV;
-    if (f8_wants_lt(g, n) && n >= 4) {
-        if (f8_lt(g, out, x, act, w, bias, n, NULL, NULL, s)) {
-            done = n & ~3;
-            path = sc->kind == FP8_SCALE_BLOCK ? F8_PATH_LT_BLOCK : F8_PATH_LT_OUTER;
-        } else {
-            path = F8_PATH_TILED;
-        }
-    }
-    f8_log((int)w->shape[0], (int)w->shape[1], (int)sc->kind, path);
-    if (done < n)
-        f8_gemv_rows(g, out, x, act, w, bias, done, n, s);
-}
-
-bool kc_fp8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x, DType act,
-                        int n) {
-    /* anything k_cuda_matmul would refuse or treat apart goes the plain way */
-    const bool bias_ok = !bias || (bias->data && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
-    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && n >= 4 && f8_wants_lt(g, n) &&
-           f8_fast_ok(x, act, w, bias) && f8_lt_shape_ok(w);
-}
-
-bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
-                            const Tensor *bias, int n, KcF8Produce produce, void *ctx,
-                            cudaStream_t s) {
-    if (!kc_fp8_produced_ok(g, w, bias, x, act, n) ||
-        !f8_lt(g, out, x, act, w, bias, n, produce, ctx, s))
+/* cuBLASLt on rows [0, n & ~3) (x quantized as f8_lt says), the GEMV on the 1-3 after them;
+ * false (nothing launched) where cuBLASLt has no algorithm. */
+static bool f8_lt_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                       const Tensor *bias, int n, KcF8Produce produce, void *ctx, cudaStream_t s) {
+    if (!f8_lt(g, out, x, act, w, bias, n, produce, ctx, s))
         return false;
     const Fp8Scales *sc = &w->fp8;
     f8_log((int)w->shape[0], (int)w->shape[1], (int)sc->kind,
@@ -698,4 +664,32 @@ bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, c
     if (n & 3)
         f8_gemv_rows(g, out, x, act, w, bias, n & ~3, n, s);
     return true;
+}
+
+void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                   const Tensor *bias, int n, cudaStream_t s) {
+    if (!f8_fast_ok(x, act, w, bias))
+        return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
+    const bool lt = f8_wants_lt(g, n) && n >= 4;
+    if (lt && f8_lt_rows(g, out, x, act, w, bias, n, NULL, NULL, s))
+        return;
+    f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, lt ? F8_PATH_TILED : F8_PATH_GEMV);
+    f8_gemv_rows(g, out, x, act, w, bias, 0, n, s);
+}
+
+/* Whether kc_matmul_fp8_produced may take an fp8 weight w at n rows (of x at x): the cuBLASLt
+ * path, whose quantization a producing op can do. */
+static bool f8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x,
+                           DType act, int n) {
+    /* anything k_cuda_matmul would refuse or treat apart goes the plain way */
+    const bool bias_ok = !bias || (bias->data && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
+    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && n >= 4 && f8_wants_lt(g, n) &&
+           f8_fast_ok(x, act, w, bias);
+}
+
+bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                            const Tensor *bias, int n, KcF8Produce produce, void *ctx,
+                            cudaStream_t s) {
+    return f8_produced_ok(g, w, bias, x, act, n) &&
+           f8_lt_rows(g, out, x, act, w, bias, n, produce, ctx, s);
 }
