@@ -548,18 +548,17 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         chunk = F8_XS_FLOATS / groups;
     chunk &= ~3;
     const size_t es = pl_dtype_size(act);
-    const bool fuse_bias = b && b->dtype == act && kc_aligned16(b->data);
     F8Key key;
     memset(&key, 0, sizeof key);
     key.N = N;
     key.K = K;
     key.mode = block ? F8_MODE_BLOCK : F8_MODE_OUTER;
     key.ct = (int)f8_cuda_type(act);
-    key.bias = fuse_bias;
+    key.bias = b && b->dtype == act && kc_aligned16(b->data);
     key.al_w = kc_lt_alignment(w->data, (size_t)K);
     key.al_out = kc_lt_alignment(out, (size_t)N * es);
     const void *a_scale = sc->kind == FP8_SCALE_TENSOR ? (const void *)f->wvec : sc->w_scale;
-    const void *bias = fuse_bias ? b->data : NULL;
+    const void *bias = key.bias ? b->data : NULL;
     void *ws;
     size_t ws_bytes;
     cublasLtHandle_t lt = (cublasLtHandle_t)kc_gemm_lt(g, &ws, &ws_bytes);
@@ -567,6 +566,14 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         const int rows = n4 - r0 < chunk ? n4 - r0 : chunk;
         key.mb = f8_bucket(rows);
         const cublasLtMatmulAlgo_t *algo = f8_algo(g, f, &key, rows, a_scale, f->xs, bias);
+        if (!algo && key.bias && r0 == 0 && !block) {
+            /* cuBLASLt has no bias epilogue for this case (f32 output with an f32 bias): the GEMM
+             * alone, the bias added after it. Block scales keep the tiled GEMV there: cuBLASLt's
+             * block-scaled f32 output fell outside test_fp8_f32_act's tolerance (an H100). */
+            key.bias = 0;
+            bias = NULL;
+            algo = f8_algo(g, f, &key, rows, a_scale, f->xs, bias);
+        }
         if (!algo) {
             KC_REQUIRE(r0 == 0, "k_cuda_matmul fp8: cuBLASLt refused a later chunk");
             return false;
@@ -606,7 +613,7 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         }
         CUBLAS_CHECK(st);
     }
-    if (b && !fuse_bias)
+    if (b && !key.bias)
         kc_bias_add(out, act, b, n4, N, s);
     return true;
 }
