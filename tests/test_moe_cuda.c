@@ -3,8 +3,9 @@
  * three paths and the routing cases that break grouping:
  *   GEMV path (16-bit, n <= 8): n = 1, 2, 3, 4, 7, 8 (its kernels for at most 1, 2, 4 and 8
  *   rows an expert; down blocks of 4 to 32 output rows, H not a multiple of them);
- *   tensor-core path: n = 9, 16, 64, 300; plain path: fp32 activations or weights, and H not a
- *   multiple of 8; routing in one launch up to n = 16, in three above;
+ *   tensor-core path: n = 9, 16, 64, 256, 300 (tiles of 16 to 96 rows); plain path: fp32
+ *   activations or weights, and H not a multiple of 8; routing in one launch up to n = 16, in
+ *   three above;
  *   top-k 2 of 8 or 16 experts (Mixtral-like) and 8 of 64 or 128 (Qwen3-MoE-like), with and
  *   without renormalization; K and N not multiples of the tiles (H 200, 320; I 96, 176, 1104);
  *   "skewed" routing: every row picks one hot expert (at n = 300, 300 rows on one expert: many
@@ -216,6 +217,7 @@ static void test_moe_mma_path(void **state) {
         {DT_F16, DT_F16, 300, 8, 256, 1104, 2, 1, 0},
         {DT_BF16, DT_BF16, 64, 128, 2048, 768, 8, 1, 0}, /* Qwen3-30B-A3B's layer */
         {DT_BF16, DT_BF16, 16, 8, 1024, 3584, 2, 1, 0},  /* Mixtral-like, smaller */
+        {DT_BF16, DT_BF16, 256, 8, 1024, 3584, 2, 1, 0}, /* its batch 256: 96-row tiles */
     };
     assert_int_equal(run_cases(cases, (int)(sizeof cases / sizeof *cases)), 0);
 }
