@@ -5,6 +5,8 @@
 #   bench/moe.sh [OUTDIR]         (from the repository root, after ./configure.py && ninja)
 #   ROWS="1 3" bench/moe.sh       only those rows (numbered as in the comments below)
 #   PAGELLM_BIN=path bench/moe.sh another build's binary (bench/ab.sh compares two)
+#   MIXTRAL_LAYERS=16 bench/moe.sh  the Mixtral shape with 16 layers (46 GB: fits an 80 GB
+#                                 GPU; rows 3 and 4 get that model's floor)
 #
 # Models (load-format dummy, bf16, block size 16, GPT-2's tokenizer.json for the config):
 #   Qwen3-30B-A3B shape: 48 layers, hidden 2048, 32 heads / 4 KV heads of 128, 128 experts,
@@ -19,9 +21,12 @@
 # batch 256 <= 1.4x. Logs stay in OUTDIR (default /tmp/pagellm-moe). One measured iteration a
 # row (decode graphs are captured at start, so no warm-up iteration is needed).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:-/tmp/pagellm-moe}
 mkdir -p "$out/q3m" "$out/mx"
+mx_layers=${MIXTRAL_LAYERS:-32}
+[[ $mx_layers =~ ^[1-9][0-9]*$ ]] ||
+    { echo "bench/moe.sh: MIXTRAL_LAYERS must be a positive integer, not '$mx_layers'" >&2; exit 2; }
 bin=${PAGELLM_BIN:-build/pagellm}
 [ -x "$bin" ] || { echo "bench/moe.sh: $bin not built (./configure.py && ninja)" >&2; exit 1; }
 cat >"$out/q3m/config.json" <<J
@@ -35,7 +40,7 @@ cat >"$out/q3m/config.json" <<J
 J
 cat >"$out/mx/config.json" <<J
 {"architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "num_hidden_layers": $mx_layers, "num_attention_heads": 32, "num_key_value_heads": 8,
  "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
  "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
@@ -72,13 +77,15 @@ run() {
     rows+=("| $name, decode step, batch $b ($in in, $outlen out) | ${d:-?} ms | $f ms | $ratio | <= ${target}x | $pass |")
 }
 q3m=(48 2048 32 4 128 128 8 768 151936)
-mx=(32 4096 32 8 128 8 2 14336 32000)
+mx=("$mx_layers" 4096 32 8 128 8 2 14336 32000)
+mxname="Mixtral-8x7B shape"
+[ "$mx_layers" = 32 ] || mxname="Mixtral-8x7B shape with $mx_layers layers"
 # 1. Qwen3-30B-A3B shape, batch 1; 2. batch 256
 run 1 "Qwen3-30B-A3B shape" "$out/q3m" "${q3m[@]}" 1 128 64 1.3
 run 2 "Qwen3-30B-A3B shape" "$out/q3m" "${q3m[@]}" 256 64 32 1.4
 # 3. Mixtral-8x7B shape, batch 1; 4. batch 256
-run 3 "Mixtral-8x7B shape" "$out/mx" "${mx[@]}" 1 128 64 1.3
-run 4 "Mixtral-8x7B shape" "$out/mx" "${mx[@]}" 256 64 32 1.4
+run 3 "$mxname" "$out/mx" "${mx[@]}" 1 128 64 1.3
+run 4 "$mxname" "$out/mx" "${mx[@]}" 256 64 32 1.4
 
 echo "pagellm $(git rev-parse --short HEAD 2>/dev/null), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
 echo "| workload | measured | floor | measured / floor | target | result |"
