@@ -641,10 +641,11 @@ static bool f8_fast_ok(const void *x, DType act, const Tensor *w, const Tensor *
     return true;
 }
 
-/* Whether n rows go to cuBLASLt (the default above F8_GEMV_MAX_N, or forced). */
+/* Whether n rows go to cuBLASLt (at least its 4-row unit; the default above F8_GEMV_MAX_N, or
+ * forced). */
 static bool f8_wants_lt(const KCudaGemm *g, int n) {
     const int forced = kc_gemm_forced_path(g);
-    return forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N);
+    return n >= 4 && (forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N));
 }
 
 /* Rows [done, n) by the GEMV. */
@@ -677,7 +678,7 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
                    const Tensor *bias, int n, cudaStream_t s) {
     if (!f8_fast_ok(x, act, w, bias))
         return kc_matmul_fp8_generic(out, x, act, w, bias, n, s);
-    const bool lt = f8_wants_lt(g, n) && n >= 4;
+    const bool lt = f8_wants_lt(g, n);
     if (lt && f8_lt_rows(g, out, x, act, w, bias, n, NULL, NULL, s))
         return;
     f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, lt ? F8_PATH_TILED : F8_PATH_GEMV);
@@ -690,7 +691,7 @@ static bool f8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, co
                            DType act, int n) {
     /* anything k_cuda_matmul would refuse or treat apart goes the plain way */
     const bool bias_ok = !bias || (bias->data && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
-    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && n >= 4 && f8_wants_lt(g, n) &&
+    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && f8_wants_lt(g, n) &&
            f8_fast_ok(x, act, w, bias);
 }
 

@@ -8,7 +8,7 @@
  * K-contiguous as they lie in memory. 64-wide K slices stream through a 3-stage cp.async
  * pipeline into XOR-swizzled shared memory (conflict-free ldmatrix); 4 warps own 32 weight
  * rows each. Rows past the end (weights or tile) and K past K are zero-filled. 96-row tiles
- * (84 KB of stages) run 2 blocks an SM, the others 3.
+ * (84 KB of stages) run 2 blocks an SM, the others 3 (mma_blocks_per_sm).
  *   up    the 128 rows are 64 gate rows and the same 64 up rows, interleaved by 16 so that a
  *         warp holds g and u of the same (j, row) in its two m-tiles: act[pos, j] =
  *         silu(g) u, each rounded to T; the tile's rows are x rows gathered by slot;
@@ -25,16 +25,21 @@ template <int NT> constexpr size_t mma_smem_bytes() {
     return (size_t)MM_STAGES * (MM_ROWS + 8 * NT) * MM_BK * 2;
 }
 
+/* Blocks an SM the stages leave room for (sm_90: 228 KB of shared memory an SM, 1 KB of it
+ * reserved per block), at most 3: the register budget __launch_bounds__ asks for. */
+template <int NT> constexpr int mma_blocks_per_sm() {
+    constexpr int fit = (int)(228 * 1024 / (mma_smem_bytes<NT>() + 1024));
+    return fit < 3 ? fit : 3;
+}
+
 /* Element offset of 16-byte chunk c of row r in a [rows][64] swizzled tile. */
 __device__ __forceinline__ int swz(int r, int c) {
     return r * MM_BK + ((c ^ (r & 7)) << 3);
 }
 
 template <typename T, int NT, bool UP>
-__global__ __launch_bounds__(MM_THREADS, NT > 8 ? 2 : 3) void moe_mma_kernel(T *out, const T *src,
-                                                                             const T *w,
-                                                                             MoeRouting r, int N,
-                                                                             int K, int top_k) {
+__global__ void __launch_bounds__(MM_THREADS, mma_blocks_per_sm<NT>())
+    moe_mma_kernel(T *out, const T *src, const T *w, MoeRouting r, int N, int K, int top_k) {
     constexpr int BN = 8 * NT, B_PER_THREAD = BN / 16;
     kc_pdl_wait();
     kc_pdl_trigger();
