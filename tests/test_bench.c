@@ -29,6 +29,7 @@
 
 #include "bench_internal.h"
 #include "common.h"
+#include "port_test_util.h"
 #include "tokenizer.h"
 
 #define PAGELLM       "build/pagellm"
@@ -43,17 +44,6 @@ static pid_t server_pid = -1;
 static int server_port;
 
 /* ---- processes and HTTP ---------------------------------------------------------------- */
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
-}
 
 static size_t collect(char *p, size_t size, size_t n, void *ud) {
     char **buf = ud;
@@ -86,7 +76,7 @@ static int group_setup(void **state) {
     signal(SIGPIPE, SIG_IGN); /* the faulty server writes to clients that may have left */
     if (!mkdtemp(tmpdir) || curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return -1;
-    server_port = free_port();
+    server_port = test_free_port();
     char port[16], log[512];
     snprintf(port, sizeof port, "%d", server_port);
     snprintf(log, sizeof log, "%s/server.log", tmpdir);
@@ -707,14 +697,14 @@ static void test_unreachable_server(void **state) {
     (void)state;
     RunResult r = run("bench serve --base-url http://127.0.0.1:%d --model x --num-prompts 3 "
                       "--random-input-len 8 --random-output-len 2",
-                      free_port());
+                      test_free_port());
     assert_int_equal(r.status, 1); /* every request failed */
     assert_int_equal((int)printed(r.out, "Failed requests:"), 3);
     assert_int_equal((int)printed(r.out, "Successful requests:"), 0);
     assert_non_null(strstr(r.out, "Error 0: connect error:"));
     assert_non_null(strstr(r.err, "every request failed"));
     run_free(&r);
-    r = run("bench serve --base-url http://127.0.0.1:%d --num-prompts 3", free_port());
+    r = run("bench serve --base-url http://127.0.0.1:%d --num-prompts 3", test_free_port());
     assert_int_equal(r.status, 1); /* no model to ask for: one line that says so */
     assert_non_null(strstr(r.err, "cannot list the models (give --model)"));
     run_free(&r);

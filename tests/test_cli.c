@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "port_test_util.h"
 
 #define PAGELLM "build/pagellm"
 
@@ -86,16 +87,17 @@ static void test_serve_quantization_fp8(void **state) {
     if (system("command -v curl >/dev/null 2>&1") != 0)
         skip();
     char cmd[4096];
-    int port = 20000 + (int)(getpid() % 20000);
+    int port = test_free_port();
+    assert_true(port > 0);
     snprintf(cmd, sizeof cmd,
              "%s serve --device cpu --quantization fp8 --port %d 2>%s/serve.err & pid=$!; "
-             "ok=1; for i in $(seq 100); do curl -sf http://127.0.0.1:%d/health >/dev/null && "
-             "ok=0 && break; sleep 0.1; done; "
+             "ok=1; for i in $(seq 300); do curl -sf http://127.0.0.1:%d/health >/dev/null && "
+             "ok=0 && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done; "
              "[ $ok = 0 ] && curl -sf http://127.0.0.1:%d/v1/completions -H "
              "'Content-Type: application/json' -d '{\"prompt\": \"Once upon a time\", "
              "\"max_tokens\": 16, \"temperature\": 0}' >%s/completion.json; ok=$?; "
-             "kill $pid; wait $pid; exit $ok",
-             PAGELLM, port, tmpdir, port, port, tmpdir);
+             "kill $pid; wait $pid; [ $ok = 0 ] || cat %s/serve.err >&2; exit $ok",
+             PAGELLM, port, tmpdir, port, port, tmpdir, tmpdir);
     assert_int_equal(system(cmd), 0);
     char path[512], *body;
     snprintf(path, sizeof path, "%s/completion.json", tmpdir);
