@@ -149,6 +149,10 @@ size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int 
 void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                     const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                     void *workspace, size_t workspace_bytes, void *stream);
+/* The grouped GEMMs' kernels for the process: wgmma where this build and GPU have it, else
+ * mma.sync (default); or mma.sync everywhere (tests compare the two). */
+typedef enum { KC_MOE_GEMM_AUTO, KC_MOE_GEMM_MMA } KCudaMoeGemm;
+void k_cuda_moe_force_gemm(KCudaMoeGemm gemm);
 
 /* Copy whole KV blocks in one launch: block src_dst[2i] of src_pool to block src_dst[2i+1] of
  * dst_pool for i < n (src_dst [2n] int32 on the device; both pools device memory, possibly

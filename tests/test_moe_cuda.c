@@ -218,8 +218,18 @@ static void test_moe_mma_path(void **state) {
         {DT_BF16, DT_BF16, 64, 128, 2048, 768, 8, 1, 0}, /* Qwen3-30B-A3B's layer */
         {DT_BF16, DT_BF16, 16, 8, 1024, 3584, 2, 1, 0},  /* Mixtral-like, smaller */
         {DT_BF16, DT_BF16, 256, 8, 1024, 3584, 2, 1, 0}, /* its batch 256: 96-row tiles */
+        {DT_F16, DT_F16, 256, 8, 1024, 3584, 2, 1, 1},
     };
-    assert_int_equal(run_cases(cases, (int)(sizeof cases / sizeof *cases)), 0);
+    /* the default kernels (wgmma on an sm_90a build's Hopper GPU), then mma.sync everywhere */
+    const int count = (int)(sizeof cases / sizeof *cases);
+    if (!k_cuda_wgmma_available())
+        print_message("note: no wgmma kernels on this build or GPU; mma.sync twice\n");
+    const int bad_default = run_cases(cases, count);
+    k_cuda_moe_force_gemm(KC_MOE_GEMM_MMA);
+    const int bad_mma = run_cases(cases, count);
+    k_cuda_moe_force_gemm(KC_MOE_GEMM_AUTO);
+    assert_int_equal(bad_default, 0);
+    assert_int_equal(bad_mma, 0);
 }
 
 static void test_moe_plain_path(void **state) {
@@ -273,14 +283,18 @@ static void test_moe_graph(void **state) {
     rng_seed(40);
     const MoeCase gemv = {DT_BF16, DT_BF16, 1, 128, 512, 128, 8, 1, 0};
     const MoeCase mma = {DT_BF16, DT_BF16, 64, 16, 256, 96, 2, 1, 0};
-    assert_int_equal(graph_case(&gemv) + graph_case(&mma), 0);
+    int bad = graph_case(&gemv) + graph_case(&mma);
+    k_cuda_moe_force_gemm(KC_MOE_GEMM_MMA);
+    bad += graph_case(&mma);
+    k_cuda_moe_force_gemm(KC_MOE_GEMM_AUTO);
+    assert_int_equal(bad, 0);
 }
 
 /* Not a check: one layer's op at the Qwen3-30B-A3B and Mixtral-8x7B shapes (bf16, random
  * router and rows, constant expert weights), recorded in a graph and replayed: the mean of 20
  * replays against the floor of reading the router and the experts a batch touches (E (1 - (1 -
  * k / E)^n) expected) once at 4.23 TB/s. */
-static void time_layer(int E, int H, int I, int top_k, int n) {
+static void time_layer(int E, int H, int I, int top_k, int n, const char *label) {
     const KernelOps *k = test_cuda_ops(DT_BF16);
     const size_t expert_bytes = (size_t)3 * H * I * 2;
     Weight router = make_weight(DT_BF16, 2, E, H, -0.5f, 0.5f);
@@ -316,8 +330,8 @@ static void time_layer(int E, int H, int I, int top_k, int n) {
     const double floor_us = (touched * expert_bytes + (double)E * H * 2) / 4.23e12 * 1e6;
     const double us = ms * 1e3 / REPLAYS;
     print_message("timing: moe E %d H %d I %d top %d, %3d rows: %8.1f us, floor %7.1f us "
-                  "(%.2fx)\n",
-                  E, H, I, top_k, n, us, floor_us, us / floor_us);
+                  "(%.2fx)%s\n",
+                  E, H, I, top_k, n, us, floor_us, us / floor_us, label);
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
     k->graph_destroy(k, g);
@@ -337,9 +351,16 @@ static void test_moe_timing(void **state) {
     rng_seed(41);
     const int qwen_rows[] = {1, 8, 16, 64, 256};
     for (int i = 0; i < 5; i++)
-        time_layer(128, 2048, 768, 8, qwen_rows[i]);
-    time_layer(8, 4096, 14336, 2, 1);
-    time_layer(8, 4096, 14336, 2, 256);
+        time_layer(128, 2048, 768, 8, qwen_rows[i], "");
+    time_layer(8, 4096, 14336, 2, 1, "");
+    time_layer(8, 4096, 14336, 2, 256, "");
+    if (k_cuda_wgmma_available()) { /* the grouped GEMMs on mma.sync, for comparison */
+        k_cuda_moe_force_gemm(KC_MOE_GEMM_MMA);
+        time_layer(128, 2048, 768, 8, 64, " mma.sync");
+        time_layer(128, 2048, 768, 8, 256, " mma.sync");
+        time_layer(8, 4096, 14336, 2, 256, " mma.sync");
+        k_cuda_moe_force_gemm(KC_MOE_GEMM_AUTO);
+    }
 }
 
 #endif /* PAGELLM_HAVE_CUDA */

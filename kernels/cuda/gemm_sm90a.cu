@@ -31,18 +31,15 @@
 #include <cudaTypedefs.h>
 #include <pthread.h>
 
-#include "cuda_internal.cuh"
+#include "sm90a.cuh"
 
 #if PAGELLM_SM90A
 #include <cooperative_groups.h>
 
 namespace {
 
-constexpr int BK = 64;            /* K elements per stage: one 128-byte swizzled row */
-constexpr int ROW_BYTES = BK * 2; /* 16-bit elements */
-constexpr int THREADS = 384;      /* producer warpgroup + two consumer warpgroups */
+constexpr int THREADS = 384; /* producer warpgroup + two consumer warpgroups */
 constexpr int CONSUMER_WARPS = 8;
-constexpr int SMEM_LIMIT = 227 * 1024; /* a block's dynamic shared memory on sm_90 */
 
 /* Ring stages that fit beside the alignment slack and the barriers, at most 8. */
 __host__ __device__ constexpr int stages_for(int stage_bytes) {
@@ -50,131 +47,6 @@ __host__ __device__ constexpr int stages_for(int stage_bytes) {
                                                        : 8;
 }
 
-/* ---- shared memory, mbarriers and the tensor copy engine ---- */
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
-    const uint32_t a = smem_addr(bar);
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-}
-
-/* One arrival on the barrier at the same offset in CTA `cta` of the cluster (itself included).
- * Default semantics (release at CTA scope): a .release.cluster arrive costs a memory barrier
- * per call, which ncu showed as 37 % of the warps' stalls. What it orders is the consumers'
- * MMAs' reads of the stage, complete once wgmma.wait_group has returned. */
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t *bar, unsigned cta) {
-    asm volatile("{\n.reg .b32 remote;\n"
-                 "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
-                 "r"(cta)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-/* The box at (k, row) of `map` into dst, completing on bar, with an L2 eviction policy. */
-__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int k, int row,
-                                         uint64_t *bar, uint64_t policy) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-                 "l"(map), "r"(smem_addr(bar)), "r"(k), "r"(row), "l"(policy)
-                 : "memory");
-}
-
-/* The same into dst of every CTA of the cluster in `mask`, each completing on its own bar. */
-__device__ __forceinline__ void tma_load_multicast(void *dst, const CUtensorMap *map, int k,
-                                                   int row, uint64_t *bar, uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_addr(dst)),
-                 "l"(map), "r"(smem_addr(bar)), "r"(k), "r"(row), "h"(mask)
-                 : "memory");
-}
-
-__device__ __forceinline__ uint64_t l2_policy_evict_normal(void) {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-__device__ __forceinline__ uint64_t l2_policy_evict_last(void) {
-    uint64_t p;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-/* ---- wgmma ---- */
-
-/* Shared-memory matrix descriptor of a K-major tile written by the copy engine with 128-byte
- * swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart (stride byte offset), layout type 1
- * (128B swizzle) in bits 62-63. The tile must start on a 1024-byte boundary; a k16 step within
- * the row adds 32 bytes to the start address (field units of 16 bytes). */
-__device__ __forceinline__ uint64_t smem_desc(const void *tile) {
-    return (uint64_t)((smem_addr(tile) & 0x3ffff) >> 4) | (uint64_t)1 << 16 |
-           (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence(void) {
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit(void) {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wgmma_wait(void) {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-/* Keeps the compiler from moving accumulator reads or writes across the asynchronous MMAs. */
-template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        asm volatile("" : "+f"(d[i])::"memory");
-}
-
-#define WG_D8(i)                                                                                   \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
-        "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_D56  WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48)
-#define WG_D112 WG_D56, WG_D8(56), WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104)
-#define WG_REGS_64                                                                                 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "                       \
-    "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "                       \
-    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "                       \
-    "%58, %59, %60, %61, %62, %63"
-#define WG_REGS_112                                                                                \
-    WG_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "          \
-               "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, "       \
-               "%93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, "           \
-               "%106, %107, %108, %109, %110, %111"
-
-/* d[64 x N] (+)= a[64 x 16] b[N x 16]^T, this warpgroup's fragment of d (N / 2 per thread);
- * scale_d 0 overwrites d. IA, IB, IS: the operand numbers after the N / 2 accumulators. */
-#define WGMMA_DEFINE(N, AB, REGS, DOPS, IA, IB, IS)                                                \
-    __device__ __forceinline__ void wgmma_##AB##_n##N(float(&d)[N / 2], uint64_t da, uint64_t db,  \
-                                                      int scale_d) {                               \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                             \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #AB "." #AB " {" REGS       \
-                     "}, %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                  \
-                     : DOPS                                                                        \
-                     : "l"(da), "l"(db), "r"(scale_d));                                            \
-    }
 WGMMA_DEFINE(224, bf16, WG_REGS_112, WG_D112, 112, 113, 114)
 WGMMA_DEFINE(224, f16, WG_REGS_112, WG_D112, 112, 113, 114)
 
@@ -295,36 +167,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 /* ---- host side ---- */
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
-pthread_once_t encode_once = PTHREAD_ONCE_INIT;
-
-void find_encode(void) {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-        encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    else
-        (void)cudaGetLastError();
-}
-
-/* A 2-D row-major [rows, cols] 16-bit tensor of row pitch `ld` elements in boxes of
- * box_rows x BK, 128-byte swizzle, zero fill beyond the edges. */
-CUtensorMap tensor_map(const void *base, DType dt, int rows, int cols, int ld, int box_rows) {
-    CUtensorMap m;
-    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
-    const CUresult r = encode_fn(
-        &m, dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-        (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    KC_REQUIRE(r == CUDA_SUCCESS, "gemm_sm90a: cuTensorMapEncodeTiled failed (%d)", (int)r);
-    return m;
-}
-
 template <int CLUSTER, typename T>
 void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStream_t s) {
     constexpr int BM = 128, BN = 224, STAGE_BYTES = (BM + BN) * ROW_BYTES;
@@ -332,8 +174,8 @@ void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStr
     const size_t smem = 1024 + (size_t)stages_for(STAGE_BYTES) * STAGE_BYTES + 128;
     auto kernel = swiglu_gemm_kernel<CLUSTER, T>;
     kc_set_smem(kernel, smem);
-    const CUtensorMap mx = tensor_map(x, act, n, K, K, BM);
-    const CUtensorMap mw = tensor_map(w->data, act, 2 * dim, K, K, BN / 2);
+    const CUtensorMap mx = kc_tensor_map_16bit(x, act, n, K, K, BM);
+    const CUtensorMap mw = kc_tensor_map_16bit(w->data, act, 2 * dim, K, K, BN / 2);
     cudaLaunchAttribute attr[2];
     int na = 0;
     if (CLUSTER > 1) {
@@ -368,6 +210,35 @@ void launch_variant(int variant, void *out, const void *x, DType act, const Tens
 }
 
 } // namespace
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn;
+static pthread_once_t encode_once = PTHREAD_ONCE_INIT;
+
+static void find_encode(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        encode_fn = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    else
+        (void)cudaGetLastError();
+}
+
+CUtensorMap kc_tensor_map_16bit(const void *base, DType dt, int64_t rows, int64_t cols, int64_t ld,
+                                int box_rows) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
+    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
+    const CUresult r = encode_fn(
+        &m, dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+        (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    KC_REQUIRE(r == CUDA_SUCCESS, "gemm_sm90a: cuTensorMapEncodeTiled failed (%d)", (int)r);
+    return m;
+}
 
 int k_cuda_wgmma_available(void) {
     static int available = -1; /* one answer per process: every GPU of a TP host is the same */

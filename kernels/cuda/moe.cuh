@@ -52,4 +52,10 @@ template <typename T>
 void moe_mma_launch(T *act, T *y, const T *x, const T *gate_up, const T *down, const MoeRouting &r,
                     int n, int E, int H, int I, int top_k, cudaStream_t s);
 
+/* The same pair on Hopper's wgmma (moe_sm90a.cu) when this build and GPU have it and the shapes
+ * suit it; false: nothing launched. Overwrites y before the down GEMM writes it. */
+template <typename T>
+bool moe_wgmma_try(T *act, T *y, const T *x, const T *gate_up, const T *down, const MoeRouting &r,
+                   int n, int E, int H, int I, int top_k, int tile_rows, int tiles, cudaStream_t s);
+
 #endif

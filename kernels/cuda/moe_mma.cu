@@ -193,12 +193,21 @@ static void mma_pair(T *act, T *y, const T *x, const T *gate_up, const T *down, 
                   smem, s, y, (const T *)act, down, r, H, I, top_k);
 }
 
+static KCudaMoeGemm forced_gemm = KC_MOE_GEMM_AUTO;
+
+void k_cuda_moe_force_gemm(KCudaMoeGemm gemm) {
+    forced_gemm = gemm;
+}
+
 template <typename T>
 void moe_mma_launch(T *act, T *y, const T *x, const T *gate_up, const T *down, const MoeRouting &r,
                     int n, int E, int H, int I, int top_k, cudaStream_t s) {
     const int tile_rows = moe_mma_tile_rows(n, top_k, E);
     const int tiles = moe_max_tiles(n * top_k, E, tile_rows);
     KC_REQUIRE(tiles <= r.max_tiles, "moe: %d tiles of %d rows", tiles, tile_rows);
+    if (forced_gemm == KC_MOE_GEMM_AUTO &&
+        moe_wgmma_try<T>(act, y, x, gate_up, down, r, n, E, H, I, top_k, tile_rows, tiles, s))
+        return;
     if (tile_rows == 16)
         mma_pair<T, 2>(act, y, x, gate_up, down, r, tiles, H, I, top_k, s);
     else if (tile_rows == 32)
