@@ -149,8 +149,9 @@ size_t k_cuda_moe_workspace_bytes(DType act, int max_rows, int num_experts, int 
 void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                     const Tensor *gate_up, const Tensor *down, int n, int top_k, int renormalize,
                     void *workspace, size_t workspace_bytes, void *stream);
-/* The grouped GEMMs' kernels for the process: wgmma where this build and GPU have it, else
- * mma.sync (default); or mma.sync everywhere (tests compare the two). */
+/* The grouped GEMMs' kernels for the process: wgmma where this build and GPU have it and the
+ * tiles hold 64 or more rows, else mma.sync (default); or mma.sync everywhere (tests compare
+ * the two). */
 typedef enum { KC_MOE_GEMM_AUTO, KC_MOE_GEMM_MMA } KCudaMoeGemm;
 void k_cuda_moe_force_gemm(KCudaMoeGemm gemm);
 
@@ -311,10 +312,10 @@ void k_cuda_proj_norm_force(KCudaProjNorm *p, int splits);
  * bias, n); k_cuda_silu_mul_matmul = k_cuda_silu_mul(act_out, gate_up, n, K) then
  * k_cuda_matmul(out, act_out, w, NULL, n), K = w->shape[1]. (kernels/cuda/matmul_fp8_fused.cu) */
 int k_cuda_add_rmsnorm_matmul(KCudaGemm *g, void *out, void *residual, const void *delta,
-                               void *normed, DType act, const Tensor *norm_w, const Tensor *w,
-                               const Tensor *bias, int n, float eps, void *stream);
+                              void *normed, DType act, const Tensor *norm_w, const Tensor *w,
+                              const Tensor *bias, int n, float eps, void *stream);
 int k_cuda_silu_mul_matmul(KCudaGemm *g, void *out, void *act_out, const void *gate_up, DType act,
-                            const Tensor *w, int n, void *stream);
+                           const Tensor *w, int n, void *stream);
 
 /* For tests and benchmarks: force every later call of g onto one path (KC_GEMM_GEMV applies
  * only where the GEMV can run, else cuBLASLt; KC_GEMM_CUBLASLT also turns the fused
