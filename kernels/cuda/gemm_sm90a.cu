@@ -38,15 +38,6 @@
 
 namespace {
 
-constexpr int THREADS = 384; /* producer warpgroup + two consumer warpgroups */
-constexpr int CONSUMER_WARPS = 8;
-
-/* Ring stages that fit beside the alignment slack and the barriers, at most 8. */
-__host__ __device__ constexpr int stages_for(int stage_bytes) {
-    return (SMEM_LIMIT - 1024 - 128) / stage_bytes < 8 ? (SMEM_LIMIT - 1024 - 128) / stage_bytes
-                                                       : 8;
-}
-
 WGMMA_DEFINE(224, bf16, WG_REGS_112, WG_D112, 112, 113, 114)
 WGMMA_DEFINE(224, f16, WG_REGS_112, WG_D112, 112, 113, 114)
 
@@ -68,13 +59,13 @@ template <typename T> __device__ __forceinline__ float swiglu(float g, float u) 
  * tiles of a column tile are a cluster; rank 0 loads the gate rows, rank 1 the up rows, each
  * multicast to both, so the weights are read once, in one wave. */
 template <int CLUSTER, typename T>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     swiglu_gemm_kernel(const __grid_constant__ CUtensorMap map_x,
                        const __grid_constant__ CUtensorMap map_w, T *__restrict__ out, int n,
                        int dim, int K) {
     constexpr int BM = 128, WG_M = 64, BN = 224, HALF = BN / 2;
     constexpr int X_BYTES = BM * ROW_BYTES, W_BYTES = BN * ROW_BYTES;
-    constexpr int STAGE_BYTES = X_BYTES + W_BYTES, STAGES = stages_for(STAGE_BYTES);
+    constexpr int STAGE_BYTES = X_BYTES + W_BYTES, STAGES = ring_stages(STAGE_BYTES);
     static_assert(X_BYTES % 1024 == 0 && (HALF * ROW_BYTES) % 1024 == 0 &&
                       (CLUSTER == 1 || CLUSTER == 2),
                   "tiles on 1024-byte boundaries (128-byte swizzle)");
@@ -89,7 +80,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], CLUSTER * CONSUMER_WARPS);
+            mbar_init(&empty[s], CLUSTER * WS_CONSUMER_WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -171,7 +162,7 @@ template <int CLUSTER, typename T>
 void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStream_t s) {
     constexpr int BM = 128, BN = 224, STAGE_BYTES = (BM + BN) * ROW_BYTES;
     const int dim = (int)(w->shape[0] / 2), K = (int)w->shape[1];
-    const size_t smem = 1024 + (size_t)stages_for(STAGE_BYTES) * STAGE_BYTES + 128;
+    const size_t smem = ring_smem_bytes(STAGE_BYTES);
     auto kernel = swiglu_gemm_kernel<CLUSTER, T>;
     kc_set_smem(kernel, smem);
     const CUtensorMap mx = kc_tensor_map_16bit(x, act, n, K, K, BM);
@@ -192,7 +183,7 @@ void launch(void *out, const void *x, DType act, const Tensor *w, int n, cudaStr
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(dim / (BN / 2)), (unsigned)((n + BM - 1) / BM), 1);
-    cfg.blockDim = dim3(THREADS, 1, 1);
+    cfg.blockDim = dim3(WS_THREADS, 1, 1);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attr;

@@ -32,20 +32,11 @@
 
 namespace {
 
-constexpr int MW_THREADS = 384, MW_CONSUMER_WARPS = 8, MW_BOX_ROWS = 64;
+constexpr int MW_BOX_ROWS = 64;
 constexpr int MW_BOX_BYTES = MW_BOX_ROWS * ROW_BYTES, MW_A_BYTES = 4 * MW_BOX_BYTES;
 
 template <int BN> __host__ __device__ constexpr int mw_stage_bytes() {
     return MW_A_BYTES + BN * ROW_BYTES;
-}
-/* ring stages that fit beside the alignment slack and the barriers, at most 8 */
-template <int BN> __host__ __device__ constexpr int mw_stages() {
-    return (SMEM_LIMIT - 1024 - 128) / mw_stage_bytes<BN>() < 8
-               ? (SMEM_LIMIT - 1024 - 128) / mw_stage_bytes<BN>()
-               : 8;
-}
-template <int BN> constexpr size_t mw_smem_bytes() {
-    return 1024 + (size_t)mw_stages<BN>() * mw_stage_bytes<BN>() + 128;
 }
 
 #define MW_REGS_64                                                                                 \
@@ -89,11 +80,11 @@ __global__ void __launch_bounds__(128)
  * (file comment); map_w: the experts' weights as [E rows_per_expert, K], map_x: the activations
  * in position order as [slots, K]; N: out's width (I up, H down). */
 template <typename T, int BN, bool UP>
-__global__ void __launch_bounds__(MW_THREADS, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_kernel(const __grid_constant__ CUtensorMap map_w,
                      const __grid_constant__ CUtensorMap map_x, T *__restrict__ out, MoeRouting r,
                      int N, int K) {
-    constexpr int STAGE_BYTES = mw_stage_bytes<BN>(), STAGES = mw_stages<BN>();
+    constexpr int STAGE_BYTES = mw_stage_bytes<BN>(), STAGES = ring_stages(STAGE_BYTES);
     static_assert((BN * ROW_BYTES) % 1024 == 0 && BN <= 256, "tiles on 1024-byte boundaries");
     extern __shared__ uint8_t mw_smem_raw[];
     uint8_t *smem = (uint8_t *)(((uintptr_t)mw_smem_raw + 1023) & ~(uintptr_t)1023);
@@ -104,7 +95,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], MW_CONSUMER_WARPS);
+            mbar_init(&empty[s], WS_CONSUMER_WARPS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -204,10 +195,11 @@ void launch_gemm(T *out, const T *w, const T *xs, DType dt, const MoeRouting &r,
     const CUtensorMap mw = kc_tensor_map_16bit(w, dt, w_rows, K, K, MW_BOX_ROWS);
     const CUtensorMap mx = kc_tensor_map_16bit(xs, dt, slots, K, K, BN);
     auto kernel = moe_wgmma_kernel<T, BN, UP>;
-    kc_set_smem(kernel, mw_smem_bytes<BN>());
+    constexpr size_t smem = ring_smem_bytes(mw_stage_bytes<BN>());
+    kc_set_smem(kernel, smem);
     const int block_rows = UP ? 128 : 256;
     kc_launch_pdl(kernel, dim3((unsigned)tiles, (unsigned)((N + block_rows - 1) / block_rows)),
-                  dim3(MW_THREADS), mw_smem_bytes<BN>(), s, mw, mx, out, r, N, K);
+                  dim3(WS_THREADS), smem, s, mw, mx, out, r, N, K);
 }
 
 template <typename T, int BN>

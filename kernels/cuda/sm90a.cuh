@@ -22,6 +22,18 @@ namespace {
 constexpr int BK = 64;                 /* K elements per stage: one 128-byte swizzled row */
 constexpr int ROW_BYTES = BK * 2;      /* 16-bit elements */
 constexpr int SMEM_LIMIT = 227 * 1024; /* a block's dynamic shared memory on sm_90 */
+constexpr int WS_THREADS = 384;        /* producer warpgroup + two consumer warpgroups */
+constexpr int WS_CONSUMER_WARPS = 8;   /* the arrivals that give a ring stage back */
+
+/* Ring stages of stage_bytes that fit beside the alignment slack and the barriers, at most 8;
+ * and a block's dynamic shared memory for them (1024-byte alignment slack, the barriers). */
+__host__ __device__ constexpr int ring_stages(int stage_bytes) {
+    return (SMEM_LIMIT - 1024 - 128) / stage_bytes < 8 ? (SMEM_LIMIT - 1024 - 128) / stage_bytes
+                                                       : 8;
+}
+constexpr size_t ring_smem_bytes(int stage_bytes) {
+    return 1024 + (size_t)ring_stages(stage_bytes) * stage_bytes + 128;
+}
 
 /* ---- shared memory, mbarriers and the tensor copy engine ---- */
 
