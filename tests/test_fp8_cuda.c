@@ -6,7 +6,9 @@
  * 4 != 0, which cuBLASLt's scale modes refuse), multiples of 128 and ragged edges for the block
  * kind (ceil(K / 128) % 4 != 0 takes the own kernel). At n <= 8 the cuBLASLt path is forced too,
  * above 8 the own tiled kernel, and at every n the own kernel with 32 weight rows a block,
- * whatever the automatic choice. Then a CUDA graph capture, and
+ * whatever the automatic choice (on Hopper that is the stream-K wgmma kernel at n = 4-8 for the
+ * tensor and channel kinds; test_fp8_stream_k adds shapes larger than the SMs' count of its
+ * work). Then a CUDA graph capture, and
  * the fused projections (qkv + RoPE + cache is not covered here; silu_mul and add_rmsnorm) on
  * fp8 weights against their two calls, and the norm and SiLU ops that quantize for the fp8
  * GEMM after them (k_cuda_add_rmsnorm_matmul, k_cuda_silu_mul_matmul) against theirs.
@@ -53,6 +55,7 @@
     X(test_fp8_channel)                                                                            \
     X(test_fp8_block)                                                                              \
     X(test_fp8_f32_act)                                                                            \
+    X(test_fp8_stream_k)                                                                           \
     X(test_fp8_generic)                                                                            \
     X(test_fp8_graph)                                                                              \
     X(test_fp8_fused_ops)                                                                          \
@@ -292,6 +295,55 @@ static void test_fp8_f32_act(void **state) {
     assert_int_equal(bad, 0);
 }
 
+/* Shapes whose work outnumbers the SMs, at n = 4, 5 and 8 (the automatic path: on Hopper the
+ * stream-K wgmma kernel, matmul_fp8_sm90a.cu): 2104 x 8208 has every block's ring wrap and
+ * every 128-row tile cut between blocks, with ragged N and K; 20000 x 272 has tiles whole
+ * inside one block beside cut ones. */
+static void test_fp8_stream_k(void **state) {
+    (void)state;
+    REQUIRE_GPU();
+    rng_seed(89);
+    const int shapes[][2] = {{2104, 8208}, {20000, 272}}, ns[] = {4, 5, 8};
+    const Fp8ScaleKind kinds[] = {FP8_SCALE_CHANNEL, FP8_SCALE_TENSOR};
+    const DType acts[] = {DT_BF16, DT_F16};
+    KCudaGemm *g = k_cuda_gemm_create(0);
+    int bad = 0;
+    for (int si = 0; si < 2; si++) {
+        const int N = shapes[si][0], K = shapes[si][1], rows = 8;
+        const DType act = acts[si];
+        Fp8Weight w = make_fp8(kinds[si], N, K, 0.0f);
+        Weight b = make_weight(act, 1, N, 0, -1, 1);
+        const Weight *bias = si == 0 ? &b : NULL;
+        float *x = make_x(rows, K, act), *ref = xmalloc(sizeof(float) * rows * N);
+        float *mag = xmalloc(sizeof(float) * rows * N), *got = xmalloc(sizeof(float) * rows * N);
+        reference(ref, mag, x, &w, bias, rows, act);
+        const size_t es = pl_dtype_size(act);
+        void *dx = upload_as(x, (size_t)rows * K, act),
+             *dout = k_cuda_malloc((size_t)rows * N * es);
+        for (int ni = 0; ni < 3; ni++) {
+            const int n = ns[ni];
+            const size_t r0 = (size_t)(rows - n); /* the zero row in every n */
+            k_cuda_memset(dout, 0xFF, (size_t)n * N * es);
+            k_cuda_matmul(g, dout, (char *)dx + r0 * K * es, act, &w.dev, bias ? &b.dev : NULL, n,
+                          NULL);
+            k_cuda_synchronize();
+            download_as(got, dout, (size_t)n * N, act);
+            char what[128];
+            snprintf(what, sizeof what, "stream-k %s n %d N %d K %d", dn(act), n, N, K);
+            bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act);
+        }
+        float *host[] = {x, ref, mag, got};
+        for (int i = 0; i < 4; i++)
+            free(host[i]);
+        k_cuda_free(dx);
+        k_cuda_free(dout);
+        free_weight(&b);
+        free_fp8(&w);
+    }
+    k_cuda_gemm_destroy(g);
+    assert_int_equal(bad, 0);
+}
+
 /* K % 16 != 0 (stories260K's down projection has K = 172), every kind and act dtype: the
  * generic kernel (matmul_fp8_generic.cu), whatever path is forced. */
 static void test_fp8_generic(void **state) {
@@ -463,7 +515,8 @@ static int same_bytes(const char *what, const void *d1, const void *d2, size_t b
 
 /* One fused case: residual + delta normed then times w1 (k_cuda_add_rmsnorm_matmul), and
  * silu(gate) * up times w2 (k_cuda_silu_mul_matmul), against their two calls: the same bits in
- * every output, and fused exactly where cuBLASLt takes the rows (n > 8, but for one case). */
+ * every output, and fused exactly where cuBLASLt (n > 8, but for one case) or the wgmma kernel
+ * (n <= 8 on Hopper) takes the rows. */
 static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *w2,
                             const Weight *bias, DType act, int n) {
     const int H = (int)w1->host.shape[1], N = (int)w1->host.shape[0];
@@ -483,10 +536,13 @@ static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *
     k_cuda_memset(dn1, 0xFF, (size_t)n * N2 * es);
     /* f32 output with an f32 bias and block scales: no cuBLASLt (matmul_fp8.cu's f8_lt) */
     const int plain_lt = !(act == DT_F32 && bias && w1->host.fp8.kind == FP8_SCALE_BLOCK);
-    const int want = n > 8 && plain_lt;
-    const int want2 = n > 8;
+    /* 4 to 8 rows: only Hopper's wgmma kernel (16-bit act, per-tensor or per-channel scales) */
+    const int wgmma = n >= 4 && n <= 8 && k_cuda_wgmma_available() && act != DT_F32 &&
+                      w1->host.fp8.kind != FP8_SCALE_BLOCK;
+    const int want = (n > 8 && plain_lt) || wgmma;
+    const int want2 = n > 8 || wgmma;
     int fused = k_cuda_add_rmsnorm_matmul(g, out1, dres1, ddelta, norm1, act, &nw.dev, &w1->dev, b,
-                                           n, 1e-5f, NULL);
+                                          n, 1e-5f, NULL);
     k_cuda_add_rmsnorm(dres2, ddelta, norm2, act, &nw.dev, n, H, 1e-5f, NULL);
     k_cuda_matmul(g, out2, norm2, act, &w1->dev, b, n, NULL);
     int fused2 = k_cuda_silu_mul_matmul(g, dn1, act1, dgu, act, &w2->dev, n, NULL);
@@ -524,14 +580,14 @@ static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *
 }
 
 /* Every scale kind (and a static input scale), BF16, F16 and F32 activations, n = 3 (the GEMV:
- * not fused), 12, 64 and 301 (cuBLASLt, 301 with a GEMV tail row). The two weights of a case
- * have different scales and share the gemm's per-tensor scale vector, so a fused op that did
- * not refill it would use the other weight's. */
+ * not fused), 6 (on Hopper the wgmma kernel, fused, else the GEMV), 12, 64 and 301 (cuBLASLt, 301
+ * with a GEMV tail row). The two weights of a case have different scales and share the gemm's
+ * per-tensor scale vector, so a fused op that did not refill it would use the other weight's. */
 static void test_fp8_quant_fused(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(87);
-    const int H = 512, I = 512, ns[] = {3, 12, 64, 301};
+    const int H = 512, I = 512, ns[] = {3, 6, 12, 64, 301};
     const DType acts[] = {DT_BF16, DT_F16, DT_F32};
     KCudaGemm *g = k_cuda_gemm_create(0);
     int bad = 0;
@@ -542,7 +598,7 @@ static void test_fp8_quant_fused(void **state) {
                 Fp8Weight w1 = make_fp8((Fp8ScaleKind)kind, 768, H, is);
                 Fp8Weight w2 = make_fp8((Fp8ScaleKind)kind, H, I, is);
                 Weight bias = make_weight(acts[ai], 1, 768, 0, -1, 1);
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < 5; i++)
                     bad += quant_fused_case(g, &w1, &w2, v ? &bias : NULL, acts[ai], ns[i]);
                 free_weight(&bias);
                 free_fp8(&w1);

@@ -401,6 +401,21 @@ bool kc_silu_mul_f8_ok(const void *out, const void *gate_up, DType act, int dim)
 void kc_silu_mul_f8(void *out, const void *gate_up, DType act, int n, int dim, const KcF8Dst *dst,
                     cudaStream_t s);
 
+/* matmul_fp8_sm90a.cu: out[n, N] for KC_F8W_MIN_ROWS to KC_F8W_MAX_ROWS rows already quantized (q
+ * [n, K], xs [n]: KcF8Dst's layout with one scale a row) and a per-tensor or per-channel fp8 w, on
+ * Hopper's fp8 wgmma, with matmul's fp8 semantics; bias as the GEMV takes it. kc_f8w_takes says
+ * whether it takes (act, w, n) at all (never in a build without sm_90a). Its workspace: part,
+ * KC_F8W_PART_FLOATS floats, and arrivals, KC_F8W_TILES counters zeroed once. */
+enum {
+    KC_F8W_MIN_ROWS = 4,
+    KC_F8W_MAX_ROWS = 8,
+    KC_F8W_PART_FLOATS = 1 << 19,
+    KC_F8W_TILES = 4096
+};
+bool kc_f8w_takes(DType act, const Tensor *w, int n);
+void kc_f8w_matmul(void *out, const uint8_t *q, const float *xs, DType act, const Tensor *w,
+                   const Tensor *bias, int n, float *part, unsigned *arrivals, cudaStream_t s);
+
 /* The gemm's fp8 state (NULL until the first fp8 call that needs it), freed and counted with
  * the gemm. */
 typedef struct KcFp8 KcFp8;
@@ -416,8 +431,8 @@ int kc_gemm_forced_path(const KCudaGemm *g);
 /* Whether kc_matmul_fp8 hands w (with x) to kc_matmul_fp8_generic: K % 16 != 0, x or w off a
  * 16-byte boundary, or block scales other than 128 x 128 (matmul_fp8_generic.cu). */
 bool kc_fp8_generic_takes(const Tensor *w, const void *x);
-void kc_matmul_fp8_generic(void *out, const void *x, DType act, const Tensor *w,
-                           const Tensor *bias, int n, cudaStream_t s);
+void kc_matmul_fp8_generic(void *out, const void *x, DType act, const Tensor *w, const Tensor *bias,
+                           int n, cudaStream_t s);
 
 /* out[i, j] += bias[j] over out[n, N] in act (matmul.cu). */
 void kc_bias_add(void *out, DType act, const Tensor *bias, int n, int N, cudaStream_t s);

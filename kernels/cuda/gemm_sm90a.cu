@@ -77,13 +77,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int col0 = blockIdx.x * HALF, row0 = blockIdx.y * BM, kb_count = K / BK;
     const int rank = CLUSTER > 1 ? (int)(blockIdx.y % CLUSTER) : 0;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], CLUSTER * WS_CONSUMER_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    ring_init(full, empty, STAGES, CLUSTER * WS_CONSUMER_WARPS);
     if constexpr (CLUSTER > 1)
         cooperative_groups::this_cluster().sync();
     else
@@ -216,19 +210,31 @@ static void find_encode(void) {
         (void)cudaGetLastError();
 }
 
-CUtensorMap kc_tensor_map_16bit(const void *base, DType dt, int64_t rows, int64_t cols, int64_t ld,
-                                int box_rows) {
+static CUtensorMap tensor_map(const void *base, CUtensorMapDataType type, int elem_bytes,
+                              int64_t rows, int64_t cols, int64_t ld, int box_rows) {
     CUtensorMap m;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)ld * 2};
-    const cuuint32_t box[2] = {BK, (cuuint32_t)box_rows}, elem[2] = {1, 1};
-    const CUresult r = encode_fn(
-        &m, dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-        (void *)base, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t strides[1] = {(cuuint64_t)(ld * elem_bytes)};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / elem_bytes), (cuuint32_t)box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r =
+        encode_fn(&m, type, 2, (void *)base, dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     KC_REQUIRE(r == CUDA_SUCCESS, "gemm_sm90a: cuTensorMapEncodeTiled failed (%d)", (int)r);
     return m;
+}
+
+CUtensorMap kc_tensor_map_16bit(const void *base, DType dt, int64_t rows, int64_t cols, int64_t ld,
+                                int box_rows) {
+    return tensor_map(
+        base, dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+        rows, cols, ld, box_rows);
+}
+
+CUtensorMap kc_tensor_map_8bit(const void *base, int64_t rows, int64_t cols, int64_t ld,
+                               int box_rows) {
+    return tensor_map(base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, rows, cols, ld, box_rows);
 }
 
 int k_cuda_wgmma_available(void) {

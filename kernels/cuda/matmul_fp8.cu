@@ -8,7 +8,7 @@
  * Products of two e4m3 values are exact in fp32, so the results differ from the CPU's only in
  * the order of the fp32 sums (and the tensor cores' accumulation inside one 32-deep mma).
  *
- * Two paths:
+ * Two paths (three on Hopper):
  *   - Small n (decode, n <= F8_GEMV_MAX_N): f8_gemv_kernel, a memory-bound tensor-core GEMV.
  *     A block owns 16 weight rows (one m16n8k32 e4m3 mma tile) and 8 rows of x (the mma's n),
  *     its 8 warps split K in 128-column units. Each lane streams 16 bytes = 16 weights of two
@@ -22,6 +22,8 @@
  *     cores' limited accumulation precision spans 128 products at most, as in DeepGEMM.
  *     The same kernel, tiled over x's rows (grid.y), is the fallback for any shape cuBLASLt
  *     refuses (and the n % 4 tail rows of the cuBLASLt path).
+ *   - On Hopper, n of 4 to 8 with per-tensor or per-channel scales and 16-bit activations:
+ *     x quantized as for cuBLASLt (below), then matmul_fp8_sm90a.cu's stream-K wgmma kernel.
  *   - Larger n: f8_quant_kernel writes q [rows, K] e4m3 and the scales into this gemm's
  *     buffers (allocated by the first such eager call; chunks of rows beyond them), or the op
  *     that makes x does as it writes it (kc_matmul_fp8_produced, for matmul_fp8_fused.cu), then one
@@ -82,6 +84,8 @@ struct KcFp8 {
     uint8_t *q;  /* [rows, K] quantized x of one chunk */
     float *xs;   /* x scales: [groups, rows] */
     float *wvec; /* N copies of a per-tensor weight scale */
+    float *part; /* the wgmma kernel's workspace (matmul_fp8_sm90a.cu) */
+    unsigned *arrivals;
     F8Entry cache[F8_CACHE];
     int cached;
 };
@@ -92,11 +96,15 @@ void kc_fp8_destroy(KcFp8 *f) {
     k_cuda_free(f->q);
     k_cuda_free(f->xs);
     k_cuda_free(f->wvec);
+    k_cuda_free(f->part);
+    k_cuda_free(f->arrivals);
     free(f);
 }
 
 size_t kc_fp8_device_bytes(const KcFp8 *f) {
-    return f ? (size_t)F8_Q_BYTES + sizeof(float) * (F8_XS_FLOATS + F8_WVEC_FLOATS) : 0;
+    return f ? (size_t)F8_Q_BYTES + sizeof(float) * (F8_XS_FLOATS + F8_WVEC_FLOATS) +
+                   sizeof(float) * KC_F8W_PART_FLOATS + sizeof(unsigned) * KC_F8W_TILES
+             : 0;
 }
 
 /* ---------------- shared device pieces ---------------- */
@@ -158,13 +166,13 @@ __device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, flo
 /* ---------------- the GEMV (and tiled fallback) ---------------- */
 
 template <typename XT> struct F8GemvArgs {
-    XT *out;                  /* [n, N] */
-    const XT *x;              /* [n, K] */
-    const uint8_t *w;         /* [N, K] */
-    const float *w_scale;     /* per kind */
-    const void *bias;         /* NULL: none */
+    XT *out;              /* [n, N] */
+    const XT *x;          /* [n, K] */
+    const uint8_t *w;     /* [N, K] */
+    const float *w_scale; /* per kind */
+    const void *bias;     /* NULL: none */
     int bias_dt, kind, N, K, n;
-    int groups;               /* block kind: ceil(K / 128); else 1 */
+    int groups; /* block kind: ceil(K / 128); else 1 */
     float input_scale;
 };
 
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
         wr[i] = a.w + (size_t)min(r0 + 8 * i + g, a.N - 1) * K;
 
     /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
-    auto load_unit = [&](int u, uint4 (&v)[4 * MT]) {
+    auto load_unit = [&](int u, uint4(&v)[4 * MT]) {
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             const int kk = u * F8_UNIT + s * 64 + t * 16;
@@ -217,8 +225,8 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     kc_pdl_wait();
     kc_pdl_trigger();
     for (int i = 0; i < nx; i++)
-        f8_row_scales(a.x + (size_t)(c0 + i) * K, K, block, a.input_scale, sS + i * gs,
-                      sI + i * gs, rmax);
+        f8_row_scales(a.x + (size_t)(c0 + i) * K, K, block, a.input_scale, sS + i * gs, sI + i * gs,
+                      rmax);
     __syncthreads();
 
     const XT *xr = a.x + (size_t)(c0 + g) * K;
@@ -360,7 +368,6 @@ static cudaDataType f8_cuda_type(DType dt) {
     return dt == DT_F32 ? CUDA_R_32F : dt == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-
 typedef struct {
     cublasLtMatmulDescOpaque_t desc;
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
@@ -378,10 +385,10 @@ static void f8_problem(F8Problem *p, const F8Key *k, int rows, const void *a_sca
                                           : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     int32_t mb = k->mode == F8_MODE_BLOCK ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                                           : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma,
+                                                sizeof ma));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb,
+                                                sizeof mb));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                 &a_scale, sizeof a_scale));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
@@ -393,8 +400,8 @@ static void f8_problem(F8Problem *p, const F8Key *k, int rows, const void *a_sca
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                     &bias, sizeof bias));
         int32_t bt = k->ct;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-            &p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                    &bt, sizeof bt));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->la, CUDA_R_8F_E4M3, k->K, k->N, k->K));
     CUBLAS_CHECK(cublasLtMatrixLayoutInit(&p->lb, CUDA_R_8F_E4M3, k->K, rows, k->K));
@@ -473,7 +480,13 @@ static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *
  * means two m16 tiles per block (32 weight rows), else one. */
 int kc_gemm_forced_rows(const KCudaGemm *g);
 
-enum { F8_PATH_GEMV = 0, F8_PATH_TILED = 1, F8_PATH_LT_OUTER = 2, F8_PATH_LT_BLOCK = 3 };
+enum {
+    F8_PATH_GEMV = 0,
+    F8_PATH_TILED = 1,
+    F8_PATH_LT_OUTER = 2,
+    F8_PATH_LT_BLOCK = 3,
+    F8_PATH_WGMMA = 4
+};
 
 /* Print once per process which path a (N, K, scale kind) takes. */
 static void f8_log(int N, int K, int kind, int path) {
@@ -491,7 +504,8 @@ static void f8_log(int N, int K, int kind, int path) {
     static const char *kinds[] = {"none", "tensor", "channel", "block"};
     static const char *paths[] = {"fp8 GEMV (n <= 8)", "fp8 tiled GEMV (cuBLASLt refused)",
                                   "cuBLASLt fp8, outer-vector scales",
-                                  "cuBLASLt fp8, 128x128 / 1x128 block scales"};
+                                  "cuBLASLt fp8, 128x128 / 1x128 block scales",
+                                  "fp8 wgmma stream-K (n 4-8)"};
     fprintf(stderr, "k_cuda_matmul: fp8 %dx%d (%s scales): %s\n", N, K, kinds[kind], paths[path]);
 }
 
@@ -504,20 +518,30 @@ template <class Fn> static void f8_dispatch_act(DType act, Fn fn) {
         fn((float *)0);
 }
 
-static KcFp8 *f8_state(KCudaGemm *g, cudaStream_t s) {
+/* The gemm's fp8 buffers, allocated by the first call that needs them; NULL where that call is
+ * being captured into a graph (it cannot allocate). */
+static KcFp8 *f8_state_try(KCudaGemm *g, cudaStream_t s) {
     KcFp8 **fp = kc_gemm_fp8(g);
-    if (!*fp) {
-        KC_REQUIRE(!kc_capturing(s),
-                   "k_cuda_matmul: the first fp8 call beyond %d rows allocates: make it before "
-                   "graph capture",
-                   F8_GEMV_MAX_N);
+    if (!*fp && !kc_capturing(s)) {
         KcFp8 *f = (KcFp8 *)pl_xcalloc(1, sizeof *f);
         f->q = (uint8_t *)k_cuda_malloc(F8_Q_BYTES);
         f->xs = (float *)k_cuda_malloc(sizeof(float) * F8_XS_FLOATS);
         f->wvec = (float *)k_cuda_malloc(sizeof(float) * F8_WVEC_FLOATS);
+        f->part = (float *)k_cuda_malloc(sizeof(float) * KC_F8W_PART_FLOATS);
+        f->arrivals = (unsigned *)k_cuda_malloc(sizeof(unsigned) * KC_F8W_TILES);
+        CUDA_CHECK(cudaMemsetAsync(f->arrivals, 0, sizeof(unsigned) * KC_F8W_TILES, s));
         *fp = f;
     }
     return *fp;
+}
+
+static KcFp8 *f8_state(KCudaGemm *g, cudaStream_t s) {
+    KcFp8 *f = f8_state_try(g, s);
+    KC_REQUIRE(f,
+               "k_cuda_matmul: the first fp8 call beyond %d rows allocates: make it before "
+               "graph capture",
+               F8_GEMV_MAX_N);
+    return f;
 }
 
 /* Whether cuBLASLt's scale modes can take w's shape and scales at all. */
@@ -601,8 +625,8 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         f8_problem(&p, &key, rows, a_scale, f->xs, bias);
         const float alpha = 1.0f, beta = 0.0f;
         void *o = (char *)out + (size_t)r0 * N * es;
-        cublasStatus_t st = cublasLtMatmul(lt, &p.desc, &alpha, w->data, &p.la, f->q, &p.lb,
-                                           &beta, o, &p.lc, o, &p.lc, algo, ws, ws_bytes, s);
+        cublasStatus_t st = cublasLtMatmul(lt, &p.desc, &alpha, w->data, &p.la, f->q, &p.lb, &beta,
+                                           o, &p.lc, o, &p.lc, algo, ws, ws_bytes, s);
         if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
             /* the bucket's algorithm does not take this row count: ask for this exact size */
             cublasLtMatmulAlgo_t exact;
@@ -655,8 +679,8 @@ static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, cons
     const size_t es = pl_dtype_size(act);
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
-        f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es,
-                    w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
+        f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es, w,
+                    bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
     });
 }
 
@@ -674,6 +698,38 @@ static bool f8_lt_rows(KCudaGemm *g, void *out, const void *x, DType act, const 
     return true;
 }
 
+/* Whether n rows go to the Hopper wgmma kernel (matmul_fp8_sm90a.cu): where it takes them and
+ * no path is forced. */
+static bool f8_wants_wgmma(const KCudaGemm *g, DType act, const Tensor *w, int n) {
+    return kc_gemm_forced_path(g) == KC_GEMM_AUTO && kc_f8w_takes(act, w, n);
+}
+
+/* The wgmma kernel on all n rows, x quantized by f8_quant_kernel or by `produce` (NULL: none);
+ * false (nothing launched) where the buffers cannot be allocated now (a graph capture). */
+static bool f8_wgmma_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                          const Tensor *bias, int n, KcF8Produce produce, void *ctx,
+                          cudaStream_t s) {
+    KcFp8 *f = f8_state_try(g, s);
+    if (!f)
+        return false;
+    const Fp8Scales *sc = &w->fp8;
+    const int N = (int)w->shape[0], K = (int)w->shape[1];
+    const KcF8Dst d = {f->q, f->xs, n, 0, sc->input_scale, NULL, sc->w_scale, N};
+    if (produce) {
+        produce(ctx, &d, 0, n, s);
+    } else {
+        f8_dispatch_act(act, [&](auto *xt) {
+            using XT = std::remove_pointer_t<decltype(xt)>;
+            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)n), dim3(256), 2 * sizeof(float), s,
+                          d, (const XT *)x, K);
+        });
+    }
+    CUDA_CHECK_LAUNCH();
+    kc_f8w_matmul(out, f->q, f->xs, act, w, bias, n, f->part, f->arrivals, s);
+    f8_log(N, K, (int)sc->kind, F8_PATH_WGMMA);
+    return true;
+}
+
 void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, cudaStream_t s) {
     if (!f8_fast_ok(x, act, w, bias))
@@ -681,23 +737,29 @@ void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tens
     const bool lt = f8_wants_lt(g, n);
     if (lt && f8_lt_rows(g, out, x, act, w, bias, n, NULL, NULL, s))
         return;
+    if (!lt && f8_wants_wgmma(g, act, w, n) &&
+        f8_wgmma_rows(g, out, x, act, w, bias, n, NULL, NULL, s))
+        return;
     f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, lt ? F8_PATH_TILED : F8_PATH_GEMV);
     f8_gemv_rows(g, out, x, act, w, bias, 0, n, s);
 }
 
 /* Whether kc_matmul_fp8_produced may take an fp8 weight w at n rows (of x at x): the cuBLASLt
- * path, whose quantization a producing op can do. */
+ * and wgmma paths, whose quantization a producing op can do. */
 static bool f8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, const void *x,
                            DType act, int n) {
     /* anything k_cuda_matmul would refuse or treat apart goes the plain way */
     const bool bias_ok = !bias || (bias->data && bias->ndim == 1 && bias->shape[0] == w->shape[0]);
-    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok && f8_wants_lt(g, n) &&
-           f8_fast_ok(x, act, w, bias);
+    return w->dtype == DT_F8E4M3 && w->ndim == 2 && bias_ok &&
+           (f8_wants_lt(g, n) || f8_wants_wgmma(g, act, w, n)) && f8_fast_ok(x, act, w, bias);
 }
 
 bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                             const Tensor *bias, int n, KcF8Produce produce, void *ctx,
                             cudaStream_t s) {
-    return f8_produced_ok(g, w, bias, x, act, n) &&
-           f8_lt_rows(g, out, x, act, w, bias, n, produce, ctx, s);
+    if (!f8_produced_ok(g, w, bias, x, act, n))
+        return false;
+    if (f8_wants_lt(g, n))
+        return f8_lt_rows(g, out, x, act, w, bias, n, produce, ctx, s);
+    return f8_wgmma_rows(g, out, x, act, w, bias, n, produce, ctx, s);
 }

@@ -92,13 +92,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     uint64_t *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], WS_CONSUMER_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    ring_init(full, empty, STAGES, WS_CONSUMER_WARPS);
     __syncthreads();
     kc_pdl_wait();
     kc_pdl_trigger();

@@ -1,8 +1,8 @@
 /* sm90a.cuh - (internal to kernels/cuda/) what the Hopper-only kernels (*_sm90a.cu) share:
  * mbarriers, the tensor copy engine (TMA) with 128-byte swizzle, shared-memory matrix
  * descriptors and wgmma. Included only by files configure.py compiles for sm_90a
- * (PAGELLM_SM90A); kc_tensor_map_16bit lives in gemm_sm90a.cu beside k_cuda_wgmma_available,
- * which finds the driver's encoder. */
+ * (PAGELLM_SM90A); the kc_tensor_map_* functions live in gemm_sm90a.cu beside
+ * k_cuda_wgmma_available, which finds the driver's encoder. */
 #ifndef PAGELLM_KERNELS_CUDA_SM90A_CUH
 #define PAGELLM_KERNELS_CUDA_SM90A_CUH
 
@@ -12,10 +12,12 @@
 
 #if PAGELLM_SM90A
 
-/* A 2-D row-major [rows, cols] 16-bit tensor of row pitch `ld` elements, read in boxes of
- * box_rows x 64 elements (one 128-byte swizzled row each), zero fill beyond the edges. */
+/* A 2-D row-major [rows, cols] 16-bit (8-bit) tensor of row pitch `ld` elements, read in boxes
+ * of box_rows x 64 (128) elements, one 128-byte swizzled row each, zero fill beyond the edges. */
 CUtensorMap kc_tensor_map_16bit(const void *base, DType dt, int64_t rows, int64_t cols, int64_t ld,
                                 int box_rows);
+CUtensorMap kc_tensor_map_8bit(const void *base, int64_t rows, int64_t cols, int64_t ld,
+                               int box_rows);
 
 namespace {
 
@@ -57,6 +59,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
                      : "=r"(done)
                      : "r"(a), "r"(parity)
                      : "memory");
+}
+
+/* Thread 0's set-up of a ring's barriers: full[s] completes on the producer's one arrival (with
+ * the copies' bytes), empty[s] on `consumers` arrivals. The caller then synchronizes the block
+ * (or the cluster) before any thread uses them. */
+__device__ __forceinline__ void ring_init(uint64_t *full, uint64_t *empty, int stages,
+                                          unsigned consumers) {
+    if (threadIdx.x != 0)
+        return;
+    for (int s = 0; s < stages; s++) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], consumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 /* One arrival on the barrier at the same offset in CTA `cta` of the cluster (itself included).
