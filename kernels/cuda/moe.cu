@@ -8,7 +8,8 @@
  *           picks those of the fp32 reference, where a 16-bit rounding would flip close
  *           ones); for n up to 16 the last block to finish (an arrival count) then routes
  *           and groups as `group` does (one row: its warp 0 alone), so a decode batch's
- *           routing is one launch;
+ *           routing is one launch; above 16 rows with x and router of one 16-bit dtype the
+ *           logits run on tensor cores instead (moe_logits.cu);
  *   topk    (n > 16) a warp per row: fp32 softmax, top-k by repeated warp arg-max (the lower
  *           id first on ties), renormalization, the picks in increasing expert id;
  *   group   (n > 16) one block: the per-expert counts, the active experts, their offsets,
@@ -357,6 +358,11 @@ template <typename T, typename RT>
 static void launch_route(bool routed, const MoeRouting &r, const T *x, const RT *router, int n,
                          int E, int H, int vec, int top_k, int renormalize, int tile_rows,
                          cudaStream_t s) {
+    if constexpr (std::is_same<T, RT>::value && sizeof(T) == 2)
+        if (routed && vec) {
+            moe_logits_launch<T>(r.logits, x, router, n, E, H, s);
+            return;
+        }
     const int warps = routed ? MOE_WARPS : MOE_GROUP_WARPS;
     const dim3 grid((unsigned)((E + warps - 1) / warps),
                     (unsigned)((n + MOE_LOGIT_ROWS - 1) / MOE_LOGIT_ROWS));
@@ -513,7 +519,6 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
                           dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
             kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E,
                           top_k, renormalize, tile_rows);
-        }
-        run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I, top_k,
-                       fast, s));
+        } run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I,
+                         top_k, fast, s));
 }

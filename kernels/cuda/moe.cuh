@@ -37,6 +37,12 @@ static inline int moe_max_tiles(int slots, int E, int tile_rows) {
     return (slots < E ? slots : E) + (slots + tile_rows - 1) / tile_rows;
 }
 
+/* logits[t, e] = x[t] . router[e] in fp32 for a routed batch on tensor cores (moe_logits.cu):
+ * 16-bit x and router, H % 8 == 0, both 16-byte aligned. */
+template <typename T>
+void moe_logits_launch(float *logits, const T *x, const T *router, int n, int E, int H,
+                       cudaStream_t s);
+
 /* act[pos, j] = silu(g) * u, [g; u] = gate_up_e x[row of pos], for n <= MOE_GEMV_MAX_ROWS,
  * then out[t, h] = sum over t's picks in increasing expert id of weight * (down_e act[pos]),
  * each expert's dot rounded to T: two launches (moe_gemv.cu). Needs active[a] = -1 for the
