@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                       (CLUSTER == 1 || CLUSTER == 2),
                   "tiles on 1024-byte boundaries (128-byte swizzle)");
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = ring_base(smem_raw);
     uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES);
     uint64_t *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;

@@ -518,6 +518,17 @@ template <class Fn> static void f8_dispatch_act(DType act, Fn fn) {
         fn((float *)0);
 }
 
+/* Rows [0, d.rows) of x[., K] quantized into d by f8_quant_kernel (groups: the scale groups of a
+ * row, 1 or ceil(K / 128)). */
+static void f8_quantize(const KcF8Dst &d, const void *x, DType act, int K, int groups,
+                        cudaStream_t s) {
+    f8_dispatch_act(act, [&](auto *xt) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)d.rows), dim3(256),
+                      2 * sizeof(float) * (size_t)groups, s, d, (const XT *)x, K);
+    });
+}
+
 /* The gemm's fp8 buffers, allocated by the first call that needs them; NULL where that call is
  * being captured into a graph (it cannot allocate). */
 static KcFp8 *f8_state_try(KCudaGemm *g, cudaStream_t s) {
@@ -613,12 +624,7 @@ static bool f8_lt(KCudaGemm *g, void *out, const void *x, DType act, const Tenso
         if (produce) {
             produce(ctx, &d, r0, r0 + rows == n4 ? n - r0 : rows, s);
         } else {
-            const size_t smem = 2 * sizeof(float) * (size_t)groups;
-            f8_dispatch_act(act, [&](auto *xt) {
-                using XT = std::remove_pointer_t<decltype(xt)>;
-                kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)rows), dim3(256), smem, s, d,
-                              (const XT *)x + (size_t)r0 * K, K);
-            });
+            f8_quantize(d, (const char *)x + (size_t)r0 * K * es, act, K, groups, s);
         }
         CUDA_CHECK_LAUNCH();
         F8Problem p;
@@ -715,15 +721,10 @@ static bool f8_wgmma_rows(KCudaGemm *g, void *out, const void *x, DType act, con
     const Fp8Scales *sc = &w->fp8;
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const KcF8Dst d = {f->q, f->xs, n, 0, sc->input_scale, NULL, sc->w_scale, N};
-    if (produce) {
+    if (produce)
         produce(ctx, &d, 0, n, s);
-    } else {
-        f8_dispatch_act(act, [&](auto *xt) {
-            using XT = std::remove_pointer_t<decltype(xt)>;
-            kc_launch_pdl(f8_quant_kernel<XT>, dim3((unsigned)n), dim3(256), 2 * sizeof(float), s,
-                          d, (const XT *)x, K);
-        });
-    }
+    else
+        f8_quantize(d, x, act, K, 1, s);
     CUDA_CHECK_LAUNCH();
     kc_f8w_matmul(out, f->q, f->xs, act, w, bias, n, f->part, f->arrivals, s);
     f8_log(N, K, (int)sc->kind, F8_PATH_WGMMA);

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     f8w_kernel(const __grid_constant__ CUtensorMap map_w, const __grid_constant__ CUtensorMap map_q,
                F8wArgs a) {
     extern __shared__ uint8_t f8w_smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)f8w_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = ring_base(f8w_smem_raw);
     uint64_t *full = (uint64_t *)(smem + F8W_STAGES * F8W_STAGE_BYTES);
     uint64_t *empty = full + F8W_STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;

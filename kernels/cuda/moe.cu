@@ -356,8 +356,9 @@ __global__ __launch_bounds__(32 * (GROUP ? MOE_GROUP_WARPS : MOE_WARPS)) void mo
         group_block(r, n, E, top_k, renormalize, tile_rows, 0);
 }
 
-/* The route kernel for n rows: routed (n > MOE_GROUP_WARPS), logits only, in blocks of
- * MOE_WARPS warps; else logits, routing and grouping, in blocks of MOE_GROUP_WARPS. */
+/* The route kernel for n rows: routed (n > MOE_GROUP_WARPS), logits only, on tensor cores
+ * (moe_logits.cu) where the dtypes, alignment and expert count suit it, else in blocks of
+ * MOE_WARPS warps; not routed, logits, routing and grouping in blocks of MOE_GROUP_WARPS. */
 template <typename T, typename RT>
 static void launch_route(bool routed, const MoeRouting &r, const T *x, const RT *router, int n,
                          int E, int H, int vec, int top_k, int renormalize, int tile_rows,

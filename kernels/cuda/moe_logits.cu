@@ -17,10 +17,6 @@ namespace {
 constexpr int LG_WARPS = 8, LG_K = 64, LG_TILE = 16;
 constexpr int LG_CHUNKS = LG_TILE * LG_K / 8 / 32; /* 16-byte chunks a lane copies per operand */
 
-template <typename T> struct WmmaType;
-template <> struct WmmaType<bf16> { typedef __nv_bfloat16 type; };
-template <> struct WmmaType<f16> { typedef __half type; };
-
 /* the lane's chunks of one slice: row r of the tile, elements c .. c + 7 of the slice */
 __device__ __forceinline__ void lg_chunk(int lane, int i, int *r, int *c) {
     const int chunk = lane + 32 * i;
@@ -47,9 +43,8 @@ __global__ __launch_bounds__(32 * LG_WARPS) void moe_logits_kernel(float *logits
                                                                    const T *w, int n, int E,
                                                                    int H) {
     using namespace nvcuda;
-    typedef typename WmmaType<T>::type WT;
-    __shared__ __align__(32) WT xs[LG_WARPS][LG_TILE * LG_K];
-    __shared__ __align__(32) WT ws[LG_WARPS][LG_TILE * LG_K];
+    __shared__ __align__(32) T xs[LG_WARPS][LG_TILE * LG_K];
+    __shared__ __align__(32) T ws[LG_WARPS][LG_TILE * LG_K];
     __shared__ __align__(32) float part[LG_WARPS][LG_TILE * LG_TILE];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int e0 = blockIdx.x * LG_TILE, t0 = blockIdx.y * LG_TILE;
@@ -74,8 +69,8 @@ __global__ __launch_bounds__(32 * LG_WARPS) void moe_logits_kernel(float *logits
             lg_load(xv, wv, x, w, t0, e0, n, E, H, (s + LG_WARPS) * LG_K, lane);
 #pragma unroll
         for (int kk = 0; kk < LG_K; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, WT, wmma::row_major> a;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, WT, wmma::col_major> b;
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a; /* bf16, f16 */
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
             wmma::load_matrix_sync(a, &xs[warp][kk], LG_K);
             wmma::load_matrix_sync(b, &ws[warp][kk], LG_K); /* b[k][e] = router[e0 + e][k] */
             wmma::mma_sync(acc, a, b, acc);

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     constexpr int STAGE_BYTES = mw_stage_bytes<BN>(), STAGES = ring_stages(STAGE_BYTES);
     static_assert((BN * ROW_BYTES) % 1024 == 0 && BN <= 256, "tiles on 1024-byte boundaries");
     extern __shared__ uint8_t mw_smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)mw_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *smem = ring_base(mw_smem_raw);
     uint64_t *full = (uint64_t *)(smem + STAGES * STAGE_BYTES);
     uint64_t *empty = full + STAGES;
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;

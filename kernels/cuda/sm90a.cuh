@@ -61,6 +61,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
                      : "memory");
 }
 
+/* The dynamic shared memory rounded up to its first 1024-byte boundary, where 128-byte swizzled
+ * tiles must start (ring_smem_bytes counts the slack). */
+__device__ __forceinline__ uint8_t *ring_base(uint8_t *dynamic_smem) {
+    return (uint8_t *)(((uintptr_t)dynamic_smem + 1023) & ~(uintptr_t)1023);
+}
+
 /* Thread 0's set-up of a ring's barriers: full[s] completes on the producer's one arrival (with
  * the copies' bytes), empty[s] on `consumers` arrivals. The caller then synchronizes the block
  * (or the cluster) before any thread uses them. */
