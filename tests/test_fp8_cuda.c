@@ -598,7 +598,7 @@ static void test_fp8_quant_fused(void **state) {
                 Fp8Weight w1 = make_fp8((Fp8ScaleKind)kind, 768, H, is);
                 Fp8Weight w2 = make_fp8((Fp8ScaleKind)kind, H, I, is);
                 Weight bias = make_weight(acts[ai], 1, 768, 0, -1, 1);
-                for (int i = 0; i < 5; i++)
+                for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
                     bad += quant_fused_case(g, &w1, &w2, v ? &bias : NULL, acts[ai], ns[i]);
                 free_weight(&bias);
                 free_fp8(&w1);

@@ -518,12 +518,14 @@ void k_cuda_moe_mlp(void *out, const void *x, DType act, const Tensor *router,
         act, what, T,
         KC_DISPATCH_WEIGHT(router->dtype, what, RT,
                            launch_route<T, RT>(routed, r, (const T *)x, (const RT *)router->data, n,
-                                               E, H, (int)vec, top_k, renormalize, tile_rows, s));
-        if (routed) {
-            kc_launch_pdl(moe_topk_kernel, dim3((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS)),
-                          dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
-            kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E,
-                          top_k, renormalize, tile_rows);
-        } run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E, H, I,
-                         top_k, fast, s));
+                                               E, H, (int)vec, top_k, renormalize, tile_rows, s)));
+    if (routed) {
+        kc_launch_pdl(moe_topk_kernel, dim3((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS)),
+                      dim3(32 * MOE_WARPS), 0, s, r, n, E, top_k, renormalize);
+        kc_launch_pdl(moe_group_kernel, dim3(1), dim3(32 * MOE_GROUP_WARPS), 0, s, r, n, E, top_k,
+                      renormalize, tile_rows);
+    }
+    KC_DISPATCH_ACT(act, what, T,
+                    run_experts<T>((T *)out, (const T *)x, (T *)a, (T *)y, gate_up, down, r, n, E,
+                                   H, I, top_k, fast, s));
 }
