@@ -176,8 +176,8 @@ static float *make_x(int n, int K, DType act) {
     return x;
 }
 
-static const int ns_all[] = {1, 2, 3, 8, 17, 64, 300};
-enum { NS_ALL = 7, NMAX = 300 };
+static const int ns_all[] = {1, 2, 3, 4, 8, 17, 64, 300};
+enum { NS_ALL = 8, NMAX = 300 };
 
 /* One (weight, bias, act) setting at every n: automatic path, and the other path forced. */
 static int run_case(KCudaGemm *g, const Fp8Weight *w, const Weight *bias, DType act,

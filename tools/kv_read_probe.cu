@@ -13,22 +13,13 @@
  * position rows). Each thread XORs what it loads so that nothing is optimised away; the rate
  * is K/V bytes over the mean time of 40 launches. A plain copy of the same bytes is printed
  * for comparison. */
-#include <cuda_runtime.h>
+#include "probe_util.cuh"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("%s: %s\n", #x, cudaGetErrorString(e_));                                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* elements (2 bytes) */
 constexpr int BS = 16, NKV = 8, D = 128, ROW = NKV * D, HALF = BS * ROW, BLOCK = 2 * HALF;

@@ -10,10 +10,12 @@
  *
  * Two paths (three on Hopper):
  *   - Small n (decode, n <= F8_GEMV_MAX_N): f8_gemv_kernel, a memory-bound tensor-core GEMV.
- *     A block owns 16 weight rows (one m16n8k32 e4m3 mma tile) and 8 rows of x (the mma's n),
- *     its 8 warps split K in 128-column units. Each lane streams 16 bytes = 16 weights of two
- *     rows per 64 columns with non-allocating loads (gemv.cuh's ld_stream), the first unit
- *     requested before the PDL wait. x is quantized in the kernel: every block first computes
+ *     A block owns 16 weight rows and up to 8 rows of x (the m16n8k32 e4m3 mma's n), its 8
+ *     warps split K in 128-column units. Each lane streams 16 weights of a row at a time with
+ *     non-allocating loads (gemv.cuh's ld_stream), the first unit requested before the PDL
+ *     wait; up to 4 rows of x, a warp load covers 128 contiguous bytes of 4 weight rows (each
+ *     row's two 64-column halves in two mma rows, each x row's in two B columns), beyond that
+ *     64 bytes of 8 rows. x is quantized in the kernel: every block first computes
  *     the scales of its rows of x (one pass over them, from L2), then each lane quantizes the
  *     16 values of x its B fragment needs as it goes. The mma's k order is permuted (a lane's
  *     16 contiguous bytes feed two mmas) identically in A and B, which the semantics allow
@@ -185,42 +187,58 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
 }
 
 /* Block (blockIdx.x, blockIdx.y): weight rows [16 MT bx, +16 MT) (MT m16 mma tiles) against
- * rows [8 by, +8) of x. Lane (g = lane / 4, t = lane % 4) holds weight rows 16 m + g and
- * 16 m + g + 8 of each tile m and x row g of the mma; for the 64 columns from k0 it reads
- * columns k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
- * a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides).
+ * rows [TX by, +TX) of x; lane (g = lane / 4, t = lane % 4). A unit is 128 columns of those
+ * rows, 4 MT loads of 16 bytes a lane, in one of two layouts:
+ *   - PAIR false (TX = 8 rows of x, the mma's n): lane (g, t) holds weight rows 16 m + g and
+ *     16 m + g + 8 of tile m and x row g; for each 64 columns from k0 it reads columns
+ *     k0 + 16 t .. + 16 of each, the first 8 for one mma and the last 8 for the next (A's
+ *     a0/a2 and B's b0/b1 take the 4-byte halves: the same permutation of k on both sides).
+ *     A warp load covers 64 bytes of 8 rows.
+ *   - PAIR true (TX = 4): the two 64-column halves of a weight row are mma rows 2 j and 2 j + 1
+ *     of a tile of 8 weight rows, and the same halves of x row c are B columns 2 c and 2 c + 1:
+ *     lane (g, t) reads columns 64 (g & 1) + 16 t .. + 16 of weight rows 4 i + g / 2 (i < 4 MT)
+ *     and of x row g / 2. A warp load covers 128 contiguous bytes of 4 rows, which streams
+ *     faster at this occupancy (PERFORMANCE.md, fp8 section), and a lane quantizes 16 values of
+ *     x a unit instead of 32. Of the mma's outputs only the matching halves (row 2 j + e,
+ *     column 2 c + e) are kept; lanes g and g ^ 1 sum a row's two halves at the end.
  * Dynamic shared memory: the x scales and inverses, [8][groups] each. */
-template <typename XT, int MT>
+template <typename XT, int MT, bool PAIR>
 __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a) {
+    constexpr int TX = PAIR ? F8_TILE_X / 2 : F8_TILE_X;
+    constexpr int NR = PAIR ? 4 * MT : 2 * MT; /* weight rows a lane reads */
+    constexpr int STEPS = PAIR ? 1 : 2;        /* 16-byte loads a row a unit */
+    constexpr int NT = NR / 2;                 /* mma tiles (of 16 or 8 weight rows) */
     extern __shared__ float f8_smem[];
     __shared__ float red[F8_WARPS][32][4 * MT];
     __shared__ float rmax[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.x * F8_TILE_N * MT, c0 = blockIdx.y * F8_TILE_X;
-    const int nx = min(F8_TILE_X, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
+    const int g = lane >> 2, t = lane & 3, half = g & 1;
+    const int r0 = blockIdx.x * F8_TILE_N * MT, c0 = blockIdx.y * TX;
+    const int nx = min(TX, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
     const bool block = a.kind == FP8_SCALE_BLOCK;
     const int gs = block ? a.groups : 1;
+    const int xg = PAIR ? g >> 1 : g;                      /* this lane's row of x, from c0 */
+    const int lane_k = PAIR ? 64 * half + 16 * t : 16 * t; /* its columns in a 64-column step */
     float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
-    const uint8_t *wr[2 * MT]; /* [tile][row g, row g + 8] */
+    const uint8_t *wr[NR];
 #pragma unroll
-    for (int i = 0; i < 2 * MT; i++)
-        wr[i] = a.w + (size_t)min(r0 + 8 * i + g, a.N - 1) * K;
+    for (int i = 0; i < NR; i++)
+        wr[i] = a.w + (size_t)min(r0 + (PAIR ? 4 * i + xg : 8 * i + g), a.N - 1) * K;
 
-    /* one unit's weights: [step][tile][row g, row g + 8], zero beyond K */
-    auto load_unit = [&](int u, uint4(&v)[4 * MT]) {
+    /* one unit's weights: [step][row], zero beyond K */
+    auto load_unit = [&](int u, uint4(&v)[STEPS * NR]) {
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            const int kk = u * F8_UNIT + s * 64 + t * 16;
+        for (int s = 0; s < STEPS; s++) {
+            const int kk = u * F8_UNIT + s * 64 + lane_k;
 #pragma unroll
-            for (int i = 0; i < 2 * MT; i++)
-                v[s * 2 * MT + i] =
+            for (int i = 0; i < NR; i++)
+                v[s * NR + i] =
                     u < units && kk < K ? ld_stream(wr[i] + kk) : make_uint4(0, 0, 0, 0);
         }
     };
 
     int u = warp;
-    uint4 cur[4 * MT];
+    uint4 cur[STEPS * NR];
     load_unit(u, cur); /* the first weights are requested before the wait for x */
     kc_pdl_wait();
     kc_pdl_trigger();
@@ -229,17 +247,17 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
                       rmax);
     __syncthreads();
 
-    const XT *xr = a.x + (size_t)(c0 + g) * K;
-    const bool has_x = g < nx;
-    float acc[MT][4] = {};
+    const XT *xr = a.x + (size_t)(c0 + xg) * K;
+    const bool has_x = xg < nx;
+    float acc[NT][PAIR ? 2 : 4] = {}; /* PAIR: the kept half of rows g and g + 8 */
     for (; u < units; u += F8_WARPS) {
-        uint4 nxt[4 * MT];
+        uint4 nxt[STEPS * NR];
         load_unit(u + F8_WARPS, nxt);
-        const float inv = has_x ? sI[g * gs + (block ? u : 0)] : 0.0f;
-        float d[MT][4] = {}; /* this unit's sums, from zero */
+        const float inv = has_x ? sI[xg * gs + (block ? u : 0)] : 0.0f;
+        float d[NT][4] = {}; /* this unit's sums, from zero */
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            const int kk = u * F8_UNIT + s * 64 + t * 16;
+        for (int s = 0; s < STEPS; s++) {
+            const int kk = u * F8_UNIT + s * 64 + lane_k;
             uint32_t b[4] = {0u, 0u, 0u, 0u};
             if (has_x && kk < K) {
                 float f[16];
@@ -250,38 +268,40 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
                     b[j] = f8_pack4(f + 4 * j, inv);
             }
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const uint4 &lo = cur[s * 2 * MT + 2 * m], &hi = cur[s * 2 * MT + 2 * m + 1];
+            for (int m = 0; m < NT; m++) {
+                const uint4 &lo = cur[s * NR + 2 * m], &hi = cur[s * NR + 2 * m + 1];
                 mma_e4m3(d[m], lo.x, hi.x, lo.y, hi.y, b[0], b[1]);
                 mma_e4m3(d[m], lo.z, hi.z, lo.w, hi.w, b[2], b[3]);
             }
         }
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (block) {
-                /* d[m][e]: weight row 16 m + g (+8 for e >= 2), x row 2t + (e & 1) */
-                const float ws = a.w_scale[(size_t)((r0 + 16 * m) / F8_UNIT) * a.groups + u];
+        for (int m = 0; m < NT; m++) {
+            /* d[m][e]: mma row g (+8 for e >= 2), column 2t + (e & 1) */
+            const float ws =
+                block ? a.w_scale[(size_t)((r0 + (PAIR ? 8 : 16) * m) / F8_UNIT) * a.groups + u]
+                      : 1.0f;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = 2 * t + (e & 1);
-                    const float xs = col < nx ? sS[col * gs + u] : 0.0f;
-                    acc[m][e] += d[m][e] * (xs * ws);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    acc[m][e] += d[m][e];
+            for (int e = 0; e < 4; e++) {
+                if (PAIR && (e & 1) != 0)
+                    continue;
+                const float v = PAIR ? (half ? d[m][e + 1] : d[m][e]) : d[m][e];
+                const int col = PAIR ? t : 2 * t + (e & 1);
+                float &sum = acc[m][PAIR ? e >> 1 : e];
+                if (block)
+                    sum += v * ((col < nx ? sS[col * gs + u] : 0.0f) * ws);
+                else
+                    sum += v;
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4 * MT; i++)
+        for (int i = 0; i < STEPS * NR; i++)
             cur[i] = nxt[i];
     }
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int m = 0; m < NT; m++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            red[warp][lane][4 * m + e] = acc[m][e];
+        for (int e = 0; e < (PAIR ? 2 : 4); e++)
+            red[warp][lane][(PAIR ? 2 : 4) * m + e] = acc[m][e];
     __syncthreads();
     if (warp != 0)
         return;
@@ -290,8 +310,15 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
         float v = red[0][lane][i];
         for (int w = 1; w < F8_WARPS; w++)
             v += red[w][lane][i];
-        const int m = i / 4, e = i % 4;
-        const int row = r0 + 16 * m + g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        int row, col;
+        if (PAIR) {
+            v += __shfl_xor_sync(0xffffffffu, v, 4); /* the row's other half, lane g ^ 1 */
+            row = r0 + 4 * i + xg;
+            col = half ? TX : t;
+        } else {
+            row = r0 + 16 * (i / 4) + g + (i % 4 >= 2 ? 8 : 0);
+            col = 2 * t + (i & 1);
+        }
         if (row >= a.N || col >= nx)
             continue;
         if (!block) {
@@ -304,7 +331,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     }
 }
 
-/* mt: m16 tiles per block (1 or 2). */
+/* mt: m16 tiles per block (1 or 2); up to 4 rows of x in the PAIR layout. */
 template <typename XT>
 static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, int n, int mt,
                     cudaStream_t s) {
@@ -326,11 +353,16 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
     const size_t smem = 2 * sizeof(float) * F8_TILE_X * (size_t)gs;
     KC_REQUIRE(smem <= 48 * 1024, "k_cuda_matmul fp8: K %d too deep for block scales", K);
     const int rows = F8_TILE_N * mt;
+    const bool pair = n <= F8_TILE_X / 2;
     const dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
-    if (mt == 2)
-        kc_launch_pdl(f8_gemv_kernel<XT, 2>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    if (pair && mt == 2)
+        kc_launch_pdl(f8_gemv_kernel<XT, 2, true>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    else if (pair)
+        kc_launch_pdl(f8_gemv_kernel<XT, 1, true>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    else if (mt == 2)
+        kc_launch_pdl(f8_gemv_kernel<XT, 2, false>, grid, dim3(F8_WARPS * 32), smem, s, a);
     else
-        kc_launch_pdl(f8_gemv_kernel<XT, 1>, grid, dim3(F8_WARPS * 32), smem, s, a);
+        kc_launch_pdl(f8_gemv_kernel<XT, 1, false>, grid, dim3(F8_WARPS * 32), smem, s, a);
     CUDA_CHECK_LAUNCH();
 }
 
