@@ -105,13 +105,30 @@ __device__ __forceinline__ void router_logits(float *logits, const T *x, const W
     if (vec) { /* H % 8 == 0, 16-byte aligned rows; several loads in flight */
         int first = lane * 8;
         if constexpr (wide) {
+            /* the prefetched chunks XB at a time, each row's XB chunks of x loaded together
+             * first: x comes from the kernel before (L2), and one chunk at a time would wait
+             * on it once per chunk (the sums are added in the same order) */
+            constexpr int XB = 4;
 #pragma unroll
-            for (int i = 0; i < PRE; i++)
-                if ((lane + 32 * i) * 8 < H) {
-                    float wf[8];
-                    unpack8(wf, pre[i], (const WT *)0);
-                    dot_rows(wf, (lane + 32 * i) * 8);
-                }
+            for (int i0 = 0; i0 < PRE; i0 += XB)
+#pragma unroll
+                for (int i = 0; i < MOE_LOGIT_ROWS; i++)
+                    if (i < rows) {
+                        float xf[XB][8];
+#pragma unroll
+                        for (int b = 0; b < XB; b++)
+                            if ((lane + 32 * (i0 + b)) * 8 < H)
+                                load8(xf[b], xr + (size_t)i * H + (lane + 32 * (i0 + b)) * 8);
+#pragma unroll
+                        for (int b = 0; b < XB; b++)
+                            if ((lane + 32 * (i0 + b)) * 8 < H) {
+                                float wf[8];
+                                unpack8(wf, pre[i0 + b], (const WT *)0);
+#pragma unroll
+                                for (int q = 0; q < 8; q++)
+                                    acc[i] = fmaf(wf[q], xf[b][q], acc[i]);
+                            }
+                    }
             first += PRE * 32 * 8;
         }
 #pragma unroll 4
@@ -138,11 +155,12 @@ __device__ __forceinline__ void router_logits(float *logits, const T *x, const W
         }
 }
 
-/* Row t's top_k picks by the warp: lane j < top_k returns pick j's expert in *e and weight in
- * *w, and its rank among the picks by increasing expert id. */
-__device__ static int route_row(const float *logits, int E, int top_k, int renormalize, int *e,
-                                float *w) {
-    constexpr int PER_LANE = MOE_MAX_EXPERTS / 32;
+/* Row t's top_k picks by the warp, PER_LANE experts a lane (E <= 32 PER_LANE): lane j < top_k
+ * returns pick j's expert in *e and weight in *w, and its rank among the picks by increasing
+ * expert id. */
+template <int PER_LANE>
+__device__ int route_row_lanes(const float *logits, int E, int top_k, int renormalize, int *e,
+                               float *w) {
     const int lane = threadIdx.x & 31;
     float p[PER_LANE];
     float m = -INFINITY;
@@ -163,33 +181,33 @@ __device__ static int route_row(const float *logits, int E, int top_k, int renor
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++)
         p[i] /= z;
-    /* key: the probability's bits (>= 0, so they order as the floats do) over ~id (the lower
-     * id wins a tie); 0 for taken or absent experts, below every real key */
+    /* each pick: the largest probability's bits (>= 0, so they order as the floats do), then
+     * the lowest id holding them; taken and absent experts are out of the running */
     uint32_t taken = 0;
     int my_e = 0;
     float my_p = 0.0f;
     for (int j = 0; j < top_k; j++) {
-        unsigned long long best = 0;
+        uint32_t best = 0;
+        bool any = false;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
-            const int ex = lane + 32 * i;
-            if (ex < E && !(taken >> i & 1)) {
-                unsigned long long key =
-                    (unsigned long long)__float_as_uint(p[i]) << 32 | (uint32_t)~ex;
-                best = key > best ? key : best;
+        for (int i = 0; i < PER_LANE; i++)
+            if (lane + 32 * i < E && !(taken >> i & 1)) {
+                best = max(best, __float_as_uint(p[i]));
+                any = true;
             }
-        }
+        /* a lane with candidates holds at least 0: +1 keeps "none" (0) below every real one */
+        const uint32_t top = __reduce_max_sync(0xffffffffu, any ? best + 1 : 0u) - 1;
+        uint32_t id = 0xffffffffu;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-            best = other > best ? other : best;
-        }
-        const int ex = (int)~(uint32_t)best;
+        for (int i = 0; i < PER_LANE; i++)
+            if (lane + 32 * i < E && !(taken >> i & 1) && __float_as_uint(p[i]) == top)
+                id = min(id, (uint32_t)(lane + 32 * i));
+        const int ex = (int)__reduce_min_sync(0xffffffffu, id);
         if ((ex & 31) == lane)
             taken |= 1u << (ex >> 5);
         if (lane == j) {
             my_e = ex;
-            my_p = __uint_as_float((uint32_t)(best >> 32));
+            my_p = __uint_as_float(top);
         }
     }
     float sum = 0.0f; /* in pick order, as the reference */
@@ -201,6 +219,21 @@ __device__ static int route_row(const float *logits, int E, int top_k, int renor
     *e = my_e;
     *w = renormalize ? my_p / sum : my_p;
     return rank;
+}
+
+/* route_row_lanes with registers for E experts only (E <= MOE_MAX_EXPERTS). */
+__device__ static int route_row(const float *logits, int E, int top_k, int renormalize, int *e,
+                                float *w) {
+    static_assert(MOE_MAX_EXPERTS <= 16 * 32, "route_row: more experts than its variants");
+    if (E <= 32)
+        return route_row_lanes<1>(logits, E, top_k, renormalize, e, w);
+    if (E <= 64)
+        return route_row_lanes<2>(logits, E, top_k, renormalize, e, w);
+    if (E <= 128)
+        return route_row_lanes<4>(logits, E, top_k, renormalize, e, w);
+    if (E <= 256)
+        return route_row_lanes<8>(logits, E, top_k, renormalize, e, w);
+    return route_row_lanes<16>(logits, E, top_k, renormalize, e, w);
 }
 
 /* Rows' picks (a warp per row) into ids and weights, and per expert counts when `count`. */
