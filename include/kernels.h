@@ -356,7 +356,8 @@ struct KernelOps {
      * norm_w, n, K, eps) then matmul(out, normed, w, bias, n); and silu_mul(act, gate_up, n, K)
      * then matmul(out, act, w, NULL, n), K = w->shape[1]: a block boundary, or the MLP's
      * activation, and the projection reading it, whose fp8 activation quantization the backend
-     * may do as the first op writes. The same results as the two calls. */
+     * may do as the first op writes. The same out and residual as the two calls; normed and act
+     * are scratch afterwards (rows quantized for w need not be written in 16 bits). */
     void (*add_rmsnorm_matmul)(const KernelOps *ops, void *out, void *residual, const void *delta,
                                void *normed, const Tensor *norm_w, const Tensor *w,
                                const Tensor *bias, int n, float eps);

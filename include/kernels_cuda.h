@@ -307,7 +307,8 @@ void k_cuda_proj_norm_force(KCudaProjNorm *p, int splits);
 /* An op and the fp8 projection reading its output, fused where k_cuda_matmul would quantize
  * that output for cuBLASLt (an fp8 w beyond the GEMV's rows, kernels/cuda/matmul_fp8.cu): the
  * op's kernel quantizes the rows as it writes them, and the GEMM follows; else the two calls.
- * The same results either way; 1 when fused, else 0. k_cuda_add_rmsnorm_matmul =
+ * The same out and residual either way; where fused, the rows of normed / act_out that the
+ * GEMM reads quantized are not written. 1 when fused, else 0. k_cuda_add_rmsnorm_matmul =
  * k_cuda_add_rmsnorm(residual, delta, normed, norm_w, n, K) then k_cuda_matmul(out, normed, w,
  * bias, n); k_cuda_silu_mul_matmul = k_cuda_silu_mul(act_out, gate_up, n, K) then
  * k_cuda_matmul(out, act_out, w, NULL, n), K = w->shape[1]. (kernels/cuda/matmul_fp8_fused.cu) */

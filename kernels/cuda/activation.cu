@@ -41,7 +41,8 @@ __global__ __launch_bounds__(SILU_THREADS) void silu_mul_vec_kernel(T *out, cons
 }
 
 /* Row blockIdx.x, SILU_ROW_VEC 8-element chunks per thread (c = t + j blockDim.x) held in
- * registers until the row's scales are known; the first f8.rows rows quantized into f8. */
+ * registers until the row's scales are known; the first f8.rows rows quantized into f8
+ * instead of written to out. */
 template <typename T>
 __global__ __launch_bounds__(1024) void silu_mul_f8_kernel(T *out, const T *gate_up, int dim,
                                                            KcF8Dst f8) {
@@ -61,7 +62,8 @@ __global__ __launch_bounds__(1024) void silu_mul_f8_kernel(T *out, const T *gate
 #pragma unroll
         for (int e = 0; e < 8; e++)
             v[j][e] = to_f32(from_f32<T>(silu_times(v[j][e], u[e]))); /* as stored */
-        store8(out + r * (size_t)dim + c, v[j]);
+        if ((int)r >= f8.rows) /* a quantized row's 16-bit copy is not read */
+            store8(out + r * (size_t)dim + c, v[j]);
     }
     f8_fill_wvec(f8);
     if ((int)r < f8.rows)

@@ -391,8 +391,10 @@ bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, c
                             cudaStream_t s);
 
 /* The producers: add_rmsnorm (norm.cu's vector kernel) and silu_mul (activation.cu, a row a
- * block) on n rows that also quantize them into dst; the _ok functions say whether the shapes
- * and alignment fit them (else the caller runs the plain op and matmul). */
+ * block) on n rows, the first dst->rows of them quantized into dst and not written to out (the
+ * GEMM reads them from dst; out gets only the rows after them, which the GEMV reads); the _ok
+ * functions say whether the shapes and alignment fit them (else the caller runs the plain op
+ * and matmul). */
 bool kc_add_rmsnorm_f8_ok(const void *residual, const void *delta, const void *out, DType act,
                           const Tensor *w, int dim);
 void kc_add_rmsnorm_f8(void *residual, const void *delta, void *out, DType act, const Tensor *w,

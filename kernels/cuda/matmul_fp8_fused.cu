@@ -1,11 +1,11 @@
 /* matmul_fp8_fused.cu - the residual add + RMSNorm and the SiLU-times-up fused with the fp8
  * projection that reads their output. Beyond the GEMV's rows an fp8 matmul quantizes its input
  * rows in a kernel of their own before the cuBLASLt GEMM (matmul_fp8.cu); here the op that
- * writes those rows quantizes them too (norm.cu's vector kernel, activation.cu's row kernel), so
- * the GEMM follows it directly: one launch and one read of the rows fewer per projection. The
- * quantization is the same fp32 arithmetic on the same rounded values, so the results are
- * those of the two calls. Shapes, dtypes or alignment the fused kernels or cuBLASLt do not take
- * run as the two calls. */
+ * writes those rows quantizes them instead of storing them in 16 bits (norm.cu's vector kernel,
+ * activation.cu's row kernel), so the GEMM follows it directly: one launch fewer per projection,
+ * and the rows are neither written in 16 bits nor read back. The quantization is the same fp32
+ * arithmetic on the same rounded values, so the outputs are those of the two calls. Shapes, dtypes
+ * or alignment the fused kernels or cuBLASLt do not take run as the two calls. */
 #include "cuda_internal.cuh"
 #include "kernels_cuda.h"
 
@@ -26,8 +26,8 @@ static void produce_norm(void *ctx, const KcF8Dst *dst, int r0, int rows, cudaSt
 }
 
 int k_cuda_add_rmsnorm_matmul(KCudaGemm *g, void *out, void *residual, const void *delta,
-                               void *normed, DType act, const Tensor *norm_w, const Tensor *w,
-                               const Tensor *bias, int n, float eps, void *stream) {
+                              void *normed, DType act, const Tensor *norm_w, const Tensor *w,
+                              const Tensor *bias, int n, float eps, void *stream) {
     const int dim = (int)w->shape[1];
     cudaStream_t s = kc_stream(stream);
     NormProducer p = {residual, normed, delta, act, norm_w, dim, eps};
@@ -55,7 +55,7 @@ static void produce_silu(void *ctx, const KcF8Dst *dst, int r0, int rows, cudaSt
 }
 
 int k_cuda_silu_mul_matmul(KCudaGemm *g, void *out, void *act_out, const void *gate_up, DType act,
-                            const Tensor *w, int n, void *stream) {
+                           const Tensor *w, int n, void *stream) {
     const int dim = (int)w->shape[1];
     cudaStream_t s = kc_stream(stream);
     SiluProducer p = {act_out, gate_up, act, dim};

@@ -58,7 +58,7 @@ __device__ __forceinline__ void sum_partials(float d[8], const float *p, size_t 
 /* dim % 8 == 0, dim <= 8 * NORM_VEC * NORM_MAX_THREADS, 16-byte aligned rows: each thread
  * holds up to NORM_VEC 8-element vectors in registers between the sum and the scaling, so a
  * row is read once, with all its loads in flight together (a batch-1 row is one block). With
- * Q, the first f8.rows rows of out are also quantized into f8 (KcF8Dst). */
+ * Q, the first f8.rows rows are quantized into f8 (KcF8Dst) instead of written to out. */
 template <typename T, typename TW, int S = 0, bool Q = false>
 __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(
     T *out, const T *x, const T *delta, T *res_out, const TW *w, int dim, float eps,
@@ -115,7 +115,8 @@ __global__ __launch_bounds__(NORM_MAX_THREADS) void norm_vec_kernel(
             if constexpr (Q)
                 v[j][e] = to_f32(from_f32<T>(v[j][e])); /* as stored: what matmul would read */
         }
-        store8(out + base + (size_t)c * 8, v[j]);
+        if (!Q || (int)blockIdx.x >= f8.rows) /* a quantized row's 16-bit copy is not read */
+            store8(out + base + (size_t)c * 8, v[j]);
     }
     if constexpr (Q) {
         f8_fill_wvec(f8);
