@@ -217,8 +217,9 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     const int nx = min(TX, a.n - c0), K = a.K, units = (K + F8_UNIT - 1) / F8_UNIT;
     const bool block = a.kind == FP8_SCALE_BLOCK;
     const int gs = block ? a.groups : 1;
-    const int xg = PAIR ? g >> 1 : g;                      /* this lane's row of x, from c0 */
-    const int lane_k = PAIR ? 64 * half + 16 * t : 16 * t; /* its columns in a 64-column step */
+    const int xg = PAIR ? g >> 1 : g; /* this lane's row of x, from c0 */
+    /* this lane's first column in a unit (PAIR), or in each 64-column step of one */
+    const int lane_k = PAIR ? 64 * half + 16 * t : 16 * t;
     float *sS = f8_smem, *sI = f8_smem + F8_TILE_X * gs;
     const uint8_t *wr[NR];
 #pragma unroll
