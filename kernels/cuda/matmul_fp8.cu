@@ -208,6 +208,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
     constexpr int NR = PAIR ? 4 * MT : 2 * MT; /* weight rows a lane reads */
     constexpr int STEPS = PAIR ? 1 : 2;        /* 16-byte loads a row a unit */
     constexpr int NT = NR / 2;                 /* mma tiles (of 16 or 8 weight rows) */
+    constexpr int KEPT = PAIR ? 2 : 4;         /* sums a lane keeps a tile */
     extern __shared__ float f8_smem[];
     __shared__ float red[F8_WARPS][32][4 * MT];
     __shared__ float rmax[32];
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
 
     const XT *xr = a.x + (size_t)(c0 + xg) * K;
     const bool has_x = xg < nx;
-    float acc[NT][PAIR ? 2 : 4] = {}; /* PAIR: the kept half of rows g and g + 8 */
+    float acc[NT][KEPT] = {}; /* PAIR: the kept half of rows g and g + 8 */
     for (; u < units; u += F8_WARPS) {
         uint4 nxt[STEPS * NR];
         load_unit(u + F8_WARPS, nxt);
@@ -282,16 +283,14 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
                 block ? a.w_scale[(size_t)((r0 + (PAIR ? 8 : 16) * m) / F8_UNIT) * a.groups + u]
                       : 1.0f;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (PAIR && (e & 1) != 0)
-                    continue;
-                const float v = PAIR ? (half ? d[m][e + 1] : d[m][e]) : d[m][e];
+            for (int e = 0; e < KEPT; e++) {
+                /* PAIR: mma row g (e 0) or g + 8 (e 1), column 2t + half */
+                const float v = PAIR ? (half ? d[m][2 * e + 1] : d[m][2 * e]) : d[m][e];
                 const int col = PAIR ? t : 2 * t + (e & 1);
-                float &sum = acc[m][PAIR ? e >> 1 : e];
                 if (block)
-                    sum += v * ((col < nx ? sS[col * gs + u] : 0.0f) * ws);
+                    acc[m][e] += v * ((col < nx ? sS[col * gs + u] : 0.0f) * ws);
                 else
-                    sum += v;
+                    acc[m][e] += v;
             }
         }
 #pragma unroll
@@ -301,8 +300,8 @@ __global__ void __launch_bounds__(F8_WARPS * 32) f8_gemv_kernel(F8GemvArgs<XT> a
 #pragma unroll
     for (int m = 0; m < NT; m++)
 #pragma unroll
-        for (int e = 0; e < (PAIR ? 2 : 4); e++)
-            red[warp][lane][(PAIR ? 2 : 4) * m + e] = acc[m][e];
+        for (int e = 0; e < KEPT; e++)
+            red[warp][lane][KEPT * m + e] = acc[m][e];
     __syncthreads();
     if (warp != 0)
         return;
@@ -356,14 +355,9 @@ static void f8_gemv(void *out, const void *x, const Tensor *w, const Tensor *b, 
     const int rows = F8_TILE_N * mt;
     const bool pair = n <= F8_TILE_X / 2;
     const dim3 grid((unsigned)((N + rows - 1) / rows), (unsigned)((n + F8_TILE_X - 1) / F8_TILE_X));
-    if (pair && mt == 2)
-        kc_launch_pdl(f8_gemv_kernel<XT, 2, true>, grid, dim3(F8_WARPS * 32), smem, s, a);
-    else if (pair)
-        kc_launch_pdl(f8_gemv_kernel<XT, 1, true>, grid, dim3(F8_WARPS * 32), smem, s, a);
-    else if (mt == 2)
-        kc_launch_pdl(f8_gemv_kernel<XT, 2, false>, grid, dim3(F8_WARPS * 32), smem, s, a);
-    else
-        kc_launch_pdl(f8_gemv_kernel<XT, 1, false>, grid, dim3(F8_WARPS * 32), smem, s, a);
+    auto kernel = mt == 2 ? (pair ? f8_gemv_kernel<XT, 2, true> : f8_gemv_kernel<XT, 2, false>)
+                          : (pair ? f8_gemv_kernel<XT, 1, true> : f8_gemv_kernel<XT, 1, false>);
+    kc_launch_pdl(kernel, grid, dim3(F8_WARPS * 32), smem, s, a);
     CUDA_CHECK_LAUNCH();
 }
 
