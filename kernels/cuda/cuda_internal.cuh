@@ -219,8 +219,17 @@ __device__ __forceinline__ V block_scan(V x, V *total, V *scratch) {
     return scratch[warp] + incl - x;
 }
 
-/* Row index of the sequence holding query row `row`: the last s with query_start[s] <= row. */
+/* Row index of the sequence holding query row `row`: the last s with query_start[s] <= row.
+ * First the guess that every sequence before it has one row (a decode batch, and the decode
+ * rows ahead of a step's prompts), checked with two loads in flight together; else a binary
+ * search, a load per halving (ten at 1024 sequences, each waiting on the one before). */
 __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_seqs, int row) {
+    const int guess = row - query_start[0];
+    if (guess >= 0 && guess < num_seqs) {
+        const int at = query_start[guess], next = query_start[guess + 1];
+        if (at <= row && row < next)
+            return guess;
+    }
     int lo = 0, hi = num_seqs - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
