@@ -41,7 +41,6 @@ Status eng_constraint_vocab(Engine *e) {
         st = pl_error_set(PL_ERR_INVALID, "structured output: the vocabulary: %s", err);
         goto done;
     }
-    e->smp.mask = pl_xmalloc(gr_vocab_mask_words(e->gr_vocab) * sizeof(uint32_t));
 done:
     pthread_mutex_unlock(&e->gr_mu);
     return st;
@@ -54,25 +53,35 @@ void eng_constraint_start(Engine *e, SeqData *d) {
     d->after_matched = !d->matcher || !after ? -1 : d->req->opener_token >= 0 ? AFTER_UNOPENED : 0;
 }
 
+size_t eng_mask_words(const Engine *e) {
+    return ((size_t)model_config(e->model)->vocab_size + 31) / 32;
+}
+
 int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
                          int32_t *mask_rows) {
     int k = 0;
-    if (!e->gr_vocab)
-        return 0;
-    size_t words = gr_vocab_mask_words(e->gr_vocab);
+    size_t words = eng_mask_words(e);
     for (int i = 0; i < n; i++) {
         const SeqData *d = rows[i];
-        /* unmasked: a sample that ended on the overlapped step before (its row is dropped), or
-         * one before constraint_after */
-        if (!d->matcher || d->finish != FINISH_NONE || d->after_matched >= 0)
+        const uint32_t *allowed = d->req->allowed_mask;
+        /* a constraint masks from constraint_after on; a sample that ended on the overlapped
+         * step before (its row is dropped) gets no mask */
+        const int constrained = d->matcher && d->after_matched < 0;
+        if (d->finish != FINISH_NONE || (!constrained && !allowed))
             continue;
         uint32_t *mask = masks + (size_t)k * words;
-        /* past the automaton's limits nothing is allowed: the draw fails and the sample ends */
-        if (gr_matcher_fill_mask(d->matcher, mask) != 0)
-            memset(mask, 0, words * sizeof *mask);
-        if (d->after_matched == AFTER_UNOPENED) { /* or the first token opens the section */
-            int32_t t = d->req->opener_token;
-            mask[t / 32] |= 1u << (t % 32);
+        if (!constrained) {
+            memcpy(mask, allowed, words * sizeof *mask);
+        } else {
+            /* past the automaton's limits nothing is allowed: the draw fails, the sample ends */
+            if (gr_matcher_fill_mask(d->matcher, mask) != 0)
+                memset(mask, 0, words * sizeof *mask);
+            if (d->after_matched == AFTER_UNOPENED) { /* or the first token opens the section */
+                int32_t t = d->req->opener_token;
+                mask[t / 32] |= 1u << (t % 32);
+            }
+            for (size_t w = 0; allowed && w < words; w++)
+                mask[w] &= allowed[w];
         }
         mask_rows[k++] = i;
     }

@@ -193,6 +193,7 @@ static void alloc_host_buffers(Engine *e) {
     e->smp.fork_logits = pl_xmalloc((size_t)model_config(e->model)->vocab_size * sizeof(float));
     e->smp.host_rows = pl_xmalloc(s * sizeof(SampleRow));
     e->smp.sampled = pl_xmalloc(s * sizeof(int32_t));
+    e->smp.mask = pl_xmalloc(eng_mask_words(e) * sizeof(uint32_t));
     for (int i = 0; i < BATCH_FIELDS; i++)
         *h[i] = pl_xcalloc(1, sizes[i]);
 }
@@ -207,6 +208,7 @@ static void free_host_buffers(Engine *e) {
     free(e->smp.host_rows);
     free(e->smp.host_history);
     free(e->smp.sampled);
+    free(e->smp.mask);
 }
 
 static Status create_scheduling(Engine *e) {
@@ -383,7 +385,6 @@ void eng_destroy(Engine *e) {
     free(e->smp.top_vals);
     free(e->smp.raw_rows);
     free(e->smp.edits);
-    free(e->smp.mask);
     gr_vocab_free(e->gr_vocab);
     pthread_mutex_destroy(&e->gr_mu);
     pthread_mutex_destroy(&e->mu);
@@ -462,6 +463,27 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
                                 "vocabulary [0, %d) with a bias in [-100, 100]",
                                 i, b->token, (double)b->bias, vocab);
     }
+    const GenerateParams *p = &r->params;
+    if (p->num_allowed_token_ids < 0 || (p->num_allowed_token_ids > 0 && !p->allowed_token_ids))
+        return pl_error_set(PL_ERR_INVALID, "allowed_token_ids: %d entries and no list",
+                            p->num_allowed_token_ids);
+    for (int i = 0; i < p->num_allowed_token_ids; i++)
+        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= vocab)
+            return pl_error_set(PL_ERR_INVALID,
+                                "allowed token id %d is outside the vocabulary [0, %d)",
+                                p->allowed_token_ids[i], vocab);
+    if (p->num_bad_words < 0 || (p->num_bad_words > 0 && (!p->bad_words || !p->bad_word_lens)))
+        return pl_error_set(PL_ERR_INVALID, "bad_words: %d entries and no list", p->num_bad_words);
+    for (int i = 0, at = 0; i < p->num_bad_words; at += p->bad_word_lens[i++]) {
+        if (p->bad_word_lens[i] < 1 || p->bad_word_lens[i] > e->max_model_len)
+            return pl_error_set(PL_ERR_INVALID, "bad word %d has %d tokens", i,
+                                p->bad_word_lens[i]);
+        for (int j = 0; j < p->bad_word_lens[i]; j++)
+            if (p->bad_words[at + j] < 0 || p->bad_words[at + j] >= vocab)
+                return pl_error_set(PL_ERR_INVALID,
+                                    "bad word %d: token id %d is outside the vocabulary [0, %d)", i,
+                                    p->bad_words[at + j], vocab);
+    }
     for (int i = 0; i < r->params.num_stop_token_ids; i++)
         if (r->params.stop_token_ids[i] < 0 || r->params.stop_token_ids[i] >= vocab)
             return pl_error_set(PL_ERR_INVALID,
@@ -478,6 +500,12 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
     return PL_OK;
 }
 
+/* A copy of n ids (NULL for none). */
+static int32_t *int32_copy(const int32_t *ids, int n) {
+    return n > 0 ? memcpy(pl_xmalloc((size_t)n * sizeof(int32_t)), ids, (size_t)n * sizeof(int32_t))
+                 : NULL;
+}
+
 Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     Status st = validate_request(e, r);
     if (st == PL_OK && r->params.constraint)
@@ -492,16 +520,28 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     q->prompt = pl_xmalloc((size_t)r->num_prompt * sizeof(int32_t));
     memcpy(q->prompt, r->prompt, (size_t)r->num_prompt * sizeof(int32_t));
     q->num_prompt = r->num_prompt;
-    if (r->params.num_stop_token_ids > 0) {
-        size_t bytes = (size_t)r->params.num_stop_token_ids * sizeof(int32_t);
-        q->stop_ids = memcpy(pl_xmalloc(bytes), r->params.stop_token_ids, bytes);
-    }
+    q->stop_ids = int32_copy(r->params.stop_token_ids, r->params.num_stop_token_ids);
     q->params.stop_token_ids = q->stop_ids;
     if (r->params.num_logit_bias > 0) {
         size_t bytes = (size_t)r->params.num_logit_bias * sizeof(LogitBias);
         q->bias = memcpy(pl_xmalloc(bytes), r->params.logit_bias, bytes);
     }
     q->params.logit_bias = q->bias;
+    if (r->params.num_allowed_token_ids > 0) {
+        q->allowed_mask = pl_xcalloc(eng_mask_words(e), sizeof(uint32_t));
+        for (int i = 0; i < r->params.num_allowed_token_ids; i++) {
+            int32_t t = r->params.allowed_token_ids[i];
+            q->allowed_mask[t / 32] |= 1u << (t % 32);
+        }
+    }
+    q->params.allowed_token_ids = NULL; /* kept as the mask */
+    int bad_tokens = 0;
+    for (int i = 0; i < r->params.num_bad_words; i++)
+        bad_tokens += r->params.bad_word_lens[i];
+    q->bad_words = int32_copy(r->params.bad_words, bad_tokens);
+    q->bad_word_lens = int32_copy(r->params.bad_word_lens, r->params.num_bad_words);
+    q->params.bad_words = q->bad_words;
+    q->params.bad_word_lens = q->bad_word_lens;
     const char *after = r->params.constraint_after, *opener = r->params.constraint_opener;
     q->opener_token = opener ? tok_token_to_id(e->tok, opener) : -1;
     q->after_token = -1;

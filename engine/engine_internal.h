@@ -69,6 +69,8 @@ struct Request {
     int num_prompt;
     int32_t *stop_ids; /* copy of params.stop_token_ids */
     LogitBias *bias;   /* copy of params.logit_bias */
+    uint32_t *allowed_mask; /* params.allowed_token_ids as a mask over the vocabulary, or NULL */
+    int32_t *bad_words, *bad_word_lens; /* copies of params.bad_words, .bad_word_lens */
     char *constraint_after; /* copy of params.constraint_after */
     int32_t after_token;    /* the token that is constraint_after's whole text, -1 if none */
     int32_t opener_token;   /* the token of params.constraint_opener, -1 if none */
@@ -361,9 +363,13 @@ Status eng_constraint_vocab(Engine *e);
 /* A new sample's matcher (NULL without a constraint). */
 void eng_constraint_start(Engine *e, SeqData *d);
 
-/* The allowed-token masks of the constrained rows among rows[n] (logits row i is rows[i]'s)
- * into masks (one row of gr_vocab_mask_words each), their row numbers into mask_rows;
- * returns how many. Finished samples (the overlapped step's dropped rows) get none. */
+/* 32-bit words of a mask over the model's vocabulary. */
+size_t eng_mask_words(const Engine *e);
+
+/* The allowed-token masks of the masked rows among rows[n] (logits row i is rows[i]'s: a
+ * constraint's and the request's allowed_token_ids, both when both) into masks (one row of
+ * eng_mask_words each), their row numbers into mask_rows; returns how many. Finished samples
+ * (the overlapped step's dropped rows) get none. */
 int eng_constraint_masks(Engine *e, const SeqData *const *rows, int n, uint32_t *masks,
                          int32_t *mask_rows);
 

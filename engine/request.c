@@ -33,6 +33,9 @@ void eng_request_free(Engine *e, Request *r) {
     free(r->prompt);
     free(r->stop_ids);
     free(r->bias);
+    free(r->allowed_mask);
+    free(r->bad_words);
+    free(r->bad_word_lens);
     free(r->constraint_after);
     free(r);
 }

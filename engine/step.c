@@ -32,10 +32,12 @@ static void take_inbox(Engine *e) {
             seq_create(e->next_seq_id++, r->prompt, r->num_prompt, r->params.max_tokens);
         eng_start_sequence(e, r, 0, seq);
         PL_CHECK(sched_add(e->sched, seq) == PL_OK); /* validated by eng_add_request */
-        /* logit edits: min_tokens' masks follow each token, so the host must have seen the
-         * last one; and only waiting steps fall back to the host when they are too many */
+        /* logit edits: min_tokens' and bad words' masks follow each token, so the host must
+         * have seen the last one; and only waiting steps fall back to the host when they are
+         * too many */
         r->sync_sampling = r->params.logprobs || eng_has_penalty(&r->params.sampling) ||
-                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0;
+                           r->params.min_tokens > 0 || r->params.num_logit_bias > 0 ||
+                           r->params.num_bad_words > 0;
         e->num_sync_requests += r->sync_sampling || r->n > 1;
         if (e->active_n == e->active_cap) {
             e->active_cap = e->active_cap ? 2 * e->active_cap : 16;

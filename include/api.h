@@ -16,7 +16,8 @@
 #include "grammar.h"
 #include "sampling.h"
 
-#define API_MAX_STOP 16
+#define API_MAX_STOP      16
+#define API_MAX_BAD_WORDS 1024
 
 /* An error to send back: HTTP status and the fields of {"error": {...}}. */
 typedef struct {
@@ -69,6 +70,10 @@ typedef struct {
     int num_stop;
     int32_t *stop_token_ids; /* owned */
     int num_stop_token_ids;
+    int32_t *allowed_token_ids; /* owned: the only tokens sampled (vLLM); NULL: every token */
+    int num_allowed_token_ids;
+    char **bad_words; /* owned [num_bad_words], non-empty: texts never generated (vLLM) */
+    int num_bad_words;
     int min_tokens;           /* default 0: stop tokens and EOS masked until this many */
     int32_t *logit_bias_ids;  /* owned [num_logit_bias]: logit_bias keys */
     float *logit_bias_values; /* owned [num_logit_bias]: in [-100, 100] */

@@ -107,14 +107,23 @@ typedef struct {
     int top_logprobs;              /* with logprobs: also the k most likely tokens (k <= 64) */
     const int32_t *stop_token_ids; /* finish with "stop" when one is sampled (copied) */
     int num_stop_token_ids;
+    /* Sample only these tokens (vLLM's allowed_token_ids; copied); none: every token. */
+    const int32_t *allowed_token_ids;
+    int num_allowed_token_ids;
+    /* Token sequences never completed (vLLM's bad_words; copied): the last token of each is
+     * never sampled right after the rest of it has been generated. One after another in
+     * bad_words, bad_word_lens[i] (at least 1) tokens each. */
+    const int32_t *bad_words;
+    const int32_t *bad_word_lens;
+    int num_bad_words;
     SamplingParams sampling;
-    GrCompiled *constraint; /* structured output (grammar.h): every sample's text follows it,
-                             * ending with "stop" once complete; NULL = none. Borrowed: it
-                             * must stay valid until the request's last event. */
-    const char *constraint_after; /* with a constraint: it applies only after this text (the
-                                   * end of a reasoning section, "</think>", as a token of that
-                                   * text or in bytes); what comes before, and the text
-                                   * itself, are free. NULL: from the first token. Copied. */
+    GrCompiled *constraint;        /* structured output (grammar.h): every sample's text follows it,
+                                    * ending with "stop" once complete; NULL = none. Borrowed: it
+                                    * must stay valid until the request's last event. */
+    const char *constraint_after;  /* with a constraint: it applies only after this text (the
+                                    * end of a reasoning section, "</think>", as a token of that
+                                    * text or in bytes); what comes before, and the text
+                                    * itself, are free. NULL: from the first token. Copied. */
     const char *constraint_opener; /* with constraint_after: the section it ends is optional,
                                     * opened by the token of this text ("<think>") as the first
                                     * token (allowed there beside the constraint's); an output

@@ -341,20 +341,46 @@ static int parse_stop(json_t *o, ApiRequest *r, ApiError *err) {
     return 0;
 }
 
-static int parse_stop_ids(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
-    json_t *v = field(o, "stop_token_ids");
+/* A list of token ids (stop_token_ids, allowed_token_ids) into *ids, *n; `need_one`: an empty
+ * list is an error. */
+static int parse_token_ids(json_t *o, const ApiLimits *lim, const char *key, int need_one,
+                           int32_t **ids, int *n, ApiError *err) {
+    json_t *v = field(o, key);
     if (!v)
         return 0;
-    if (!json_is_array(v))
-        return api_refuse(err, "stop_token_ids", "'stop_token_ids' must be a list of integers");
-    size_t n = json_array_size(v);
-    if (n > 4096)
-        return api_refuse(err, "stop_token_ids", "'stop_token_ids' has more than 4096 entries");
-    r->stop_token_ids = pl_xmalloc((n ? n : 1) * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) {
-        if (token_id(json_array_get(v, i), lim, "stop_token_ids", &r->stop_token_ids[i], err))
+    if (!json_is_array(v) || (need_one && json_array_size(v) == 0))
+        return api_refuse(err, key, "'%s' must be a %slist of integers", key,
+                          need_one ? "non-empty " : "");
+    size_t len = json_array_size(v), most = lim->vocab_size > 4096 ? (size_t)lim->vocab_size : 4096;
+    if (len > most)
+        return api_refuse(err, key, "'%s' has %zu entries; at most %zu", key, len, most);
+    *ids = pl_xmalloc((len ? len : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < len; i++) {
+        if (token_id(json_array_get(v, i), lim, key, &(*ids)[i], err))
             return -1;
-        r->num_stop_token_ids++;
+        (*n)++;
+    }
+    return 0;
+}
+
+/* bad_words: a list of non-empty strings (vLLM's; tokenized by the server). */
+static int parse_bad_words(json_t *o, ApiRequest *r, ApiError *err) {
+    json_t *v = field(o, "bad_words");
+    if (!v)
+        return 0;
+    const char *msg = "'bad_words' must be a list of non-empty strings";
+    if (!json_is_array(v))
+        return api_refuse(err, "bad_words", "%s", msg);
+    size_t len = json_array_size(v);
+    if (len > API_MAX_BAD_WORDS)
+        return api_refuse(err, "bad_words", "'bad_words' has more than %d entries",
+                          API_MAX_BAD_WORDS);
+    r->bad_words = pl_xcalloc(len ? len : 1, sizeof *r->bad_words);
+    for (size_t i = 0; i < len; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_string(e) || json_string_length(e) == 0)
+            return api_refuse(err, "bad_words", "%s", msg);
+        r->bad_words[r->num_bad_words++] = pl_xstrdup(json_string_value(e));
     }
     return 0;
 }
@@ -413,8 +439,7 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
     return 0;
 }
 
-static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", "allowed_token_ids",
-                                                 "bad_words", NULL};
+static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
 static const char *const UNSUPPORTED_CHAT[] = {"functions", "function_call", "audio", "prediction",
                                                NULL};
@@ -444,8 +469,12 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
             r->has_seed = 1;
             r->seed = (uint64_t)seed;
     }
-    if (parse_stop(o, r, err) || parse_stop_ids(o, lim, r, err) ||
-        parse_logit_bias(o, lim, r, err) ||
+    if (parse_stop(o, r, err) ||
+        parse_token_ids(o, lim, "stop_token_ids", 0, &r->stop_token_ids, &r->num_stop_token_ids,
+                        err) ||
+        parse_token_ids(o, lim, "allowed_token_ids", 1, &r->allowed_token_ids,
+                        &r->num_allowed_token_ids, err) ||
+        parse_bad_words(o, r, err) || parse_logit_bias(o, lim, r, err) ||
         opt_int_in(o, "min_tokens", 0, INT_MAX, &r->min_tokens, err) < 0 ||
         refuse_unsupported(o, UNSUPPORTED_COMMON, err) ||
         api_parse_constraint(o, &r->constraint, err) < 0 ||
@@ -749,6 +778,10 @@ void api_request_free(ApiRequest *req) {
     for (int i = 0; i < req->num_stop; i++)
         free(req->stop[i]);
     free(req->stop_token_ids);
+    free(req->allowed_token_ids);
+    for (int i = 0; i < req->num_bad_words; i++)
+        free(req->bad_words[i]);
+    free(req->bad_words);
     free(req->logit_bias_ids);
     free(req->logit_bias_values);
     free(req->user);

@@ -6,6 +6,7 @@
  * A CompletionReq is shared by the HTTP side (the connection), the engine side (until the
  * last engine event of every prompt) and a streaming response; it is freed when all three
  * let go. Its mutex guards everything below `mu`. */
+#include <ctype.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -718,9 +719,57 @@ static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids,
     return 0;
 }
 
-/* The engine's parameters of one prompt of q; `bias` holds q's logit_bias (the engine copies
- * it). */
-static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const LogitBias *bias) {
+/* q's bad words as token sequences, one after another in bw->ids, their lengths in bw->lens: each
+ * word without its leading whitespace, alone and after one space (kept once when the two are
+ * the same), as vLLM tokenizes them; a text the tokenizer gives no tokens is left out. */
+typedef struct {
+    int32_t *ids, *lens;
+    int n;
+} BadWordIds;
+
+static void bad_word_ids(const Tokenizer *tok, const ApiRequest *q, BadWordIds *bw) {
+    size_t total = 0;
+    bw->n = 0;
+    bw->ids = NULL;
+    bw->lens = pl_xmalloc((size_t)(2 * q->num_bad_words + 1) * sizeof(int32_t));
+    for (int i = 0; i < q->num_bad_words; i++) {
+        const char *word = q->bad_words[i];
+        while (isspace((unsigned char)*word))
+            word++;
+        size_t len = strlen(word);
+        char *spaced = pl_xmalloc(len + 2);
+        spaced[0] = ' ';
+        memcpy(spaced + 1, word, len + 1);
+        const char *texts[2] = {word, spaced};
+        int32_t *first = NULL;
+        int first_n = 0;
+        for (int v = 0; v < 2; v++) {
+            int32_t *t = NULL;
+            int m = 0;
+            if (tok_encode(tok, texts[v], strlen(texts[v]), 0, &t, &m) != PL_OK)
+                m = 0;
+            if (m > 0 && !(v == 1 && m == first_n && !memcmp(t, first, m * sizeof *t))) {
+                bw->ids = pl_xrealloc(bw->ids, (total + (size_t)m) * sizeof *bw->ids);
+                memcpy(bw->ids + total, t, (size_t)m * sizeof *t);
+                total += (size_t)m;
+                bw->lens[bw->n++] = m;
+            }
+            if (v == 0) {
+                first = t;
+                first_n = m;
+            } else {
+                free(t);
+            }
+        }
+        free(first);
+        free(spaced);
+    }
+}
+
+/* The engine's parameters of one prompt of q; `bias` holds q's logit_bias and `bw` its bad
+ * words (the engine copies both). */
+static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const LogitBias *bias,
+                                    const BadWordIds *bw) {
     GenerateParams gp = {.max_tokens = max_tokens,
                          .min_tokens = q->min_tokens,
                          .logit_bias = bias,
@@ -732,6 +781,11 @@ static GenerateParams engine_params(const ApiRequest *q, int max_tokens, const L
                          .top_logprobs = q->logprobs > 0 ? q->logprobs : 0,
                          .stop_token_ids = q->stop_token_ids,
                          .num_stop_token_ids = q->num_stop_token_ids,
+                         .allowed_token_ids = q->allowed_token_ids,
+                         .num_allowed_token_ids = q->num_allowed_token_ids,
+                         .bad_words = bw->ids,
+                         .bad_word_lens = bw->lens,
+                         .num_bad_words = bw->n,
                          .sampling = sampling_params_default(),
                          .constraint = q->constraint,
                          .constraint_after = q->constraint_after,
@@ -818,6 +872,11 @@ static int check_request(Server *s, const ApiRequest *q, ApiError *err) {
                       "echo together with logprobs is not supported");
         return 0;
     }
+    if (q->num_bad_words > 0 && !eng_tokenizer(s->engine)) {
+        api_error_set(err, 400, "invalid_request_error", "bad_words",
+                      "'bad_words' needs the model's tokenizer (tokenizer.json)");
+        return 0;
+    }
     return check_sequences(s, q, err);
 }
 
@@ -871,6 +930,8 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
         LogitBias *bias = pl_xmalloc((size_t)(cr->req.num_logit_bias + 1) * sizeof *bias);
         for (int i = 0; i < cr->req.num_logit_bias; i++)
             bias[i] = (LogitBias){cr->req.logit_bias_ids[i], cr->req.logit_bias_values[i]};
+        BadWordIds bw;
+        bad_word_ids(tok, &cr->req, &bw);
         for (int p = 0; p < np && ok; p++) {
             PromptRun *run = &cr->runs[p];
             run->cr = cr;
@@ -880,7 +941,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
                 cr->choices[p * cr->req.best_of + c].prev_token = ids[p][lens[p] - 1];
             EngRequest er = {.prompt = ids[p],
                              .num_prompt = lens[p],
-                             .params = engine_params(&cr->req, max_tokens[p], bias),
+                             .params = engine_params(&cr->req, max_tokens[p], bias, &bw),
                              .user = run};
             if (eng_add_request(s->engine, &er, &run->engine_id) != PL_OK) {
                 api_error_set(&err, 400, "invalid_request_error", "prompt", "%s", pl_error());
@@ -899,6 +960,8 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
             }
         }
         free(bias);
+        free(bw.ids);
+        free(bw.lens);
     }
     for (int p = 0; p < np; p++)
         free(ids[p]);

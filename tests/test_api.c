@@ -452,6 +452,32 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
     bad("{\"prompt\": \"x\", \"max_tokens\": 4, \"min_tokens\": 5}", "min_tokens",
         "must not exceed");
     bad("{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix", "not supported");
+    bad("{\"prompt\": \"x\", \"prompt_logprobs\": 1}", "prompt_logprobs", "not supported");
+    /* vLLM's allowed_token_ids and bad_words */
+    assert_int_equal(comp("{\"prompt\": \"x\", \"allowed_token_ids\": [5, 31999], "
+                          "\"bad_words\": [\"the end\", \" a\"]}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.num_allowed_token_ids, 2);
+    assert_int_equal(r.allowed_token_ids[1], 31999);
+    assert_int_equal(r.num_bad_words, 2);
+    assert_string_equal(r.bad_words[0], "the end");
+    assert_string_equal(r.bad_words[1], " a");
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"x\", \"allowed_token_ids\": null, "
+                          "\"bad_words\": []}",
+                          &r, &e),
+                     PL_OK);
+    assert_int_equal(r.num_allowed_token_ids, 0);
+    assert_int_equal(r.num_bad_words, 0);
+    api_request_free(&r);
+    bad("{\"prompt\": \"x\", \"allowed_token_ids\": []}", "allowed_token_ids", "non-empty");
+    bad("{\"prompt\": \"x\", \"allowed_token_ids\": [32000]}", "allowed_token_ids",
+        "out of vocabulary");
+    bad("{\"prompt\": \"x\", \"allowed_token_ids\": 5}", "allowed_token_ids", "list");
+    bad("{\"prompt\": \"x\", \"bad_words\": \"the\"}", "bad_words", "list of non-empty");
+    bad("{\"prompt\": \"x\", \"bad_words\": [\"a\", \"\"]}", "bad_words", "non-empty");
+    bad("{\"prompt\": \"x\", \"bad_words\": [1]}", "bad_words", "strings");
     /* structured output: compiled into the request's constraint, or a 400 naming the field */
     assert_int_equal(
         comp("{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}", &r, &e),

@@ -797,6 +797,76 @@ static void test_logit_bias_and_min_tokens(void **state) {
     eng_destroy(e);
 }
 
+/* allowed_token_ids: every token drawn (greedy, and sampled at temperature 1 with n = 3) is one
+ * of them, the best of them under greedy; with a constraint-free request the mask alone
+ * decides. bad_words: a one-token word is never drawn; a two-token word lets its first token
+ * through and bans its second right after it only. */
+static void test_allowed_token_ids_and_bad_words(void **state) {
+    (void)state;
+    EngineConfig c = base_config();
+    Engine *e = make_engine(&c);
+    int32_t golden[16], out[16];
+    FinishReason fin = FINISH_NONE;
+    GenerateParams gp = {.max_tokens = 8};
+    assert_int_equal(greedy_run(e, gp, golden, &fin), 8);
+
+    int32_t allowed[] = {383, 200, 17};
+    gp.allowed_token_ids = allowed;
+    gp.num_allowed_token_ids = 3;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 8);
+    assert_int_equal(out[0], 383); /* the runner-up of the first step (golden.json) */
+    for (int i = 0; i < 8; i++)
+        assert_true(out[i] == 383 || out[i] == 200 || out[i] == 17);
+    int32_t prompt[] = {1, 403, 407, 261, 378};
+    GenerateParams hot = gp;
+    hot.sampling = sampling_params_default();
+    hot.sampling.temperature = 1.0f;
+    hot.sampling.seed = 9;
+    hot.n = 3;
+    EngRequest r = {.prompt = prompt, .num_prompt = 5, .params = hot};
+    assert_int_equal(eng_add_request(e, &r, NULL), PL_OK);
+    const EngEvent *ev;
+    int drawn = 0;
+    while (eng_has_work(e)) {
+        int k = eng_step(e, &ev);
+        for (int i = 0; i < k; i++)
+            if (ev[i].token >= 0) {
+                assert_true(ev[i].token == 383 || ev[i].token == 200 || ev[i].token == 17);
+                drawn++;
+            }
+    }
+    assert_int_equal(drawn, 24);
+
+    gp = (GenerateParams){.max_tokens = 8};
+    int32_t one[] = {golden[0]}, one_len[] = {1};
+    gp.bad_words = one;
+    gp.bad_word_lens = one_len;
+    gp.num_bad_words = 1;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_not_equal(out[i], golden[0]);
+    int32_t two[] = {golden[0], golden[1]}, two_len[] = {2};
+    gp.bad_words = two;
+    gp.bad_word_lens = two_len;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 8);
+    assert_int_equal(out[0], golden[0]);
+    assert_int_not_equal(out[1], golden[1]);
+    for (int i = 1; i < 8; i++)
+        assert_false(out[i - 1] == golden[0] && out[i] == golden[1]);
+
+    int32_t outside[] = {512}, zero_len[] = {0};
+    EngRequest bad = {.prompt = prompt, .num_prompt = 5};
+    bad.params =
+        (GenerateParams){.max_tokens = 4, .allowed_token_ids = outside, .num_allowed_token_ids = 1};
+    assert_int_equal(eng_add_request(e, &bad, NULL), PL_ERR_INVALID);
+    bad.params = (GenerateParams){
+        .max_tokens = 4, .bad_words = outside, .bad_word_lens = one_len, .num_bad_words = 1};
+    assert_int_equal(eng_add_request(e, &bad, NULL), PL_ERR_INVALID);
+    bad.params.bad_word_lens = zero_len;
+    assert_int_equal(eng_add_request(e, &bad, NULL), PL_ERR_INVALID);
+    eng_destroy(e);
+}
+
 /* A backend whose memory runs out: loading says so in one line instead of crashing. */
 static size_t budget_left;
 static void *limited_alloc(const KernelOps *ops, size_t bytes) {
@@ -847,6 +917,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs_and_stop_token_ids),
         cmocka_unit_test(test_logprobs_without_top_alternatives),
         cmocka_unit_test(test_logit_bias_and_min_tokens),
+        cmocka_unit_test(test_allowed_token_ids_and_bad_words),
         cmocka_unit_test(test_out_of_backend_memory_is_an_error),
     };
     return cmocka_run_group_tests_name("engine", tests, NULL, NULL);

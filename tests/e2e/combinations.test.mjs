@@ -220,8 +220,6 @@ const REFUSED = {
     guided_choice: [...bad([], [1], 'x'), ...any(null, ['a', 'b'])],
     // Fields pagellm does not implement.
     prompt_logprobs: [...bad(1, 0), ...any(null)],
-    bad_words: [...bad(['the']), ...any(null, [])],
-    allowed_token_ids: [...bad([1, 2, 3]), ...any(null, [])],
     functions: [...bad([{ name: 'f', parameters: {} }]), ...any(null, [])],
     function_call: [...bad('auto', { name: 'f' }), ...any(null, 'none')],
 };

@@ -1,6 +1,7 @@
 // sampling_fields.test.mjs - request fields that change what is sampled, through a real
 // server on the bundled model: logit_bias moves the greedy choice, min_tokens holds back stop
-// tokens and EOS, fields pagellm does not implement are refused by name, the three requests
+// tokens and EOS, allowed_token_ids and bad_words (vLLM's) restrict the tokens drawn, fields
+// pagellm does not implement are refused by name, the three requests
 // that used to kill the server (logprobs 0, best_of > n, chat logprobs) are served, NUL
 // characters (\u0000) travel both ways, and a streamed echo starts with the prompt.
 
@@ -42,6 +43,32 @@ describe('sampling fields', () => {
         assert.equal(c.status, 200, show(c));
         assert.equal(c.json.choices[0].message.content, up.json.choices[0].text.slice(0, c.json.choices[0].message.content.length));
         assert.equal(c.json.usage.completion_tokens, 3);
+    });
+
+    it('allowed_token_ids draws only those tokens; bad_words keeps a word out', T(), async () => {
+        const forced = await complete({ prompt: ONCE.prompt, max_tokens: 4, temperature: 0, logit_bias: { 200: 100 } });
+        const only = await complete({ prompt: ONCE.prompt, max_tokens: 4, temperature: 0.8, seed: 3,
+                                      allowed_token_ids: [200] });
+        assert.equal(only.status, 200, show(only));
+        assert.equal(only.json.choices[0].text, forced.json.choices[0].text);
+        assert.equal(only.json.choices[0].finish_reason, 'length'); // EOS is not in the list
+        const plain = await complete({ prompt: ONCE.prompt, max_tokens: 8, temperature: 0 });
+        const word = plain.json.choices[0].text.match(/[a-z]+/)[0]; // "there"
+        const banned = await complete({ prompt: ONCE.prompt, max_tokens: 8, temperature: 0, bad_words: [word] });
+        assert.equal(banned.status, 200, show(banned));
+        assert.ok(!banned.json.choices[0].text.includes(word), show(banned));
+        const c = await chat({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 3, temperature: 0,
+                               allowed_token_ids: [200], bad_words: ['Lily'] });
+        assert.equal(c.status, 200, show(c));
+        assert.equal(c.json.choices[0].message.content, forced.json.choices[0].text.slice(0, c.json.choices[0].message.content.length));
+        for (const [body, param] of [[{ allowed_token_ids: [] }, 'allowed_token_ids'],
+                                     [{ allowed_token_ids: [512] }, 'allowed_token_ids'],
+                                     [{ bad_words: [''] }, 'bad_words'], [{ bad_words: 'the' }, 'bad_words']]) {
+            const r = await complete({ prompt: 'Hi', ...body });
+            assert.equal(r.status, 400, show(r));
+            assertErrorShape(r.json);
+            assert.equal(r.json.error.param, param);
+        }
     });
 
     it('min_tokens with stop_token_ids gives exactly min_tokens tokens', T(), async () => {
@@ -125,8 +152,7 @@ describe('sampling fields', () => {
             [complete, { prompt: 'Hi', prompt_logprobs: 1 }, 'prompt_logprobs'],
             [chat, { messages: [{ role: 'user', content: 'Hi' }],
                      functions: [{ name: 'f', parameters: {} }] }, 'functions'],
-            [chat, { messages: [{ role: 'user', content: 'Hi' }], allowed_token_ids: [1, 2] },
-             'allowed_token_ids'],
+            [chat, { messages: [{ role: 'user', content: 'Hi' }], prompt_logprobs: 2 }, 'prompt_logprobs'],
         ];
         for (const [send, body, param] of cases) {
             const r = await send(body);
