@@ -535,6 +535,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
         }
     }
     q->params.allowed_token_ids = NULL; /* kept as the mask */
+    q->params.num_allowed_token_ids = 0;
     int bad_tokens = 0;
     for (int i = 0; i < r->params.num_bad_words; i++)
         bad_tokens += r->params.bad_word_lens[i];

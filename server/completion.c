@@ -719,9 +719,10 @@ static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids,
     return 0;
 }
 
-/* q's bad words as token sequences, one after another in bw->ids, their lengths in bw->lens: each
- * word without its leading whitespace, alone and after one space (kept once when the two are
- * the same), as vLLM tokenizes them; a text the tokenizer gives no tokens is left out. */
+/* q's bad words as token sequences, one after another in bw->ids, their lengths in bw->lens, as
+ * vLLM makes them: each word without its leading whitespace, and that text after one space
+ * when it gives as many tokens and another first token (the word inside a text); a text the
+ * tokenizer gives no tokens is left out. */
 typedef struct {
     int32_t *ids, *lens;
     int n;
@@ -748,7 +749,7 @@ static void bad_word_ids(const Tokenizer *tok, const ApiRequest *q, BadWordIds *
             int m = 0;
             if (tok_encode(tok, texts[v], strlen(texts[v]), 0, &t, &m) != PL_OK)
                 m = 0;
-            if (m > 0 && !(v == 1 && m == first_n && !memcmp(t, first, m * sizeof *t))) {
+            if (m > 0 && (v == 0 || (m == first_n && t[0] != first[0]))) {
                 bw->ids = pl_xrealloc(bw->ids, (total + (size_t)m) * sizeof *bw->ids);
                 memcpy(bw->ids + total, t, (size_t)m * sizeof *t);
                 total += (size_t)m;
