@@ -182,7 +182,6 @@ static Status size_pools(Engine *e) {
     return PL_OK;
 }
 
-/* Sizes in bytes of the BatchBuffers arrays, in field order. */
 /* The host step buffers and per-step host arrays (each rank's device copies: runner.c). */
 static void alloc_host_buffers(Engine *e) {
     size_t sizes[BATCH_FIELDS];
