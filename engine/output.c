@@ -111,7 +111,10 @@ void eng_accept_token(Engine *e, Sequence *seq, int32_t token, const RowLogprobs
     if (placeholder) /* the last token stands for this one */
         seq->num_tokens--;
     int complete = eng_constraint_accept(e, d, token);
-    if (complete < 0) { /* a token outside the constraint: nothing allowed could be drawn */
+    const uint32_t *allowed = r->allowed_mask;
+    if (complete < 0 || (allowed && !(allowed[token / 32] >> (token % 32) & 1u))) {
+        /* a token outside the constraint or allowed_token_ids: nothing allowed could be drawn
+         * (say, min_tokens holding back the only allowed token, EOS) */
         finish_sequence(e, seq, FINISH_ABORT, -1, "", 0, NULL);
         return;
     }

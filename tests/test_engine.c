@@ -836,6 +836,14 @@ static void test_allowed_token_ids_and_bad_words(void **state) {
             }
     }
     assert_int_equal(drawn, 24);
+    /* the only allowed token is EOS, which min_tokens holds back: nothing can be drawn, and
+     * the sample ends (abort) instead of drawing outside the list */
+    int32_t eos[] = {2};
+    gp = (GenerateParams){.max_tokens = 8, .min_tokens = 2};
+    gp.allowed_token_ids = eos;
+    gp.num_allowed_token_ids = 1;
+    assert_int_equal(greedy_run(e, gp, out, &fin), 0);
+    assert_int_equal(fin, FINISH_ABORT);
 
     gp = (GenerateParams){.max_tokens = 8};
     int32_t one[] = {golden[0]}, one_len[] = {1};
