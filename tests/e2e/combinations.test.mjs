@@ -198,6 +198,16 @@ const LOGIT_BIAS = [...ok({}, { 1: 5 }, { 2: -100 }, { 13: 100, 29: -100 }, { [V
                            { 99999999999: 1 }, { 1: '5' }, { 1: null }, { 1: [] }, { 1: true }, { '': 1 },
                            { 1: new Raw('1e400') }, { 1: new Raw('NaN') }, [], [1, 2], '1', 5, true)];
 
+// vLLM's token restrictions. The allowed lists hold no EOS and no token of STOP_IDS' lists:
+// with min_tokens holding stop tokens back they always leave a token to draw (a request whose
+// list has none ends with finish reason abort: tests/e2e/sampling_fields.test.mjs).
+const ALLOWED_IDS = [...ok([13, 29, 200], Array.from({ length: 64 }, (_, i) => 3 + i * 7), [VOCAB - 2], null),
+                     ...bad([], [VOCAB], [-1], [1.5], ['2'], 2, '2', {}, [null], [new Raw('1e400')])];
+const BAD_WORDS = [...ok([], ['the'], ['Once upon', ' a', 'é', 'the the the'], null),
+                   ...bad([''], ['a', ''], 'the', {}, [5], [null], [['a']])];
+// Structured-output fields: with them an allowed list may leave nothing to draw.
+const CONSTRAINT_FIELDS = ['response_format', 'guided_json', 'guided_choice'];
+
 // Fields that must be refused with a 400 naming them (non-null, non-trivial values): malformed
 // tools and tool_choice, and fields pagellm does not implement. tools and tool_choice are chat
 // fields: a completions request may ignore them, as suffix on chat.
@@ -409,6 +419,8 @@ function genRequest(seed, index, model) {
             else put(k, REFUSED[k]);
         }
     }
+    if (chance(r, 0.15) && !CONSTRAINT_FIELDS.some(has)) put('allowed_token_ids', ALLOWED_IDS);
+    if (chance(r, 0.15)) put('bad_words', BAD_WORDS);
     if (chance(r, 0.04)) fields.push([pick(r, ['foo', 'metadata', 'service_tier', 'store', '', 'ÿ', 'prompt ']),
                                       pick(r, [1, 'x', null, {}, [], true]), 'ok']);
 
