@@ -83,7 +83,8 @@ typedef struct {
     int logprobs;      /* -1 = none; else top-k alternatives per token (0 = chosen only) */
     int echo;          /* completions: prepend the prompt to the text */
     int ignore_eos;
-    int skip_special_tokens; /* 1 (the default): special tokens add no text to the output */
+    int include_stop_str_in_output; /* vLLM's: the stop string matched stays in the text */
+    int skip_special_tokens;        /* 1 (the default): special tokens add no text to the output */
     char *user;
     GrCompiled *constraint; /* owned: structured output (response_format, guided_*), or NULL */
     int is_chat;            /* parsed from /v1/chat/completions: prompts[0].text is the rendered

@@ -439,7 +439,7 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
     return 0;
 }
 
-static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", NULL};
+static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", "truncate_prompt_tokens", NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
 static const char *const UNSUPPORTED_CHAT[] = {"functions", "function_call", "audio", "prediction",
                                                NULL};
@@ -493,6 +493,8 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
             return -1;
     }
     if (opt_bool(o, "ignore_eos", "ignore_eos", &r->ignore_eos, err) < 0 ||
+        opt_bool(o, "include_stop_str_in_output", "include_stop_str_in_output",
+                 &r->include_stop_str_in_output, err) < 0 ||
         opt_bool(o, "skip_special_tokens", "skip_special_tokens", &r->skip_special_tokens, err) <
             0 ||
         opt_str(o, "user", &r->user, err) < 0)

@@ -450,19 +450,24 @@ static size_t streamable(const CompletionReq *cr, const Choice *ch) {
     return end > ch->sent ? end : ch->sent;
 }
 
-/* Look for a stop string in the text added since `old_len`; cut the text there. */
+/* Look for a stop string in the text added since `old_len`; cut the text there (after it with
+ * include_stop_str_in_output). */
 static int apply_stop_strings(const CompletionReq *cr, Choice *ch, size_t old_len) {
-    size_t best = (size_t)-1;
+    size_t best = (size_t)-1, best_len = 0;
     for (int i = 0; i < cr->req.num_stop; i++) {
         size_t n = cr->req.stop_len[i];
         size_t from = old_len >= n ? old_len - n + 1 : 0;
         char *hit =
             ch->len >= from ? memmem(ch->text + from, ch->len - from, cr->req.stop[i], n) : NULL;
-        if (hit && (size_t)(hit - ch->text) < best)
+        if (hit && (size_t)(hit - ch->text) < best) {
             best = (size_t)(hit - ch->text);
+            best_len = n;
+        }
     }
     if (best == (size_t)-1)
         return 0;
+    if (cr->req.include_stop_str_in_output)
+        best += best_len;
     ch->len = best;
     ch->text[best] = '\0';
     return 1;

@@ -453,6 +453,14 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
         "must not exceed");
     bad("{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix", "not supported");
     bad("{\"prompt\": \"x\", \"prompt_logprobs\": 1}", "prompt_logprobs", "not supported");
+    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens",
+        "not supported");
+    assert_int_equal(comp("{\"prompt\": \"x\", \"include_stop_str_in_output\": true}", &r, &e),
+                     PL_OK);
+    assert_int_equal(r.include_stop_str_in_output, 1);
+    api_request_free(&r);
+    bad("{\"prompt\": \"x\", \"include_stop_str_in_output\": 1}", "include_stop_str_in_output",
+        "must be a boolean");
     /* vLLM's allowed_token_ids and bad_words */
     assert_int_equal(comp("{\"prompt\": \"x\", \"allowed_token_ids\": [5, 31999], "
                           "\"bad_words\": [\"the end\", \" a\"]}",

@@ -1,9 +1,10 @@
 // sampling_fields.test.mjs - request fields that change what is sampled, through a real
 // server on the bundled model: logit_bias moves the greedy choice, min_tokens holds back stop
-// tokens and EOS, allowed_token_ids and bad_words (vLLM's) restrict the tokens drawn, fields
-// pagellm does not implement are refused by name, the three requests
-// that used to kill the server (logprobs 0, best_of > n, chat logprobs) are served, NUL
-// characters (\u0000) travel both ways, and a streamed echo starts with the prompt.
+// tokens and EOS, allowed_token_ids and bad_words (vLLM's) restrict the tokens drawn,
+// include_stop_str_in_output keeps a matched stop string, fields pagellm does not implement
+// are refused by name, the three requests that used to kill the server (logprobs 0, best_of >
+// n, chat logprobs) are served, NUL characters (\u0000) travel both ways, and a streamed echo
+// starts with the prompt.
 
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -69,6 +70,20 @@ describe('sampling fields', () => {
             assertErrorShape(r.json);
             assert.equal(r.json.error.param, param);
         }
+    });
+
+    it('include_stop_str_in_output keeps the stop string matched, streamed or not', T(), async () => {
+        const base = { prompt: ONCE.prompt, max_tokens: 12, temperature: 0, stop: ['girl', 'zzz'] };
+        const cut = await complete(base);
+        assert.equal(cut.status, 200, show(cut));
+        assert.equal(cut.json.choices[0].finish_reason, 'stop');
+        const kept = await complete({ ...base, include_stop_str_in_output: true });
+        assert.equal(kept.json.choices[0].text, `${cut.json.choices[0].text}girl`);
+        assert.equal(kept.json.choices[0].finish_reason, 'stop');
+        const streamed = await complete({ ...base, include_stop_str_in_output: true, stream: true });
+        const texts = streamed.text.split('\n').filter((l) => l.startsWith('data: {'))
+            .map((l) => JSON.parse(l.slice(6)).choices[0].text);
+        assert.equal(texts.join(''), kept.json.choices[0].text);
     });
 
     it('min_tokens with stop_token_ids gives exactly min_tokens tokens', T(), async () => {
