@@ -425,6 +425,15 @@ const char *eng_finish_reason_str(FinishReason r) {
     return "none";
 }
 
+/* PL_ERR_INVALID naming `what` ("stop token id") when one of ids[n] is outside the vocabulary. */
+static Status ids_in_vocab(const int32_t *ids, int n, int vocab, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return pl_error_set(PL_ERR_INVALID, "%s %d is outside the vocabulary [0, %d)", what,
+                                ids[i], vocab);
+    return PL_OK;
+}
+
 /* Checks that need no engine-thread state, so they run on the caller's thread. */
 static Status validate_request(const Engine *e, const EngRequest *r) {
     if (r->num_prompt <= 0)
@@ -466,28 +475,23 @@ static Status validate_request(const Engine *e, const EngRequest *r) {
     if (p->num_allowed_token_ids < 0 || (p->num_allowed_token_ids > 0 && !p->allowed_token_ids))
         return pl_error_set(PL_ERR_INVALID, "allowed_token_ids: %d entries and no list",
                             p->num_allowed_token_ids);
-    for (int i = 0; i < p->num_allowed_token_ids; i++)
-        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= vocab)
-            return pl_error_set(PL_ERR_INVALID,
-                                "allowed token id %d is outside the vocabulary [0, %d)",
-                                p->allowed_token_ids[i], vocab);
+    Status st =
+        ids_in_vocab(p->allowed_token_ids, p->num_allowed_token_ids, vocab, "allowed token id");
+    if (st != PL_OK)
+        return st;
     if (p->num_bad_words < 0 || (p->num_bad_words > 0 && (!p->bad_words || !p->bad_word_lens)))
         return pl_error_set(PL_ERR_INVALID, "bad_words: %d entries and no list", p->num_bad_words);
     for (int i = 0, at = 0; i < p->num_bad_words; at += p->bad_word_lens[i++]) {
         if (p->bad_word_lens[i] < 1 || p->bad_word_lens[i] > e->max_model_len)
             return pl_error_set(PL_ERR_INVALID, "bad word %d has %d tokens", i,
                                 p->bad_word_lens[i]);
-        for (int j = 0; j < p->bad_word_lens[i]; j++)
-            if (p->bad_words[at + j] < 0 || p->bad_words[at + j] >= vocab)
-                return pl_error_set(PL_ERR_INVALID,
-                                    "bad word %d: token id %d is outside the vocabulary [0, %d)", i,
-                                    p->bad_words[at + j], vocab);
+        if ((st = ids_in_vocab(p->bad_words + at, p->bad_word_lens[i], vocab,
+                               "bad word token id")) != PL_OK)
+            return st;
     }
-    for (int i = 0; i < r->params.num_stop_token_ids; i++)
-        if (r->params.stop_token_ids[i] < 0 || r->params.stop_token_ids[i] >= vocab)
-            return pl_error_set(PL_ERR_INVALID,
-                                "stop token id %d is outside the vocabulary [0, %d)",
-                                r->params.stop_token_ids[i], vocab);
+    if ((st = ids_in_vocab(p->stop_token_ids, p->num_stop_token_ids, vocab, "stop token id")) !=
+        PL_OK)
+        return st;
     if (r->params.n < 0 || r->params.n > e->cfg.max_num_seqs)
         return pl_error_set(PL_ERR_INVALID, "n = %d is not in [1, max-num-seqs = %d]", r->params.n,
                             e->cfg.max_num_seqs);
@@ -516,8 +520,7 @@ Status eng_add_request(Engine *e, const EngRequest *r, uint64_t *id) {
     q->params = r->params;
     q->t_added = pl_now();
     q->n = r->params.n > 1 ? r->params.n : 1;
-    q->prompt = pl_xmalloc((size_t)r->num_prompt * sizeof(int32_t));
-    memcpy(q->prompt, r->prompt, (size_t)r->num_prompt * sizeof(int32_t));
+    q->prompt = int32_copy(r->prompt, r->num_prompt);
     q->num_prompt = r->num_prompt;
     q->stop_ids = int32_copy(r->params.stop_token_ids, r->params.num_stop_token_ids);
     q->params.stop_token_ids = q->stop_ids;

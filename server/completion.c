@@ -733,6 +733,22 @@ typedef struct {
     int n;
 } BadWordIds;
 
+/* text's tokens (none when it has none or fails to encode) into *ids, their count returned. */
+static int encode_plain(const Tokenizer *tok, const char *text, int32_t **ids) {
+    int n = 0;
+    *ids = NULL;
+    if (tok_encode(tok, text, strlen(text), 0, ids, &n) != PL_OK)
+        n = 0;
+    return n;
+}
+
+static void bad_word_add(BadWordIds *bw, size_t *total, const int32_t *ids, int n) {
+    bw->ids = pl_xrealloc(bw->ids, (*total + (size_t)n) * sizeof *bw->ids);
+    memcpy(bw->ids + *total, ids, (size_t)n * sizeof *ids);
+    *total += (size_t)n;
+    bw->lens[bw->n++] = n;
+}
+
 static void bad_word_ids(const Tokenizer *tok, const ApiRequest *q, BadWordIds *bw) {
     size_t total = 0;
     bw->n = 0;
@@ -742,32 +758,17 @@ static void bad_word_ids(const Tokenizer *tok, const ApiRequest *q, BadWordIds *
         const char *word = q->bad_words[i];
         while (isspace((unsigned char)*word))
             word++;
-        size_t len = strlen(word);
-        char *spaced = pl_xmalloc(len + 2);
+        char *spaced = pl_xmalloc(strlen(word) + 2);
         spaced[0] = ' ';
-        memcpy(spaced + 1, word, len + 1);
-        const char *texts[2] = {word, spaced};
-        int32_t *first = NULL;
-        int first_n = 0;
-        for (int v = 0; v < 2; v++) {
-            int32_t *t = NULL;
-            int m = 0;
-            if (tok_encode(tok, texts[v], strlen(texts[v]), 0, &t, &m) != PL_OK)
-                m = 0;
-            if (m > 0 && (v == 0 || (m == first_n && t[0] != first[0]))) {
-                bw->ids = pl_xrealloc(bw->ids, (total + (size_t)m) * sizeof *bw->ids);
-                memcpy(bw->ids + total, t, (size_t)m * sizeof *t);
-                total += (size_t)m;
-                bw->lens[bw->n++] = m;
-            }
-            if (v == 0) {
-                first = t;
-                first_n = m;
-            } else {
-                free(t);
-            }
-        }
-        free(first);
+        strcpy(spaced + 1, word);
+        int32_t *plain, *inside;
+        int np = encode_plain(tok, word, &plain), ni = encode_plain(tok, spaced, &inside);
+        if (np > 0)
+            bad_word_add(bw, &total, plain, np);
+        if (ni > 0 && ni == np && inside[0] != plain[0])
+            bad_word_add(bw, &total, inside, ni);
+        free(plain);
+        free(inside);
         free(spaced);
     }
 }
