@@ -619,7 +619,7 @@ static void measure_beside_compute(Engine *e, const int32_t *pairs, int blocks, 
     const KernelOps *ops = e->ops;
     int g = e->run.num_graphs - 1, rows = e->run.graph_size[g];
     eng_pad_decode_rows(e, 0, rows);
-    eng_upload_batch(e, r, rows, rows, rows);
+    eng_upload_batch(e, r, rows, rows, rows, 1);
     ops->synchronize(ops);
     double t0 = pl_now();
     ops->graph_launch(ops, r->graphs[g]);

@@ -180,6 +180,7 @@ typedef struct {
     const SchedulerOutput *o;                  /* JOB_STEP: its block copies */
     int num_tokens, num_seqs, num_rows, graph; /* JOB_STEP: the batch (graph -1: eager) */
     int num_decode;                            /* JOB_STEP: leading single-token seqs */
+    int table_width;                           /* STEP, WARM_UP: block-table entries a row reads */
     const SwapPlan *swaps;                     /* JOB_STEP: the swaps (NULL: none) */
     int num_scatter;                           /* JOB_STEP: ids from the pending step */
     const int32_t *scatter_src;                /* JOB_STEP: its sampled tokens (backend) */
@@ -455,8 +456,10 @@ void eng_batch_fields(BatchBuffers *b, void **f[BATCH_FIELDS]);
 
 /* ---- runner_forward.c: one rank's work ---- */
 
-/* Copy the first rows of the host step buffers to the rank's (no-op on host memory). */
-void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows);
+/* Copy the first rows of the host step buffers to the rank's (no-op on host memory); of the
+ * block tables only each row's first table_width entries (the rest are never read). */
+void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows,
+                      int table_width);
 
 /* The rank's forward over its uploaded batch: graph `graph` (>= 0) or eagerly; logits (rank
  * 0 only) for num_rows rows. */

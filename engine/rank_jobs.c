@@ -124,7 +124,7 @@ static void step(Engine *e, Rank *r, const RankJob *j) {
                          e->block_bytes);
     if (j->num_tokens == 0)
         return;
-    eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
+    eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->table_width);
     if (j->num_scatter) { /* input ids the host has not seen yet */
         const int32_t *src = j->scatter_src;
         if (r->index > 0) { /* rank 0 sampled them and copies them here */

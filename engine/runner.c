@@ -114,7 +114,8 @@ Status eng_warm_up(Engine *e) {
                   .num_tokens = rows,
                   .num_seqs = rows,
                   .num_rows = rows,
-                  .num_decode = rows};
+                  .num_decode = rows,
+                  .table_width = 1}; /* padding rows: block 0 */
     st = eng_ranks_run(e, &j);
     if (st != PL_OK)
         return st;
@@ -131,7 +132,11 @@ Status eng_warm_up(Engine *e) {
     h->query_start[0] = 0;
     h->query_start[1] = t;
     h->logit_rows[0] = t - 1;
-    j = (RankJob){.kind = JOB_WARM_UP, .num_tokens = t, .num_seqs = 1, .num_rows = 1};
+    j = (RankJob){.kind = JOB_WARM_UP,
+                  .num_tokens = t,
+                  .num_seqs = 1,
+                  .num_rows = 1,
+                  .table_width = e->run.max_blocks_per_seq};
     return eng_ranks_run(e, &j);
 }
 

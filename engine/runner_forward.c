@@ -38,7 +38,8 @@ void eng_pad_decode_rows(Engine *e, int from, int to) {
     h->query_start[to] = to;
 }
 
-void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows) {
+void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_rows,
+                      int table_width) {
     if (e->run.h.tokens == r->d.tokens)
         return;
     const KernelOps *ops = r->ops;
@@ -47,8 +48,11 @@ void eng_upload_batch(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_
     ops->to_device(ops, d->positions, h->positions, (size_t)num_tokens * sizeof(int32_t));
     ops->to_device(ops, d->slots, h->slots, (size_t)num_tokens * sizeof(int64_t));
     ops->to_device(ops, d->query_start, h->query_start, (size_t)(num_seqs + 1) * sizeof(int32_t));
-    ops->to_device(ops, d->block_tables, h->block_tables,
-                   (size_t)num_seqs * e->run.max_blocks_per_seq * sizeof(int32_t));
+    /* at a long max-model-len the full rows are megabytes a step (8 MB at 256 rows of 131072
+     * positions in blocks of 16) where a step's contexts use kilobytes */
+    ops->to_device_rows(ops, d->block_tables, h->block_tables,
+                        (size_t)e->run.max_blocks_per_seq * sizeof(int32_t),
+                        (size_t)table_width * sizeof(int32_t), num_seqs);
     ops->to_device(ops, d->logit_rows, h->logit_rows, (size_t)num_rows * sizeof(int32_t));
 }
 
@@ -78,7 +82,7 @@ void eng_rank_forward(Engine *e, Rank *r, int num_tokens, int num_seqs, int num_
 }
 
 void eng_rank_warm_up(Engine *e, Rank *r, const RankJob *j) {
-    eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows);
+    eng_upload_batch(e, r, j->num_tokens, j->num_seqs, j->num_rows, j->table_width);
     forward(e, r, r->kv_gpu, j->num_tokens, j->num_seqs, j->num_rows, j->num_decode);
     r->ops->synchronize(r->ops); /* the engine rewrites the host batch next */
 }
@@ -88,7 +92,7 @@ void eng_rank_capture(Engine *e, Rank *r, int g) {
     int rows = e->run.graph_size[g];
     if (!r->graphs)
         r->graphs = pl_xcalloc((size_t)e->run.num_graphs, sizeof(void *));
-    eng_upload_batch(e, r, rows, rows, rows);
+    eng_upload_batch(e, r, rows, rows, rows, 1);      /* padding rows: block 0 */
     forward(e, r, r->kv_gpu, rows, rows, rows, rows); /* eager once, then recorded */
     ops->synchronize(ops);
     ops->graph_begin(ops);

@@ -15,7 +15,7 @@ typedef struct {
     int32_t kind, num_tokens, num_seqs, num_rows, graph, num_decode, num_scatter, num_copies;
     int32_t swaps[SWAP_KINDS], has_swaps, failed;
     int32_t max_num_seqs, max_num_batched_tokens, max_model_len, max_blocks_per_seq;
-    int32_t num_gpu_blocks, num_cpu_blocks, num_graphs, pad;
+    int32_t num_gpu_blocks, num_cpu_blocks, num_graphs, table_width;
     int64_t block_bytes, payload;
 } WireJob;
 
@@ -117,6 +117,7 @@ Status eng_mpi_run(Engine *e, const RankJob *job) {
                  .num_rows = job->num_rows,
                  .graph = job->graph,
                  .num_decode = job->num_decode,
+                 .table_width = job->table_width,
                  .num_scatter = job->num_scatter,
                  .num_copies = o ? o->num_copies : 0,
                  .has_swaps = job->swaps != NULL,
@@ -237,6 +238,7 @@ int eng_ranks_follow(Engine *e, Status setup) {
                      .num_rows = w.num_rows,
                      .graph = w.graph,
                      .num_decode = w.num_decode,
+                     .table_width = w.table_width,
                      .swaps = w.has_swaps ? &plan : NULL,
                      .num_scatter = w.num_scatter,
                      .ids = ids};

@@ -71,6 +71,7 @@ static int pick_graph(const Engine *e, const SchedulerOutput *o) {
 static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob *j) {
     BatchBuffers *h = &e->run.h;
     int bs = e->cfg.block_size, t = 0, rows = 0, at = 0, num_decode = 0, scatter = 0;
+    int width = 1; /* block-table entries a row uses; padding rows read entry 0 */
     int last_row[o->num_seqs > 0 ? o->num_seqs : 1];
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < o->num_seqs; i++) {
@@ -94,6 +95,7 @@ static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob 
                 }
             }
             PL_CHECK(seq->table.num_blocks <= e->run.max_blocks_per_seq);
+            width = seq->table.num_blocks > width ? seq->table.num_blocks : width;
             memcpy(h->block_tables + (size_t)at * e->run.max_blocks_per_seq, seq->table.blocks,
                    (size_t)seq->table.num_blocks * sizeof(int32_t));
             last_row[i] = t - 1;
@@ -117,6 +119,7 @@ static void build_batch(Engine *e, const SchedulerOutput *o, int graph, RankJob 
                    .num_rows = rows,
                    .graph = graph,
                    .num_decode = num_decode,
+                   .table_width = width,
                    .num_scatter = scatter,
                    .scatter_src = e->ops->host_memory ? e->step_tokens[e->pending.parity]
                                                       : e->smp.dev.d_tokens};

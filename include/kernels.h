@@ -212,6 +212,10 @@ struct KernelOps {
     void (*free)(const KernelOps *ops, void *p);
     void (*to_device)(const KernelOps *ops, void *dst, const void *src, size_t bytes);
     void (*to_host)(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+    /* The first row_bytes of each of `rows` rows, `pitch` bytes apart in src and in dst (a
+     * table's used columns), as to_device. */
+    void (*to_device_rows)(const KernelOps *ops, void *dst, const void *src, size_t pitch,
+                           size_t row_bytes, int rows);
     size_t (*free_memory)(const KernelOps *ops); /* bytes of backend memory free now */
 
     /* Host memory for the swap pool (pinned on CUDA) and whole-block copies between it and

@@ -62,6 +62,12 @@ void cpu_copy(const KernelOps *ops, void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
 }
 
+void cpu_copy_rows(const KernelOps *ops, void *dst, const void *src, size_t pitch, size_t row_bytes,
+                   int rows) {
+    for (int i = 0; i < rows; i++)
+        memcpy((char *)dst + (size_t)i * pitch, (const char *)src + (size_t)i * pitch, row_bytes);
+}
+
 /* MemAvailable from /proc/meminfo (0 when unknown). */
 size_t cpu_free_memory(const KernelOps *ops) {
     FILE *f = fopen("/proc/meminfo", "r");

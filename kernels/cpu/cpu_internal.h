@@ -55,6 +55,8 @@ void cpu_vocab_logits_f32(const KernelOps *ops, float *out, const void *parts, i
 void *cpu_alloc(const KernelOps *ops, size_t bytes);
 void cpu_free(const KernelOps *ops, void *p);
 void cpu_copy(const KernelOps *ops, void *dst, const void *src, size_t bytes);
+void cpu_copy_rows(const KernelOps *ops, void *dst, const void *src, size_t pitch, size_t row_bytes,
+                   int rows);
 size_t cpu_free_memory(const KernelOps *ops);
 void cpu_copy_blocks(const KernelOps *ops, void *dst_pool, const void *src_pool,
                      const int32_t *src_dst, int n, size_t block_bytes);

@@ -23,6 +23,7 @@ static const KernelOps cpu_table = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_device = cpu_copy,
+    .to_device_rows = cpu_copy_rows,
     .to_host = cpu_copy,
     .free_memory = cpu_free_memory,
     .alloc_host = cpu_alloc,

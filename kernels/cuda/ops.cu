@@ -98,6 +98,12 @@ static void ops_to_device(const KernelOps *ops, void *dst, const void *src, size
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(ops)));
 }
 
+static void ops_to_device_rows(const KernelOps *ops, void *dst, const void *src, size_t pitch,
+                               size_t row_bytes, int rows) {
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, pitch, src, pitch, row_bytes, (size_t)rows,
+                                 cudaMemcpyHostToDevice, stream(ops)));
+}
+
 static void ops_to_host(const KernelOps *ops, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(ops)));
     CUDA_CHECK(cudaStreamSynchronize(stream(ops)));
@@ -490,6 +496,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.alloc = ops_alloc;
     o.free = ops_free;
     o.to_device = ops_to_device;
+    o.to_device_rows = ops_to_device_rows;
     o.to_host = ops_to_host;
     o.free_memory = ops_free_memory;
     o.alloc_host = ops_alloc_host;
