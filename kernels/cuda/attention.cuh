@@ -296,21 +296,6 @@ template <typename T, typename MT> __device__ __forceinline__ uint32_t as_mma_pa
     }
 }
 
-/* c[16x8] += a[16x16] b[16x8], 16-bit inputs (T: bf16 or f16), fp32 accumulators. */
-template <typename T>
-__device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    if constexpr (std::is_same<T, bf16>::value)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* c[16x8] += a[16x8] b[8x8] (m16n8k8), 16-bit inputs, fp32 accumulators. */
 template <typename T>
 __device__ __forceinline__ void mma8(float c[4], uint32_t a0, uint32_t a1, uint32_t b) {

@@ -27,6 +27,60 @@ __device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
     return lo | hi << 16;
 }
 
+/* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
+ * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
+ * of 32, at most 1024); red holds 32 floats. Callers __syncthreads() before reading them. */
+template <typename XT>
+__device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, float input_scale,
+                              float *sS, float *sI, float *red) {
+    const int tid = threadIdx.x, nt = blockDim.x, chunks = K >> 3;
+    if (input_scale > 0.0f) {
+        const int groups = block ? (K + F8_GROUP - 1) / F8_GROUP : 1;
+        for (int g = tid; g < groups; g += nt) {
+            sS[g] = input_scale;
+            sI[g] = __fdiv_rn(1.0f, input_scale);
+        }
+        return;
+    }
+    if (block) {
+        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop */
+        for (int c0 = 0; c0 < chunks; c0 += nt) {
+            const int c = c0 + tid;
+            float m = 0.0f;
+            if (c < chunks) {
+                float f[8];
+                load8(f, row + (size_t)c * 8);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    m = fmaxf(m, fabsf(f[e]));
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if ((tid & 15) == 0 && c < chunks) {
+                const float s = f8_scale(m, 0.0f);
+                sS[c >> 4] = s;
+                sI[c >> 4] = __fdiv_rn(1.0f, s);
+            }
+        }
+        return;
+    }
+    float m = 0.0f;
+    for (int c = tid; c < chunks; c += nt) {
+        float f[8];
+        load8(f, row + (size_t)c * 8);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            m = fmaxf(m, fabsf(f[e]));
+    }
+    m = block_max(m, red);
+    if (tid == 0) {
+        const float s = f8_scale(m, 0.0f);
+        sS[0] = s;
+        sI[0] = __fdiv_rn(1.0f, s);
+    }
+}
+
 /* Writes wvec_n copies of *w_scale0 into wvec (when set): the per-tensor weight scale as the
  * per-channel vector cuBLASLt reads, refreshed by every quantization launch (the buffer is
  * shared by the weights). The whole grid calls it. */

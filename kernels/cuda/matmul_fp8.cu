@@ -8,7 +8,10 @@
  * Products of two e4m3 values are exact in fp32, so the results differ from the CPU's only in
  * the order of the fp32 sums (and the tensor cores' accumulation inside one 32-deep mma).
  *
- * Two paths (three on Hopper):
+ * Three paths (four on Hopper):
+ *   - One row of x with per-tensor or per-channel scales: gemv_fp8.cuh's GEMV, two whole
+ *     weight rows a warp as the bf16 GEMV reads them (batch-1 decode; measured faster than the
+ *     kernel below there, PERFORMANCE.md).
  *   - Small n (decode, n <= F8_GEMV_MAX_N): f8_gemv_kernel, a memory-bound tensor-core GEMV.
  *     A block owns 16 weight rows and up to 8 rows of x (the m16n8k32 e4m3 mma's n), its 8
  *     warps split K in 128-column units. Each lane streams 16 weights of a row at a time with
@@ -50,7 +53,7 @@
 
 #include "cublas_util.cuh"
 #include "fp8_quant.cuh"
-#include "gemv.cuh"
+#include "gemv_fp8.cuh"
 
 enum {
     F8_GEMV_MAX_N = 8,     /* n at or below: the GEMV (measured: see PERFORMANCE.md) */
@@ -110,60 +113,6 @@ size_t kc_fp8_device_bytes(const KcFp8 *f) {
 }
 
 /* ---------------- shared device pieces ---------------- */
-
-/* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
- * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
- * of 32, at most 1024); red holds 32 floats. Callers __syncthreads() before reading them. */
-template <typename XT>
-__device__ void f8_row_scales(const XT *__restrict__ row, int K, bool block, float input_scale,
-                              float *sS, float *sI, float *red) {
-    const int tid = threadIdx.x, nt = blockDim.x, chunks = K >> 3;
-    if (input_scale > 0.0f) {
-        const int groups = block ? (K + F8_UNIT - 1) / F8_UNIT : 1;
-        for (int g = tid; g < groups; g += nt) {
-            sS[g] = input_scale;
-            sI[g] = __fdiv_rn(1.0f, input_scale);
-        }
-        return;
-    }
-    if (block) {
-        /* 16 chunks of 8 are one group: a half-warp's, at every step of the loop */
-        for (int c0 = 0; c0 < chunks; c0 += nt) {
-            const int c = c0 + tid;
-            float m = 0.0f;
-            if (c < chunks) {
-                float f[8];
-                load8(f, row + (size_t)c * 8);
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    m = fmaxf(m, fabsf(f[e]));
-            }
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1)
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            if ((tid & 15) == 0 && c < chunks) {
-                const float s = f8_scale(m, 0.0f);
-                sS[c >> 4] = s;
-                sI[c >> 4] = __fdiv_rn(1.0f, s);
-            }
-        }
-        return;
-    }
-    float m = 0.0f;
-    for (int c = tid; c < chunks; c += nt) {
-        float f[8];
-        load8(f, row + (size_t)c * 8);
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-            m = fmaxf(m, fabsf(f[e]));
-    }
-    m = block_max(m, red);
-    if (tid == 0) {
-        const float s = f8_scale(m, 0.0f);
-        sS[0] = s;
-        sI[0] = __fdiv_rn(1.0f, s);
-    }
-}
 
 /* ---------------- the GEMV (and tiled fallback) ---------------- */
 
@@ -705,15 +654,24 @@ static bool f8_wants_lt(const KCudaGemm *g, int n) {
     return n >= 4 && (forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N));
 }
 
-/* Rows [done, n) by the GEMV. */
+/* Rows [done, n) by a GEMV: gemv_fp8.cuh's where it takes them and 32 rows a block are not
+ * forced, else f8_gemv_kernel. */
 static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                          const Tensor *bias, int done, int n, cudaStream_t s) {
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const size_t es = pl_dtype_size(act);
+    void *o = (char *)out + (size_t)done * N * es;
+    const void *xd = (const char *)x + (size_t)done * K * es;
+    const bool rows = kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, xd, n - done);
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
-        f8_gemv<XT>((char *)out + (size_t)done * N * es, (const char *)x + (size_t)done * K * es, w,
-                    bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
+        if (rows) {
+            const GemvStore<XT> st = {(XT *)o, bias ? bias->data : NULL,
+                                      bias ? (int)bias->dtype : 0, N};
+            gemv_fp8_run((N + 1) / 2, st, (const XT *)xd, w, s);
+            return;
+        }
+        f8_gemv<XT>(o, xd, w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
     });
 }
 

@@ -1,0 +1,146 @@
+/* gemv_fp8.cuh - (internal to kernels/cuda/) the batch-1 GEMV on fp8 weights, streamed as the
+ * bf16 GEMV streams its weights (gemv.cuh): a warp owns two whole weight rows, each of its loads
+ * covers 512 contiguous bytes of one row (16 a lane), GEMV_FP8_U such spans in flight a row, the
+ * first requested before the wait for x. Per-tensor and per-channel weight scales, with matmul's
+ * fp8 semantics (matmul_fp8.cu): every block computes the scale of the row of x (dynamic, or the
+ * static input scale) and each lane quantizes the 16 values of x its weights meet.
+ *
+ * The products go through the tensor cores with no exchange between lanes: in a m16n8k16 f16
+ * mma, A row g (g = lane / 4) holds the lane's weights of the first row, A row g + 8 the same
+ * columns of the second, and B column g the lane's quantized x values of those columns, so
+ * D[g][g] and D[g + 8][g] are the two rows' dots over the 64 columns that lanes 4g to 4g + 3
+ * read (the other outputs are not used). Lane (g, g / 2) keeps them and a warp reduction sums
+ * the eight g at the end. e4m3 values and their products are exact as f16 operands and in the
+ * fp32 accumulator, which restarts from zero every GEMV_FP8_U spans (as matmul_fp8.cu's
+ * 128-column units), so only the order of the fp32 sums differs from the CPU reference.
+ *
+ * As with gemv.cuh's kernel, an epilogue decides which rows a task reads and where its sums go:
+ * task t reads rows epi.row<2>(t, 0) and epi.row<2>(t, 1) and hands the two scaled sums to
+ * epi.store<1, 2>(acc, t, lane), every lane holding both. */
+#ifndef PAGELLM_KERNELS_CUDA_GEMV_FP8_CUH
+#define PAGELLM_KERNELS_CUDA_GEMV_FP8_CUH
+
+#include <cuda_fp8.h>
+
+#include "fp8_quant.cuh"
+#include "gemv.cuh"
+
+enum {
+    GEMV_FP8_THREADS = 128, /* 4 warps, two weight rows each */
+    GEMV_FP8_SPAN = 512,    /* columns of a row one warp load covers */
+    GEMV_FP8_U = 4,         /* spans in flight a row (8 measured no faster: PERFORMANCE.md) */
+};
+
+struct GemvFp8Args {
+    const uint8_t *w;     /* [N, K] e4m3 */
+    const float *w_scale; /* [1] or [N] */
+    int per_channel, K, tasks;
+    float input_scale;
+};
+
+/* Two e4m3 values (the low 16 bits of v, lowest first) widened to f16x2. */
+__device__ __forceinline__ uint32_t gemv_fp8_widen(uint32_t v) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
+}
+
+/* Word j (0-3, known at compile time) of q. */
+__device__ __forceinline__ uint32_t gemv_fp8_word(const uint4 &q, int j) {
+    return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
+}
+
+/* 8 blocks an SM: 64 registers, no spills. */
+template <class Epi, typename XT>
+__global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
+    gemv_fp8_kernel(GemvFp8Args a, Epi epi, const XT *__restrict__ x) {
+    constexpr int U = GEMV_FP8_U;
+    __shared__ float sS, sI, red[32];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int task = blockIdx.x * (GEMV_FP8_THREADS / 32) + (threadIdx.x >> 5);
+    const int tk = min(task, a.tasks - 1); /* every warp joins the block's scale reduction */
+    const int K = a.K, spans = (K + GEMV_FP8_SPAN - 1) / GEMV_FP8_SPAN, col = lane * 16;
+    const int row0 = epi.template row<2>(tk, 0), row1 = epi.template row<2>(tk, 1);
+    const uint8_t *w0 = a.w + (size_t)row0 * K, *w1 = a.w + (size_t)row1 * K;
+    uint4 v[U][2];
+    auto load = [&](int s0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = (s0 + u) * GEMV_FP8_SPAN + col;
+            const bool in = s0 + u < spans && k < K;
+            v[u][0] = in ? ld_stream(w0 + k) : make_uint4(0, 0, 0, 0);
+            v[u][1] = in ? ld_stream(w1 + k) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    load(0); /* the first weights are requested before the wait for x */
+    kc_pdl_wait();
+    kc_pdl_trigger();
+    f8_row_scales(x, K, false, a.input_scale, &sS, &sI, red);
+    __syncthreads();
+    const float inv = sI;
+    float acc[4] = {};
+    for (int s0 = 0; s0 < spans; s0 += U) {
+        if (s0)
+            load(s0);
+        float d[4] = {}; /* these spans' sums, from zero */
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = (s0 + u) * GEMV_FP8_SPAN + col;
+            if (s0 + u >= spans) /* the whole warp: mma.sync needs every lane */
+                break;
+            float f[16] = {}; /* x beyond K (and its weights) are 0 */
+            if (k < K) {
+                load8(f, x + k);
+                load8(f + 8, x + k + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t q = f8_pack4(f + 4 * j, inv); /* 4 e4m3, memory order */
+                const uint32_t w0j = gemv_fp8_word(v[u][0], j), w1j = gemv_fp8_word(v[u][1], j);
+                const uint32_t wa[4] = {gemv_fp8_widen(w0j), gemv_fp8_widen(w1j),
+                                        gemv_fp8_widen(w0j >> 16), gemv_fp8_widen(w1j >> 16)};
+                mma16<f16>(d, wa, gemv_fp8_widen(q), gemv_fp8_widen(q >> 16));
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[e] += d[e];
+    }
+    /* D[g][g] and D[g + 8][g] sit in lane (g, g / 2), elements g & 1 and 2 + (g & 1) */
+    const bool diag = t == g >> 1, odd = g & 1;
+    const float s = sS;
+    float out[2][1];
+    out[0][0] =
+        warp_sum(diag ? (odd ? acc[1] : acc[0]) : 0.0f) * (s * a.w_scale[a.per_channel ? row0 : 0]);
+    out[1][0] =
+        warp_sum(diag ? (odd ? acc[3] : acc[2]) : 0.0f) * (s * a.w_scale[a.per_channel ? row1 : 0]);
+    if (task < a.tasks)
+        epi.template store<1, 2>(out, task, lane);
+}
+
+/* Whether the fp8 GEMV takes n rows of x (act) against w: one row, per-tensor or per-channel
+ * scales, K % 16 == 0, 16-byte aligned x and w, 16- or 32-bit float activations. */
+static inline bool gemv_fp8_takes(DType act, const Tensor *w, const void *x, int n) {
+    const int K = w->ndim == 2 ? (int)w->shape[1] : 0;
+    return n == 1 && w->dtype == DT_F8E4M3 && w->fp8.w_scale &&
+           (w->fp8.kind == FP8_SCALE_TENSOR || w->fp8.kind == FP8_SCALE_CHANNEL) && K > 0 &&
+           K % 16 == 0 && kc_aligned16(x) && kc_aligned16(w->data) &&
+           (act == DT_BF16 || act == DT_F16 || act == DT_F32);
+}
+
+/* Launch `tasks` warps of two rows of w against the one row x (XT), as gemv_fp8_takes allowed. */
+template <class Epi, typename XT>
+static void gemv_fp8_run(int tasks, const Epi &epi, const XT *x, const Tensor *w, cudaStream_t s) {
+    GemvFp8Args a;
+    a.w = (const uint8_t *)w->data;
+    a.w_scale = w->fp8.w_scale;
+    a.per_channel = w->fp8.kind == FP8_SCALE_CHANNEL;
+    a.K = (int)w->shape[1];
+    a.tasks = tasks;
+    a.input_scale = w->fp8.input_scale;
+    const dim3 grid((unsigned)((tasks + GEMV_FP8_THREADS / 32 - 1) / (GEMV_FP8_THREADS / 32)));
+    kc_launch_pdl(gemv_fp8_kernel<Epi, XT>, grid, dim3(GEMV_FP8_THREADS), 0, s, a, epi, x);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif
