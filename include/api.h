@@ -84,6 +84,8 @@ typedef struct {
     int echo;          /* completions: prepend the prompt to the text */
     int ignore_eos;
     int include_stop_str_in_output; /* vLLM's: the stop string matched stays in the text */
+    int truncate_prompt_tokens;     /* vLLM's: keep the prompt's last N tokens (0: all; -1:
+                                     * max-model-len) */
     int skip_special_tokens;        /* 1 (the default): special tokens add no text to the output */
     char *user;
     GrCompiled *constraint; /* owned: structured output (response_format, guided_*), or NULL */

@@ -439,7 +439,27 @@ static int refuse_unsupported(json_t *o, const char *const *names, ApiError *err
     return 0;
 }
 
-static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", "truncate_prompt_tokens", NULL};
+/* vLLM's truncate_prompt_tokens: null, -1 (to max-model-len) or 1 to max-model-len. */
+static int parse_truncate(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError *err) {
+    long long k;
+    const char *key = "truncate_prompt_tokens";
+    switch (opt_int(o, key, &k, err)) {
+        case -1:
+            return -1;
+        case 0:
+            return 0;
+    }
+    if (k < -1 || k == 0 || k > INT_MAX)
+        return api_refuse(err, key, "'%s' must be -1 (max-model-len) or at least 1, got %lld", key,
+                          k);
+    if (lim->max_model_len > 0 && k > lim->max_model_len)
+        return api_refuse(err, key, "'%s' (%lld) is more than max-model-len (%d)", key, k,
+                          lim->max_model_len);
+    r->truncate_prompt_tokens = (int)k;
+    return 0;
+}
+
+static const char *const UNSUPPORTED_COMMON[] = {"prompt_logprobs", NULL};
 static const char *const UNSUPPORTED_COMPLETION[] = {"suffix", NULL};
 static const char *const UNSUPPORTED_CHAT[] = {"functions", "function_call", "audio", "prediction",
                                                NULL};
@@ -483,6 +503,8 @@ static int parse_common(json_t *o, const ApiLimits *lim, ApiRequest *r, ApiError
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
         return api_refuse(err, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)",
                           r->min_tokens, r->max_tokens);
+    if (parse_truncate(o, lim, r, err))
+        return -1;
     if ((so = field(o, "stream_options"))) {
         if (!r->stream)
             return api_refuse(err, "stream_options",

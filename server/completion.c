@@ -695,7 +695,7 @@ void completion_release_http(CompletionReq *cr, int completed_ok) {
 /* Tokenize prompt p (text or ids) and check it against max-model-len; fills ids/n
  * (malloc'd) and the prompt's resolved max_tokens. */
 static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids, int *n,
-                           int *max_tokens, ApiError *err) {
+                           int *max_tokens, int *truncated, ApiError *err) {
     const ApiPrompt *ap = &q->prompts[p];
     const Tokenizer *tok = eng_tokenizer(s->engine);
     if (ap->text) {
@@ -714,6 +714,12 @@ static int tokenize_prompt(Server *s, const ApiRequest *q, int p, int32_t **ids,
         memcpy(*ids, ap->ids, (size_t)*n * sizeof(int32_t));
     }
     ApiLimits lim = {.max_model_len = eng_max_model_len(s->engine)};
+    const int keep = q->truncate_prompt_tokens < 0 ? lim.max_model_len : q->truncate_prompt_tokens;
+    *truncated = keep > 0 && *n > keep; /* vLLM's truncate_prompt_tokens: the last `keep` */
+    if (*truncated) {
+        memmove(*ids, *ids + (*n - keep), (size_t)keep * sizeof **ids);
+        *n = keep;
+    }
     if (*n == 0) {
         api_error_set(err, 400, "invalid_request_error", "prompt", "the prompt is empty");
     } else if ((*max_tokens = api_check_length(&lim, q, *n, err)) > 0) {
@@ -913,23 +919,24 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
     int32_t **ids = pl_xcalloc((size_t)np, sizeof *ids);
     int *lens = pl_xcalloc((size_t)np, sizeof *lens);
     int *max_tokens = pl_xcalloc((size_t)np, sizeof *max_tokens);
+    int *truncated = pl_xcalloc((size_t)np, sizeof *truncated);
     int ok = 1;
     for (int p = 0; p < np && ok; p++)
-        ok = tokenize_prompt(s, &q, p, &ids[p], &lens[p], &max_tokens[p], &err);
+        ok = tokenize_prompt(s, &q, p, &ids[p], &lens[p], &max_tokens[p], &truncated[p], &err);
     CompletionReq *cr = NULL;
     if (ok) {
         cr = new_request(s, conn, &q);
         const Tokenizer *tok = eng_tokenizer(s->engine);
         for (int p = 0; p < np; p++) {
             const ApiPrompt *ap = &cr->req.prompts[p];
-            if (ap->text) {
+            if (ap->text && !truncated[p]) {
                 cr->prompt_len[p] = ap->text_len;
                 cr->prompt_text[p] =
                     memcpy(pl_xmalloc(ap->text_len + 1), ap->text, ap->text_len + 1);
             } else {
+                /* token ids, or a truncated prompt: what the model reads */
                 cr->prompt_text[p] =
-                    tok ? tok_decode(tok, ap->ids, ap->num_ids, 1, &cr->prompt_len[p])
-                        : pl_xstrdup("");
+                    tok ? tok_decode(tok, ids[p], lens[p], 1, &cr->prompt_len[p]) : pl_xstrdup("");
             }
         }
         cr->refs++; /* the engine side */
@@ -975,6 +982,7 @@ enum MHD_Result completion_start(Server *s, struct MHD_Connection *conn, int is_
     free(ids);
     free(lens);
     free(max_tokens);
+    free(truncated);
     if (!ok) {
         if (!cr) /* nothing reached the engine: its sequences are not in flight */
             atomic_fetch_sub(&s->in_flight_seqs, q.num_prompts * q.best_of);

@@ -453,8 +453,24 @@ static void test_logit_bias_min_tokens_and_unsupported(void **state) {
         "must not exceed");
     bad("{\"prompt\": \"x\", \"suffix\": \"end\"}", "suffix", "not supported");
     bad("{\"prompt\": \"x\", \"prompt_logprobs\": 1}", "prompt_logprobs", "not supported");
-    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens",
-        "not supported");
+    /* vLLM's truncate_prompt_tokens: -1 (max-model-len) or 1 to max-model-len, null for none */
+    assert_int_equal(comp("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 8}", &r, &e), PL_OK);
+    assert_int_equal(r.truncate_prompt_tokens, 8);
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"x\", \"truncate_prompt_tokens\": -1}", &r, &e), PL_OK);
+    assert_int_equal(r.truncate_prompt_tokens, -1);
+    api_request_free(&r);
+    assert_int_equal(comp("{\"prompt\": \"x\", \"truncate_prompt_tokens\": null}", &r, &e), PL_OK);
+    assert_int_equal(r.truncate_prompt_tokens, 0);
+    api_request_free(&r);
+    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 0}", "truncate_prompt_tokens",
+        "at least 1");
+    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": -2}", "truncate_prompt_tokens",
+        "at least 1");
+    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 2049}", "truncate_prompt_tokens",
+        "more than max-model-len (2048)");
+    bad("{\"prompt\": \"x\", \"truncate_prompt_tokens\": 1.5}", "truncate_prompt_tokens",
+        "integer");
     assert_int_equal(comp("{\"prompt\": \"x\", \"include_stop_str_in_output\": true}", &r, &e),
                      PL_OK);
     assert_int_equal(r.include_stop_str_in_output, 1);

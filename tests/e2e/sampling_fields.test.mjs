@@ -1,7 +1,8 @@
 // sampling_fields.test.mjs - request fields that change what is sampled, through a real
 // server on the bundled model: logit_bias moves the greedy choice, min_tokens holds back stop
 // tokens and EOS, allowed_token_ids and bad_words (vLLM's) restrict the tokens drawn,
-// include_stop_str_in_output keeps a matched stop string, fields pagellm does not implement
+// include_stop_str_in_output keeps a matched stop string, truncate_prompt_tokens keeps the
+// prompt's last tokens, fields pagellm does not implement
 // are refused by name, the three requests that used to kill the server (logprobs 0, best_of >
 // n, chat logprobs) are served, NUL characters (\u0000) travel both ways, and a streamed echo
 // starts with the prompt.
@@ -159,6 +160,42 @@ describe('sampling fields', () => {
             .map((l) => JSON.parse(l.slice(6)).choices[0].text);
         assert.equal(texts[0], ONCE.prompt);
         assert.equal(texts.join(''), ONCE.prompt + ONCE.text.slice(0, texts.slice(1).join('').length));
+    });
+
+    it('truncate_prompt_tokens keeps the prompt\'s last tokens (vLLM)', T(), async () => {
+        const ids = ONCE.prompt_ids; // [BOS, ...]: 5 tokens
+        const cut = await complete({ prompt: ONCE.prompt, max_tokens: 6, temperature: 0, truncate_prompt_tokens: 2 });
+        assert.equal(cut.status, 200, show(cut));
+        assert.equal(cut.json.usage.prompt_tokens, 2);
+        const tail = await complete({ prompt: ids.slice(-2), max_tokens: 6, temperature: 0 });
+        assert.equal(tail.status, 200, show(tail));
+        assert.equal(cut.json.choices[0].text, tail.json.choices[0].text);
+        const head = await complete({ prompt: ids.slice(0, 2), max_tokens: 6, temperature: 0 });
+        assert.notEqual(head.json.choices[0].text, cut.json.choices[0].text); // the last, not the first
+        const whole = await complete({ prompt: ONCE.prompt, max_tokens: 6, temperature: 0 });
+        // echo shows what the model read; a prompt within the limit and -1 are left whole
+        const echo = await complete({ prompt: ONCE.prompt, max_tokens: 1, temperature: 0, echo: true,
+                                      truncate_prompt_tokens: 2 });
+        assert.equal(echo.status, 200, show(echo));
+        const tailEcho = await complete({ prompt: ids.slice(-2), max_tokens: 1, temperature: 0, echo: true });
+        assert.equal(echo.json.choices[0].text, tailEcho.json.choices[0].text);
+        assert.ok(!echo.json.choices[0].text.includes('Once'), show(echo));
+        for (const k of [5, 64, -1]) {
+            const r = await complete({ prompt: ONCE.prompt, max_tokens: 6, temperature: 0, truncate_prompt_tokens: k });
+            assert.equal(r.status, 200, show(r));
+            assert.equal(r.json.usage.prompt_tokens, 5);
+            assert.equal(r.json.choices[0].text, whole.json.choices[0].text);
+        }
+        const c = await chat({ messages: [{ role: 'user', content: 'Hi there' }], max_tokens: 2, temperature: 0,
+                               truncate_prompt_tokens: 2 });
+        assert.equal(c.status, 200, show(c));
+        assert.equal(c.json.usage.prompt_tokens, 2);
+        for (const k of [0, -2, 'x']) {
+            const r = await complete({ prompt: ONCE.prompt, max_tokens: 1, truncate_prompt_tokens: k });
+            assert.equal(r.status, 400, show(r));
+            assertErrorShape(r.json);
+            assert.equal(r.json.error.param, 'truncate_prompt_tokens');
+        }
     });
 
     it('fields not implemented are refused with a 400 naming them', T(), async () => {
