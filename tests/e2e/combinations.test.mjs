@@ -15,7 +15,8 @@
 // be {"error": {"message", "type", "param", "code"}}; a 200 must be a well-formed completion
 // (a JSON body with choices, or SSE events, one data: line each, ending in "data: [DONE]").
 // Cheap semantic checks: prompts x n choices, each index once and finished once, usage totals
-// that add up (and bounded by max_tokens), prompt_tokens of token-id prompts, no stop string
+// that add up (and bounded by max_tokens), prompt_tokens of token-id prompts (their last
+// truncate_prompt_tokens when set), no stop string
 // in the text, logprobs present exactly when asked for and well-formed, echo's prefix (in
 // streams too), min_tokens, ignore_eos, the usage chunk exactly with include_usage, a role in
 // every chat choice's first delta. Where the generator knows the request is invalid (a value
@@ -421,6 +422,7 @@ function genRequest(seed, index, model) {
     }
     if (chance(r, 0.15) && !CONSTRAINT_FIELDS.some(has)) put('allowed_token_ids', ALLOWED_IDS);
     if (chance(r, 0.15)) put('bad_words', BAD_WORDS);
+    if (chance(r, 0.1)) put('truncate_prompt_tokens', intField([1, 2, 4, 64, MAX_LEN, -1], [0, -2, MAX_LEN + 1, ...HUGE], []));
     if (chance(r, 0.04)) fields.push([pick(r, ['foo', 'metadata', 'service_tier', 'store', '', 'ÿ', 'prompt ']),
                                       pick(r, [1, 'x', null, {}, [], true]), 'ok']);
 
@@ -522,6 +524,8 @@ function expectation(req) {
     const model = get('model', null);
     const minTokens = numOf(get('min_tokens', 0));
     if (maxTokens > 0 && minTokens > maxTokens) worse('any', 'min_tokens > max_tokens');
+    const truncate = numOf(get('truncate_prompt_tokens', 0));
+    const keep = truncate < 0 ? MAX_LEN : truncate; // vLLM's: the prompt's last `keep` tokens
     // Length: a prompt has at most its UTF-8 bytes + 1 (BOS) tokens.
     if (expect === 'ok') {
         const room = maxTokens > 0 ? maxTokens : 1;
@@ -529,6 +533,7 @@ function expectation(req) {
         if (chat) most = meta.promptBytes;
         else if (meta.texts) most = Math.max(...meta.texts.map((t) => utf8Len(t) + 1));
         else if (meta.ids) most = Math.max(...meta.ids);
+        if (keep > 0) most = Math.min(most, keep);
         if (most + room > MAX_LEN) worse('any', 'prompt + max_tokens near max-model-len');
     }
     const stops = (() => {
@@ -539,7 +544,7 @@ function expectation(req) {
     const stopIds = get('stop_token_ids', []);
     return {
         expect, why, refused,
-        params: { n, bestOf, stream, includeUsage, logprobs, echo, maxTokens, minTokens, stops, model,
+        params: { n, bestOf, stream, includeUsage, logprobs, echo, maxTokens, minTokens, stops, model, keep,
                   hasStopIds: Array.isArray(stopIds) && stopIds.length > 0, ignoreEos: get('ignore_eos', false) === true,
                   hasStopStrings: last.stop !== undefined && last.stop[0] !== null },
     };
@@ -646,7 +651,7 @@ function checkUsage(req, usage, where) {
         out.push([`${where}: usage total != prompt + completion`, JSON.stringify(usage)]);
     const { meta, params } = req;
     if (!meta.chat && meta.ids && meta.kind !== 'other') {
-        const want = meta.ids.reduce((a, b) => a + b, 0);
+        const want = meta.ids.reduce((a, b) => a + (params.keep > 0 ? Math.min(b, params.keep) : b), 0);
         if (usage.prompt_tokens !== want)
             out.push([`${where}: prompt_tokens != number of prompt token ids`, `${JSON.stringify(usage)}, ids ${want}`]);
     }
@@ -669,13 +674,14 @@ function checkChoiceText(req, index, text, finish, where) {
     const { params, meta } = req;
     if (!['stop', 'length'].includes(finish)) out.push([`${where}: finish_reason not stop or length`, JSON.stringify(finish)]);
     let gen = text;
-    if (params.echo && !meta.chat && meta.texts) {
+    if (params.echo && !meta.chat && meta.texts && !(params.keep > 0)) {
         const prompt = meta.texts[Math.floor(index / params.n)];
         if (prompt !== undefined && !text.startsWith(prompt))
             out.push([`${where}: echo text does not start with the prompt`, `${JSON.stringify(text.slice(0, 80))} vs prompt ${JSON.stringify(prompt.slice(0, 80))}`]);
         else if (prompt !== undefined) gen = text.slice(prompt.length);
     }
-    if (params.echo && !meta.chat && !meta.texts) gen = null; // id prompts: the prompt's text is not known here
+    // id prompts and truncated ones: the prompt's text is not known here
+    if (params.echo && !meta.chat && (!meta.texts || params.keep > 0)) gen = null;
     // stop strings act only once min_tokens are generated (as vLLM): before, the text may hold one
     for (const s of (params.minTokens > 0 ? [] : params.stops))
         if (gen !== null && gen.includes(s)) out.push([`${where}: text holds a stop string`, `${JSON.stringify(s)} in ${JSON.stringify(gen.slice(0, 200))}`]);
