@@ -195,15 +195,32 @@ describe('queue over --max-queue-len', () => {
     });
 
     it('a 503 through curl has Retry-After too', T(30000), async () => {
-        const body = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 1 };
-        // Long requests take every sequence slot and the queue...
-        const hold = [postJSON(`${srv.url}/v1/completions`, body), postJSON(`${srv.url}/v1/completions`, body)];
-        await sleep(50);
-        const r = await curl(`${srv.url}/v1/completions`, { body });
-        await Promise.all(hold);
-        assert.equal(r.status, 503, show(r));
-        assert.match(r.headers['retry-after'] ?? '', /^\d+$/);
-        assertErrorShape(r.json, '503 (curl)');
+        // A streaming request of QUEUE_N sequences fills the queue, surely once its first chunk
+        // arrived (a fixed wait was not enough on a loaded machine).
+        const body = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1,
+                       seed: 1, stream: true };
+        const ac = new AbortController();
+        const res = await fetch(`${srv.url}/v1/completions`, {
+            method: 'POST', headers: { 'Content-Type': 'application/json' },
+            body: JSON.stringify(body), signal: ac.signal,
+        });
+        assert.equal(res.status, 200);
+        let first;
+        const gotFirst = new Promise((r) => (first = r));
+        const holder = readSSE(res, () => {
+            first();
+            return false;
+        }).catch(() => {});
+        await gotFirst;
+        try {
+            const r = await curl(`${srv.url}/v1/completions`, { body: { model: srv.model, prompt: ONCE.prompt, max_tokens: 4 } });
+            assert.equal(r.status, 503, show(r));
+            assert.match(r.headers['retry-after'] ?? '', /^\d+$/);
+            assertErrorShape(r.json, '503 (curl)');
+        } finally {
+            ac.abort();
+            await holder;
+        }
     });
 });
 
