@@ -112,8 +112,6 @@ size_t kc_fp8_device_bytes(const KcFp8 *f) {
              : 0;
 }
 
-/* ---------------- shared device pieces ---------------- */
-
 /* ---------------- the GEMV (and tiled fallback) ---------------- */
 
 template <typename XT> struct F8GemvArgs {
