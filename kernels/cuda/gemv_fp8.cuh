@@ -24,6 +24,7 @@
 
 #include "fp8_quant.cuh"
 #include "gemv.cuh"
+#include "kv_fp8.cuh"
 
 enum {
     GEMV_FP8_THREADS = 128, /* 4 warps, two weight rows each */
@@ -37,13 +38,6 @@ struct GemvFp8Args {
     int per_channel, K, tasks;
     float input_scale;
 };
-
-/* Two e4m3 values (the low 16 bits of v, lowest first) widened to f16x2. */
-__device__ __forceinline__ uint32_t gemv_fp8_widen(uint32_t v) {
-    const __half2_raw h =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-    return (uint32_t)h.x | (uint32_t)h.y << 16;
-}
 
 /* Word j (0-3, known at compile time) of q. */
 __device__ __forceinline__ uint32_t gemv_fp8_word(const uint4 &q, int j) {
@@ -97,9 +91,9 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
             for (int j = 0; j < 4; j++) {
                 const uint32_t q = f8_pack4(f + 4 * j, inv); /* 4 e4m3, memory order */
                 const uint32_t w0j = gemv_fp8_word(v[u][0], j), w1j = gemv_fp8_word(v[u][1], j);
-                const uint32_t wa[4] = {gemv_fp8_widen(w0j), gemv_fp8_widen(w1j),
-                                        gemv_fp8_widen(w0j >> 16), gemv_fp8_widen(w1j >> 16)};
-                mma16<f16>(d, wa, gemv_fp8_widen(q), gemv_fp8_widen(q >> 16));
+                const uint32_t wa[4] = {e4m3x2_to_f16x2(w0j), e4m3x2_to_f16x2(w1j),
+                                        e4m3x2_to_f16x2(w0j >> 16), e4m3x2_to_f16x2(w1j >> 16)};
+                mma16<f16>(d, wa, e4m3x2_to_f16x2(q), e4m3x2_to_f16x2(q >> 16));
             }
         }
 #pragma unroll

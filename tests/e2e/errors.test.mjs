@@ -9,6 +9,29 @@ import { startServer, curl, parseSSE, readSSE, postJSON, assertErrorShape, GOLDE
 
 const MAX_REQUEST_BYTES = 16384;
 const QUEUE_N = 8; // --max-num-seqs and --max-queue-len of the queue test's server, and n of its requests
+
+/** A streaming completion (body, on srv) that holds its places in the queue: resolves once its
+ * first chunk arrived, when it is surely admitted, to a function that aborts it. */
+async function holdQueue(srv, body) {
+    const ac = new AbortController();
+    const res = await fetch(`${srv.url}/v1/completions`, {
+        method: 'POST', headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ model: srv.model, ...body, stream: true }), signal: ac.signal,
+    });
+    assert.equal(res.status, 200);
+    let first;
+    const gotFirst = new Promise((r) => (first = r));
+    const done = readSSE(res, () => {
+        first();
+        return false;
+    }).catch(() => {});
+    await gotFirst;
+    return async () => {
+        ac.abort();
+        await done;
+    };
+}
+
 const ONCE = GOLDEN[0];
 
 // [name, status, request, param expected in error.param (undefined: not checked)]
@@ -197,29 +220,14 @@ describe('queue over --max-queue-len', () => {
     it('a 503 through curl has Retry-After too', T(30000), async () => {
         // A streaming request of QUEUE_N sequences fills the queue, surely once its first chunk
         // arrived (a fixed wait was not enough on a loaded machine).
-        const body = { model: srv.model, prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1,
-                       seed: 1, stream: true };
-        const ac = new AbortController();
-        const res = await fetch(`${srv.url}/v1/completions`, {
-            method: 'POST', headers: { 'Content-Type': 'application/json' },
-            body: JSON.stringify(body), signal: ac.signal,
-        });
-        assert.equal(res.status, 200);
-        let first;
-        const gotFirst = new Promise((r) => (first = r));
-        const holder = readSSE(res, () => {
-            first();
-            return false;
-        }).catch(() => {});
-        await gotFirst;
+        const stop = await holdQueue(srv, { prompt: '', max_tokens: 480, n: QUEUE_N, ignore_eos: true, temperature: 1, seed: 1 });
         try {
             const r = await curl(`${srv.url}/v1/completions`, { body: { model: srv.model, prompt: ONCE.prompt, max_tokens: 4 } });
             assert.equal(r.status, 503, show(r));
             assert.match(r.headers['retry-after'] ?? '', /^\d+$/);
             assertErrorShape(r.json, '503 (curl)');
         } finally {
-            ac.abort();
-            await holder;
+            await stop();
         }
     });
 });
@@ -272,20 +280,7 @@ describe('admission by sequences', () => {
 
     it('max-queue-len counts sequences, not requests', T(30000), async () => {
         // A streaming request of 4 sequences holds 4 of the 6 places...
-        const long = { model: srv.model, prompt: '', max_tokens: 480, n: 4, ignore_eos: true, temperature: 1, seed: 4, stream: true };
-        const ac = new AbortController();
-        const res = await fetch(`${srv.url}/v1/completions`, {
-            method: 'POST', headers: { 'Content-Type': 'application/json' },
-            body: JSON.stringify(long), signal: ac.signal,
-        });
-        assert.equal(res.status, 200);
-        let first;
-        const gotFirst = new Promise((r) => (first = r));
-        const holder = readSSE(res, () => {
-            first();
-            return false;
-        }).catch(() => {});
-        await gotFirst;
+        const stop = await holdQueue(srv, { prompt: '', max_tokens: 480, n: 4, ignore_eos: true, temperature: 1, seed: 4 });
         try {
             // ...so 3 more do not fit (one HTTP request, but 4 + 3 > 6 sequences)...
             const full = await post({ prompt: 'Hi', n: 3 });
@@ -296,8 +291,7 @@ describe('admission by sequences', () => {
             const fits = await post({ prompt: 'Hi', n: 2, temperature: 0 });
             assert.equal(fits.status, 200, show(fits));
         } finally {
-            ac.abort();
-            await holder;
+            await stop();
         }
     });
 
