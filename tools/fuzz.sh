@@ -9,7 +9,7 @@
 #                                             seed corpus and tests/fuzz/crashes/TARGET/)
 #
 # Builds with clang -fsanitize=fuzzer,address,undefined -g -O1 straight from the product's
-# sources (common/ kernels/ tokenizer/ grammar/ models/ scheduler/ engine/ server/ bench/,
+# sources (common/ kernels/ tokenizer/ jinja/ grammar/ models/ scheduler/ engine/ server/ bench/,
 # CPU code only) with the include flags configure.py uses, into build/fuzz/ (a ninja file of
 # its own there; configure.py and build.ninja are not touched). A run uses leak detection,
 # -rss_limit_mb=2048 and -timeout=10, keeps its log in build/fuzz/logs/TARGET.log and
@@ -28,8 +28,11 @@ CC=${CC:-clang}
 # pkg-config module -> Debian package (as in configure.py).
 declare -A PKG_DEB=([jansson]=libjansson-dev [libpcre2-8]=libpcre2-dev [yaml-0.1]=libyaml-dev
                     [libcurl]=libcurl4-openssl-dev)
-# Source folders in link order (a folder may call only those after it), as configure.py's LAYERS.
-LAYERS=(bench server engine scheduler models grammar tokenizer kernels common)
+# Source folders in link order (a folder may call only those after it): configure.py's LAYERS
+# table (listed lowest first) reversed, less the CUDA library and the program.
+mapfile -t LAYERS < <(python3 -c 'import sys; sys.path.insert(0, "."); import configure as c
+print("\n".join(n for n, _, _ in reversed(c.LAYERS) if n not in ("kernels_cuda", c.PROGRAM)))')
+((${#LAYERS[@]})) || { echo "fuzz.sh: no layer table read from configure.py" >&2; exit 2; }
 
 die() {
     echo "fuzz.sh: $*" >&2

@@ -39,6 +39,7 @@
 static Engine *g_eng;
 static const Tokenizer *g_tok;
 static ApiLimits g_lim;
+static ApiChatTemplate *g_chatml; /* the chat body's template (ChatML) */
 static char g_model_dir[1024];
 
 static void init_engine(void) {
@@ -56,6 +57,9 @@ static void init_engine(void) {
         fprintf(stderr, "fuzz_engine_request: eng_create(%s): %s\n", g_model_dir, pl_error());
         abort();
     }
+    const ApiChatTemplateSpec chatml = {.setting = "chatml"};
+    FUZZ_CHECK(api_chat_template_load(&chatml, &g_chatml) == PL_OK && g_chatml,
+               "the built-in chatml template does not load");
     g_tok = eng_tokenizer(g_eng);
     FUZZ_CHECK(g_tok != NULL, "the bundled model has no tokenizer");
     g_lim = (ApiLimits){.max_model_len = eng_max_model_len(g_eng),
@@ -153,8 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (api_parse_completion((const char *)data, size, &g_lim, &q, &err) != PL_OK) {
         FUZZ_CHECK(err.status == 400 && err.message[0], "completion: error %d", err.status);
         memset(&err, 0, sizeof err);
-        if (api_parse_chat((const char *)data, size, &g_lim, CHAT_CHATML, NULL, NULL, &q, &err) !=
-            PL_OK) {
+        if (api_parse_chat((const char *)data, size, &g_lim, g_chatml, &q, &err) != PL_OK) {
             FUZZ_CHECK(err.status == 400 && err.message[0], "chat: error %d", err.status);
             return 0;
         }

@@ -3,8 +3,9 @@
  * family), then api_check_length, api_error_json and api_request_free.
  *
  * The whole input is the body. Each input is parsed as a completions request and as a chat
- * request with each template family (the family that renders is picked from the input's
- * length, so all five see every input over a run), with the server's usual limits.
+ * request with two of the built-in templates or none (picked from the input's length, so all
+ * five see every input over a run; a body's own chat_template renders with any), with the
+ * server's usual limits.
  * Invariants: a success holds only values inside the limits; a failure is a 400 with a
  * zeroed request and an error that serialises to valid JSON; api_request_free frees all
  * (the leak checker runs at exit of every input). */
@@ -118,6 +119,24 @@ static void check_request(const ApiRequest *r, int chat, const char *what) {
     }
 }
 
+/* The built-in template `fam` (chatml, llama3, llama2, zephyr; 4: none), with or without BOS
+ * and EOS token texts, parsed on first use and kept for the process. */
+static const ApiChatTemplate *chat_template(int fam, int with_tokens) {
+    static const char *names[4] = {"chatml", "llama3", "llama2", "zephyr"};
+    static ApiChatTemplate *loaded[4][2];
+    if (fam >= 4)
+        return NULL;
+    if (!loaded[fam][with_tokens]) {
+        const ApiChatTemplateSpec spec = {.setting = names[fam],
+                                          .bos_token = with_tokens ? "<s>" : NULL,
+                                          .eos_token = with_tokens ? "</s>" : NULL};
+        FUZZ_CHECK(api_chat_template_load(&spec, &loaded[fam][with_tokens]) == PL_OK &&
+                       loaded[fam][with_tokens],
+                   "built-in template %s does not load", names[fam]);
+    }
+    return loaded[fam][with_tokens];
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *body = (const char *)data;
     ApiRequest req;
@@ -133,15 +152,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_error(&err, &req, "completion");
     }
 
-    /* Chat: two families per input (all five over a corpus), with and without BOS/EOS. */
-    static const ChatTemplate fams[] = {CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_ZEPHYR,
-                                        CHAT_NONE};
+    /* Chat: two templates per input (all five over a corpus), with and without BOS/EOS; with
+     * none, only a body that brings its own chat_template renders. */
     for (int k = 0; k < 2; k++) {
-        ChatTemplate t = fams[(size + (size_t)k * 2) % 5];
-        const char *bos = (size & 1) ? "<s>" : NULL, *eos = (size & 1) ? "</s>" : NULL;
+        const int fam = (int)((size + (size_t)k * 2) % 5), with_tokens = (int)(size & 1);
+        const ApiChatTemplate *t = chat_template(fam, with_tokens);
         memset(&err, 0, sizeof err);
-        if (api_parse_chat(body, size, &LIMITS, t, bos, eos, &req, &err) == PL_OK) {
-            FUZZ_CHECK(t != CHAT_NONE, "chat: CHAT_NONE rendered a prompt");
+        if (api_parse_chat(body, size, &LIMITS, t, &req, &err) == PL_OK) {
             check_request(&req, 1, "chat");
             api_request_free(&req);
         } else {
