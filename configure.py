@@ -52,11 +52,12 @@ ALTERNATIVES = {"libcurl4-openssl-dev": ["libcurl4-gnutls-dev", "libcurl4-nss-de
 TOOLS = {"ninja": "ninja-build", "pkg-config": "pkg-config", "ar": "binutils",
          "nm": "binutils"}
 # Commands that only some tests and features need: the end-to-end suite (tests/e2e/run.sh,
-# run by `ninja test`), `bench serve --sweep-rates` plots (gnuplot) and the replicas test
-# (tests/test_replicas.sh: docs/deploy/haproxy.cfg in front of two servers). Only --install-deps
-# looks at them: without them those parts are skipped, not the build.
+# run by `ninja test`), `bench serve --sweep-rates` plots (gnuplot), the replicas test
+# (tests/test_replicas.sh: docs/deploy/haproxy.cfg in front of two servers) and the fuzz
+# targets' replay (tests/test_fuzz_replay.sh: clang with libFuzzer). Only --install-deps looks
+# at them: without them those parts are skipped, not the build.
 OPTIONAL_TOOLS = {"node": "nodejs", "npm": "npm", "curl": "curl", "gnuplot": "gnuplot-nox",
-                  "mpirun": "openmpi-bin", "haproxy": "haproxy"}
+                  "mpirun": "openmpi-bin", "haproxy": "haproxy", "clang": "clang"}
 # Optional libraries: pkg-config module -> Debian package. MPI (Open MPI's ompi-c, else what
 # `mpicc --showme` says) runs tensor-parallel ranks as processes (`mpirun -np N pagellm ...`,
 # PAGELLM_HAVE_MPI); without it the build goes on and only that mode is missing.
@@ -151,8 +152,10 @@ TEST_LAYERS = {
 # through tests/support/hf_vocab.c).
 TOOL_PROGRAMS = {"tools/grammar_bench.c": ["grammar"]}
 # Script tests that `ninja test` runs after the test binaries (each prints cmocka summaries):
-# the layering check, and tensor-parallel ranks as MPI processes (skipped without MPI).
-SCRIPT_TESTS = ["tests/test_layers.sh", "tests/test_mpi.sh", "tests/test_replicas.sh"]
+# the layering check, tensor-parallel ranks as MPI processes (skipped without MPI), the
+# haproxy replicas, and the fuzz targets over their corpora (skipped without clang).
+SCRIPT_TESTS = ["tests/test_layers.sh", "tests/test_mpi.sh", "tests/test_replicas.sh",
+                "tests/test_fuzz_replay.sh"]
 SOURCE_FOLDERS = ["common", "kernels", "kernels/cpu", "kernels/cuda", "tokenizer", "jinja",
                   "grammar", "models", "scheduler", "engine", "server", "bench", "cli", "tests",
                   "tests/support"]

@@ -108,7 +108,8 @@ int eng_device_sample_ok(const Engine *e, const SchedulerOutput *o) {
 }
 
 size_t eng_top_reserve(Engine *e, size_t k) {
-    if (e->smp.top_len + k > e->smp.top_cap) {
+    /* also at k = 0 on the first call: the callers offset the buffers by the result */
+    if (!e->smp.top_ids || e->smp.top_len + k > e->smp.top_cap) {
         e->smp.top_cap = (e->smp.top_len + k) * 2 + 64;
         e->smp.top_ids = pl_xrealloc(e->smp.top_ids, e->smp.top_cap * sizeof(int32_t));
         e->smp.top_vals = pl_xrealloc(e->smp.top_vals, e->smp.top_cap * sizeof(float));
