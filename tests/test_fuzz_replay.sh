@@ -11,15 +11,12 @@ cd "$(dirname "$0")/.." || exit 2
 
 mapfile -t targets < <(tools/fuzz.sh --list)
 st_begin fuzz_replay "${targets[@]/#/fuzz_replay_}"
-log=$(mktemp "${TMPDIR:-/tmp}/pagellm-fuzz-replay.XXXXXX")
-trap 'rm -f "$log"' EXIT
-if ! tools/fuzz.sh --build all >"$log" 2>&1; then
+if ! out=$(tools/fuzz.sh --build all 2>&1); then
     # fuzz.sh exits 2 naming what is missing (clang, its libFuzzer runtime); a compile or
     # link error of a target is a failure of every case
-    if grep -q '^fuzz.sh: .*\(install\|not clang\|runtime is missing\)' "$log"; then
-        st_skip_all "$(grep -m1 '^fuzz.sh:' "$log")"
-    fi
-    tail -20 "$log"
+    why=$(grep -m1 '^fuzz.sh: .*\(install\|not clang\|runtime is missing\)' <<<"$out") &&
+        st_skip_all "$why"
+    tail -20 <<<"$out"
     for t in "${targets[@]}"; do
         st_run "fuzz_replay_$t"
         st_fail "fuzz_replay_$t" "tools/fuzz.sh --build all failed (above)"
@@ -28,10 +25,10 @@ if ! tools/fuzz.sh --build all >"$log" 2>&1; then
 fi
 for t in "${targets[@]}"; do
     st_run "fuzz_replay_$t"
-    if tools/fuzz.sh --replay "$t" >"$log" 2>&1; then
+    if out=$(tools/fuzz.sh --replay "$t" 2>&1); then
         st_ok "fuzz_replay_$t"
     else
-        grep -E -m5 'ERROR|runtime error|FUZZ_CHECK|SUMMARY' "$log"
+        grep -E -m5 'ERROR|runtime error|FUZZ_CHECK|SUMMARY' <<<"$out"
         st_fail "fuzz_replay_$t" "tools/fuzz.sh --replay $t failed"
     fi
 done
