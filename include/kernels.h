@@ -328,6 +328,9 @@ struct KernelOps {
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                                   const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
                                   int layer);
+    /* The most rows at which matmul_qkv_rope_cache fuses an fp8 projection (0: never; the
+     * model then leaves the pre-norm to add_rmsnorm_matmul, which may quantize the rows). */
+    int fused_fp8_max_rows;
 
     /* A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in one op, on rows x[n, H]. Per row:
      * router logits r = x router^T (router [E, H]), p = softmax(r) in fp32, the top_k experts

@@ -509,8 +509,9 @@ static void project_normed(Model *m, void *out, const Tensor *w, const Tensor *b
 
 /* residual += x w^T (a row-parallel projection), then normed = rmsnorm(residual) * norm (or
  * left pending for `next`, as finish_add_norm); one op where the backend fuses them. The fused
- * matmul ops (here, in attention_input and mlp_activation) are used for 16/32-bit weights only:
- * fp8 weights take the plain matmul, the one op every backend implements for them. */
+ * matmul ops (here and in mlp_activation) are used for 16/32-bit weights only: fp8 weights take
+ * the plain matmul, the one op every backend implements for them (attention_input's qkv op
+ * also takes fp8 at the rows the backend names). */
 static int project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n,
                              const Tensor *next) {
     const KernelOps *ops = m->ops;
@@ -548,7 +549,10 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const int n = batch->num_tokens, nh = m->local.num_heads; /* this rank's heads */
     const QkNorm qk = {lw->q_norm, lw->k_norm, m->local.rms_norm_eps};
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
-    if (!pending && ops->matmul_qkv_rope_cache && lw->wqkv.dtype != DT_F8E4M3) {
+    const int fp8 = lw->wqkv.dtype == DT_F8E4M3;
+    if (ops->matmul_qkv_rope_cache && (fp8 ? n <= ops->fused_fp8_max_rows : !pending)) {
+        if (pending) /* so few rows of fp8 quantize nothing ahead: the boundary on its own */
+            add_norm(m, &lw->attn_norm, n);
         ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
                                    batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
                                    kv_cache, kv_layout, l);

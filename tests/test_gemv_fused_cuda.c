@@ -8,12 +8,16 @@
  * fusion), at every n no bias, an f32 bias with the last row padding (slot -1), and a bias in
  * the act dtype, at random non-zero positions (k rotated into the cache). The whole cache is
  * compared, untouched slots included, and q_out / out exactly. With Qwen3's q/k norms the
- * fused op must run as the two calls (the norm in the rope launch), with the same bits.
+ * fused op must run as the two calls (the norm in the rope launch), with the same bits. The
+ * qkv projection also with an fp8 KV cache (per-layer k and v scales), and with fp8 weights
+ * (per-channel and per-tensor scales: fused at n = 1 by gemv_fp8.cuh's GEMV) under each
+ * activation dtype.
  *
  * Which path ran is observed, not assumed: the fused kernel never writes the projection's
  * scratch (qkv / gate_up), the two calls do. So each case poisons the scratch and checks that
  * it stays poisoned exactly when the fused kernel should have taken the call (n <= 2, 16-bit
- * weights, K % 8 == 0, the GEMV path not forced off, for qkv a cache in the act dtype) and is
+ * weights, K % 8 == 0, the GEMV path not forced off, for qkv a cache in the act dtype or fp8;
+ * fp8 weights: n = 1, K % 16 == 0) and is
  * overwritten otherwise; forcing cuBLASLt (k_cuda_gemm_force) or an f32 cache under bf16
  * activations must turn the fusion off.
  *
@@ -91,8 +95,45 @@ static DevRope rope_dev(int D) {
 
 /* Whether the fused kernel should take a call with these operands (the contract above). */
 static int expect_fused(DType act, DType wdt, int K, int n, int forced_off) {
+    if (wdt == DT_F8E4M3)
+        return K % 16 == 0 && n == 1 && !forced_off;
     int w16 = wdt == DT_BF16 || wdt == DT_F16;
     return w16 && (act == wdt || act == DT_F32) && K % 8 == 0 && n >= 1 && n <= 2 && !forced_off;
+}
+
+/* A weight [N, K]: make_weight's, or for DT_F8E4M3 random e4m3 codes with per-channel
+ * (channel set) or per-tensor scales on the device. */
+static Weight qkv_weight(DType wdt, int N, int K, int channel) {
+    if (wdt != DT_F8E4M3)
+        return make_weight(wdt, 2, N, K, -0.5f, 0.5f);
+    Weight w;
+    memset(&w, 0, sizeof w);
+    size_t n = (size_t)N * K;
+    unsigned char *q = xmalloc(n);
+    for (size_t i = 0; i < n; i++)
+        q[i] = pl_f32_to_f8e4m3(rnd(-448, 448));
+    int ns = channel ? N : 1;
+    float *sc = xmalloc(sizeof(float) * (size_t)ns);
+    for (int i = 0; i < ns; i++)
+        sc[i] = rnd(1e-4f, 3e-3f);
+    w.host.dtype = DT_F8E4M3;
+    w.host.ndim = 2;
+    w.host.shape[0] = N;
+    w.host.shape[1] = K;
+    w.host.data = q;
+    w.host.fp8.kind = channel ? FP8_SCALE_CHANNEL : FP8_SCALE_TENSOR;
+    w.host.fp8.input_scale = 0;
+    w.dev = w.host;
+    w.dev.data = upload(q, n);
+    w.dev.fp8.w_scale = upload(sc, sizeof(float) * (size_t)ns);
+    free(sc);
+    return w;
+}
+
+static void free_qkv_weight(Weight *w) {
+    if (w->dev.dtype == DT_F8E4M3)
+        k_cuda_free((void *)w->dev.fp8.w_scale);
+    free_weight(w);
 }
 
 /* One qkv case: dtypes, heads, K, rows, the bias dtype (DT_OTHER: none), the cache dtype,
@@ -115,12 +156,18 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
                   .head_dim = q.D,
                   .block_size = bs,
                   .dtype = q.cache_dt};
+    const float kv_scale[4] = {0.5f, 2.0f, 0.25f, 4.0f}; /* layer 1: k 0.25, v 4 */
+    if (q.cache_dt == DT_F8E4M3)
+        l.kv_scale = kv_scale;
     const size_t es = pl_dtype_size(q.c.act), ces = pl_dtype_size(q.cache_dt);
     const size_t cache_n = k_kv_block_elems(&l) * nblocks;
-    Weight w = make_weight(q.c.wdt, 2, N, q.K, -0.5f, 0.5f);
+    Weight w = qkv_weight(q.c.wdt, N, q.K, q.bias_dt != DT_F32);
     Weight b = q.bias_dt != DT_OTHER ? make_weight(q.bias_dt, 1, N, 0, -1, 1) : (Weight){0};
     float *x = rand_vec((size_t)n * q.K, -1, 1, q.c.act);
-    float *cache = rand_vec(cache_n, -1, 1, q.cache_dt);
+    /* an fp8 cache starts as random codes (rand_vec's values are 16-bit: their bytes will do) */
+    const DType init_dt = q.cache_dt == DT_F8E4M3 ? DT_BF16 : q.cache_dt;
+    const size_t init_n = q.cache_dt == DT_F8E4M3 ? (cache_n + 1) / 2 : cache_n;
+    float *cache = rand_vec(init_n, -1, 1, init_dt);
     int32_t pos[8];
     int64_t slots[8];
     int *perm = rnd_perm(nblocks * bs);
@@ -130,8 +177,8 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
     }
     DevRope rope = rope_dev(q.D);
     void *dx = upload_as(x, (size_t)n * q.K, q.c.act);
-    void *cache_a = upload_as(cache, cache_n, q.cache_dt);
-    void *cache_b = upload_as(cache, cache_n, q.cache_dt);
+    void *cache_a = upload_as(cache, init_n, init_dt);
+    void *cache_b = upload_as(cache, init_n, init_dt);
     int32_t *dpos = upload(pos, sizeof pos);
     int64_t *dslots = upload(slots, sizeof slots);
     size_t qn = (size_t)n * q.nh * q.D, qkvn = (size_t)n * N;
@@ -164,13 +211,13 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
                           : "");
     int bad = differ(what, q_a, q_b, qn * es, es);
     bad += differ(what, cache_a, cache_b, cache_n * ces, ces);
-    int fused =
-        expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) && q.cache_dt == q.c.act && !q.qk_norm;
+    int fused = expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) &&
+                (q.cache_dt == q.c.act || q.cache_dt == DT_F8E4M3) && !q.qk_norm;
     if (still_poisoned(qkv_b, qkvn * es) != fused) {
         print_error("%s: expected the %s\n", what, fused ? "fused kernel" : "two calls");
         bad++;
     }
-    free_weight(&w);
+    free_qkv_weight(&w);
     if (bias)
         free_weight(&b);
     if (q.qk_norm) {
@@ -209,6 +256,26 @@ static void test_fused_qkv_rope_cache(void **state) {
                                      ns[ni], bdt,          c.act,        bi == 1,      0,
                                      0};
                         bad += qkv_case(g, q);
+                    }
+    /* an fp8 cache, and fp8 weights (every activation dtype, per-channel scales, per-tensor
+     * with the f32 bias) into either cache */
+    const Combo f8[] = {{DT_BF16, DT_F8E4M3}, {DT_F16, DT_F8E4M3}, {DT_F32, DT_F8E4M3}};
+    for (int ci = 0; ci < NCOMBOS + 3; ci++)
+        for (int hi = 0; hi < 4; hi++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int ni = 0; ni < 3; ni++)
+                    for (int bi = 0; bi < 2; bi++) {
+                        Combo c = ci < NCOMBOS ? combos[ci] : f8[ci - NCOMBOS];
+                        for (int fc = c.wdt != DT_F8E4M3; fc < 2; fc++, cases++) {
+                            QkvCase q = {c,      heads[hi][0],
+                                         heads[hi][1], heads[hi][2],
+                                         ks[ki], ns[ni],
+                                         bi ? DT_F32 : DT_OTHER,
+                                         fc ? DT_F8E4M3 : c.act,
+                                         bi,     0,
+                                         0};
+                            bad += qkv_case(g, q);
+                        }
                     }
     /* with q/k norms the decode-sized call runs as the two calls, the norm in the rope launch */
     for (int ci = 0; ci < NCOMBOS; ci++)

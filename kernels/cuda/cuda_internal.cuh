@@ -453,6 +453,9 @@ size_t kc_fp8_device_bytes(const KcFp8 *f);
  * (KCudaGemmPath), for matmul_fp8.cu. */
 void *kc_gemm_lt(KCudaGemm *g, void **workspace, size_t *workspace_bytes);
 int kc_gemm_forced_path(const KCudaGemm *g);
+/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 2
+ * means two m16 tiles per block (32 weight rows), else one. */
+int kc_gemm_forced_rows(const KCudaGemm *g);
 
 /* Whether kc_matmul_fp8 hands w (with x) to kc_matmul_fp8_generic: K % 16 != 0, x or w off a
  * 16-byte boundary, or block scales other than 128 x 128 (matmul_fp8_generic.cu). */

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "gemv.cuh"
+#include "gemv_fp8.cuh"
 #include "rope.cuh"
 
 /* Rows of x a fused launch takes (the GEMV's range for 16-bit activations), and chunks in
@@ -27,9 +28,10 @@
 enum { GEMV_FUSED_MAX_N = 2, GEMV_FUSED_U = 4 };
 
 /* Task t < pairs reads rows (h D + i, h D + i + D/2) of q or k head h (i = t % (D/2); k heads
- * follow the q heads), rotates them and writes q_out or the cache; task pairs + v reads the
+ * follow the q heads), rotates them and writes q_out or the cache (elements TC: the activation
+ * dtype, or kv8 for an fp8 cache, encoded as rope.cu encodes them); task pairs + v reads the
  * adjacent rows 2v and 2v + 1 of the v part and caches them. Lane i handles row i of x. */
-template <typename XT> struct GemvQkvRope {
+template <typename XT, typename TC> struct GemvQkvRope {
     RopeKv a;
     const void *bias;
     int bias_dt, pairs;
@@ -53,24 +55,26 @@ template <typename XT> struct GemvQkvRope {
             }
             x1 = to_f32(from_f32<XT>(x1)); /* what the projection would have stored */
             x2 = to_f32(from_f32<XT>(x2));
-            XT *kdst = cache_row<XT>(a, i);
+            TC *kdst = cache_row<TC>(a, i);
             if (t >= pairs) {
                 if (kdst) {
-                    XT *v = kdst + a.half + 2 * (size_t)(t - pairs);
-                    v[0] = from_f32<XT>(x1);
-                    v[1] = from_f32<XT>(x2);
+                    TC *v = kdst + a.half + 2 * (size_t)(t - pairs);
+                    v[0] = kv_enc<TC>(x1, a.v_inv);
+                    v[1] = kv_enc<TC>(x2, a.v_inv);
                 }
                 continue;
             }
             const int h = t / hd, d = t % hd;
             if (a.inv_freq)
                 rope_rotate<XT>(x1, x2, (float)a.positions[i], a.inv_freq[d]);
-            XT *dst = h < a.nh ? (XT *)a.r.q_out + ((size_t)i * a.nh + h) * a.D
-                      : kdst   ? kdst + (size_t)(h - a.nh) * a.D
-                               : NULL;
-            if (dst) {
-                dst[d] = from_f32<XT>(x1);
-                dst[d + hd] = from_f32<XT>(x2);
+            if (h < a.nh) {
+                XT *q = (XT *)a.r.q_out + ((size_t)i * a.nh + h) * a.D;
+                q[d] = from_f32<XT>(x1);
+                q[d + hd] = from_f32<XT>(x2);
+            } else if (kdst) {
+                TC *k = kdst + (size_t)(h - a.nh) * a.D;
+                k[d] = kv_enc<TC>(x1, a.k_inv);
+                k[d + hd] = kv_enc<TC>(x2, a.k_inv);
             }
         }
     }
@@ -97,13 +101,18 @@ template <typename XT> struct GemvSiluMul {
 };
 
 /* Whether the fused kernel takes this call: k_cuda_matmul's GEMV would, for a dtype pair of
- * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). Never for fp8 weights:
- * they take k_cuda_matmul (which quantizes x) and the op after it as two calls (fusing the two
- * for fp8 is for later). */
+ * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). Not for fp8 weights
+ * (fused_fp8_takes). */
 static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
     return n >= 1 && n <= GEMV_FUSED_MAX_N && w->dtype != DT_F8E4M3 &&
-           (act == w->dtype || act == DT_F32) &&
-           kc_gemv_takes(g, act, w, x, n);
+           (act == w->dtype || act == DT_F32) && kc_gemv_takes(g, act, w, x, n);
+}
+
+/* Whether an fp8 w fuses: k_cuda_matmul would take gemv_fp8.cuh's GEMV (one row, no forced
+ * path); its epilogue gets the same scaled sums GemvStore rounds. */
+static bool fused_fp8_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
+    return kc_gemm_forced_path(g) == KC_GEMM_AUTO && kc_gemm_forced_rows(g) == 0 &&
+           gemv_fp8_takes(act, w, x, n);
 }
 
 /* Launch with the template arguments of (act, weight dtype), a pair fused_takes accepted. */
@@ -134,10 +143,11 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
         D % 2 == 0 && D / 2 <= ROPE_MAX_HALF && w->shape[0] == (int64_t)(nh + 2 * nkv) * D &&
         rope && rope->inv_freq && rope->head_dim == D &&
         (rope->rot_dim == 0 || rope->rot_dim == D) && !rope->long_inv_freq &&
-        (rope->attn_factor == 0 || rope->attn_factor == 1) && l->dtype == act && layer >= 0 &&
-        layer < l->num_layers &&
+        (rope->attn_factor == 0 || rope->attn_factor == 1) &&
+        (l->dtype == act || l->dtype == DT_F8E4M3) && layer >= 0 && layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
-    if (!fits || !fused_takes(g, act, w, x, n)) {
+    const bool fp8 = fits && fused_fp8_takes(g, act, w, x, n);
+    if (!fits || !(fp8 || fused_takes(g, act, w, x, n))) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
                               kv_cache, l, layer, stream);
@@ -153,14 +163,33 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     a.cache = kv_cache;
     a.slot_mapping = slot_mapping;
     rope_cache_geometry(&a, l, layer);
-    const int pairs = (nh + nkv) * (D / 2);
-    launch_fused<GemvQkvRope>(act, w->dtype, n, pairs + nkv * (D / 2), x, w->data, (int)w->shape[1],
-                              kc_stream(stream), [&](auto *epi) {
-                                  epi->a = a;
-                                  epi->bias = b ? b->data : NULL;
-                                  epi->bias_dt = b ? (int)b->dtype : 0;
-                                  epi->pairs = pairs;
-                              });
+    const int pairs = (nh + nkv) * (D / 2), tasks = pairs + nkv * (D / 2);
+    const cudaStream_t s = kc_stream(stream);
+    /* run(epi) with the epilogue of activations XT into the cache (XT, or kv8 for fp8) */
+    auto with_epi = [&](auto *xt, auto run) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        auto make = [&](auto *tc) {
+            run(GemvQkvRope<XT, std::remove_pointer_t<decltype(tc)>>{a, b ? b->data : NULL,
+                                                                     b ? (int)b->dtype : 0, pairs});
+        };
+        if (l->dtype == DT_F8E4M3)
+            make((kv8 *)NULL);
+        else
+            make((XT *)NULL);
+    };
+    if (fp8) {
+        KC_DISPATCH_ACT(act, "k_cuda_matmul_qkv_rope_cache", XT,
+                        with_epi((XT *)NULL, [&](const auto &epi) {
+                            gemv_fp8_run(tasks, epi, (const XT *)x, w, s);
+                        }));
+        return;
+    }
+    gemv_dtypes(act, w->dtype, [&](auto *xt, auto *wt) {
+        with_epi(xt, [&](const auto &epi) {
+            gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (decltype(xt))x,
+                                                        (decltype(wt))w->data, (int)w->shape[1], s);
+        });
+    });
 }
 
 void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *x, DType act,

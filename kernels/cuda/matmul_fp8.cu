@@ -450,10 +450,6 @@ static const cublasLtMatmulAlgo_t *f8_algo(KCudaGemm *g, KcFp8 *f, const F8Key *
 
 /* ---------------- dispatch ---------------- */
 
-/* The GEMV rows per warp forced by k_cuda_gemm_force (0: the default), matmul.cu; for fp8, 2
- * means two m16 tiles per block (32 weight rows), else one. */
-int kc_gemm_forced_rows(const KCudaGemm *g);
-
 enum {
     F8_PATH_GEMV = 0,
     F8_PATH_TILED = 1,

@@ -523,6 +523,7 @@ template <DType A> static KernelOps make_ops(void) {
     o.scale = ops_scale<A>;
     o.logits_softcap = ops_logits_softcap;
     o.matmul_qkv_rope_cache = ops_matmul_qkv_rope_cache<A>;
+    o.fused_fp8_max_rows = 1; /* gemv_fp8.cuh's one-row GEMV */
     o.matmul_silu_mul = ops_matmul_silu_mul<A>;
     o.matmul_add_rmsnorm = ops_matmul_add_rmsnorm<A>;
     o.add_rmsnorm_matmul = ops_add_rmsnorm_matmul<A>;
