@@ -5,12 +5,13 @@
  * the job with no second launch and without writing the projection out.
  *
  * Results are bit-identical to k_cuda_matmul followed by k_cuda_qkv_rope_cache /
- * k_cuda_silu_mul: the dot products are the GEMV's (gemv.cuh), rounded to the activation dtype
- * as the projection's output would be, then the same rope_rotate / silu_times. Where
- * k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned operands, a forced
- * path) or the cache's dtype differs from the activations', the two ops run as before, except
- * that the gate-up projection first asks gemm_sm90a.cu's wgmma GEMM, which takes the call where
- * it is the measured or forced path. */
+ * k_cuda_silu_mul: the dot products are the GEMV's (gemv.cuh, or for fp8 qkv weights at one
+ * row gemv_fp8.cuh's), rounded to the activation dtype as the projection's output would be,
+ * then the same rope_rotate / silu_times, and an fp8 cache's elements encoded as rope.cu
+ * encodes them. Where k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned
+ * operands, a forced path), the two ops run as before, except that the gate-up projection first
+ * asks gemm_sm90a.cu's wgmma GEMM, which takes the call where it is the measured or forced
+ * path. */
 #include <type_traits>
 
 #include "gemv.cuh"
