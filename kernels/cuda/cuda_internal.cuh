@@ -256,9 +256,11 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
     return lo;
 }
 
-/* ---- dtype dispatch: body runs with `using T = <C++ type of dt>` ---- */
+/* ---- dtype dispatch: body runs with `using T = <C++ type of dt>` ----
+ * KC_DISPATCH_ACT for activations, KC_DISPATCH_WEIGHT for 16/32-bit weights: the same three
+ * types, an error naming `what` and which operand otherwise. */
 
-#define KC_DISPATCH_ACT(dt, what, T, ...)                                                          \
+#define KC_DISPATCH_FLOAT(dt, what, operand, T, ...)                                               \
     do {                                                                                           \
         switch (dt) {                                                                              \
             case DT_F32: {                                                                         \
@@ -277,34 +279,13 @@ __device__ __forceinline__ int seq_of_row(const int32_t *query_start, int num_se
                 break;                                                                             \
             }                                                                                      \
             default:                                                                               \
-                pl_fatal(__FILE__, __LINE__, "%s: unsupported dtype %s (F32, BF16 or F16)", what,  \
-                         pl_dtype_name(dt));                                                       \
+                pl_fatal(__FILE__, __LINE__, "%s: unsupported %s %s (F32, BF16 or F16)", what,     \
+                         operand, pl_dtype_name(dt));                                              \
         }                                                                                          \
     } while (0)
-
+#define KC_DISPATCH_ACT(dt, what, T, ...) KC_DISPATCH_FLOAT(dt, what, "dtype", T, __VA_ARGS__)
 #define KC_DISPATCH_WEIGHT(dt, what, T, ...)                                                       \
-    do {                                                                                           \
-        switch (dt) {                                                                              \
-            case DT_F32: {                                                                         \
-                using T = float;                                                                   \
-                __VA_ARGS__;                                                                       \
-                break;                                                                             \
-            }                                                                                      \
-            case DT_F16: {                                                                         \
-                using T = f16;                                                                     \
-                __VA_ARGS__;                                                                       \
-                break;                                                                             \
-            }                                                                                      \
-            case DT_BF16: {                                                                        \
-                using T = bf16;                                                                    \
-                __VA_ARGS__;                                                                       \
-                break;                                                                             \
-            }                                                                                      \
-            default:                                                                               \
-                pl_fatal(__FILE__, __LINE__, "%s: unsupported weight dtype %s", what,              \
-                         pl_dtype_name(dt));                                                       \
-        }                                                                                          \
-    } while (0)
+    KC_DISPATCH_FLOAT(dt, what, "weight dtype", T, __VA_ARGS__)
 
 /* ---- programmatic dependent launch (Hopper) ----
  * A kernel launched by kc_launch_pdl may start while the kernel before it on the stream is
