@@ -438,6 +438,9 @@ int kc_gemm_forced_path(const KCudaGemm *g);
  * means two m16 tiles per block (32 weight rows), else one. */
 int kc_gemm_forced_rows(const KCudaGemm *g);
 
+/* Whether kc_matmul_fp8 runs all n rows of x on gemv_fp8.cuh's one-row GEMV (gemv_fused.cu
+ * then runs that GEMV with an epilogue of its own). */
+bool kc_fp8_row_gemv_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n);
 /* Whether kc_matmul_fp8 hands w (with x) to kc_matmul_fp8_generic: K % 16 != 0, x or w off a
  * 16-byte boundary, or block scales other than 128 x 128 (matmul_fp8_generic.cu). */
 bool kc_fp8_generic_takes(const Tensor *w, const void *x);

@@ -103,29 +103,10 @@ template <typename XT> struct GemvSiluMul {
 
 /* Whether the fused kernel takes this call: k_cuda_matmul's GEMV would, for a dtype pair of
  * the GEMV (act = weight dtype, or fp32 activations on 16-bit weights). Not for fp8 weights
- * (fused_fp8_takes). */
+ * (kc_fp8_row_gemv_takes). */
 static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
     return n >= 1 && n <= GEMV_FUSED_MAX_N && w->dtype != DT_F8E4M3 &&
            (act == w->dtype || act == DT_F32) && kc_gemv_takes(g, act, w, x, n);
-}
-
-/* Whether an fp8 w fuses: k_cuda_matmul would take gemv_fp8.cuh's GEMV (one row, no forced
- * path); its epilogue gets the same scaled sums GemvStore rounds. */
-static bool fused_fp8_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
-    return kc_gemm_forced_path(g) == KC_GEMM_AUTO && kc_gemm_forced_rows(g) == 0 &&
-           gemv_fp8_takes(act, w, x, n);
-}
-
-/* Launch with the template arguments of (act, weight dtype), a pair fused_takes accepted. */
-template <template <typename> class Epi, typename Fill>
-static void launch_fused(DType act, DType wt, int n, int tasks, const void *x, const void *w, int K,
-                         cudaStream_t s, Fill fill) {
-    gemv_dtypes(act, wt, [&](auto *xt, auto *wtp) {
-        Epi<std::remove_pointer_t<decltype(xt)>> epi;
-        fill(&epi);
-        gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (decltype(xt))x,
-                                                    (decltype(wtp))w, K, s);
-    });
 }
 
 void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
@@ -147,7 +128,9 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
         (rope->attn_factor == 0 || rope->attn_factor == 1) &&
         (l->dtype == act || l->dtype == DT_F8E4M3) && layer >= 0 && layer < l->num_layers &&
         (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && gemv_bias_dtype_ok(b->dtype)));
-    const bool fp8 = fits && fused_fp8_takes(g, act, w, x, n);
+    /* fp8 weights fuse where k_cuda_matmul runs them on gemv_fp8.cuh's GEMV: the epilogue then
+     * gets the same scaled sums GemvStore rounds */
+    const bool fp8 = fits && kc_fp8_row_gemv_takes(g, act, w, x, n);
     if (!fits || !(fp8 || fused_takes(g, act, w, x, n))) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
@@ -204,9 +187,10 @@ void k_cuda_matmul_silu_mul(KCudaGemm *g, void *out, void *gate_up, const void *
         k_cuda_silu_mul(out, gate_up, act, n, dim, stream);
         return;
     }
-    launch_fused<GemvSiluMul>(act, w->dtype, n, dim, x, w->data, (int)w->shape[1],
-                              kc_stream(stream), [&](auto *epi) {
-                                  epi->out = (decltype(epi->out))out;
-                                  epi->dim = dim;
-                              });
+    gemv_dtypes(act, w->dtype, [&](auto *xt, auto *wt) {
+        const GemvSiluMul<std::remove_pointer_t<decltype(xt)>> epi = {(decltype(xt))out, dim};
+        gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, dim, epi, (decltype(xt))x,
+                                                    (decltype(wt))w->data, (int)w->shape[1],
+                                                    kc_stream(stream));
+    });
 }

@@ -710,6 +710,11 @@ static bool f8_wgmma_rows(KCudaGemm *g, void *out, const void *x, DType act, con
     return true;
 }
 
+bool kc_fp8_row_gemv_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
+    return !kc_fp8_generic_takes(w, x) && !f8_wants_lt(g, n) && !f8_wants_wgmma(g, act, w, n) &&
+           kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, x, n);
+}
+
 void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                    const Tensor *bias, int n, cudaStream_t s) {
     if (!f8_fast_ok(x, act, w, bias))
