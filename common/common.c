@@ -14,14 +14,22 @@ static _Thread_local char error_message[1024];
 
 const char *pl_status_str(Status s) {
     switch (s) {
-        case PL_OK: return "ok";
-        case PL_ERR_INVALID: return "invalid argument";
-        case PL_ERR_FORMAT: return "malformed file";
-        case PL_ERR_IO: return "I/O error";
-        case PL_ERR_UNSUPPORTED: return "unsupported";
-        case PL_ERR_NOMEM: return "out of memory";
-        case PL_ERR_QUEUE_FULL: return "queue full";
-        case PL_ERR_NOT_FOUND: return "not found";
+        case PL_OK:
+            return "ok";
+        case PL_ERR_INVALID:
+            return "invalid argument";
+        case PL_ERR_FORMAT:
+            return "malformed file";
+        case PL_ERR_IO:
+            return "I/O error";
+        case PL_ERR_UNSUPPORTED:
+            return "unsupported";
+        case PL_ERR_NOMEM:
+            return "out of memory";
+        case PL_ERR_QUEUE_FULL:
+            return "queue full";
+        case PL_ERR_NOT_FOUND:
+            return "not found";
     }
     return "unknown status";
 }
@@ -134,22 +142,31 @@ double pl_now(void) {
 
 size_t pl_dtype_size(DType t) {
     switch (t) {
-        case DT_F32: return 4;
+        case DT_F32:
+            return 4;
         case DT_F16:
-        case DT_BF16: return 2;
-        case DT_F8E4M3: return 1;
-        case DT_OTHER: return 0;
+        case DT_BF16:
+            return 2;
+        case DT_F8E4M3:
+            return 1;
+        case DT_OTHER:
+            return 0;
     }
     return 0;
 }
 
 const char *pl_dtype_name(DType t) {
     switch (t) {
-        case DT_F32: return "F32";
-        case DT_F16: return "F16";
-        case DT_BF16: return "BF16";
-        case DT_F8E4M3: return "F8_E4M3";
-        case DT_OTHER: return "other";
+        case DT_F32:
+            return "F32";
+        case DT_F16:
+            return "F16";
+        case DT_BF16:
+            return "BF16";
+        case DT_F8E4M3:
+            return "F8_E4M3";
+        case DT_OTHER:
+            return "other";
     }
     return "other";
 }

@@ -67,15 +67,15 @@ struct Request {
     GenerateParams params;
     int32_t *prompt;
     int num_prompt;
-    int32_t *stop_ids; /* copy of params.stop_token_ids */
-    LogitBias *bias;   /* copy of params.logit_bias */
+    int32_t *stop_ids;      /* copy of params.stop_token_ids */
+    LogitBias *bias;        /* copy of params.logit_bias */
     uint32_t *allowed_mask; /* params.allowed_token_ids as a mask over the vocabulary, or NULL */
     int32_t *bad_words, *bad_word_lens; /* copies of params.bad_words, .bad_word_lens */
-    char *constraint_after; /* copy of params.constraint_after */
-    int32_t after_token;    /* the token that is constraint_after's whole text, -1 if none */
-    int32_t opener_token;   /* the token of params.constraint_opener, -1 if none */
-    int n;             /* samples wanted */
-    int num_started;   /* sequences created so far (1 until the prompt's first sample) */
+    char *constraint_after;             /* copy of params.constraint_after */
+    int32_t after_token;  /* the token that is constraint_after's whole text, -1 if none */
+    int32_t opener_token; /* the token of params.constraint_opener, -1 if none */
+    int n;                /* samples wanted */
+    int num_started;      /* sequences created so far (1 until the prompt's first sample) */
     int num_finished;
     int aborted;
     int sync_sampling;  /* penalties, logprobs, logit edits: its steps are not overlapped */

@@ -120,18 +120,18 @@ typedef struct {
 Status model_shard(const ModelConfig *cfg, int rank, int size, ModelShard *out);
 
 typedef struct {
-    const char *dir;      /* Hugging Face model folder */
-    int load_dummy;       /* load-format dummy: random weights of the config's shape */
-    uint64_t seed;        /* for dummy weights */
-    int max_num_tokens;   /* largest batch (tokens per forward) the scratch buffers hold */
-    const KernelOps *ops; /* the opened backend (k_open) the model runs on */
-    int tp_rank, tp_size; /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
-                           * the backend's all_reduce, called on every rank's thread at once */
+    const char *dir;          /* Hugging Face model folder */
+    int load_dummy;           /* load-format dummy: random weights of the config's shape */
+    uint64_t seed;            /* for dummy weights */
+    int max_num_tokens;       /* largest batch (tokens per forward) the scratch buffers hold */
+    const KernelOps *ops;     /* the opened backend (k_open) the model runs on */
+    int tp_rank, tp_size;     /* tensor parallelism (size 0 or 1: the whole model); size > 1 needs
+                               * the backend's all_reduce, called on every rank's thread at once */
     const char *quantization; /* NULL: the checkpoint's; "fp8": a 16/32-bit checkpoint's linear
                                * layers quantized at load (an fp8 one loads as it is), dummy
                                * weights made in fp8 */
-    int kv_cache_fp8;     /* 1: the KV cache is fp8 e4m3 (kv-cache-dtype fp8), with each layer's
-                           * k_scale / v_scale from the checkpoint, else 1 */
+    int kv_cache_fp8;         /* 1: the KV cache is fp8 e4m3 (kv-cache-dtype fp8), with each layer's
+                               * k_scale / v_scale from the checkpoint, else 1 */
 } ModelLoadOptions;
 
 typedef struct Model Model;

@@ -513,7 +513,7 @@ static void project_normed(Model *m, void *out, const Tensor *w, const Tensor *b
  * the plain matmul, the one op every backend implements for them (attention_input's qkv op
  * also takes fp8 at the rows the backend names). */
 static int project_add_norm(Model *m, const Tensor *w, const void *x, const Tensor *norm, int n,
-                             const Tensor *next) {
+                            const Tensor *next) {
     const KernelOps *ops = m->ops;
     if (!fuses_norm(m, next) && m->shard.size == 1 && ops->matmul_add_rmsnorm &&
         w->dtype != DT_F8E4M3) {
@@ -586,7 +586,7 @@ static void mlp_activation(Model *m, const LayerWeights *lw, int n, int pending)
  * finish_add_norm): a dense SwiGLU MLP, or a mixture of experts in one op (its partial sums
  * all-reduced with tensor parallelism). */
 static int mlp_block(Model *m, const LayerWeights *lw, const Tensor *next, int n, int pending,
-                      const Tensor *next_w) {
+                     const Tensor *next_w) {
     const ModelConfig *c = &m->local;
     const KernelOps *ops = m->ops;
     if (c->gemma) {

@@ -229,7 +229,7 @@ static void window_blocks_bounded(const char *device) {
     char dir[] = "/tmp/pagellm_test_window_XXXXXX", path[64];
     write_window_model(dir);
     Engine *e = window_engine(dir, device, 8, 64); /* 128 tokens: the sequence is 640 */
-    assert_int_equal(eng_max_model_len(e), 4096); /* not capped by the window, nor the pool */
+    assert_int_equal(eng_max_model_len(e), 4096);  /* not capped by the window, nor the pool */
     enum { PROMPT = 40, NEW = 600, VOCAB = 200 };
     int32_t seq[PROMPT + NEW];
     for (int i = 0; i < PROMPT; i++)

@@ -267,12 +267,16 @@ static void test_fused_qkv_rope_cache(void **state) {
                     for (int bi = 0; bi < 2; bi++) {
                         Combo c = ci < NCOMBOS ? combos[ci] : f8[ci - NCOMBOS];
                         for (int fc = c.wdt != DT_F8E4M3; fc < 2; fc++, cases++) {
-                            QkvCase q = {c,      heads[hi][0],
-                                         heads[hi][1], heads[hi][2],
-                                         ks[ki], ns[ni],
+                            QkvCase q = {c,
+                                         heads[hi][0],
+                                         heads[hi][1],
+                                         heads[hi][2],
+                                         ks[ki],
+                                         ns[ni],
                                          bi ? DT_F32 : DT_OTHER,
                                          fc ? DT_F8E4M3 : c.act,
-                                         bi,     0,
+                                         bi,
+                                         0,
                                          0};
                             bad += qkv_case(g, q);
                         }

@@ -828,9 +828,9 @@ static void test_moe_mlp(void **state) {
 
 /* One sequence of the attention test: its full K/V history and where the batch starts. */
 typedef struct {
-    int len;      /* tokens known after this step */
-    int cached;   /* tokens already in the cache before this step */
-    float *k, *v; /* [len, nkv, D] */
+    int len;        /* tokens known after this step */
+    int cached;     /* tokens already in the cache before this step */
+    float *k, *v;   /* [len, nkv, D] */
     float *kr, *vr; /* what the cache reads back for them: k and v, or their fp8 round trip */
     int32_t *table;
 } TestSeq;
@@ -930,7 +930,7 @@ static int run_attention_case_ex(int D, int G, int bs, float qscale, int lens_sc
     }
     size_t cache_elems = (size_t)num_blocks * k_kv_block_elems(&l);
     float *cache = malloc(sizeof(float) * cache_elems); /* fp8: the first quarter used */
-    fill(cache, cache_elems, -50, 50); /* garbage everywhere not written */
+    fill(cache, cache_elems, -50, 50);                  /* garbage everywhere not written */
     size_t row = (size_t)nkv * D;
 
     /* earlier step: the cached prefixes of every sequence, layer 1, in one kv_write; layer 0

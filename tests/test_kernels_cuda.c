@@ -851,8 +851,8 @@ static void test_dummy_fill_fp8(void **state) {
             k_cuda_memcpy(sc, d[t]->fp8.w_scale, N * sizeof *sc);
             for (size_t i = 0; i < n; i++)
                 if (got[i] != ((const uint8_t *)h[t]->data)[i] && bad++ < 5)
-                    print_error("fp8 dummy layer %d tensor %zu element %zu: %#x, host %#x\n", l,
-                                t, i, got[i], ((const uint8_t *)h[t]->data)[i]);
+                    print_error("fp8 dummy layer %d tensor %zu element %zu: %#x, host %#x\n", l, t,
+                                i, got[i], ((const uint8_t *)h[t]->data)[i]);
             for (size_t r = 0; r < N; r++)
                 if (sc[r] != h[t]->fp8.w_scale[r] && bad++ < 5)
                     print_error("fp8 dummy layer %d tensor %zu scale %zu differs\n", l, t, r);

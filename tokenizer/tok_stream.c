@@ -23,7 +23,7 @@ struct TokStream {
     int32_t *ids; /* window */
     int n, cap;
     int skip_special; /* drop special tokens (HF's skip_special_tokens) */
-    size_t sent; /* bytes of decode(window) returned so far */
+    size_t sent;      /* bytes of decode(window) returned so far */
     TBuf text, piece;
     DecCtx dc;
 };

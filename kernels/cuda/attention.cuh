@@ -358,8 +358,7 @@ void kc_prefill_tc(void *out, const void *q, DType act, DType kv, const void *kv
 
 /* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32, times s
  * (an fp8 cache's scale: dec(q) * s, as the CPU reads it; 1 otherwise). */
-template <typename TC>
-__device__ __forceinline__ void stage8(float *dst, const TC *src, float s) {
+template <typename TC> __device__ __forceinline__ void stage8(float *dst, const TC *src, float s) {
     float v[8];
     load8(v, src);
     if constexpr (is_kv8<TC>::value) {

@@ -1,9 +1,9 @@
 /* attention_decode.cu - paged attention for decode: one query row per sequence (any number of
  * rows handled correctly), memory-bound, any cache / activation dtype pair (an fp8 cache's K
  * scale folded into the queries' scale, its V scale applied to the output). 16-bit queries on a
- * cache of the same type or fp8 at head_dim 128 go to the tensor-core kernel (attention_decode_tc.cu);
- * this file holds the CUDA-core kernel for every other case, the launcher and the combine of
- * partitions.
+ * cache of the same type or fp8 at head_dim 128 go to the tensor-core kernel
+ * (attention_decode_tc.cu); this file holds the CUDA-core kernel for every other case, the launcher
+ * and the combine of partitions.
  *
  * Grid (KV head x head group, items): an item is one row's partition of part_len positions, and
  * each block takes its share of the launch's items in turn (attention.cuh). A block of 4 warps

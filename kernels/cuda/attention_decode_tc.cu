@@ -82,7 +82,7 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
     constexpr bool FP8 = is_kv8<TC>::value;
     using MT = std::conditional_t<FP8, f16, T>; /* the mma's input type */
     constexpr int DTC_ROW_BYTES = DtcRing<TC>::ROW, DTC_UNIT_BYTES = DtcRing<TC>::UNIT;
-    constexpr int CE = 16 / (int)sizeof(TC); /* elements per 16-byte chunk */
+    constexpr int CE = 16 / (int)sizeof(TC);          /* elements per 16-byte chunk */
     extern __shared__ __align__(1024) uint4 smem16[]; /* aligned: the swizzle XORs addresses */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int *tab = (int *)((char *)smem16 + DtcRing<TC>::BYTES); /* the partition's physical blocks */
@@ -147,8 +147,8 @@ decode_tc_item(const DecodeItems &it, T *__restrict__ out, const T *__restrict__
                 const TC *src = half[hs] + (r4 ? (size_t)4 * row32 : 0);
 #pragma unroll
                 for (int c8 = 0; c8 < DTC_ROW_BYTES / 128; c8++)
-                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8,
-                               src + 8 * CE * c8, r < left);
+                    cp_async16(cp_dst[r4] + unit + r * DTC_ROW_BYTES + 128 * c8, src + 8 * CE * c8,
+                               r < left);
             }
     };
     auto load_k = [&](int i, uint32_t unit) {

@@ -38,18 +38,18 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
     int nh, int G, int HB, float scale_log2) {
     constexpr bool FP8 = is_kv8<TC>::value;
     using MT = std::conditional_t<FP8, f16, T>; /* the mmas' input type, of Qs, Ks and Vs */
-    constexpr int NB = FP8 ? 1 : 2;        /* 16-bit K/V tile buffers */
-    constexpr int TK = D <= 128 ? 64 : 32; /* positions per K/V tile */
-    constexpr int DS = D + 8;              /* shared row stride in elements (16-byte pad) */
-    constexpr int CH = D / 8;              /* 16-byte chunks per row */
-    constexpr int KD = D / 16;             /* k-steps of Q K^T */
-    constexpr int NT = TK / 8;             /* position n-tiles of S */
-    constexpr int ND = D / 8;              /* dim n-tiles of O */
-    constexpr bool QREG = D <= 128;        /* Q fragments held in registers */
+    constexpr int NB = FP8 ? 1 : 2;             /* 16-bit K/V tile buffers */
+    constexpr int TK = D <= 128 ? 64 : 32;      /* positions per K/V tile */
+    constexpr int DS = D + 8;                   /* shared row stride in elements (16-byte pad) */
+    constexpr int CH = D / 8;                   /* 16-byte chunks per row */
+    constexpr int KD = D / 16;                  /* k-steps of Q K^T */
+    constexpr int NT = TK / 8;                  /* position n-tiles of S */
+    constexpr int ND = D / 8;                   /* dim n-tiles of O */
+    constexpr bool QREG = D <= 128;             /* Q fragments held in registers */
     extern __shared__ uint4 smem_tc[];
-    T *Qs = (T *)smem_tc;      /* [TC_M][DS] */
-    T *Ks = Qs + TC_M * DS;    /* [NB][TK][DS] */
-    T *Vs = Ks + NB * TK * DS; /* [NB][TK][DS] */
+    T *Qs = (T *)smem_tc;                         /* [TC_M][DS] */
+    T *Ks = Qs + TC_M * DS;                       /* [NB][TK][DS] */
+    T *Vs = Ks + NB * TK * DS;                    /* [NB][TK][DS] */
     uint8_t *K8 = (uint8_t *)(Vs + NB * TK * DS); /* fp8: [2][TK][D] staged bytes */
     uint8_t *V8 = K8 + 2 * TK * D;                /* [2][TK][D] */
     __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
@@ -319,8 +319,8 @@ static void launch_tc(void *out, const void *q, const void *cache, const KvGeom 
     const int rows = TC_M / HB;
     dim3 grid((unsigned)((b->num_tokens + rows - 1) / rows + b->num_seqs),
               (unsigned)(kg.nkv * (G / HB)));
-    const size_t smem = (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) +
-                        (FP8 ? (size_t)4 * TK * D : 0);
+    const size_t smem =
+        (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) + (FP8 ? (size_t)4 * TK * D : 0);
     auto kern = prefill_tc_kernel<T, TC, D>;
     kc_set_smem(kern, smem);
     kern<<<grid, TC_THREADS, smem, stream>>>(

@@ -46,7 +46,6 @@
 #include "cublas_util.cuh"
 #include "gemv.cuh"
 
-
 enum {
     GEMM_WORKSPACE_BYTES = 32 << 20,
     GEMM_CACHE_SLOTS = 1024, /* a power of two: an open-addressing hash table */
@@ -189,7 +188,6 @@ static cudaDataType cuda_type(DType dt) {
             pl_fatal(__FILE__, __LINE__, "k_cuda_matmul: unsupported dtype %s", pl_dtype_name(dt));
     }
 }
-
 
 typedef struct {
     cublasLtMatmulDescOpaque_t desc;

@@ -96,9 +96,10 @@ __global__ __launch_bounds__(32 * MG_WARPS, (mg_min_blocks<NX, U>)) void moe_gem
 /* part[pos * HB + (h - h0)] = weight of pos's slot * (down_e row h . act[pos]) rounded to T,
  * for the block's rows h0 .. h0 + HB, HB = MD_ROWS << spread; then out[t, h]. */
 template <typename T, int NX>
-__global__ __launch_bounds__(32 * MD_WARPS, 2) void moe_gemv_down_kernel(
-    T *out, const T *act, const T *down, MoeRouting r, int n, int H, int I, int top_k,
-    int spread) {
+__global__ __launch_bounds__(32 * MD_WARPS,
+                             2) void moe_gemv_down_kernel(T *out, const T *act, const T *down,
+                                                          MoeRouting r, int n, int H, int I,
+                                                          int top_k, int spread) {
     constexpr int U = md_u<NX>;
     extern __shared__ float part[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -667,8 +667,7 @@ static_assert(sizeof(ncclUniqueId) == K_CUDA_GROUP_ID_BYTES, "NCCL's unique id s
 Status k_cuda_group_id(void *id) {
     ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)id);
     if (r != ncclSuccess)
-        return pl_error_set(PL_ERR_IO, "NCCL could not make a group id: %s",
-                            ncclGetErrorString(r));
+        return pl_error_set(PL_ERR_IO, "NCCL could not make a group id: %s", ncclGetErrorString(r));
     return PL_OK;
 }
 
@@ -685,8 +684,8 @@ Status k_cuda_open_rank(const KernelOpenOptions *o, int rank, int device, const 
     if (r != ncclSuccess) {
         state_destroy(k);
         return pl_error_set(PL_ERR_UNSUPPORTED,
-                            "rank %d (GPU %d): joining the NCCL group of %d ranks failed: %s",
-                            rank, device, o->size, ncclGetErrorString(r));
+                            "rank %d (GPU %d): joining the NCCL group of %d ranks failed: %s", rank,
+                            device, o->size, ncclGetErrorString(r));
     }
     st(k)->comm = c; /* no one-shot all-reduce: its peer memory is one process's */
     *out = k;

@@ -238,8 +238,8 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
         KC_DISPATCH_ACT(
             act, what, T,
             KC_DISPATCH_KV(cdt, what, TC,
-                            kc_launch_pdl(rope_kv_vec_kernel<T, TC>, grid, dim3(ROPE_VEC_THREADS),
-                                          0, kc_stream(stream), a)));
+                           kc_launch_pdl(rope_kv_vec_kernel<T, TC>, grid, dim3(ROPE_VEC_THREADS), 0,
+                                         kc_stream(stream), a)));
         return;
     }
     int threads = ((D / 2 + 31) / 32) * 32;
@@ -252,8 +252,8 @@ static void launch_rope_kv(const RopeRows *r, DType act, const int32_t *position
     KC_DISPATCH_ACT(
         act, what, T,
         KC_DISPATCH_KV(cdt, what, TC,
-                        kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads, per_block), 0,
-                                      kc_stream(stream), a)));
+                       kc_launch_pdl(rope_kv_kernel<T, TC>, grid, dim3(threads, per_block), 0,
+                                     kc_stream(stream), a)));
 }
 
 void k_cuda_rope(void *q, void *k, DType act, const int32_t *positions, int n, int nh, int nkv,
