@@ -269,8 +269,10 @@ struct KernelOps {
      * as fp32, gets the scale s = input_scale, or when that is 0, max(amax / 448,
      * PL_F8E4M3_MIN_SCALE) over the group, and is quantized to q = e4m3(x * (1 / s)); then
      *     out[i, j] = sum over groups g of dot_g(dec(q_i), dec(w_j)) * (s_x[i, g] * s_w(j, g))
-     * (+ bias), fp32 products and sums (the order within a dot is the backend's), rounded
-     * once to the act dtype. kernels/cpu/matmul_fp8.c is the reference. */
+     * (+ bias), fp32 products and sums (the order within a dot is the backend's, and a GPU's
+     * tensor cores may sum with fewer bits: CUDA's cuBLASLt path stays within ~2^-9 of the
+     * sum of |products|), rounded once to the act dtype. kernels/cpu/matmul_fp8.c is the
+     * reference. */
     void (*matmul)(const KernelOps *ops, void *out, const void *x, const Tensor *w,
                    const Tensor *bias, int n);
 

@@ -22,9 +22,14 @@
  *     |gpu - ref| <= ulp_act(|ref|) + 2^-12 mag
  * (one ulp: GPU and CPU round once each, from fp32 values a hair apart, so they may land on
  * neighbouring values; 2^-12 mag bounds the fp32 reordering and the mma's truncation). The
- * worst (|gpu - ref| - ulp) / mag seen is printed (2.2e-4 on the H200 at e069b58, against 2.4e-4:
- * the data are from fixed seeds, so that margin does not vary), and outputs are poisoned
- * (NaN) first.
+ * cuBLASLt GEMM on per-tensor and per-channel weights lets the tensor cores accumulate all of K
+ * (fast accumulation, matmul_fp8.cu), so its cases (the forced cuBLASLt path at n <= 8, the
+ * automatic one above) pass within ulp + 2^-9 mag instead: on an H100 they reached 7.2e-4 here
+ * (K <= 1040), and torch's _scaled_mm with fast accumulation 1.2e-3 at K = 4096 and 14336
+ * against the exact sums (docs/PERFORMANCE.md). The worst
+ * (|gpu - ref| - ulp) / mag of each kind is printed (own kernels: 2.2e-4 on the H200 at e069b58,
+ * 2.4e-4 on an H100 at 06d2920 with cuBLASLt's plain accumulation among them; the data are from
+ * fixed seeds, so that margin does not vary), and outputs are poisoned (NaN) first.
  *
  * Without a GPU every test is skipped ("no CUDA device: skipped"); in a build without the CUDA
  * backend, "CUDA backend not built: skipped". The last test prints timings (never asserts
@@ -128,17 +133,22 @@ static double ulp_of(double v, DType dt) {
     return ldexp(1.0, ex - (mant - 1));
 }
 
-static double worst_seen;
+/* The bound's power of two: the own kernels, and cuBLASLt's GEMM on per-tensor and per-channel
+ * weights (fast accumulation, matmul_fp8.cu). */
+enum { TOL_OWN = -12, TOL_FAST_ACCUM = -9 };
+static double worst_seen[2]; /* (|gpu - ref| - ulp) / mag: own kernels, fast accumulation */
 
-/* Elements of got outside |got - ref| <= ulp(ref) + 2^-12 mag; prints the first few. */
+/* Elements of got outside |got - ref| <= ulp(ref) + 2^tol mag (tol: TOL_OWN or
+ * TOL_FAST_ACCUM); prints the first few. */
 static int check_fp8(const char *what, const float *got, const float *ref, const float *mag,
-                     size_t n, DType act) {
+                     size_t n, DType act, int tol_log2) {
+    double *worst = &worst_seen[tol_log2 == TOL_FAST_ACCUM];
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
         double err = fabs((double)got[i] - (double)ref[i]), u = ulp_of(ref[i], act);
-        double tol = u + ldexp((double)mag[i], -12);
-        if (mag[i] > 0 && (err - u) / mag[i] > worst_seen)
-            worst_seen = (err - u) / mag[i];
+        double tol = u + ldexp((double)mag[i], tol_log2);
+        if (mag[i] > 0 && (err - u) / mag[i] > *worst)
+            *worst = (err - u) / mag[i];
         if (!(err <= tol)) {
             if (bad < 5)
                 print_error("%s: mismatch at %zu: got %.9g want %.9g (err %.3g, tol %.3g)\n", what,
@@ -215,7 +225,10 @@ static int run_case(KCudaGemm *g, const Fp8Weight *w, const Weight *bias, DType 
                      : v == 2 ? "gemv, 32 rows a block"
                      : n <= 8 ? "cublaslt"
                               : "gemv");
-            bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act);
+            const int cublaslt = v == 1 ? n <= 8 : v == 0 && n > 8;
+            const int tol =
+                cublaslt && w->host.fp8.kind != FP8_SCALE_BLOCK ? TOL_FAST_ACCUM : TOL_OWN;
+            bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act, tol);
         }
     }
     k_cuda_gemm_force(g, KC_GEMM_AUTO, 0);
@@ -248,8 +261,10 @@ static int kind_sweep(Fp8ScaleKind kind, const int (*shapes)[2], int nshapes, co
             }
         }
     }
-    print_message("worst (|gpu - ref| - ulp) / mag so far: %.3g (tolerance 2^-12 = %.3g)\n",
-                  worst_seen, ldexp(1.0, -12));
+    print_message("worst (|gpu - ref| - ulp) / mag so far: own kernels %.3g (tolerance 2^%d = "
+                  "%.3g), cuBLASLt fast accumulation %.3g (2^%d = %.3g)\n",
+                  worst_seen[0], TOL_OWN, ldexp(1.0, TOL_OWN), worst_seen[1], TOL_FAST_ACCUM,
+                  ldexp(1.0, TOL_FAST_ACCUM));
     k_cuda_gemm_destroy(g);
     return bad;
 }
@@ -330,7 +345,7 @@ static void test_fp8_stream_k(void **state) {
             download_as(got, dout, (size_t)n * N, act);
             char what[128];
             snprintf(what, sizeof what, "stream-k %s n %d N %d K %d", dn(act), n, N, K);
-            bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act);
+            bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act, TOL_OWN);
         }
         float *host[] = {x, ref, mag, got};
         for (int i = 0; i < 4; i++)
