@@ -225,7 +225,8 @@ static int run_case(KCudaGemm *g, const Fp8Weight *w, const Weight *bias, DType 
                      : v == 2 ? "gemv, 32 rows a block"
                      : n <= 8 ? "cublaslt"
                               : "gemv");
-            const int cublaslt = v == 1 ? n <= 8 : v == 0 && n > 8;
+            /* the automatic path above 8 rows is cuBLASLt */
+            const int cublaslt = path == KC_GEMM_CUBLASLT || (path == KC_GEMM_AUTO && n > 8);
             const int tol =
                 cublaslt && w->host.fp8.kind != FP8_SCALE_BLOCK ? TOL_FAST_ACCUM : TOL_OWN;
             bad += check_fp8(what, got, ref + r0 * N, mag + r0 * N, (size_t)n * N, act, tol);

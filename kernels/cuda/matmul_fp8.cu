@@ -41,12 +41,12 @@
  *     by group). Per-tensor and per-channel GEMMs run with fast accumulation
  *     (CUBLASLT_MATMUL_DESC_FAST_ACCUM: the tensor cores sum all of K in their own accumulator
  *     instead of cuBLASLt adding partial sums into fp32 every few k-steps, as vLLM's Hopper fp8
- *     GEMMs do). On an H100 that made the 128/128 x 4096 throughput
- *     row 7.9 % faster at ~1.2e-3 of the magnitudes' error against ~1.4e-4 (PERFORMANCE.md).
- *     The scale modes are Hopper-only in cuBLASLt 12.9+; cuBLAS wants M and N (here N
- *     and the rows) multiples of 4 for them, so the rows are taken 4 at a time and the 1-3 left
- *     go to the GEMV. A combination the heuristic refuses falls back to the tiled GEMV; which
- *     path each (N, K, scale kind) takes is printed once to stderr.
+ *     GEMMs do). On an H100 that made the 128/128 x 4096 throughput row 7.9 % faster, at
+ *     ~1.2e-3 of the magnitudes' error against ~1.4e-4 (PERFORMANCE.md). The scale modes are
+ *     Hopper-only in cuBLASLt 12.9+; cuBLAS wants M and N (here N and the rows) multiples of 4
+ *     for them, so the rows are taken 4 at a time and the 1-3 left go to the GEMV. A combination
+ * the heuristic refuses falls back to the tiled GEMV; which path each (N, K, scale kind) takes is
+ * printed once to stderr.
  *
  * These need K % 16 == 0, x and w 16-byte aligned, block scales of 128: anything else goes to
  * matmul_fp8_generic.cu. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 for F32). */
@@ -659,15 +659,20 @@ static bool f8_wants_lt(const KCudaGemm *g, int n) {
     return n >= 4 && (forced == KC_GEMM_CUBLASLT || (forced != KC_GEMM_GEMV && n > F8_GEMV_MAX_N));
 }
 
-/* Rows [done, n) by a GEMV: gemv_fp8.cuh's where it takes them and 32 rows a block are not
- * forced, else f8_gemv_kernel. */
+/* Whether a GEMV's n rows of x run on gemv_fp8.cuh's one-row GEMV: where it takes them and 32
+ * rows a block are not forced (else f8_gemv_kernel). */
+static bool f8_row_gemv(const KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
+    return kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, x, n);
+}
+
+/* Rows [done, n) by a GEMV (f8_row_gemv's choice). */
 static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                          const Tensor *bias, int done, int n, cudaStream_t s) {
     const int N = (int)w->shape[0], K = (int)w->shape[1];
     const size_t es = pl_dtype_size(act);
     void *o = (char *)out + (size_t)done * N * es;
     const void *xd = (const char *)x + (size_t)done * K * es;
-    const bool rows = kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, xd, n - done);
+    const bool rows = f8_row_gemv(g, act, w, xd, n - done);
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         if (rows) {
@@ -723,7 +728,7 @@ static bool f8_wgmma_rows(KCudaGemm *g, void *out, const void *x, DType act, con
 
 bool kc_fp8_row_gemv_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x, int n) {
     return !kc_fp8_generic_takes(w, x) && !f8_wants_lt(g, n) && !f8_wants_wgmma(g, act, w, n) &&
-           kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, x, n);
+           f8_row_gemv(g, act, w, x, n);
 }
 
 void kc_matmul_fp8(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
