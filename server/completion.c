@@ -621,21 +621,23 @@ void completion_on_event(Server *s, const EngEvent *ev) {
             eng_abort(s->engine, run->engine_id);
         }
     }
-    if (cr->num_done == cr->num_choices && !cr->done)
-        finish_request(s, cr);
-    if (cr->suspended && (cr->done || q->stream)) {
-        cr->suspended = 0;
-        MHD_resume_connection(cr->conn);
-    }
     int all_engine_done = 0;
     if (engine_done) {
         all_engine_done = 1;
         for (int i = 0; i < q->num_prompts; i++)
             all_engine_done &= cr->runs[i].num_finished == q->best_of;
     }
+    if (all_engine_done) /* free the seats before the client can see its answer end, so a
+                          * next request sent on that answer finds them free */
+        atomic_fetch_sub(&s->in_flight_seqs, cr->num_choices);
+    if (cr->num_done == cr->num_choices && !cr->done)
+        finish_request(s, cr);
+    if (cr->suspended && (cr->done || q->stream)) {
+        cr->suspended = 0;
+        MHD_resume_connection(cr->conn);
+    }
     pthread_mutex_unlock(&cr->mu);
     if (all_engine_done) {
-        atomic_fetch_sub(&s->in_flight_seqs, cr->num_choices);
         atomic_fetch_sub(&s->in_flight, 1);
         unref(cr); /* the engine side lets go */
     }

@@ -217,6 +217,16 @@ describe('queue over --max-queue-len', () => {
         console.log(`overload: 32 x 503 in at most ${max.toFixed(1)} ms each`);
     });
 
+    it('a request sent on the previous answer finds its seats free', T(30000), async () => {
+        // Each request takes every seat of the queue; the server frees them before the
+        // client can read the end of its answer, so the next one is admitted (the next
+        // test's streaming request is sent the same way).
+        for (let i = 0; i < 40; i++) {
+            const r = await postJSON(`${srv.url}/v1/completions`, { model: srv.model, prompt: ONCE.prompt, max_tokens: 1, n: QUEUE_N, temperature: 1, seed: i });
+            assert.equal(r.status, 200, `request ${i}: ${show(r)}`);
+        }
+    });
+
     it('a 503 through curl has Retry-After too', T(30000), async () => {
         // A streaming request of QUEUE_N sequences fills the queue, surely once its first chunk
         // arrived (a fixed wait was not enough on a loaded machine).
