@@ -44,9 +44,9 @@
  *     GEMMs do). On an H100 that made the 128/128 x 4096 throughput row 7.9 % faster, at
  *     ~1.2e-3 of the magnitudes' error against ~1.4e-4 (PERFORMANCE.md). The scale modes are
  *     Hopper-only in cuBLASLt 12.9+; cuBLAS wants M and N (here N and the rows) multiples of 4
- *     for them, so the rows are taken 4 at a time and the 1-3 left go to the GEMV. A combination
- * the heuristic refuses falls back to the tiled GEMV; which path each (N, K, scale kind) takes is
- * printed once to stderr.
+ *     for them, so the rows are taken 4 at a time and the 1-3 left go to the GEMV. A
+ *     combination the heuristic refuses falls back to the tiled GEMV; which path each (N, K,
+ *     scale kind) takes is printed once to stderr.
  *
  * These need K % 16 == 0, x and w 16-byte aligned, block scales of 128: anything else goes to
  * matmul_fp8_generic.cu. F32, BF16 and F16 activations all work (cuBLASLt writes fp32 for F32). */
