@@ -91,7 +91,7 @@ static void check_request(const ApiRequest *r, int chat, const char *what) {
     FUZZ_CHECK(r->num_stop >= 0 && r->num_stop <= API_MAX_STOP, "%s: num_stop %d", what,
                r->num_stop);
     for (int i = 0; i < r->num_stop; i++)
-        FUZZ_CHECK(r->stop[i] && r->stop[i][0], "%s: stop %d empty", what, i);
+        FUZZ_CHECK(r->stop[i] && r->stop_len[i] > 0, "%s: stop %d empty", what, i);
     FUZZ_CHECK(r->num_stop_token_ids >= 0 && r->num_stop_token_ids <= 4096, "%s: stop ids %d", what,
                r->num_stop_token_ids);
     for (int i = 0; i < r->num_stop_token_ids; i++)
