@@ -576,9 +576,10 @@ static int utf8_next(const unsigned char *p, long *cp) {
     return n;
 }
 
-/* A YAML double-quoted scalar that reads back to the same string: quotes, backslashes and
- * characters outside YAML's printable set (C0 and C1 controls, DEL, U+FFFE/U+FFFF) are
- * escaped; a byte that is not UTF-8 (only possible from a command-line flag) becomes
+/* A YAML double-quoted scalar that reads back to the same string: quotes, backslashes,
+ * characters outside YAML's printable set (C0 and C1 controls, DEL, U+FFFE/U+FFFF) and the
+ * line breaks YAML 1.1 adds (U+2028, U+2029; NEL is a C1 control), which a scalar would fold,
+ * are escaped; a byte that is not UTF-8 (only possible from a command-line flag) becomes
  * U+FFFD, since YAML text is UTF-8. */
 static void write_quoted(FILE *f, const char *s) {
     fputc('"', f);
@@ -599,7 +600,8 @@ static void write_quoted(FILE *f, const char *s) {
         int n = utf8_next(p, &cp);
         if (cp < 0)
             fputs("\\uFFFD", f);
-        else if ((cp >= 0x80 && cp <= 0x9F) || cp == 0xFFFE || cp == 0xFFFF)
+        else if ((cp >= 0x80 && cp <= 0x9F) || cp == 0x2028 || cp == 0x2029 || cp == 0xFFFE ||
+                 cp == 0xFFFF)
             fprintf(f, "\\u%04lX", cp);
         else
             fwrite(p, 1, (size_t)n, f);

@@ -296,12 +296,13 @@ static void test_write_yaml_round_trip(void **state) {
     cfg_init(&c);
     assert_int_equal(load_text(&c, full_yaml), PL_OK);
     free(c.served_model_name);
-    /* quotes, backslashes, C0 and C1 controls (U+0085, U+0080) and U+FFFF must all read back
-     * (regression: tests/fuzz/crashes/config_yaml/) */
+    /* quotes, backslashes, C0 and C1 controls (U+0085, U+0080), U+FFFF and YAML 1.1's line
+     * breaks U+2028 / U+2029 before a space must all read back (regression:
+     * tests/fuzz/crashes/config_yaml/) */
     c.served_model_name = strdup("quote\" back\\slash\ttab\xc2\x85"
                                  "nel\xc2\x80"
                                  "c1\xef\xbf\xbf"
-                                 "nc");
+                                 "nc\xe2\x80\xa8 ls\xe2\x80\xa9 ps");
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     cfg_write_yaml(f, &c);
