@@ -21,10 +21,12 @@ static int pos(float x) {
 }
 
 static void check(const ModelConfig *c, const char *what) {
-    static const char *const archs[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                        "Qwen2ForCausalLM"};
+    static const char *const archs[] = {
+        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",  "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Phi3ForCausalLM"};
     int known = 0;
-    for (int i = 0; i < 3; i++)
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         known |= !strcmp(c->architecture, archs[i]);
     FUZZ_CHECK(known, "%s: architecture '%s'", what, c->architecture);
     FUZZ_CHECK(c->hidden_size > 0 && c->intermediate_size > 0 && c->num_layers > 0 &&
