@@ -20,7 +20,8 @@ typedef struct Server Server;
 Status srv_start(const Config *cfg, Server **out);
 
 /* Block until SIGINT or SIGTERM, then drain: stop accepting, let in-flight requests finish
- * for up to `grace_seconds`, abort the rest, and return. */
+ * and their answers be sent for up to `grace_seconds` in all, and return (srv_destroy
+ * aborts the rest). */
 void srv_wait_and_drain(Server *s, double grace_seconds);
 
 /* Stop everything and free. NULL is a no-op. */

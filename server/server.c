@@ -406,8 +406,10 @@ static enum MHD_Result dispatch(Server *s, struct MHD_Connection *conn, const ch
         return fail(s, conn, 503, "server_error", "%s", "the server is shutting down");
     enum MHD_Result ret =
         completion_start(s, conn, rt->kind == CHAT, c->body ? c->body : "", c->len, &c->cr);
-    if (c->cr) /* before on_completed can run: this thread handles the connection */
+    if (c->cr) { /* before on_completed can run: this thread handles the connection */
+        atomic_fetch_add(&s->open_answers, 1);
         c->watch = watch_add(s->watcher, conn, c->cr);
+    }
     return ret;
 }
 
@@ -459,8 +461,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!c)
         return;
     watch_remove(s->watcher, c->watch);
-    if (c->cr)
+    if (c->cr) {
         completion_release_http(c->cr, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+        atomic_fetch_sub(&s->open_answers, 1); /* all sent, or the client is gone */
+    }
     free(c->body);
     free(c);
     *con_cls = NULL;
@@ -639,8 +643,11 @@ void srv_wait_and_drain(Server *s, double grace_seconds) {
         ;
     atomic_store(&s->stopping, 1); /* before the message: who reads it sees /health at 503 */
     fprintf(stderr, "pagellm: shutting down: %d requests in flight\n", atomic_load(&s->in_flight));
+    /* the engine's work is not enough: a large answer may still be on its way to a slow
+     * client, and stopping the daemon would cut it */
     double until = pl_now() + grace_seconds;
-    while (atomic_load(&s->in_flight) > 0 && pl_now() < until)
+    while ((atomic_load(&s->in_flight) > 0 || atomic_load(&s->open_answers) > 0) &&
+           pl_now() < until)
         usleep(10000);
 }
 

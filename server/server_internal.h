@@ -39,11 +39,12 @@ struct Server {
     Engine *engine;
     ApiChatTemplate *chat_template; /* NULL: the model has none and no key names one */
     Metrics *metrics;
-    atomic_int listening; /* the daemon started (libmicrohttpd's messages go to stderr) */
-    char mhd_error[256];  /* libmicrohttpd's last message while the daemon starts */
-    atomic_int ready;     /* model loaded */
-    atomic_int stopping;  /* engine thread should exit once idle */
-    atomic_int in_flight; /* completion requests admitted and not yet finished */
+    atomic_int listening;    /* the daemon started (libmicrohttpd's messages go to stderr) */
+    char mhd_error[256];     /* libmicrohttpd's last message while the daemon starts */
+    atomic_int ready;        /* model loaded */
+    atomic_int stopping;     /* engine thread should exit once idle */
+    atomic_int in_flight;    /* completion requests admitted and not yet finished */
+    atomic_int open_answers; /* completion requests whose HTTP answer is not yet all sent */
 
     /* issue 34: their sequences (prompts x best_of), counted against max-queue-len; and
      * server.c's watcher of the connections whose client may leave mid-request */

@@ -2,11 +2,13 @@
 // client gets either a complete answer or a clean connection close (no reset, no hang).
 // A second SIGTERM during the drain exits at once; SIGINT on an idle server exits 0 too.
 // While it drains, GET /health answers 503 (issue 34, item 7), so a load balancer stops
-// sending, and new completions get 503; the request in flight still finishes whole.
+// sending, and new completions get 503; the request in flight still finishes whole, and so
+// does an answer the engine has finished but a slow client has not yet read.
 
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, postJSON, scrapeUntil, promValue, assertErrorShape, sleep, T, scaled } from './server.mjs';
+import net from 'node:net';
+import { startServer, readSSE, postJSON, scrape, scrapeUntil, promValue, assertErrorShape, sleep, T, scaled } from './server.mjs';
 
 const EXIT_WITHIN_MS = scaled(10000);
 
@@ -162,6 +164,54 @@ describe('signals', () => {
             const e = await exitsWithin(srv, EXIT_WITHIN_MS);
             assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
         } finally {
+            await srv.stop(1000);
+        }
+    });
+
+    it('an answer generated but not yet read when SIGTERM comes still arrives whole', T(60000), async () => {
+        // 32 samples x 480 tokens with 20 top logprobs each: about 8 MB, far more than the
+        // kernel's socket buffers hold, so the server is still writing it while the client
+        // reads nothing; the drain must wait for it rather than close the connection
+        const srv = await startServer();
+        const sock = net.connect({ host: '127.0.0.1', port: srv.port });
+        try {
+            const m0 = await scrape(srv);
+            const done = (p) => ['stop', 'length'].reduce(
+                (sum, r) => sum + (promValue(p, 'pagellm:request_success_total', { finished_reason: r }) ?? 0), 0);
+            await new Promise((resolve) => sock.once('connect', resolve));
+            sock.pause(); // read nothing yet
+            const body = JSON.stringify({ model: srv.model, prompt: '', max_tokens: 480, n: 32, logprobs: 20,
+                                          ignore_eos: true, temperature: 1, seed: 7 });
+            sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                       `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+            const m1 = await scrapeUntil(srv, (p) => done(p) > done(m0), 20000);
+            assert.ok(done(m1) > done(m0), 'the request did not finish in the engine');
+
+            let exited = false;
+            srv.exited.then(() => { exited = true; });
+            srv.signal('SIGTERM');
+            await sleep(scaled(1000));
+            assert.ok(!exited, `the server exited with an answer unsent:\n${srv.log().slice(-2000)}`);
+
+            const chunks = [];
+            sock.on('data', (d) => chunks.push(d));
+            const ended = new Promise((resolve) => sock.once('close', resolve));
+            sock.resume();
+            await ended;
+            const raw = Buffer.concat(chunks);
+            const split = raw.indexOf('\r\n\r\n');
+            const head = raw.subarray(0, split).toString();
+            assert.match(head, /^HTTP\/1\.1 200/, head);
+            const length = Number(/content-length: *(\d+)/i.exec(head)?.[1]);
+            const got = raw.length - split - 4;
+            assert.equal(got, length, `the answer was cut: ${got} of ${length} bytes`);
+            const json = JSON.parse(raw.subarray(split + 4).toString());
+            assert.equal(json.usage.completion_tokens, 32 * 480, 'complete answer');
+
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
+        } finally {
+            sock.destroy();
             await srv.stop(1000);
         }
     });
