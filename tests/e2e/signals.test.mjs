@@ -33,6 +33,34 @@ async function exitsWithin(srv, ms) {
     return r;
 }
 
+/** Requests the engine has finished (any finish reason but abort), from /metrics. */
+const finished = (p) => ['stop', 'length'].reduce(
+    (sum, r) => sum + (promValue(p, 'pagellm:request_success_total', { finished_reason: r }) ?? 0), 0);
+
+/** Send, on a raw socket that reads nothing until resumed, a request for 32 samples x 480
+ * tokens with 20 top logprobs each: an answer of about 8 MB, far more than the kernel's socket
+ * buffers hold, so the server is still writing it while the client does not read. Returns the
+ * socket once the engine has finished the request. */
+async function unreadAnswer(srv) {
+    const m0 = await scrape(srv);
+    const sock = net.connect({ host: '127.0.0.1', port: srv.port });
+    sock.pause();
+    await new Promise((resolve, reject) => {
+        sock.once('connect', resolve);
+        sock.once('error', reject);
+    });
+    const body = JSON.stringify({ model: srv.model, prompt: '', max_tokens: 480, n: 32, logprobs: 20,
+                                  ignore_eos: true, temperature: 1, seed: 7 });
+    sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+               `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    const m1 = await scrapeUntil(srv, (p) => finished(p) > finished(m0), 20000);
+    if (finished(m1) <= finished(m0)) {
+        sock.destroy();
+        assert.fail('the request did not finish in the engine');
+    }
+    return sock;
+}
+
 describe('signals', () => {
     it('SIGTERM with requests in flight: exit 0; complete answers or clean closes', T(30000), async () => {
         const srv = await startServer();
@@ -169,23 +197,12 @@ describe('signals', () => {
     });
 
     it('an answer generated but not yet read when SIGTERM comes still arrives whole', T(60000), async () => {
-        // 32 samples x 480 tokens with 20 top logprobs each: about 8 MB, far more than the
-        // kernel's socket buffers hold, so the server is still writing it while the client
-        // reads nothing; the drain must wait for it rather than close the connection
+        // the server is still writing the answer (see unreadAnswer) while the client reads
+        // nothing; the drain must wait for it rather than close the connection
         const srv = await startServer();
-        const sock = net.connect({ host: '127.0.0.1', port: srv.port });
+        let sock;
         try {
-            const m0 = await scrape(srv);
-            const done = (p) => ['stop', 'length'].reduce(
-                (sum, r) => sum + (promValue(p, 'pagellm:request_success_total', { finished_reason: r }) ?? 0), 0);
-            await new Promise((resolve) => sock.once('connect', resolve));
-            sock.pause(); // read nothing yet
-            const body = JSON.stringify({ model: srv.model, prompt: '', max_tokens: 480, n: 32, logprobs: 20,
-                                          ignore_eos: true, temperature: 1, seed: 7 });
-            sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
-                       `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
-            const m1 = await scrapeUntil(srv, (p) => done(p) > done(m0), 20000);
-            assert.ok(done(m1) > done(m0), 'the request did not finish in the engine');
+            sock = await unreadAnswer(srv);
 
             let exited = false;
             srv.exited.then(() => { exited = true; });
@@ -211,7 +228,25 @@ describe('signals', () => {
             const e = await exitsWithin(srv, EXIT_WITHIN_MS);
             assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
         } finally {
-            sock.destroy();
+            sock?.destroy();
+            await srv.stop(1000);
+        }
+    });
+
+    it('a client that never reads its answer holds the drain no longer than the grace', T(60000), async () => {
+        // the grace is request-timeout (2 s here); the answer (as above) cannot all be sent
+        const srv = await startServer(['--request-timeout', '2']);
+        let sock;
+        try {
+            sock = await unreadAnswer(srv);
+            const t0 = Date.now();
+            srv.signal('SIGTERM');
+            const e = await exitsWithin(srv, EXIT_WITHIN_MS);
+            assert.ok(!e.timedOut, `no exit ${EXIT_WITHIN_MS} ms after SIGTERM:\n${srv.log().slice(-2000)}`);
+            assert.deepEqual({ code: e.code, signal: e.signal }, { code: 0, signal: null }, srv.log().slice(-2000));
+            assert.ok(Date.now() - t0 >= 1000, `exit ${Date.now() - t0} ms after SIGTERM: the drain did not wait`);
+        } finally {
+            sock?.destroy();
             await srv.stop(1000);
         }
     });
