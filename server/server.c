@@ -17,6 +17,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,12 +51,22 @@ typedef struct {
  * libmicrohttpd closes the connection). A watch is removed (on_completed) before
  * libmicrohttpd closes its fd and before the request's HTTP reference is let go, and epoll
  * events carry the watch's serial number, not a pointer, so a late event of a removed watch
- * finds nothing. */
+ * finds nothing.
+ *
+ * A connection whose request body is still arriving is watched too (cr NULL): libmicrohttpd
+ * (0.9.75, epoll) misses a client that sends part of a body and closes at once, and would
+ * keep its descriptor until request-timeout. Such a connection's socket is shut down (as
+ * Deadlines does at the timeout; libmicrohttpd then closes it) once the client's FIN is a
+ * second old and the body is still not complete: a client that half-closes after its whole
+ * body has its request dispatched (and this watch removed) long before. */
 typedef struct {
     uint64_t id;
     int fd;
-    CompletionReq *cr;
+    CompletionReq *cr; /* NULL: the body is still arriving */
+    double gone_at;    /* body watches: when the client's FIN came, 0 = not yet */
 } Watch;
+
+#define BODY_GONE_WAIT 1.0 /* seconds from a body watch's FIN to its shutdown */
 
 struct Watcher {
     pthread_mutex_t mu;
@@ -67,11 +78,31 @@ struct Watcher {
     int started;
 };
 
+/* Shut down the body watches whose FIN is BODY_GONE_WAIT old; returns the epoll timeout, ms,
+ * until the next one is due (-1: none waits). Called with wt->mu held. */
+static int shut_gone_uploads(struct Watcher *wt) {
+    double now = pl_now(), next = HUGE_VAL;
+    for (int k = 0; k < wt->n;) {
+        Watch *w = &wt->w[k];
+        if (w->cr || !w->gone_at) {
+            k++;
+        } else if (now - w->gone_at >= BODY_GONE_WAIT) {
+            shutdown(w->fd, SHUT_RDWR); /* still libmicrohttpd's: on_completed removes first */
+            *w = wt->w[--wt->n];
+        } else {
+            next = fmin(next, w->gone_at + BODY_GONE_WAIT);
+            k++;
+        }
+    }
+    return next == HUGE_VAL ? -1 : (int)ceil((next - now) * 1000);
+}
+
 static void *watcher_loop(void *arg) {
     struct Watcher *wt = arg;
     struct epoll_event ev[64];
+    int timeout_ms = -1;
     for (;;) {
-        int n = epoll_wait(wt->epfd, ev, 64, -1);
+        int n = epoll_wait(wt->epfd, ev, 64, timeout_ms);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -83,14 +114,20 @@ static void *watcher_loop(void *arg) {
                 return NULL;
             }
             for (int k = 0; k < wt->n; k++) {
-                if (wt->w[k].id != ev[i].data.u64)
+                Watch *w = &wt->w[k];
+                if (w->id != ev[i].data.u64)
                     continue;
-                completion_abandon(wt->w[k].cr);
-                epoll_ctl(wt->epfd, EPOLL_CTL_DEL, wt->w[k].fd, NULL);
-                wt->w[k] = wt->w[--wt->n];
+                epoll_ctl(wt->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+                if (w->cr) {
+                    completion_abandon(w->cr);
+                    *w = wt->w[--wt->n];
+                } else {
+                    w->gone_at = pl_now(); /* shut down later, unless removed by then */
+                }
                 break;
             }
         }
+        timeout_ms = shut_gone_uploads(wt);
         pthread_mutex_unlock(&wt->mu);
     }
 }
@@ -130,7 +167,8 @@ static void watcher_destroy(struct Watcher *wt) {
     free(wt);
 }
 
-/* Watch the connection of request cr; returns the watch's id (0 if it cannot be watched). */
+/* Watch the connection of request cr, or (cr NULL) of a request whose body is arriving;
+ * returns the watch's id (0 if it cannot be watched). */
 static uint64_t watch_add(struct Watcher *wt, struct MHD_Connection *conn, CompletionReq *cr) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -159,7 +197,8 @@ static void watch_remove(struct Watcher *wt, uint64_t id) {
     for (int k = 0; k < wt->n; k++) {
         if (wt->w[k].id != id)
             continue;
-        epoll_ctl(wt->epfd, EPOLL_CTL_DEL, wt->w[k].fd, NULL);
+        if (!wt->w[k].gone_at) /* a body watch that saw the FIN has left the set already */
+            epoll_ctl(wt->epfd, EPOLL_CTL_DEL, wt->w[k].fd, NULL);
         wt->w[k] = wt->w[--wt->n];
         break;
     }
@@ -170,6 +209,13 @@ static ConnClock *clock_of(struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* The request declares a body (a non-zero Content-Length, or chunked). */
+static int has_body(struct MHD_Connection *conn) {
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    return (cl && strtoull(cl, NULL, 10) > 0) ||
+           MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
 }
 
 /* A Content-Length over max-request-bytes: the body need not be read to refuse it. */
@@ -430,6 +476,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             c->too_big = 1;
             return dispatch(s, conn, url, method, c);
         }
+        if (has_body(conn))
+            c->watch = watch_add(s->watcher, conn, NULL);
         return MHD_YES;
     }
     if (c->cr) /* resumed after the engine finished a non-streaming request */
@@ -450,6 +498,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         c->body[c->len] = '\0';
         return MHD_YES;
     }
+    watch_remove(s->watcher, c->watch); /* the body is complete */
+    c->watch = 0;
     return dispatch(s, conn, url, method, c);
 }
 
