@@ -211,24 +211,6 @@ static ConnClock *clock_of(struct MHD_Connection *conn) {
     return ci ? ci->socket_context : NULL;
 }
 
-/* The request declares a body (a non-zero Content-Length, or chunked). */
-static int has_body(struct MHD_Connection *conn) {
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    return (cl && strtoull(cl, NULL, 10) > 0) ||
-           MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
-}
-
-/* A Content-Length over max-request-bytes: the body need not be read to refuse it. */
-static int declared_too_big(const Server *s, struct MHD_Connection *conn) {
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    if (!cl)
-        return 0;
-    char *end;
-    errno = 0;
-    unsigned long long n = strtoull(cl, &end, 10);
-    return end != cl && (errno == ERANGE || n > (unsigned long long)s->cfg->max_request_bytes);
-}
-
 /* Request smuggling behind a proxy (issue 34): libmicrohttpd 0.9.75 takes the first of two
  * Content-Length headers and lets Transfer-Encoding: chunked override a Content-Length, where a
  * proxy in front may have framed the body by the other one; and it waits for the end of a body
@@ -265,25 +247,26 @@ static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const 
     return MHD_YES;
 }
 
-/* 0 when the request's framing is fine, else the status to refuse it with (err filled). */
-static int bad_framing(struct MHD_Connection *conn, ApiError *err) {
-    Framing f = {0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+/* Read the request's framing headers into *f; 0 when they are fine, else the status to
+ * refuse it with (err filled). */
+static int bad_framing(struct MHD_Connection *conn, Framing *f, ApiError *err) {
+    *f = (Framing){0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, f);
     const char *why = NULL;
-    if (f.cl_differ)
+    if (f->cl_differ)
         why = "two different Content-Length headers";
-    else if (f.num_te > 1)
+    else if (f->num_te > 1)
         why = "more than one Transfer-Encoding header";
-    else if (f.num_te && f.num_cl)
+    else if (f->num_te && f->num_cl)
         why = "both Content-Length and Transfer-Encoding";
     if (why) {
         api_error_set(err, 400, "invalid_request_error", NULL,
                       "the request has %s: its body's length is ambiguous", why);
         return 400;
     }
-    if (f.num_te && strcasecmp(f.te, "chunked") != 0) {
+    if (f->num_te && strcasecmp(f->te, "chunked") != 0) {
         api_error_set(err, 501, "invalid_request_error", NULL,
-                      "Transfer-Encoding '%.64s' is not supported (only chunked)", f.te);
+                      "Transfer-Encoding '%.64s' is not supported (only chunked)", f->te);
         return 501;
     }
     return 0;
@@ -467,16 +450,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!c) {
         *con_cls = c = pl_xcalloc(1, sizeof *c);
         ApiError err;
-        if (bad_framing(conn, &err)) /* refused before its body is read; the connection closes */
+        Framing f;
+        if (bad_framing(conn, &f,
+                        &err)) /* refused before its body is read; the connection closes */
             return respond(s, conn, err.status, "application/json", api_error_json(&err),
                            MHD_HTTP_HEADER_CONNECTION, "close");
         /* Refuse a declared oversized body at once (401/404/405 first, as for any request):
          * libmicrohttpd then closes the connection without reading the body. */
-        if (declared_too_big(s, conn)) {
+        if (f.num_cl && f.cl > (unsigned long long)s->cfg->max_request_bytes) {
             c->too_big = 1;
             return dispatch(s, conn, url, method, c);
         }
-        if (has_body(conn))
+        if (f.num_te || f.cl > 0) /* a body is to come */
             c->watch = watch_add(s->watcher, conn, NULL);
         return MHD_YES;
     }

@@ -8,7 +8,7 @@ import { describe, it, before, after } from 'node:test';
 import { readdirSync } from 'node:fs';
 import net from 'node:net';
 import assert from 'node:assert/strict';
-import { startServer, readSSE, scrape, scrapeUntil, promValue, sleep, T, scaled } from './server.mjs';
+import { startServer, rawRequest, readSSE, scrape, scrapeUntil, promValue, sleep, T, scaled } from './server.mjs';
 
 // A small KV pool, so one sequence's blocks are a visible share of it.
 const BLOCKS = 64;
@@ -170,16 +170,14 @@ describe('client disconnect', () => {
     it('clients that send half a body and close at once free their connections', T(30000), async () => {
         const fds = () => readdirSync(`/proc/${srv.proc.pid}/fd`).length;
         const before = fds();
-        const body = JSON.stringify({ model: srv.model, prompt: 'Once upon a time', max_tokens: 64 });
-        const head = `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
-                     `Content-Length: ${body.length}\r\n\r\n`;
+        const [head, body] = rawRequest({ model: srv.model, prompt: 'Once upon a time', max_tokens: 64 });
         await Promise.all(Array.from({ length: 40 }, () => new Promise((resolve) => {
             const sock = net.connect({ host: '127.0.0.1', port: srv.port });
             sock.on('error', resolve);
             sock.on('close', resolve);
             // the part of the body and the FIN back to back: libmicrohttpd then misses the FIN
             sock.on('connect', () => {
-                sock.write(head + body.slice(0, body.length >> 1));
+                sock.write(Buffer.concat([head, body.subarray(0, body.length >> 1)]));
                 sock.destroy();
             });
         })));

@@ -54,6 +54,15 @@ export function rng(seed) {
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+/** The raw bytes of POST /v1/completions with a JSON body: [head, body]. `extraHeaders`:
+ * more header lines, each ending in CRLF. */
+export function rawRequest(body, extraHeaders = '') {
+    const b = Buffer.from(JSON.stringify(body));
+    const head = Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n' +
+                             `Content-Type: application/json\r\nContent-Length: ${b.length}\r\n${extraHeaders}\r\n`);
+    return [head, b];
+}
+
 /** A TCP port that was free a moment ago on 127.0.0.1. */
 export function freePort() {
     return new Promise((resolve, reject) => {

@@ -9,7 +9,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
-import { startServer, readSSE, postJSON, scrape, scrapeUntil, promValue, assertErrorShape, sleep, T, scaled } from './server.mjs';
+import { startServer, rawRequest, readSSE, postJSON, scrape, scrapeUntil, promValue, assertErrorShape, sleep, T, scaled } from './server.mjs';
 
 const EXIT_WITHIN_MS = scaled(10000);
 
@@ -50,10 +50,8 @@ async function unreadAnswer(srv) {
         sock.once('connect', resolve);
         sock.once('error', reject);
     });
-    const body = JSON.stringify({ model: srv.model, prompt: '', max_tokens: 480, n: 32, logprobs: 20,
-                                  ignore_eos: true, temperature: 1, seed: 7 });
-    sock.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
-               `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    sock.write(Buffer.concat(rawRequest({ model: srv.model, prompt: '', max_tokens: 480, n: 32, logprobs: 20,
+                                          ignore_eos: true, temperature: 1, seed: 7 }, 'Connection: close\r\n')));
     const m1 = await scrapeUntil(srv, (p) => finished(p) > finished(m0), 20000);
     if (finished(m1) <= finished(m0)) {
         sock.destroy();

@@ -21,7 +21,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
-import { startServer, readSSE, parseSSE, scrape, promValue, assertCompletionShape, GOLDEN, rng, sleep, T, scaled } from './server.mjs';
+import { startServer, rawRequest, readSSE, parseSSE, scrape, promValue, assertCompletionShape, GOLDEN, rng, sleep, T, scaled } from './server.mjs';
 
 const REQUESTS = Number(process.env.PAGELLM_SOAK_REQUESTS) || 12000;
 const WARMUP = Math.round(REQUESTS / 6); // requests before the first RSS reading
@@ -33,14 +33,6 @@ const SEED = Number(process.env.PAGELLM_SOAK_SEED) || (Date.now() % 1000000);
 
 const vmRSSkB = (pid) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]);
 const isAsan = (pid) => /libasan|libclang_rt\.asan/.test(readFileSync(`/proc/${pid}/maps`, 'utf8'));
-
-/** The raw bytes of POST /v1/completions with a JSON body: [head, body]. */
-function rawRequest(body) {
-    const b = Buffer.from(JSON.stringify(body));
-    const head = Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n' +
-                             `Content-Type: application/json\r\nContent-Length: ${b.length}\r\n\r\n`);
-    return [head, b];
-}
 
 /** Connect, write `bytes`, and once `untilChunks` SSE events arrived (0: at once after the
  * write), destroy the socket. Resolves to how many events had arrived. */
