@@ -3,13 +3,15 @@
  * softmax. Where it applies (kc_prefill_wgmma_ok) it replaces attention_prefill_tc.cu's
  * mma.sync kernel, whose 16 x 8 MMAs fed by ldmatrix left the tensor pipe idle most of the time.
  *
- * The tiling is attention_prefill_tc.cu's: grid (query tile, KV head x head group), tiles in
- * reverse order, a tile 64 query vectors (64 / HB rows of one sequence times the HB query heads
- * of one KV head), K/V tiles of 64 positions gathered from the cache's blocks by cp.async,
- * double-buffered. One warpgroup (4 warps) runs a block; warp w owns vectors 16w .. 16w + 15.
- * Q and the K/V tiles sit in shared memory in the layout wgmma reads with 128-byte swizzle: two
- * panels of 64 dimensions, each 64 rows of 128 bytes, the 16-byte chunk c of row r stored at
- * chunk c ^ (r % 8). Per K/V tile:
+ * The tiling is attention_prefill_tc.cu's (prefill_tc.cuh) with tiles twice as large: grid
+ * (query tile, KV head x head group), tiles in reverse order, a tile 128 query vectors (128 / HB
+ * rows of one sequence times the HB query heads of one KV head), K/V tiles of 64 positions
+ * gathered from the cache's blocks by cp.async, double-buffered. Two warpgroups run a block,
+ * each on 64 of the vectors (warp w owns vectors 16w .. 16w + 15), sharing every K/V tile: half
+ * the tile loads per FLOP of 64-vector tiles, which would ask more of L2 than it gives. Each
+ * warpgroup's Q and the K/V tiles sit in shared memory in the layout wgmma reads with 128-byte
+ * swizzle: two panels of 64 dimensions, each 64 rows of 128 bytes, the 16-byte chunk c of row r
+ * stored at chunk c ^ (r % 8). Per K/V tile and warpgroup:
  *   S = Q K^T: eight m64n64k16 wgmmas, both operands from shared memory (K-major);
  *   causal (and sliding-window) mask, online softmax in registers, exp2 with the scale folded in;
  *   O += P V: four m64n128k16 wgmmas, P from registers (the S accumulators rounded to the MMA
@@ -31,6 +33,7 @@
 namespace {
 
 constexpr int WP_D = 128, WP_TK = 64; /* head_dim, positions per K/V tile */
+constexpr int WP_WGS = 2;             /* warpgroups a block, 64 query vectors each */
 constexpr int PANEL = 64 * 128;       /* bytes: one 64-dimension panel of a 64-row tile */
 constexpr int TILE = 2 * PANEL;       /* a 64 x 128 tile of 16-bit elements */
 constexpr int STAGE8 = WP_TK * WP_D;  /* an fp8 tile's staged bytes */
@@ -76,34 +79,34 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4],
 }
 #undef WGMMA_PV
 
-template <typename T, typename TC>
-__global__ __launch_bounds__(TC_THREADS, 2) void prefill_wgmma_kernel(
+template <typename T, typename TC, int WGS>
+__global__ __launch_bounds__(128 * WGS, 2 / WGS) void prefill_wgmma_kernel(
     T *__restrict__ out, const T *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int HB, float scale_log2) {
     constexpr bool FP8 = is_kv8<TC>::value;
     using MT = std::conditional_t<FP8, f16, T>; /* the MMAs' input type */
     constexpr int NB = FP8 ? 1 : 2;             /* 16-bit K/V tile buffers */
-    constexpr int D = WP_D, TK = WP_TK, NT = TK / 8, ND = D / 8;
+    constexpr int D = WP_D, TK = WP_TK, NT = TK / 8, ND = D / 8, M = 64 * WGS;
     extern __shared__ uint8_t smem_wp[];
-    uint8_t *Qs = ring_base(smem_wp); /* 1024-byte aligned, as the swizzle needs */
-    uint8_t *Ks = Qs + TILE;          /* [NB] tiles */
+    uint8_t *Qs = ring_base(smem_wp); /* [WGS] tiles, 1024-byte aligned as the swizzle needs */
+    uint8_t *Ks = Qs + WGS * TILE;    /* [NB] tiles */
     uint8_t *Vs = Ks + NB * TILE;     /* [NB] tiles */
     uint8_t *K8 = Vs + NB * TILE;     /* fp8: [2] staged tiles */
     uint8_t *V8 = K8 + 2 * STAGE8;
 
     TcTile tt;
-    auto q_dst = [&](int v, int c) { return smem_addr(Qs + swz(v, c)); };
-    if (!tc_tile_begin<D>(tt, q, q_dst, kg, positions, query_start, num_seqs, block_tables, nh, G,
-                          HB))
+    auto q_dst = [&](int v, int c) { return smem_addr(Qs + (v >> 6) * TILE + swz(v & 63, c)); };
+    if (!tc_tile_begin<D, M>(tt, q, q_dst, kg, positions, query_start, num_seqs, block_tables, nh,
+                             G, HB))
         return;
     auto load_tile = [&](int kt, int buf) {
-        tc_load_kv<TC, TK, D>(tt, kg, cache, kt, buf, K8, V8, [&](int kv, int j, int c) {
+        tc_load_kv<TC, TK, D, M>(tt, kg, cache, kt, buf, K8, V8, [&](int kv, int j, int c) {
             return smem_addr((kv ? Vs : Ks) + buf * TILE + swz(j, c));
         });
     };
-    const int kt0 = tc_first_tile<T, MT, TK>(tt, load_tile, (uint32_t *)Qs, TILE / 4);
-    const uint64_t dq = smem_desc(Qs);
+    const int kt0 = tc_first_tile<T, MT, TK, M>(tt, load_tile, (uint32_t *)Qs, WGS * TILE / 4);
+    const uint64_t dq = smem_desc(Qs + (threadIdx.x >> 7) * TILE); /* this warpgroup's queries */
 
     float o[ND][4];
 #pragma unroll
@@ -117,8 +120,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_wgmma_kernel(
         tc_next_tile(kt, ntiles, load_tile);
         if constexpr (FP8) {
             __syncthreads(); /* every thread's staged bytes have landed */
-            tc_widen_kv<TK, D>(K8 + (kt & 1) * STAGE8, V8 + (kt & 1) * STAGE8,
-                               [&](int kv, int j, int c) { return (kv ? Vs : Ks) + swz(j, c); });
+            tc_widen_kv<TK, D, M>(K8 + (kt & 1) * STAGE8, V8 + (kt & 1) * STAGE8,
+                                  [&](int kv, int j, int c) { return (kv ? Vs : Ks) + swz(j, c); });
         }
         fence_proxy_async(); /* this thread's writes, visible to the MMAs after the barrier */
         __syncthreads();
@@ -153,16 +156,16 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_wgmma_kernel(
     tc_store_out<T>(out, o, l, tt, kg.vs, nh, HB);
 }
 
-template <typename T, typename TC>
+template <typename T, typename TC, int WGS>
 void launch(void *out, const void *q, const void *cache, const KvGeom &kg, const AttnBatch *b,
             int nh, float scale, cudaStream_t stream) {
     constexpr bool FP8 = is_kv8<TC>::value;
     int HB;
-    const dim3 grid = tc_grid(b, kg, nh, &HB);
-    const size_t smem = 1024 + (size_t)(1 + 2 * (FP8 ? 1 : 2)) * TILE + (FP8 ? 4 * STAGE8 : 0);
-    auto kern = prefill_wgmma_kernel<T, TC>;
+    const dim3 grid = tc_grid(b, kg, nh, 64 * WGS, &HB);
+    const size_t smem = 1024 + (size_t)(WGS + 2 * (FP8 ? 1 : 2)) * TILE + (FP8 ? 4 * STAGE8 : 0);
+    auto kern = prefill_wgmma_kernel<T, TC, WGS>;
     kc_set_smem(kern, smem);
-    kern<<<grid, TC_THREADS, smem, stream>>>(
+    kern<<<grid, 128 * WGS, smem, stream>>>(
         (T *)out, (const T *)q, (const TC *)cache, kg, b->positions, b->query_start, b->num_seqs,
         b->block_tables, nh, nh / kg.nkv, HB, scale * kg.ks * 1.4426950408889634f);
     CUDA_CHECK_LAUNCH();
@@ -179,13 +182,13 @@ void kc_prefill_wgmma(void *out, const void *q, DType act, DType kv, const void 
                       const KvGeom &kg, const AttnBatch *b, int nh, float scale,
                       cudaStream_t stream) {
     if (act == DT_BF16 && kv == DT_F8E4M3)
-        launch<bf16, kv8>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<bf16, kv8, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
     else if (act == DT_BF16)
-        launch<bf16, bf16>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<bf16, bf16, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
     else if (kv == DT_F8E4M3)
-        launch<f16, kv8>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<f16, kv8, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
     else
-        launch<f16, f16>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<f16, f16, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
 }
 
 #else /* not built for sm_90a */

@@ -53,15 +53,15 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
 
     TcTile tt;
     auto q_dst = [&](int v, int c) { return smem_addr(Qs + v * DS + c * 8); };
-    if (!tc_tile_begin<D>(tt, q, q_dst, kg, positions, query_start, num_seqs, block_tables, nh, G,
-                          HB))
+    if (!tc_tile_begin<D, TC_M>(tt, q, q_dst, kg, positions, query_start, num_seqs, block_tables,
+                                nh, G, HB))
         return;
     auto load_tile = [&](int kt, int buf) {
-        tc_load_kv<TC, TK, D>(tt, kg, cache, kt, buf, K8, V8, [&](int kv, int j, int c) {
+        tc_load_kv<TC, TK, D, TC_M>(tt, kg, cache, kt, buf, K8, V8, [&](int kv, int j, int c) {
             return smem_addr((kv ? Vs : Ks) + (buf * TK + j) * DS + c * 8);
         });
     };
-    const int kt0 = tc_first_tile<T, MT, TK>(tt, load_tile, (uint32_t *)Qs, TC_M * DS / 2);
+    const int kt0 = tc_first_tile<T, MT, TK, TC_M>(tt, load_tile, (uint32_t *)Qs, TC_M * DS / 2);
 
     uint32_t qf[QREG ? KD : 1][4];
     const T *qrow = Qs + (warp * 16 + (lane & 15)) * DS + (lane >> 4) * 8;
@@ -85,7 +85,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
         tc_next_tile(kt, ntiles, load_tile);
         __syncthreads();
         if constexpr (FP8) {
-            tc_widen_kv<TK, D>(
+            tc_widen_kv<TK, D, TC_M>(
                 K8 + (kt & 1) * TK * D, V8 + (kt & 1) * TK * D,
                 [&](int kv, int j, int c) { return (kv ? Vs : Ks) + j * DS + c * 8; });
             __syncthreads();
@@ -143,7 +143,7 @@ static void launch_tc(void *out, const void *q, const void *cache, const KvGeom 
     constexpr int TK = D <= 128 ? 64 : 32;
     constexpr bool FP8 = is_kv8<TC>::value;
     int HB;
-    const dim3 grid = tc_grid(b, kg, nh, &HB);
+    const dim3 grid = tc_grid(b, kg, nh, TC_M, &HB);
     const size_t smem =
         (size_t)(TC_M + (FP8 ? 2 : 4) * TK) * (D + 8) * sizeof(T) + (FP8 ? (size_t)4 * TK * D : 0);
     auto kern = prefill_tc_kernel<T, TC, D>;

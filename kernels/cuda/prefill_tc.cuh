@@ -2,17 +2,17 @@
  * (attention_prefill_tc.cu on mma.sync, attention_prefill_sm90a.cu on Hopper's wgmma), and
  * their entry points, which attention_prefill.cu calls where they apply.
  *
- * A block of 4 warps owns a tile of 64 query vectors: 64 / HB rows of one sequence times the HB
- * query heads of one KV head, vector v being row v / HB, head v % HB. Lane l of warp w holds
+ * A block of M / 16 warps owns a tile of M query vectors: M / HB rows of one sequence times the
+ * HB query heads of one KV head, vector v being row v / HB, head v % HB. Lane l of warp w holds
  * vectors 16w + l / 4 and 16w + l / 4 + 8, its scores and outputs as m16n8 MMA accumulator
  * fragments: element [n][c] is vector 16w + l / 4 + 8 (c >> 1), column 8n + 2 (l % 4) + (c & 1)
- * (wgmma's m64nN accumulators have the same layout, element 4n + c). */
+ * (so do a warpgroup's m64nN accumulators for its 64 vectors, element 4n + c). */
 #ifndef PAGELLM_KERNELS_CUDA_PREFILL_TC_CUH
 #define PAGELLM_KERNELS_CUDA_PREFILL_TC_CUH
 
 #include "attention.cuh"
 
-enum { TC_THREADS = 128, TC_M = 64 };
+enum { TC_M = 64, TC_THREADS = 2 * TC_M }; /* the mma.sync kernel's tile */
 
 /* The tensor-core prefill on mma.sync: bf16 or f16 queries and a cache of the same type or fp8,
  * head_dim a multiple of 16 up to 256. */
@@ -41,14 +41,14 @@ typedef struct {
 /* Every thread's start of a block: finds its tile (false: the block has none), issues the
  * cp.async copies of its queries (16-byte chunk c of vector v to shared address q_dst(v, c),
  * zero-filled past the sequence; one committed group) and reads its rows' positions. */
-template <int D, typename T, typename QDst>
+template <int D, int M, typename T, typename QDst>
 __device__ __forceinline__ bool tc_tile_begin(TcTile &tt, const T *q, QDst q_dst, const KvGeom &kg,
                                               const int32_t *positions, const int32_t *query_start,
                                               int num_seqs, const int32_t *block_tables, int nh,
                                               int G, int HB) {
     __shared__ int s_seq, s_t0, s_minpos, s_maxpos;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int rows = TC_M / HB;
+    const int rows = M / HB;
     if (warp == 0) {
         int s, t0;
         find_tile(query_start, num_seqs, rows, (int)(gridDim.x - 1 - blockIdx.x), &s, &t0);
@@ -67,7 +67,7 @@ __device__ __forceinline__ bool tc_tile_begin(TcTile &tt, const T *q, QDst q_dst
     tt.g = blockIdx.y / groups;
     tt.h0 = tt.g * G + (blockIdx.y - tt.g * groups) * HB;
 
-    for (int e = tid; e < TC_M * (D / 8); e += TC_THREADS) {
+    for (int e = tid; e < M * (D / 8); e += 2 * M) {
         const int v = e / (D / 8), c = e - v * (D / 8), r = v / HB, t = tt.t0 + r;
         const bool ok = t < tt.t_end;
         const T *src = ok ? q + ((size_t)t * nh + tt.h0 + v - r * HB) * D + c * 8 : q;
@@ -103,7 +103,7 @@ __device__ __forceinline__ bool tc_tile_begin(TcTile &tt, const T *q, QDst q_dst
 /* After tc_tile_begin: the block's first K/V tile (kt0 = lo / TK, buffer kt0 % 2) in flight by
  * load_tile(kt, buffer), its queries landed and, for f16 MMAs on bf16 queries, converted in
  * place (the nwords 32-bit words at q_words). Returns kt0. */
-template <typename T, typename MT, int TK, typename LoadTile>
+template <typename T, typename MT, int TK, int M, typename LoadTile>
 __device__ __forceinline__ int tc_first_tile(const TcTile &tt, LoadTile load_tile,
                                              uint32_t *q_words, int nwords) {
     const int kt0 = tt.lo / TK;
@@ -112,7 +112,7 @@ __device__ __forceinline__ int tc_first_tile(const TcTile &tt, LoadTile load_til
     cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
     if constexpr (!std::is_same<T, MT>::value) {
-        for (int e = threadIdx.x; e < nwords; e += TC_THREADS)
+        for (int e = threadIdx.x; e < nwords; e += 2 * M)
             q_words[e] = as_mma_pair<T, MT>(q_words[e]);
         __syncthreads();
     }
@@ -147,13 +147,13 @@ __device__ __forceinline__ const TC *tc_kv_src(const TcTile &tt, const KvGeom &k
 /* K and V of the tile of TK positions kt into buffer buf in shared memory, zeros outside the
  * positions any row sees: an fp8 cache's bytes staged as rows of D at k8 and v8 (buffer buf
  * TK rows further), a 16-bit cache's chunk c of row j at dst16(kv, j, c) (kv 0: K, 1: V). */
-template <typename TC, int TK, int D, typename Dst16>
+template <typename TC, int TK, int D, int M, typename Dst16>
 __device__ __forceinline__ void tc_load_kv(const TcTile &tt, const KvGeom &kg, const TC *cache,
                                            int kt, int buf, uint8_t *k8, uint8_t *v8, Dst16 dst16) {
     constexpr int CE = 16 / (int)sizeof(TC),
                   CHC = D / CE; /* cache elements a chunk, chunks a row */
     const TC *kbase = cache + kg.layer_off + (size_t)tt.g * D;
-    for (int e = threadIdx.x; e < TK * CHC; e += TC_THREADS) {
+    for (int e = threadIdx.x; e < TK * CHC; e += 2 * M) {
         const int j = e / CHC, c = e - j * CHC;
         const TC *src = tc_kv_src(tt, kg, kbase, kt * TK + j, c);
         uint32_t kd, vd;
@@ -171,9 +171,9 @@ __device__ __forceinline__ void tc_load_kv(const TcTile &tt, const KvGeom &kg, c
 
 /* fp8: a staged tile of TK rows of D bytes each for K (k8) and V (v8) widened to f16, 16
  * elements a thread and pass: 8-element chunk c2 of row j to dst(kv, j, c2). */
-template <int TK, int D, typename Dst>
+template <int TK, int D, int M, typename Dst>
 __device__ __forceinline__ void tc_widen_kv(const uint8_t *k8, const uint8_t *v8, Dst dst) {
-    for (int e = threadIdx.x; e < 2 * TK * (D / 16); e += TC_THREADS) {
+    for (int e = threadIdx.x; e < 2 * TK * (D / 16); e += 2 * M) {
         const int kv = e >= TK * (D / 16), r = e - kv * TK * (D / 16);
         const int j = r / (D / 16), c = r - j * (D / 16);
         const uint4 u = *(const uint4 *)((kv ? v8 : k8) + j * D + c * 16);
@@ -277,14 +277,15 @@ __device__ __forceinline__ void tc_store_out(T *out, const float (&o)[ND][4], fl
     }
 }
 
-/* The grid of a launch: a block per tile of 64 / HB rows (HB: heads per tile, the largest power
- * of two dividing G, at most 8), plus one per sequence for tiles split at its ends. */
-static inline dim3 tc_grid(const AttnBatch *b, const KvGeom &kg, int nh, int *HB) {
+/* The grid of a launch of M-vector tiles: a block per tile of M / HB rows (HB: heads per tile,
+ * the largest power of two dividing G, at most 8), plus one per sequence for tiles split at its
+ * ends. */
+static inline dim3 tc_grid(const AttnBatch *b, const KvGeom &kg, int nh, int M, int *HB) {
     const int G = nh / kg.nkv;
     *HB = 1;
     while (*HB * 2 <= 8 && G % (*HB * 2) == 0)
         *HB *= 2;
-    const int rows = TC_M / *HB;
+    const int rows = M / *HB;
     return dim3((unsigned)((b->num_tokens + rows - 1) / rows + b->num_seqs),
                 (unsigned)(kg.nkv * (G / *HB)));
 }
