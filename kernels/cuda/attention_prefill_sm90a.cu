@@ -6,7 +6,8 @@
  * The tiling is attention_prefill_tc.cu's (prefill_tc.cuh) with tiles twice as large: grid
  * (query tile, KV head x head group), tiles in reverse order, a tile 128 query vectors (128 / HB
  * rows of one sequence times the HB query heads of one KV head), K/V tiles of 64 positions
- * gathered from the cache's blocks by cp.async, double-buffered. Two warpgroups run a block,
+ * gathered from the cache's blocks by cp.async, three buffers: two tiles ahead are in flight
+ * while one is used, each tile's loads having two tiles' work to land. Two warpgroups run a block,
  * each on 64 of the vectors (warp w owns vectors 16w .. 16w + 15), sharing every K/V tile: half
  * the tile loads per FLOP of 64-vector tiles, which would ask more of L2 than it gives. Each
  * warpgroup's Q and the K/V tiles sit in shared memory in the layout wgmma reads with 128-byte
@@ -17,7 +18,7 @@
  *   O += P V: four m64n128k16 wgmmas, P from registers (the S accumulators rounded to the MMA
  *   type, whose fragment layout is wgmma's A layout), V from shared memory read N-major
  *   (transposed: the same tile layout, panels 8 KB apart, 8-row groups 1 KB apart).
- * An fp8 cache: tiles are staged as bytes (double-buffered) and widened once into the f16 tiles
+ * An fp8 cache: tiles are staged as bytes (three buffers) and widened once into the f16 tiles
  * (one buffer), the K scale folded into the softmax scale and the V scale onto the output; the
  * MMAs then run in f16 (bf16 queries converted once per block), as in attention_prefill_tc.cu.
  * Writes by cp.async and by threads reach the MMAs (the async proxy) through
@@ -34,6 +35,7 @@ namespace {
 
 constexpr int WP_D = 128, WP_TK = 64; /* head_dim, positions per K/V tile */
 constexpr int WP_WGS = 2;             /* warpgroups a block, 64 query vectors each */
+constexpr int WP_STAGES = 3;          /* K/V tiles in flight or in use (16-bit cache) */
 constexpr int PANEL = 64 * 128;       /* bytes: one 64-dimension panel of a 64-row tile */
 constexpr int TILE = 2 * PANEL;       /* a 64 x 128 tile of 16-bit elements */
 constexpr int STAGE8 = WP_TK * WP_D;  /* an fp8 tile's staged bytes */
@@ -79,21 +81,21 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4],
 }
 #undef WGMMA_PV
 
-template <typename T, typename TC, int WGS>
+template <typename T, typename TC, int WGS, int S>
 __global__ __launch_bounds__(128 * WGS, 2 / WGS) void prefill_wgmma_kernel(
     T *__restrict__ out, const T *__restrict__ q, const TC *__restrict__ cache, KvGeom kg,
     const int32_t *positions, const int32_t *query_start, int num_seqs, const int32_t *block_tables,
     int nh, int G, int HB, float scale_log2) {
     constexpr bool FP8 = is_kv8<TC>::value;
     using MT = std::conditional_t<FP8, f16, T>; /* the MMAs' input type */
-    constexpr int NB = FP8 ? 1 : 2;             /* 16-bit K/V tile buffers */
+    constexpr int NB = FP8 ? 1 : S;             /* 16-bit K/V tile buffers */
     constexpr int D = WP_D, TK = WP_TK, NT = TK / 8, ND = D / 8, M = 64 * WGS;
     extern __shared__ uint8_t smem_wp[];
     uint8_t *Qs = ring_base(smem_wp); /* [WGS] tiles, 1024-byte aligned as the swizzle needs */
     uint8_t *Ks = Qs + WGS * TILE;    /* [NB] tiles */
     uint8_t *Vs = Ks + NB * TILE;     /* [NB] tiles */
-    uint8_t *K8 = Vs + NB * TILE;     /* fp8: [2] staged tiles */
-    uint8_t *V8 = K8 + 2 * STAGE8;
+    uint8_t *K8 = Vs + NB * TILE;     /* fp8: [S] staged tiles */
+    uint8_t *V8 = K8 + S * STAGE8;
 
     TcTile tt;
     auto q_dst = [&](int v, int c) { return smem_addr(Qs + (v >> 6) * TILE + swz(v & 63, c)); };
@@ -105,7 +107,7 @@ __global__ __launch_bounds__(128 * WGS, 2 / WGS) void prefill_wgmma_kernel(
             return smem_addr((kv ? Vs : Ks) + buf * TILE + swz(j, c));
         });
     };
-    const int kt0 = tc_first_tile<T, MT, TK, M>(tt, load_tile, (uint32_t *)Qs, WGS * TILE / 4);
+    const int kt0 = tc_first_tiles<T, MT, TK, M, S>(tt, load_tile, (uint32_t *)Qs, WGS * TILE / 4);
     const uint64_t dq = smem_desc(Qs + (threadIdx.x >> 7) * TILE); /* this warpgroup's queries */
 
     float o[ND][4];
@@ -117,15 +119,15 @@ __global__ __launch_bounds__(128 * WGS, 2 / WGS) void prefill_wgmma_kernel(
 
     const int ntiles = tt.maxpos / TK + 1;
     for (int kt = kt0; kt < ntiles; kt++) {
-        tc_next_tile(kt, ntiles, load_tile);
+        tc_next_tile<S>(kt, ntiles, load_tile);
         if constexpr (FP8) {
             __syncthreads(); /* every thread's staged bytes have landed */
-            tc_widen_kv<TK, D, M>(K8 + (kt & 1) * STAGE8, V8 + (kt & 1) * STAGE8,
+            tc_widen_kv<TK, D, M>(K8 + (kt % S) * STAGE8, V8 + (kt % S) * STAGE8,
                                   [&](int kv, int j, int c) { return (kv ? Vs : Ks) + swz(j, c); });
         }
         fence_proxy_async(); /* this thread's writes, visible to the MMAs after the barrier */
         __syncthreads();
-        const int cur = FP8 ? 0 : kt & 1;
+        const int cur = FP8 ? 0 : kt % S;
         const uint8_t *Kb = Ks + cur * TILE, *Vb = Vs + cur * TILE;
 
         float sc[NT][4]; /* S = Q K^T */
@@ -156,14 +158,15 @@ __global__ __launch_bounds__(128 * WGS, 2 / WGS) void prefill_wgmma_kernel(
     tc_store_out<T>(out, o, l, tt, kg.vs, nh, HB);
 }
 
-template <typename T, typename TC, int WGS>
+template <typename T, typename TC, int WGS, int S>
 void launch(void *out, const void *q, const void *cache, const KvGeom &kg, const AttnBatch *b,
             int nh, float scale, cudaStream_t stream) {
     constexpr bool FP8 = is_kv8<TC>::value;
     int HB;
     const dim3 grid = tc_grid(b, kg, nh, 64 * WGS, &HB);
-    const size_t smem = 1024 + (size_t)(WGS + 2 * (FP8 ? 1 : 2)) * TILE + (FP8 ? 4 * STAGE8 : 0);
-    auto kern = prefill_wgmma_kernel<T, TC, WGS>;
+    const size_t smem =
+        1024 + (size_t)(WGS + 2 * (FP8 ? 1 : S)) * TILE + (FP8 ? (size_t)2 * S * STAGE8 : 0);
+    auto kern = prefill_wgmma_kernel<T, TC, WGS, S>;
     kc_set_smem(kern, smem);
     kern<<<grid, 128 * WGS, smem, stream>>>(
         (T *)out, (const T *)q, (const TC *)cache, kg, b->positions, b->query_start, b->num_seqs,
@@ -182,13 +185,13 @@ void kc_prefill_wgmma(void *out, const void *q, DType act, DType kv, const void 
                       const KvGeom &kg, const AttnBatch *b, int nh, float scale,
                       cudaStream_t stream) {
     if (act == DT_BF16 && kv == DT_F8E4M3)
-        launch<bf16, kv8, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<bf16, kv8, WP_WGS, WP_STAGES>(out, q, kv_cache, kg, b, nh, scale, stream);
     else if (act == DT_BF16)
-        launch<bf16, bf16, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<bf16, bf16, WP_WGS, WP_STAGES>(out, q, kv_cache, kg, b, nh, scale, stream);
     else if (kv == DT_F8E4M3)
-        launch<f16, kv8, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<f16, kv8, WP_WGS, WP_STAGES>(out, q, kv_cache, kg, b, nh, scale, stream);
     else
-        launch<f16, f16, WP_WGS>(out, q, kv_cache, kg, b, nh, scale, stream);
+        launch<f16, f16, WP_WGS, WP_STAGES>(out, q, kv_cache, kg, b, nh, scale, stream);
 }
 
 #else /* not built for sm_90a */

@@ -61,7 +61,8 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
             return smem_addr((kv ? Vs : Ks) + (buf * TK + j) * DS + c * 8);
         });
     };
-    const int kt0 = tc_first_tile<T, MT, TK, TC_M>(tt, load_tile, (uint32_t *)Qs, TC_M * DS / 2);
+    const int kt0 =
+        tc_first_tiles<T, MT, TK, TC_M, 2>(tt, load_tile, (uint32_t *)Qs, TC_M * DS / 2);
 
     uint32_t qf[QREG ? KD : 1][4];
     const T *qrow = Qs + (warp * 16 + (lane & 15)) * DS + (lane >> 4) * 8;
@@ -82,7 +83,7 @@ __global__ __launch_bounds__(TC_THREADS, 2) void prefill_tc_kernel(
 
     const int ntiles = tt.maxpos / TK + 1;
     for (int kt = kt0; kt < ntiles; kt++) {
-        tc_next_tile(kt, ntiles, load_tile);
+        tc_next_tile<2>(kt, ntiles, load_tile);
         __syncthreads();
         if constexpr (FP8) {
             tc_widen_kv<TK, D, TC_M>(

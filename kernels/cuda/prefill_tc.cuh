@@ -100,16 +100,21 @@ __device__ __forceinline__ bool tc_tile_begin(TcTile &tt, const T *q, QDst q_dst
     return true;
 }
 
-/* After tc_tile_begin: the block's first K/V tile (kt0 = lo / TK, buffer kt0 % 2) in flight by
- * load_tile(kt, buffer), its queries landed and, for f16 MMAs on bf16 queries, converted in
- * place (the nwords 32-bit words at q_words). Returns kt0. */
-template <typename T, typename MT, int TK, int M, typename LoadTile>
-__device__ __forceinline__ int tc_first_tile(const TcTile &tt, LoadTile load_tile,
-                                             uint32_t *q_words, int nwords) {
-    const int kt0 = tt.lo / TK;
-    load_tile(kt0, kt0 & 1);
-    cp_async_commit();
-    cp_async_wait<1>(); /* Q has landed */
+/* After tc_tile_begin: the block's first S - 1 K/V tiles (from kt0 = lo / TK, tile kt in buffer
+ * kt % S) in flight by load_tile(kt, buffer), one cp.async group each, its queries landed and,
+ * for f16 MMAs on bf16 queries, converted in place (the nwords 32-bit words at q_words).
+ * Returns kt0. */
+template <typename T, typename MT, int TK, int M, int S, typename LoadTile>
+__device__ __forceinline__ int tc_first_tiles(const TcTile &tt, LoadTile load_tile,
+                                              uint32_t *q_words, int nwords) {
+    const int kt0 = tt.lo / TK, ntiles = tt.maxpos / TK + 1;
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        if (kt0 + i < ntiles)
+            load_tile(kt0 + i, (kt0 + i) % S);
+        cp_async_commit();
+    }
+    cp_async_wait<S - 1>(); /* Q has landed */
     __syncthreads();
     if constexpr (!std::is_same<T, MT>::value) {
         for (int e = threadIdx.x; e < nwords; e += 2 * M)
@@ -119,14 +124,14 @@ __device__ __forceinline__ int tc_first_tile(const TcTile &tt, LoadTile load_til
     return kt0;
 }
 
-/* In the loop over K/V tiles: tile kt + 1 (if any) in flight, tile kt landed for this thread
+/* In the loop over K/V tiles: tile kt + S - 1 (if any) in flight, tile kt landed for this thread
  * (the caller's barrier makes it the block's). */
-template <typename LoadTile>
+template <int S, typename LoadTile>
 __device__ __forceinline__ void tc_next_tile(int kt, int ntiles, LoadTile load_tile) {
-    if (kt + 1 < ntiles)
-        load_tile(kt + 1, (kt + 1) & 1);
+    if (kt + S - 1 < ntiles)
+        load_tile(kt + S - 1, (kt + S - 1) % S);
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<S - 1>();
 }
 
 /* The cache address of 16-byte chunk c of position p's K row (V is kg.half further) for the
@@ -146,7 +151,8 @@ __device__ __forceinline__ const TC *tc_kv_src(const TcTile &tt, const KvGeom &k
 
 /* K and V of the tile of TK positions kt into buffer buf in shared memory, zeros outside the
  * positions any row sees: an fp8 cache's bytes staged as rows of D at k8 and v8 (buffer buf
- * TK rows further), a 16-bit cache's chunk c of row j at dst16(kv, j, c) (kv 0: K, 1: V). */
+ * starting buf TK rows in), a 16-bit cache's chunk c of row j at dst16(kv, j, c) (kv 0: K,
+ * 1: V). */
 template <typename TC, int TK, int D, int M, typename Dst16>
 __device__ __forceinline__ void tc_load_kv(const TcTile &tt, const KvGeom &kg, const TC *cache,
                                            int kt, int buf, uint8_t *k8, uint8_t *v8, Dst16 dst16) {
