@@ -1,7 +1,8 @@
 /* test_attention_cuda.c - the paged-attention kernels (k_cuda_attention_decode and
  * k_cuda_attention_prefill, kernels/cuda/attention_*.cu) against the CPU `attention` op
  * (test_cpu_ops(), the reference) on random data from fixed seeds. Sweeps head dims (64, 80, 96,
- * 128, 256 on the tensor-core prefill path; 8, 24, 40 on the CUDA-core fallback; 48, 176 and
+ * 128, 256 on the tensor-core prefill paths, 128 on Hopper's wgmma kernel where the build has
+ * the sm_90a kernels; 8, 24, 40 on the CUDA-core fallback; 48, 176 and
  * large ones 512, 1024 besides), GQA ratios 1/4/8 (and 7, 16), block sizes 8..128, random
  * non-contiguous block tables with padding entries (-1), padding rows, mixed batches (decodes,
  * a prompt chunk continuing a cached prefix, a fresh prompt) run as a decode launch, a prefill

@@ -1,8 +1,7 @@
 /* attention.cuh - (internal to kernels/cuda/) what the paged-attention kernels share: the
  * argument checks, the KV-cache geometry of one layer in elements, the mapping of a prefill
  * grid's blocks to (sequence, query tile), cp.async and tensor-core (ldmatrix, mma.sync)
- * helpers, and the tensor-core prefill path's entry points (attention_prefill_tc.cu), which
- * attention_prefill.cu calls where it applies. */
+ * helpers (prefill_tc.cuh has what the tensor-core prefill kernels share). */
 #ifndef PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 #define PAGELLM_KERNELS_CUDA_ATTENTION_CUH
 
@@ -29,6 +28,15 @@ typedef struct {
     int window;    /* > 0: the last `window` positions only */
     int win_align; /* decode: the first position read is a multiple of it (1: lo(p) itself) */
 } KvGeom;
+
+/* mn and mx become their minimum and maximum over the warp (every lane calls). */
+__device__ __forceinline__ void warp_min_max(int &mn, int &mx) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+}
 
 /* Index into a block table of position p: p / bs, a shift for power-of-two block sizes. */
 __device__ __forceinline__ int kv_block_of(const KvGeom &kg, int p) {
@@ -348,13 +356,6 @@ __device__ static inline void find_tile(const int32_t *query_start, int num_seqs
     *s_out = found_s;
     *t0_out = found_t0;
 }
-
-/* The tensor-core prefill (attention_prefill_tc.cu): bf16 or f16 queries and a cache (of
- * dtype kv) of the same type or fp8, head_dim a multiple of 16 up to 256. kc_prefill_tc_ok says
- * whether it applies. */
-bool kc_prefill_tc_ok(DType act, const KvLayout *l);
-void kc_prefill_tc(void *out, const void *q, DType act, DType kv, const void *kv_cache,
-                   const KvGeom &kg, const AttnBatch *b, int nh, float scale, cudaStream_t stream);
 
 /* Copy 8 cache elements at `src` into shared memory `dst` (16-byte aligned) as fp32, times s
  * (an fp8 cache's scale: dec(q) * s, as the CPU reads it; 1 otherwise). */

@@ -2,8 +2,10 @@
  * sequence's rows are query_start[s]..query_start[s+1], at any positions, so a chunk attends
  * to its sequence's earlier chunks already in the cache as well as to itself).
  *
- * k_cuda_attention_prefill takes the tensor-core kernel (attention_prefill_tc.cu) for bf16
- * (f16) queries on a bf16 (f16) cache with head_dim a multiple of 16 up to 256, and otherwise the
+ * k_cuda_attention_prefill takes the tensor-core kernels for bf16 (f16) queries on a cache of
+ * the same type or fp8 (prefill_tc.cuh): on Hopper with the sm_90a kernels built, wgmma's at
+ * head_dim 128 (attention_prefill_sm90a.cu); mma.sync's for head_dim a multiple of 16 up to 256
+ * (attention_prefill_tc.cu). Otherwise it takes the
  * fp32 CUDA-core kernel here, which handles every supported shape and dtype pair exactly (an fp8
  * cache staged as dec(q) * s, the CPU reference's values).
  *
@@ -16,7 +18,7 @@
  * with O in registers. All fp32 on CUDA cores. */
 #include <math.h>
 
-#include "attention.cuh"
+#include "prefill_tc.cuh"
 
 enum { PF_THREADS = 256, PF_MAXP = 8 };
 
@@ -81,10 +83,7 @@ __global__ __launch_bounds__(PF_THREADS) void prefill_kernel(TQ *out, const TQ *
             if (row_pos[v] >= 0)
                 mn = min(mn, row_pos[v]);
         }
-        for (int o = 16; o > 0; o >>= 1) {
-            mp = max(mp, __shfl_xor_sync(0xffffffffu, mp, o));
-            mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-        }
+        warp_min_max(mn, mp);
         if (lane == 0) {
             s_maxpos = mp;
             s_minpos = mn;
@@ -268,6 +267,10 @@ void k_cuda_attention_prefill(void *out, const void *q, DType act, const void *k
         return;
     const int G = nh / kg.nkv;
     cudaStream_t st = kc_stream(stream);
+    if (kc_prefill_wgmma_ok(act, l)) {
+        kc_prefill_wgmma(out, q, act, l->dtype, kv_cache, kg, b, nh, scale, st);
+        return;
+    }
     if (kc_prefill_tc_ok(act, l)) {
         kc_prefill_tc(out, q, act, l->dtype, kv_cache, kg, b, nh, scale, st);
         return;

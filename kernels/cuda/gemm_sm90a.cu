@@ -38,16 +38,7 @@
 
 namespace {
 
-WGMMA_DEFINE(224, bf16, WG_REGS_112, WG_D112, 112, 113, 114)
-WGMMA_DEFINE(224, f16, WG_REGS_112, WG_D112, 112, 113, 114)
-
-template <typename T>
-__device__ __forceinline__ void wgmma_n224(float (&d)[112], uint64_t da, uint64_t db, int scale_d) {
-    if constexpr (std::is_same<T, bf16>::value)
-        wgmma_bf16_n224(d, da, db, scale_d);
-    else
-        wgmma_f16_n224(d, da, db, scale_d);
-}
+WGMMA_DEFINE(224, WG_REGS_112, WG_D112, 112, 113, 114)
 
 /* silu(g) * u of sums rounded to T first, as the projection's stored output would be. */
 template <typename T> __device__ __forceinline__ float swiglu(float g, float u) {

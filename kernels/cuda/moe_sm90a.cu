@@ -39,28 +39,16 @@ template <int BN> __host__ __device__ constexpr int mw_stage_bytes() {
     return MW_A_BYTES + BN * ROW_BYTES;
 }
 
-#define MW_REGS_64                                                                                 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define MW_D_64 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
-#define MW_REGS_96                                                                                 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
-    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "   \
-    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-#define MW_D_96 WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40)
-WGMMA_DEFINE(64, bf16, MW_REGS_64, MW_D_64, 32, 33, 34)
-WGMMA_DEFINE(64, f16, MW_REGS_64, MW_D_64, 32, 33, 34)
-WGMMA_DEFINE(96, bf16, MW_REGS_96, MW_D_96, 48, 49, 50)
-WGMMA_DEFINE(96, f16, MW_REGS_96, MW_D_96, 48, 49, 50)
+WGMMA_DEFINE(64, WG_REGS_32, WG_D32, 32, 33, 34)
+WGMMA_DEFINE(96, WG_REGS_48, WG_D48, 48, 49, 50)
 
 template <typename T, int BN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db,
                                            int scale_d) {
-    constexpr bool B = std::is_same<T, bf16>::value;
     if constexpr (BN == 64)
-        B ? wgmma_bf16_n64(d, da, db, scale_d) : wgmma_f16_n64(d, da, db, scale_d);
+        wgmma_n64<T>(d, da, db, scale_d);
     else
-        B ? wgmma_bf16_n96(d, da, db, scale_d) : wgmma_f16_n96(d, da, db, scale_d);
+        wgmma_n96<T>(d, da, db, scale_d);
 }
 
 /* xg[pos] = x[row of pos's slot], 16 bytes a thread at a time (H % 8 == 0). */

@@ -157,30 +157,46 @@ template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R]) {
 #define WG_D8(i)                                                                                   \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WG_D56  WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24), WG_D8(32), WG_D8(40), WG_D8(48)
+#define WG_D32  WG_D8(0), WG_D8(8), WG_D8(16), WG_D8(24)
+#define WG_D48  WG_D32, WG_D8(32), WG_D8(40)
+#define WG_D56  WG_D32, WG_D8(32), WG_D8(40), WG_D8(48)
+#define WG_D64  WG_D56, WG_D8(56)
 #define WG_D112 WG_D56, WG_D8(56), WG_D8(64), WG_D8(72), WG_D8(80), WG_D8(88), WG_D8(96), WG_D8(104)
-#define WG_REGS_64                                                                                 \
+#define WG_REGS_32                                                                                 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                       \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "                       \
-    "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "                       \
-    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "                       \
-    "%58, %59, %60, %61, %62, %63"
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_REGS_48                                                                                 \
+    WG_REGS_32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define WG_REGS_64                                                                                 \
+    WG_REGS_32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "                    \
+               "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "            \
+               "%58, %59, %60, %61, %62, %63"
 #define WG_REGS_112                                                                                \
     WG_REGS_64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "          \
                "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, "       \
                "%93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, "           \
                "%106, %107, %108, %109, %110, %111"
 
-/* d[64 x N] (+)= a[64 x 16] b[N x 16]^T, this warpgroup's fragment of d (N / 2 per thread);
- * scale_d 0 overwrites d. IA, IB, IS: the operand numbers after the N / 2 accumulators. */
-#define WGMMA_DEFINE(N, AB, REGS, DOPS, IA, IB, IS)                                                \
-    __device__ __forceinline__ void wgmma_##AB##_n##N(float(&d)[N / 2], uint64_t da, uint64_t db,  \
-                                                      int scale_d) {                               \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                             \
-                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #AB "." #AB " {" REGS       \
-                     "}, %" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                  \
-                     : DOPS                                                                        \
-                     : "l"(da), "l"(db), "r"(scale_d));                                            \
+/* wgmma_nN<T>(d, da, db, scale_d): d[64 x N] (+)= a[64 x 16] b[N x 16]^T for T bf16 or f16,
+ * both operands K-major in shared memory (descriptors da, db), d this warpgroup's fragment
+ * (N / 2 per thread); scale_d 0 overwrites d. REGS, DOPS: the accumulators' operand list and
+ * constraints; IA, IB, IS: the operand numbers after them. */
+#define WGMMA_ASM(N, AB, REGS, IA, IB, IS)                                                         \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #IS ", 0;\n"                                              \
+    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." #AB "." #AB " {" REGS "}, %" #IA ", %" #IB   \
+    ", p, 1, 1, 0, 0;\n}\n"
+#define WGMMA_DEFINE(N, REGS, DOPS, IA, IB, IS)                                                    \
+    template <typename T>                                                                          \
+    __device__ __forceinline__ void wgmma_n##N(float(&d)[N / 2], uint64_t da, uint64_t db,         \
+                                               int scale_d) {                                      \
+        if constexpr (std::is_same<T, bf16>::value)                                                \
+            asm volatile(WGMMA_ASM(N, bf16, REGS, IA, IB, IS)                                      \
+                         : DOPS                                                                    \
+                         : "l"(da), "l"(db), "r"(scale_d));                                        \
+        else                                                                                       \
+            asm volatile(WGMMA_ASM(N, f16, REGS, IA, IB, IS)                                       \
+                         : DOPS                                                                    \
+                         : "l"(da), "l"(db), "r"(scale_d));                                        \
     }
 } // namespace
 
