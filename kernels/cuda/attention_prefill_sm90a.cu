@@ -6,10 +6,10 @@
  * The tiling is attention_prefill_tc.cu's (prefill_tc.cuh) with tiles twice as large: grid
  * (query tile, KV head x head group), tiles in reverse order, a tile 128 query vectors (128 / HB
  * rows of one sequence times the HB query heads of one KV head), K/V tiles of 64 positions
- * gathered from the cache's blocks by cp.async, three buffers: two tiles ahead are in flight
- * while one is used, each tile's loads having two tiles' work to land. Two warpgroups run a block,
- * each on 64 of the vectors (warp w owns vectors 16w .. 16w + 15), sharing every K/V tile: half
- * the tile loads per FLOP of 64-vector tiles, which would ask more of L2 than it gives. Each
+ * gathered from the cache's blocks by cp.async, two buffers: the next tile is in flight while
+ * one is used (a third buffer measured 2 % slower on an H100: PERFORMANCE.md). Two warpgroups run a
+ * block, each on 64 of the vectors (warp w owns vectors 16w .. 16w + 15), sharing every K/V tile:
+ * half the tile loads per FLOP of 64-vector tiles, which would ask more of L2 than it gives. Each
  * warpgroup's Q and the K/V tiles sit in shared memory in the layout wgmma reads with 128-byte
  * swizzle: two panels of 64 dimensions, each 64 rows of 128 bytes, the 16-byte chunk c of row r
  * stored at chunk c ^ (r % 8). Per K/V tile and warpgroup:
@@ -18,7 +18,7 @@
  *   O += P V: four m64n128k16 wgmmas, P from registers (the S accumulators rounded to the MMA
  *   type, whose fragment layout is wgmma's A layout), V from shared memory read N-major
  *   (transposed: the same tile layout, panels 8 KB apart, 8-row groups 1 KB apart).
- * An fp8 cache: tiles are staged as bytes (three buffers) and widened once into the f16 tiles
+ * An fp8 cache: tiles are staged as bytes (two buffers) and widened once into the f16 tiles
  * (one buffer), the K scale folded into the softmax scale and the V scale onto the output; the
  * MMAs then run in f16 (bf16 queries converted once per block), as in attention_prefill_tc.cu.
  * Writes by cp.async and by threads reach the MMAs (the async proxy) through
@@ -35,7 +35,7 @@ namespace {
 
 constexpr int WP_D = 128, WP_TK = 64; /* head_dim, positions per K/V tile */
 constexpr int WP_WGS = 2;             /* warpgroups a block, 64 query vectors each */
-constexpr int WP_STAGES = 3;          /* K/V tiles in flight or in use (16-bit cache) */
+constexpr int WP_STAGES = 2;          /* K/V tiles in flight or in use (16-bit cache) */
 constexpr int PANEL = 64 * 128;       /* bytes: one 64-dimension panel of a 64-row tile */
 constexpr int TILE = 2 * PANEL;       /* a 64 x 128 tile of 16-bit elements */
 constexpr int STAGE8 = WP_TK * WP_D;  /* an fp8 tile's staged bytes */
