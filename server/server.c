@@ -451,8 +451,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = c = pl_xcalloc(1, sizeof *c);
         ApiError err;
         Framing f;
-        if (bad_framing(conn, &f,
-                        &err)) /* refused before its body is read; the connection closes */
+        /* bad framing is refused before the body is read; the connection closes */
+        if (bad_framing(conn, &f, &err))
             return respond(s, conn, err.status, "application/json", api_error_json(&err),
                            MHD_HTTP_HEADER_CONNECTION, "close");
         /* Refuse a declared oversized body at once (401/404/405 first, as for any request):

@@ -63,8 +63,6 @@ __device__ __forceinline__ void fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-WGMMA_DEFINE(64, WG_REGS_32, WG_D32, 32, 33, 34) /* S = Q K^T: wgmma_n64<MT> */
-
 /* d[64 x 128] += p[64 x 16] v[16 x 128], p from registers (four pairs a thread), v N-major. */
 #define WGMMA_PV(AB)                                                                               \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                      \

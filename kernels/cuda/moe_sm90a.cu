@@ -39,7 +39,6 @@ template <int BN> __host__ __device__ constexpr int mw_stage_bytes() {
     return MW_A_BYTES + BN * ROW_BYTES;
 }
 
-WGMMA_DEFINE(64, WG_REGS_32, WG_D32, 32, 33, 34)
 WGMMA_DEFINE(96, WG_REGS_48, WG_D48, 48, 49, 50)
 
 template <typename T, int BN>

@@ -198,6 +198,7 @@ template <int R> __device__ __forceinline__ void acc_fence(float (&d)[R]) {
                          : DOPS                                                                    \
                          : "l"(da), "l"(db), "r"(scale_d));                                        \
     }
+WGMMA_DEFINE(64, WG_REGS_32, WG_D32, 32, 33, 34) /* wgmma_n64<T>: more kernels than one use it */
 } // namespace
 
 #endif
