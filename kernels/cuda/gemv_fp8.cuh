@@ -3,7 +3,8 @@
  * covers 512 contiguous bytes of one row (16 a lane), GEMV_FP8_U such spans in flight a row, the
  * first requested before the wait for x. Per-tensor and per-channel weight scales, with matmul's
  * fp8 semantics (matmul_fp8.cu): every block computes the scale of the row of x (dynamic, or the
- * static input scale) and each lane quantizes the 16 values of x its weights meet.
+ * static input scale) and quantizes the row once into shared memory (K bytes), from which each
+ * lane reads the 16 values its weights meet.
  *
  * The products go through the tensor cores with no exchange between lanes: in a m16n8k16 f16
  * mma, A row g (g = lane / 4) holds the lane's weights of the first row, A row g + 8 the same
@@ -27,9 +28,10 @@
 #include "kv_fp8.cuh"
 
 enum {
-    GEMV_FP8_THREADS = 128, /* 4 warps, two weight rows each */
-    GEMV_FP8_SPAN = 512,    /* columns of a row one warp load covers */
-    GEMV_FP8_U = 4,         /* spans in flight a row (8 measured no faster: PERFORMANCE.md) */
+    GEMV_FP8_THREADS = 128,     /* 4 warps, two weight rows each */
+    GEMV_FP8_SPAN = 512,        /* columns of a row one warp load covers */
+    GEMV_FP8_U = 4,             /* spans in flight a row (8 measured no faster: PERFORMANCE.md) */
+    GEMV_FP8_MAX_K = 64 * 1024, /* x quantized in shared memory: K bytes a block */
 };
 
 struct GemvFp8Args {
@@ -49,6 +51,7 @@ template <class Epi, typename XT>
 __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
     gemv_fp8_kernel(GemvFp8Args a, Epi epi, const XT *__restrict__ x) {
     constexpr int U = GEMV_FP8_U;
+    extern __shared__ uint4 xq[]; /* x quantized, 16 values an entry */
     __shared__ float sS, sI, red[32];
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int task = blockIdx.x * (GEMV_FP8_THREADS / 32) + (threadIdx.x >> 5);
@@ -72,6 +75,14 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
     f8_row_scales(x, K, false, a.input_scale, &sS, &sI, red);
     __syncthreads();
     const float inv = sI;
+    for (int c = threadIdx.x; c < K / 16; c += GEMV_FP8_THREADS) {
+        float f[16];
+        load8(f, x + c * 16);
+        load8(f + 8, x + c * 16 + 8);
+        xq[c] = make_uint4(f8_pack4(f, inv), f8_pack4(f + 4, inv), f8_pack4(f + 8, inv),
+                           f8_pack4(f + 12, inv));
+    }
+    __syncthreads();
     float acc[4] = {};
     for (int s0 = 0; s0 < spans; s0 += U) {
         if (s0)
@@ -82,14 +93,11 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
             const int k = (s0 + u) * GEMV_FP8_SPAN + col;
             if (s0 + u >= spans) /* the whole warp: mma.sync needs every lane */
                 break;
-            float f[16] = {}; /* x beyond K (and its weights) are 0 */
-            if (k < K) {
-                load8(f, x + k);
-                load8(f + 8, x + k + 8);
-            }
+            /* x beyond K (and its weights) are 0 */
+            const uint4 xk = k < K ? xq[k >> 4] : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const uint32_t q = f8_pack4(f + 4 * j, inv); /* 4 e4m3, memory order */
+                const uint32_t q = gemv_fp8_word(xk, j); /* 4 e4m3, memory order */
                 const uint32_t w0j = gemv_fp8_word(v[u][0], j), w1j = gemv_fp8_word(v[u][1], j);
                 const uint32_t wa[4] = {e4m3x2_to_f16x2(w0j), e4m3x2_to_f16x2(w1j),
                                         e4m3x2_to_f16x2(w0j >> 16), e4m3x2_to_f16x2(w1j >> 16)};
@@ -113,12 +121,13 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
 }
 
 /* Whether the fp8 GEMV takes n rows of x (act) against w: one row, per-tensor or per-channel
- * scales, K % 16 == 0, 16-byte aligned x and w, 16- or 32-bit float activations. */
+ * scales, K % 16 == 0 and at most GEMV_FP8_MAX_K, 16-byte aligned x and w, 16- or 32-bit float
+ * activations. */
 static inline bool gemv_fp8_takes(DType act, const Tensor *w, const void *x, int n) {
     const int K = w->ndim == 2 ? (int)w->shape[1] : 0;
     return n == 1 && w->dtype == DT_F8E4M3 && w->fp8.w_scale &&
            (w->fp8.kind == FP8_SCALE_TENSOR || w->fp8.kind == FP8_SCALE_CHANNEL) && K > 0 &&
-           K % 16 == 0 && kc_aligned16(x) && kc_aligned16(w->data) &&
+           K % 16 == 0 && K <= GEMV_FP8_MAX_K && kc_aligned16(x) && kc_aligned16(w->data) &&
            (act == DT_BF16 || act == DT_F16 || act == DT_F32);
 }
 
@@ -133,7 +142,9 @@ static void gemv_fp8_run(int tasks, const Epi &epi, const XT *x, const Tensor *w
     a.tasks = tasks;
     a.input_scale = w->fp8.input_scale;
     const dim3 grid((unsigned)((tasks + GEMV_FP8_THREADS / 32 - 1) / (GEMV_FP8_THREADS / 32)));
-    kc_launch_pdl(gemv_fp8_kernel<Epi, XT>, grid, dim3(GEMV_FP8_THREADS), 0, s, a, epi, x);
+    kc_set_smem(gemv_fp8_kernel<Epi, XT>, (size_t)a.K);
+    kc_launch_pdl(gemv_fp8_kernel<Epi, XT>, grid, dim3(GEMV_FP8_THREADS), (size_t)a.K, s, a, epi,
+                  x);
     CUDA_CHECK_LAUNCH();
 }
 
