@@ -27,6 +27,17 @@ __device__ __forceinline__ uint32_t f8_pack4(const float *f, float inv) {
     return lo | hi << 16;
 }
 
+/* d += A B on the tensor cores, e4m3 operands (4 a register) and an fp32 accumulator: an m16n8k32
+ * mma, A row-major (a0/a2 row g, a1/a3 row g + 8; k 4t.. in a0/a1, 16 + 4t.. in a2/a3), B
+ * column-major (column g; k 4t.. in b0, 16 + 4t.. in b1), lane (g = lane / 4, t = lane % 4). */
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* sS[g], sI[g] = the scale of group g of one row of x and its inverse, g < groups (the whole
  * row when !block, else 128-column blocks), computed by the whole block (blockDim.x a multiple
  * of 32, at most 1024); red holds 32 floats. Callers __syncthreads() before reading them. */

@@ -6,14 +6,15 @@
  * static input scale) and quantizes the row once into shared memory (K bytes), from which each
  * lane reads the 16 values its weights meet.
  *
- * The products go through the tensor cores with no exchange between lanes: in a m16n8k16 f16
- * mma, A row g (g = lane / 4) holds the lane's weights of the first row, A row g + 8 the same
- * columns of the second, and B column g the lane's quantized x values of those columns, so
- * D[g][g] and D[g + 8][g] are the two rows' dots over the 64 columns that lanes 4g to 4g + 3
- * read (the other outputs are not used). Lane (g, g / 2) keeps them and a warp reduction sums
- * the eight g at the end. e4m3 values and their products are exact as f16 operands and in the
- * fp32 accumulator, which restarts from zero every GEMV_FP8_U spans (as matmul_fp8.cu's
- * 128-column units), so only the order of the fp32 sums differs from the CPU reference.
+ * The products go through the tensor cores as e4m3 operands, with no exchange between lanes: in
+ * an m16n8k32 e4m3 mma (mma_e4m3, fp8_quant.cuh), A row g (g = lane / 4) holds 8 of the lane's
+ * weight bytes of the first row, A row g + 8 the same columns of the second, and B column g the
+ * lane's quantized x bytes of those columns, so D[g][g] and D[g + 8][g] are the two rows' dots
+ * over the 32 columns that lanes 4g to 4g + 3 hold (the other outputs are not used); two mmas
+ * cover a span. Lane (g, g / 2) keeps them and a warp reduction sums the eight g at the end. The
+ * tensor cores' own sums are added into fp32 every 128 products of a dot (two spans), as
+ * matmul_fp8.cu's multi-row GEMV does, so results match the CPU reference to the rounding of
+ * those partial sums rather than bit for bit.
  *
  * As with gemv.cuh's kernel, an epilogue decides which rows a task reads and where its sums go:
  * task t reads rows epi.row<2>(t, 0) and epi.row<2>(t, 1) and hands the two scaled sums to
@@ -40,11 +41,6 @@ struct GemvFp8Args {
     int per_channel, K, tasks;
     float input_scale;
 };
-
-/* Word j (0-3, known at compile time) of q. */
-__device__ __forceinline__ uint32_t gemv_fp8_word(const uint4 &q, int j) {
-    return j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w;
-}
 
 /* 8 blocks an SM: 64 registers, no spills. */
 template <class Epi, typename XT>
@@ -87,7 +83,7 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
     for (int s0 = 0; s0 < spans; s0 += U) {
         if (s0)
             load(s0);
-        float d[4] = {}; /* these spans' sums, from zero */
+        float d[4] = {}; /* the tensor cores' sums, from zero every two spans */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int k = (s0 + u) * GEMV_FP8_SPAN + col;
@@ -95,13 +91,15 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
                 break;
             /* x beyond K (and its weights) are 0 */
             const uint4 xk = k < K ? xq[k >> 4] : make_uint4(0, 0, 0, 0);
+            const uint4 &r0 = v[u][0], &r1 = v[u][1];
+            mma_e4m3(d, r0.x, r1.x, r0.y, r1.y, xk.x, xk.y);
+            mma_e4m3(d, r0.z, r1.z, r0.w, r1.w, xk.z, xk.w);
+            if (u & 1) { /* into fp32 every 128 products of a dot */
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const uint32_t q = gemv_fp8_word(xk, j); /* 4 e4m3, memory order */
-                const uint32_t w0j = gemv_fp8_word(v[u][0], j), w1j = gemv_fp8_word(v[u][1], j);
-                const uint32_t wa[4] = {e4m3x2_to_f16x2(w0j), e4m3x2_to_f16x2(w1j),
-                                        e4m3x2_to_f16x2(w0j >> 16), e4m3x2_to_f16x2(w1j >> 16)};
-                mma16<f16>(d, wa, e4m3x2_to_f16x2(q), e4m3x2_to_f16x2(q >> 16));
+                for (int e = 0; e < 4; e++) {
+                    acc[e] += d[e];
+                    d[e] = 0.0f;
+                }
             }
         }
 #pragma unroll
