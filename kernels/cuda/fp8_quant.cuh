@@ -2,7 +2,8 @@
  * kernels/cpu/matmul_fp8.c), as device pieces shared by the fp8 matmul (matmul_fp8.cu) and the
  * ops that quantize the rows they write for the fp8 GEMM after them (norm.cu, activation.cu):
  * a group's scale s = input_scale, or max(amax / 448, PL_F8E4M3_MIN_SCALE) by IEEE division,
- * its inverse 1 / s likewise, and q = e4m3 satfinite of one rounded product x * (1 / s). */
+ * its inverse 1 / s likewise, and q = e4m3 satfinite of one rounded product x * (1 / s); and
+ * the e4m3 tensor-core mma the fp8 GEMVs multiply with (matmul_fp8.cu, gemv_fp8.cuh). */
 #pragma once
 
 #include <cuda_fp8.h>
