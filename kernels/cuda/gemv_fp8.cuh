@@ -79,6 +79,14 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
     }
     __syncthreads();
     float acc[4] = {};
+    /* the tensor cores' sums d into fp32, d from zero again */
+    auto flush = [&](float(&d)[4]) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            acc[e] += d[e];
+            d[e] = 0.0f;
+        }
+    };
     for (int s0 = 0; s0 < spans; s0 += U) {
         if (s0)
             load(s0);
@@ -93,17 +101,10 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
             const uint4 &r0 = v[u][0], &r1 = v[u][1];
             mma_e4m3(d, r0.x, r1.x, r0.y, r1.y, xk.x, xk.y);
             mma_e4m3(d, r0.z, r1.z, r0.w, r1.w, xk.z, xk.w);
-            if (u & 1) { /* into fp32 every 128 products of a dot */
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    acc[e] += d[e];
-                    d[e] = 0.0f;
-                }
-            }
+            if (u & 1) /* every 128 products of a dot */
+                flush(d);
         }
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            acc[e] += d[e];
+        flush(d); /* an odd last span */
     }
     /* D[g][g] and D[g + 8][g] sit in lane (g, g / 2), elements g & 1 and 2 + (g & 1) */
     const bool diag = t == g >> 1, odd = g & 1;
