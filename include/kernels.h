@@ -153,6 +153,15 @@ typedef struct {
     float eps;
 } QkNorm;
 
+/* A block boundary that a fused op makes its input x from: residual += delta, then
+ * x = rmsnorm(residual) * norm (as add_rmsnorm, eps its epsilon). */
+typedef struct {
+    void *residual;
+    const void *delta;
+    const Tensor *norm;
+    float eps;
+} AddNormIn;
+
 /* One row of sampling (arrays of these in backend memory): a sequence's sampling parameters
  * (SamplingParams' fields) and where its tokens are in the packed history. */
 typedef struct {
@@ -324,12 +333,14 @@ struct KernelOps {
     /* Optional fusions (NULL: the model makes the two calls). matmul_qkv_rope_cache =
      * matmul(qkv, x, w, bias, n) then qkv_rope_cache(q_out, qkv, ...); matmul_silu_mul =
      * matmul(gate_up, x, w, NULL, n) then silu_mul(out, gate_up, n, w->shape[0] / 2). Same
-     * results; qkv and gate_up are scratch, unspecified afterwards. */
-    void (*matmul_qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, const void *x,
-                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
-                                  const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                  const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
-                                  int layer);
+     * results; qkv and gate_up are scratch, unspecified afterwards. matmul_qkv_rope_cache with
+     * `pre` first makes x from it (add_rmsnorm(pre->residual, pre->delta, x, ...)); x is then
+     * unspecified too (a backend may quantize the rows for w without writing them). */
+    void (*matmul_qkv_rope_cache)(const KernelOps *ops, void *q_out, void *qkv, void *x,
+                                  const AddNormIn *pre, const Tensor *w, const Tensor *bias,
+                                  const int32_t *positions, const int64_t *slot_mapping, int n,
+                                  int nh, const Rope *rope, const QkNorm *qk_norm, void *kv_cache,
+                                  const KvLayout *l, int layer);
     /* The most rows at which matmul_qkv_rope_cache fuses an fp8 projection (0: never; the
      * model then leaves the pre-norm to add_rmsnorm_matmul, which may quantize the rows). */
     int fused_fp8_max_rows;

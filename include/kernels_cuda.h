@@ -259,9 +259,13 @@ void k_cuda_matmul(KCudaGemm *g, void *out, const void *x, DType act, const Tens
  * k_cuda_qkv_rope_cache(q_out, qkv, ...); k_cuda_matmul_silu_mul = k_cuda_matmul(gate_up, x,
  * w) then k_cuda_silu_mul(out, gate_up, n, N / 2) (beyond the GEMV's rows also the own GEMM
  * below, equal but for the order of the K sums). qkv and gate_up are scratch of the
- * projection's size whose contents afterwards are unspecified. (kernels/cuda/gemv_fused.cu) */
-void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
-                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
+ * projection's size whose contents afterwards are unspecified. k_cuda_matmul_qkv_rope_cache
+ * with `pre` first runs k_cuda_add_rmsnorm(pre->residual, pre->delta, x, ...), or, for the
+ * one-row fp8 GEMV, the norm quantizes x straight for it (x is then not written).
+ * (kernels/cuda/gemv_fused.cu) */
+void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, void *x,
+                                  const AddNormIn *pre, DType act, const Tensor *w,
+                                  const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                                   const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
                                   int layer, void *stream);
@@ -305,8 +309,9 @@ void k_cuda_matmul_add_rmsnorm(KCudaProjNorm *p, KCudaGemm *g, void *residual, v
 void k_cuda_proj_norm_force(KCudaProjNorm *p, int splits);
 
 /* An op and the fp8 projection reading its output, fused where k_cuda_matmul would quantize
- * that output for cuBLASLt (an fp8 w beyond the GEMV's rows, kernels/cuda/matmul_fp8.cu): the
- * op's kernel quantizes the rows as it writes them, and the GEMM follows; else the two calls.
+ * that output (an fp8 w beyond the GEMV's rows for cuBLASLt or the wgmma kernel, or one row for
+ * the one-row GEMV; kernels/cuda/matmul_fp8.cu): the op's kernel quantizes the rows as it writes
+ * them, and the GEMM or GEMV follows; else the two calls.
  * The same out and residual either way; where fused, the rows of normed / act_out that the
  * GEMM reads quantized are not written. 1 when fused, else 0. k_cuda_add_rmsnorm_matmul =
  * k_cuda_add_rmsnorm(residual, delta, normed, norm_w, n, K) then k_cuda_matmul(out, normed, w,

@@ -551,11 +551,10 @@ static void attention_input(Model *m, const LayerWeights *lw, const AttnBatch *b
     const QkNorm *qk_norm = lw->q_norm.data ? &qk : NULL;
     const int fp8 = lw->wqkv.dtype == DT_F8E4M3;
     if (ops->matmul_qkv_rope_cache && (fp8 ? n <= ops->fused_fp8_max_rows : !pending)) {
-        if (pending) /* so few rows of fp8 quantize nothing ahead: the boundary on its own */
-            add_norm(m, &lw->attn_norm, n);
-        ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, &lw->wqkv, bias_or_null(&lw->bqkv),
-                                   batch->positions, batch->slot_mapping, n, nh, rope, qk_norm,
-                                   kv_cache, kv_layout, l);
+        const AddNormIn pre = {m->residual, m->proj, &lw->attn_norm, m->local.rms_norm_eps};
+        ops->matmul_qkv_rope_cache(ops, m->q, m->qkv, m->normed, pending ? &pre : NULL, &lw->wqkv,
+                                   bias_or_null(&lw->bqkv), batch->positions, batch->slot_mapping,
+                                   n, nh, rope, qk_norm, kv_cache, kv_layout, l);
         return;
     }
     project_normed(m, m->qkv, &lw->wqkv, bias_or_null(&lw->bqkv), &lw->attn_norm, pending, n);

@@ -559,8 +559,10 @@ static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *
     /* 4 to 8 rows: only Hopper's wgmma kernel (16-bit act, per-tensor or per-channel scales) */
     const int wgmma = n >= 4 && n <= 8 && k_cuda_wgmma_available() && act != DT_F32 &&
                       w1->host.fp8.kind != FP8_SCALE_BLOCK;
-    const int want = (n > 8 && plain_lt) || wgmma;
-    const int want2 = n > 8 || wgmma;
+    /* 1 row: the one-row GEMV on the producer's quantized row (per-tensor, per-channel) */
+    const int gemv1 = n == 1 && w1->host.fp8.kind != FP8_SCALE_BLOCK;
+    const int want = (n > 8 && plain_lt) || wgmma || gemv1;
+    const int want2 = n > 8 || wgmma || gemv1;
     int fused = k_cuda_add_rmsnorm_matmul(g, out1, dres1, ddelta, norm1, act, &nw.dev, &w1->dev, b,
                                           n, 1e-5f, NULL);
     k_cuda_add_rmsnorm(dres2, ddelta, norm2, act, &nw.dev, n, H, 1e-5f, NULL);
@@ -581,7 +583,8 @@ static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *
     char w2s[200];
     snprintf(w2s, sizeof w2s, "%s: add_rmsnorm_matmul out", what);
     bad += same_bytes(w2s, out1, out2, (size_t)n * N * es);
-    const int q1 = fused ? (wgmma ? n : n & ~3) : 0, q2 = fused2 ? (wgmma ? n : n & ~3) : 0;
+    const int all = wgmma || gemv1; /* every row quantized: none written in 16 bits */
+    const int q1 = fused ? (all ? n : n & ~3) : 0, q2 = fused2 ? (all ? n : n & ~3) : 0;
     snprintf(w2s, sizeof w2s, "%s: add_rmsnorm_matmul normed", what);
     bad += same_bytes(w2s, (char *)norm1 + (size_t)q1 * H * es, (char *)norm2 + (size_t)q1 * H * es,
                       (size_t)(n - q1) * H * es);
@@ -602,15 +605,16 @@ static int quant_fused_case(KCudaGemm *g, const Fp8Weight *w1, const Fp8Weight *
     return bad;
 }
 
-/* Every scale kind (and a static input scale), BF16, F16 and F32 activations, n = 3 (the GEMV:
- * not fused), 6 (on Hopper the wgmma kernel, fused, else the GEMV), 12, 64 and 301 (cuBLASLt, 301
- * with a GEMV tail row). The two weights of a case have different scales and share the gemm's
+/* Every scale kind (and a static input scale), BF16, F16 and F32 activations, n = 1 (the
+ * one-row GEMV on the quantized row, fused but for block scales), 3 (the GEMV: not fused), 6 (on
+ * Hopper the wgmma kernel, fused, else the GEMV), 12, 64 and 301 (cuBLASLt, 301 with a GEMV tail
+ * row). The two weights of a case have different scales and share the gemm's
  * per-tensor scale vector, so a fused op that did not refill it would use the other weight's. */
 static void test_fp8_quant_fused(void **state) {
     (void)state;
     REQUIRE_GPU();
     rng_seed(87);
-    const int H = 512, I = 512, ns[] = {3, 6, 12, 64, 301};
+    const int H = 512, I = 512, ns[] = {1, 3, 6, 12, 64, 301};
     const DType acts[] = {DT_BF16, DT_F16, DT_F32};
     KCudaGemm *g = k_cuda_gemm_create(0);
     int bad = 0;

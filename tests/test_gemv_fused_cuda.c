@@ -11,7 +11,9 @@
  * fused op must run as the two calls (the norm in the rope launch), with the same bits. The
  * qkv projection also with an fp8 KV cache (per-layer k and v scales), and with fp8 weights
  * (per-channel and per-tensor scales: fused at n = 1 by gemv_fp8.cuh's GEMV) under each
- * activation dtype.
+ * activation dtype. With a block boundary passed in (`pre`: residual + delta normed first; at one
+ * row of fp8 weights the norm quantizes x for the GEMV) the residual, q_out and the cache must
+ * equal k_cuda_add_rmsnorm's followed by the two calls.
  *
  * Which path ran is observed, not assumed: the fused kernel never writes the projection's
  * scratch (qkv / gate_up), the two calls do. So each case poisons the scratch and checks that
@@ -148,8 +150,10 @@ typedef struct {
 
 /* The fused op and the two calls from the same cache; 0 when q_out and the whole cache are
  * equal and the path taken is the expected one. Positions are random and non-zero, so k is
- * rotated on its way into the cache. */
-static int qkv_case(KCudaGemm *g, QkvCase q) {
+ * rotated on its way into the cache. With `pre`, x is made by a residual add + RMSNorm: by
+ * k_cuda_add_rmsnorm before the two calls, by the fused op from its AddNormIn (the residuals
+ * must then be equal too). */
+static int qkv_case_pre(KCudaGemm *g, QkvCase q, int pre) {
     const int bs = 16, nblocks = 5, layer = 1, n = q.n, N = (q.nh + 2 * q.nkv) * q.D;
     KvLayout l = {.num_layers = 2,
                   .num_kv_heads = q.nkv,
@@ -176,7 +180,14 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
         slots[t] = q.pad_last && t == n - 1 ? -1 : perm[t];
     }
     DevRope rope = rope_dev(q.D);
-    void *dx = upload_as(x, (size_t)n * q.K, q.c.act);
+    void *dx = upload_as(x, (size_t)n * q.K, q.c.act),
+         *dx_b = upload_as(x, (size_t)n * q.K, q.c.act);
+    float *res = rand_vec((size_t)n * q.K, -1, 1, q.c.act);
+    void *dres_a = upload_as(res, (size_t)n * q.K, q.c.act),
+         *dres_b = upload_as(res, (size_t)n * q.K, q.c.act),
+         *ddelta = upload_as(x, (size_t)n * q.K, q.c.act);
+    Weight nw = make_weight(q.c.act == DT_F32 ? DT_F32 : DT_BF16, 1, q.K, 0, 0.5f, 1.5f);
+    const AddNormIn add_norm = {dres_b, ddelta, &nw.dev, 1e-5f};
     void *cache_a = upload_as(cache, init_n, init_dt);
     void *cache_b = upload_as(cache, init_n, init_dt);
     int32_t *dpos = upload(pos, sizeof pos);
@@ -196,11 +207,13 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
         qk = (QkNorm){qw.dev, kw.dev, 1e-6f};
     }
     const QkNorm *qkp = q.qk_norm ? &qk : NULL;
+    if (pre)
+        k_cuda_add_rmsnorm(dres_a, ddelta, dx, q.c.act, &nw.dev, n, q.K, 1e-5f, NULL);
     k_cuda_matmul(g, qkv_a, dx, q.c.act, &w.dev, bias, n, NULL);
     k_cuda_qkv_rope_cache(q_a, qkv_a, q.c.act, dpos, dslots, n, q.nh, &rope.rope, qkp, cache_a, &l,
                           layer, NULL);
-    k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx, q.c.act, &w.dev, bias, dpos, dslots, n, q.nh,
-                                 &rope.rope, qkp, cache_b, &l, layer, NULL);
+    k_cuda_matmul_qkv_rope_cache(g, q_b, qkv_b, dx_b, pre ? &add_norm : NULL, q.c.act, &w.dev, bias,
+                                 dpos, dslots, n, q.nh, &rope.rope, qkp, cache_b, &l, layer, NULL);
     k_cuda_synchronize();
     char what[192];
     snprintf(what, sizeof what, "qkv act %s w %s bias %s cache %s D %d nh %d nkv %d K %d n %d%s%s",
@@ -208,9 +221,12 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
              q.D, q.nh, q.nkv, q.K, n, q.pad_last ? " last row padding" : "",
              q.forced_off ? " (cuBLASLt forced)"
              : q.qk_norm  ? " qk_norm"
+             : pre        ? " pre add+norm"
                           : "");
     int bad = differ(what, q_a, q_b, qn * es, es);
     bad += differ(what, cache_a, cache_b, cache_n * ces, ces);
+    if (pre)
+        bad += differ(what, dres_a, dres_b, (size_t)n * q.K * es, es);
     int fused = expect_fused(q.c.act, q.c.wdt, q.K, n, q.forced_off) &&
                 (q.cache_dt == q.c.act || q.cache_dt == DT_F8E4M3) && !q.qk_norm;
     if (still_poisoned(qkv_b, qkvn * es) != fused) {
@@ -224,14 +240,21 @@ static int qkv_case(KCudaGemm *g, QkvCase q) {
         free_weight(&qw);
         free_weight(&kw);
     }
+    free_weight(&nw);
     free(x);
+    free(res);
     free(cache);
     free(perm);
     k_cuda_free(rope.d_inv);
-    void *dev[] = {dx, cache_a, cache_b, dpos, dslots, q_a, q_b, qkv_a, qkv_b};
+    void *dev[] = {dx,   dx_b,   dres_a, dres_b, ddelta, cache_a, cache_b,
+                   dpos, dslots, q_a,    q_b,    qkv_a,  qkv_b};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         k_cuda_free(dev[i]);
     return bad;
+}
+
+static int qkv_case(KCudaGemm *g, QkvCase q) {
+    return qkv_case_pre(g, q, 0);
 }
 
 static void test_fused_qkv_rope_cache(void **state) {
@@ -287,6 +310,18 @@ static void test_fused_qkv_rope_cache(void **state) {
             QkvCase q = {combos[ci], 128, 4, 2, 1024, ns[ni], DT_OTHER, combos[ci].act, 0, 0, 1};
             bad += qkv_case(g, q);
         }
+    /* the block boundary passed in: at one row of fp8 weights its norm quantizes x for the GEMV
+     * (with the f32 bias and the last row padding into an fp8 cache, or plain into an act one) */
+    const Combo pres[] = {combos[0], f8[0], f8[1], f8[2]};
+    for (int ci = 0; ci < 4; ci++)
+        for (int ki = 0; ki < 2; ki++)
+            for (int ni = 0; ni < 3; ni++)
+                for (int fc = 0; fc < 2; fc++, cases++) {
+                    const Combo c = pres[ci];
+                    const DType bdt = fc ? DT_F32 : DT_OTHER, cdt = fc ? DT_F8E4M3 : c.act;
+                    QkvCase q = {c, 128, 8, 2, ks[ki], ns[ni], bdt, cdt, fc, 0, 0};
+                    bad += qkv_case_pre(g, q, 1);
+                }
     print_message("fused qkv: %d cases, %d differing\n", cases, bad);
     k_cuda_gemm_destroy(g);
     assert_int_equal(bad, 0);

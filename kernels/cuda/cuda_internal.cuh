@@ -395,6 +395,11 @@ bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, c
                             const Tensor *bias, int n, KcF8Produce produce, void *ctx,
                             cudaStream_t s);
 
+/* Where one row of x for the one-row fp8 GEMV on w goes quantized (the gemm's fp8 buffers:
+ * d->q [1, K], d->xs [1]; gemv_fp8_run then reads them); false where they cannot be allocated
+ * now (a graph capture before any eager fp8 call). */
+bool kc_fp8_row_dst(KCudaGemm *g, const Tensor *w, KcF8Dst *d, cudaStream_t s);
+
 /* The producers: add_rmsnorm (norm.cu's vector kernel) and silu_mul (activation.cu, a row a
  * block) on n rows, the first dst->rows of them quantized into dst and not written to out (the
  * GEMM reads them from dst; out gets only the rows after them, which the GEMV reads); the _ok

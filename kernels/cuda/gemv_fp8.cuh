@@ -4,7 +4,9 @@
  * first requested before the wait for x. Per-tensor and per-channel weight scales, with matmul's
  * fp8 semantics (matmul_fp8.cu): every block computes the scale of the row of x (dynamic, or the
  * static input scale) and quantizes the row once into shared memory (K bytes), from which each
- * lane reads the 16 values its weights meet.
+ * lane reads the 16 values its weights meet. Where the op that makes x (the norm before a
+ * projection, SiLU times up) quantizes it as it writes it (kc_fp8_row_dst), blocks only copy
+ * those K bytes and read the scale: no amax pass, no block reduction.
  *
  * The products go through the tensor cores as e4m3 operands, with no exchange between lanes: in
  * an m16n8k32 e4m3 mma (mma_e4m3, fp8_quant.cuh), A row g (g = lane / 4) holds 8 of the lane's
@@ -24,6 +26,8 @@
 
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "fp8_quant.cuh"
 #include "gemv.cuh"
 
@@ -39,6 +43,7 @@ struct GemvFp8Args {
     const float *w_scale; /* [1] or [N] */
     int per_channel, K, tasks;
     float input_scale;
+    const float *x_scale; /* x already quantized (XT uint8_t): its scale */
 };
 
 /* 8 blocks an SM: 64 registers, no spills (fp32 activations spill a few bytes). */
@@ -67,15 +72,24 @@ __global__ void __launch_bounds__(GEMV_FP8_THREADS, 8)
     load(0); /* the first weights are requested before the wait for x */
     kc_pdl_wait();
     kc_pdl_trigger();
-    f8_row_scales(x, K, false, a.input_scale, &sS, &sI, red);
-    __syncthreads();
-    const float inv = sI;
-    for (int c = threadIdx.x; c < K / 16; c += GEMV_FP8_THREADS) {
-        float f[16];
-        load8(f, x + c * 16);
-        load8(f + 8, x + c * 16 + 8);
-        xq[c] = make_uint4(f8_pack4(f, inv), f8_pack4(f + 4, inv), f8_pack4(f + 8, inv),
-                           f8_pack4(f + 12, inv));
+    if constexpr (std::is_same<XT, uint8_t>::value) { /* quantized by the op that made it */
+        (void)red;
+        const uint4 *xv = (const uint4 *)x;
+        for (int c = threadIdx.x; c < K / 16; c += GEMV_FP8_THREADS)
+            xq[c] = xv[c];
+        if (threadIdx.x == 0)
+            sS = *a.x_scale;
+    } else {
+        f8_row_scales(x, K, false, a.input_scale, &sS, &sI, red);
+        __syncthreads();
+        const float inv = sI;
+        for (int c = threadIdx.x; c < K / 16; c += GEMV_FP8_THREADS) {
+            float f[16];
+            load8(f, x + c * 16);
+            load8(f + 8, x + c * 16 + 8);
+            xq[c] = make_uint4(f8_pack4(f, inv), f8_pack4(f + 4, inv), f8_pack4(f + 8, inv),
+                               f8_pack4(f + 12, inv));
+        }
     }
     __syncthreads();
     float acc[4] = {};
@@ -129,9 +143,11 @@ static inline bool gemv_fp8_takes(DType act, const Tensor *w, const void *x, int
            (act == DT_BF16 || act == DT_F16 || act == DT_F32);
 }
 
-/* Launch `tasks` warps of two rows of w against the one row x (XT), as gemv_fp8_takes allowed. */
+/* Launch `tasks` warps of two rows of w against the one row x (XT), as gemv_fp8_takes allowed;
+ * XT uint8_t: x already quantized (K e4m3 bytes, 16-byte aligned) with its scale at x_scale. */
 template <class Epi, typename XT>
-static void gemv_fp8_run(int tasks, const Epi &epi, const XT *x, const Tensor *w, cudaStream_t s) {
+static void gemv_fp8_run(int tasks, const Epi &epi, const XT *x, const Tensor *w, cudaStream_t s,
+                         const float *x_scale = NULL) {
     GemvFp8Args a;
     a.w = (const uint8_t *)w->data;
     a.w_scale = w->fp8.w_scale;
@@ -139,6 +155,7 @@ static void gemv_fp8_run(int tasks, const Epi &epi, const XT *x, const Tensor *w
     a.K = (int)w->shape[1];
     a.tasks = tasks;
     a.input_scale = w->fp8.input_scale;
+    a.x_scale = x_scale;
     const dim3 grid((unsigned)((tasks + GEMV_FP8_THREADS / 32 - 1) / (GEMV_FP8_THREADS / 32)));
     kc_set_smem(gemv_fp8_kernel<Epi, XT>, (size_t)a.K);
     kc_launch_pdl(gemv_fp8_kernel<Epi, XT>, grid, dim3(GEMV_FP8_THREADS), (size_t)a.K, s, a, epi,

@@ -11,7 +11,9 @@
  * encodes them. Where k_cuda_matmul would not take the GEMV (more rows, other dtypes, unaligned
  * operands, a forced path), the two ops run as before, except that the gate-up projection first
  * asks gemm_sm90a.cu's wgmma GEMM, which takes the call where it is the measured or forced
- * path. */
+ * path. The qkv op may also be handed the block boundary before it (AddNormIn): the residual add
+ * and RMSNorm run first, and for fp8 weights at one row the norm writes x quantized for
+ * gemv_fp8.cuh's GEMV (kc_fp8_row_dst) instead of in 16 bits. */
 #include <type_traits>
 
 #include "gemv.cuh"
@@ -109,8 +111,9 @@ static bool fused_takes(KCudaGemm *g, DType act, const Tensor *w, const void *x,
            (act == w->dtype || act == DT_F32) && kc_gemv_takes(g, act, w, x, n);
 }
 
-void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const void *x, DType act,
-                                  const Tensor *w, const Tensor *bias, const int32_t *positions,
+void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, void *x,
+                                  const AddNormIn *pre, DType act, const Tensor *w,
+                                  const Tensor *bias, const int32_t *positions,
                                   const int64_t *slot_mapping, int n, int nh, const Rope *rope,
                                   const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
                                   int layer, void *stream) {
@@ -131,6 +134,19 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     /* fp8 weights fuse where k_cuda_matmul runs them on gemv_fp8.cuh's GEMV: the epilogue then
      * gets the same scaled sums GemvStore rounds */
     const bool fp8 = fits && kc_fp8_row_gemv_takes(g, act, w, x, n);
+    const cudaStream_t s = kc_stream(stream);
+    /* the block boundary first; for the fp8 GEMV its norm quantizes the row straight for it */
+    KcF8Dst d;
+    const bool quant =
+        pre && fp8 &&
+        kc_add_rmsnorm_f8_ok(pre->residual, pre->delta, x, act, pre->norm, (int)w->shape[1]) &&
+        kc_fp8_row_dst(g, w, &d, s);
+    if (quant)
+        kc_add_rmsnorm_f8(pre->residual, pre->delta, x, act, pre->norm, n, (int)w->shape[1],
+                          pre->eps, &d, s);
+    else if (pre)
+        k_cuda_add_rmsnorm(pre->residual, pre->delta, x, act, pre->norm, n,
+                           w && w->ndim == 2 ? (int)w->shape[1] : 0, pre->eps, stream);
     if (!fits || !(fp8 || fused_takes(g, act, w, x, n))) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
@@ -148,7 +164,6 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     a.slot_mapping = slot_mapping;
     rope_cache_geometry(&a, l, layer);
     const int pairs = (nh + nkv) * (D / 2), tasks = pairs + nkv * (D / 2);
-    const cudaStream_t s = kc_stream(stream);
     /* run(epi) with the epilogue of activations XT into the cache (XT, or kv8 for fp8) */
     auto with_epi = [&](auto *xt, auto run) {
         using XT = std::remove_pointer_t<decltype(xt)>;
@@ -164,7 +179,10 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, const vo
     if (fp8) {
         KC_DISPATCH_ACT(act, "k_cuda_matmul_qkv_rope_cache", XT,
                         with_epi((XT *)NULL, [&](const auto &epi) {
-                            gemv_fp8_run(tasks, epi, (const XT *)x, w, s);
+                            if (quant)
+                                gemv_fp8_run(tasks, epi, (const uint8_t *)d.q, w, s, d.xs);
+                            else
+                                gemv_fp8_run(tasks, epi, (const XT *)x, w, s);
                         }));
         return;
     }

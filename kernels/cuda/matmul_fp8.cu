@@ -747,9 +747,42 @@ static bool f8_produced_ok(KCudaGemm *g, const Tensor *w, const Tensor *bias, co
            (f8_wants_lt(g, n) || f8_wants_wgmma(g, act, w, n)) && f8_fast_ok(x, act, w, bias);
 }
 
+bool kc_fp8_row_dst(KCudaGemm *g, const Tensor *w, KcF8Dst *d, cudaStream_t s) {
+    KcFp8 *f = f8_state_try(g, s);
+    if (!f)
+        return false;
+    *d = KcF8Dst{f->q, f->xs, 1, 0, w->fp8.input_scale, NULL, w->fp8.w_scale, (int)w->shape[0]};
+    return true;
+}
+
+/* One row by the one-row GEMV, x quantized by `produce` into the fp8 state's buffers; false
+ * (nothing launched) where the GEMV does not take it or the buffers cannot be allocated now. */
+static bool f8_gemv_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
+                             const Tensor *bias, int n, KcF8Produce produce, void *ctx,
+                             cudaStream_t s) {
+    if (n != 1 || !kc_fp8_row_gemv_takes(g, act, w, x, n))
+        return false;
+    KcF8Dst d;
+    if (!kc_fp8_row_dst(g, w, &d, s))
+        return false;
+    produce(ctx, &d, 0, 1, s);
+    CUDA_CHECK_LAUNCH();
+    const int N = (int)w->shape[0];
+    f8_dispatch_act(act, [&](auto *xt) {
+        using XT = std::remove_pointer_t<decltype(xt)>;
+        const GemvStore<XT> st = {(XT *)out, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0,
+                                  N};
+        gemv_fp8_run((N + 1) / 2, st, (const uint8_t *)d.q, w, s, d.xs);
+    });
+    f8_log(N, (int)w->shape[1], (int)w->fp8.kind, F8_PATH_GEMV);
+    return true;
+}
+
 bool kc_matmul_fp8_produced(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                             const Tensor *bias, int n, KcF8Produce produce, void *ctx,
                             cudaStream_t s) {
+    if (f8_gemv_produced(g, out, x, act, w, bias, n, produce, ctx, s))
+        return true;
     if (!f8_produced_ok(g, w, bias, x, act, n))
         return false;
     if (f8_wants_lt(g, n))

@@ -1,11 +1,12 @@
 /* matmul_fp8_fused.cu - the residual add + RMSNorm and the SiLU-times-up fused with the fp8
- * projection that reads their output. Beyond the GEMV's rows an fp8 matmul quantizes its input
- * rows in a kernel of their own before the cuBLASLt GEMM (matmul_fp8.cu); here the op that
- * writes those rows quantizes them instead of storing them in 16 bits (norm.cu's vector kernel,
- * activation.cu's row kernel), so the GEMM follows it directly: one launch fewer per projection,
- * and the rows are neither written in 16 bits nor read back. The quantization is the same fp32
- * arithmetic on the same rounded values, so the outputs are those of the two calls. Shapes, dtypes
- * or alignment the fused kernels or cuBLASLt do not take run as the two calls. */
+ * projection that reads their output. An fp8 matmul quantizes its input rows in a kernel of its
+ * own before the cuBLASLt or wgmma GEMM, and the one-row GEMV in every block (matmul_fp8.cu,
+ * gemv_fp8.cuh); here the op that writes those rows quantizes them instead of storing them in 16
+ * bits (norm.cu's vector kernel, activation.cu's row kernel), so the GEMM or GEMV follows it
+ * directly: one launch fewer per multi-row projection, no amax pass in the GEMV's blocks, and the
+ * rows are neither written in 16 bits nor read back. The quantization is the same fp32
+ * arithmetic on the same rounded values, so the outputs are those of the two calls. Shapes,
+ * dtypes or alignment the fused kernels, cuBLASLt or the GEMV do not take run as the two calls. */
 #include "cuda_internal.cuh"
 #include "kernels_cuda.h"
 

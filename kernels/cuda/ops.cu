@@ -261,13 +261,13 @@ static void ops_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv,
 }
 
 template <DType A>
-static void ops_matmul_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, const void *x,
-                                      const Tensor *w, const Tensor *bias, const int32_t *positions,
-                                      const int64_t *slot_mapping, int n, int nh, const Rope *rope,
-                                      const QkNorm *qk_norm, void *kv_cache, const KvLayout *l,
-                                      int layer) {
-    k_cuda_matmul_qkv_rope_cache(gemm(ops), q_out, qkv, x, A, w, bias, positions, slot_mapping, n,
-                                 nh, rope, qk_norm, kv_cache, l, layer, stream(ops));
+static void ops_matmul_qkv_rope_cache(const KernelOps *ops, void *q_out, void *qkv, void *x,
+                                      const AddNormIn *pre, const Tensor *w, const Tensor *bias,
+                                      const int32_t *positions, const int64_t *slot_mapping, int n,
+                                      int nh, const Rope *rope, const QkNorm *qk_norm,
+                                      void *kv_cache, const KvLayout *l, int layer) {
+    k_cuda_matmul_qkv_rope_cache(gemm(ops), q_out, qkv, x, pre, A, w, bias, positions, slot_mapping,
+                                 n, nh, rope, qk_norm, kv_cache, l, layer, stream(ops));
 }
 
 template <DType A>
