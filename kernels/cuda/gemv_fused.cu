@@ -136,17 +136,15 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, void *x,
     const bool fp8 = fits && kc_fp8_row_gemv_takes(g, act, w, x, n);
     const cudaStream_t s = kc_stream(stream);
     /* the block boundary first; for the fp8 GEMV its norm quantizes the row straight for it */
+    const int K = w && w->ndim == 2 ? (int)w->shape[1] : 0;
     KcF8Dst d;
-    const bool quant =
-        pre && fp8 &&
-        kc_add_rmsnorm_f8_ok(pre->residual, pre->delta, x, act, pre->norm, (int)w->shape[1]) &&
-        kc_fp8_row_dst(g, w, &d, s);
+    const bool quant = pre && fp8 &&
+                       kc_add_rmsnorm_f8_ok(pre->residual, pre->delta, x, act, pre->norm, K) &&
+                       kc_fp8_row_dst(g, w, &d, s);
     if (quant)
-        kc_add_rmsnorm_f8(pre->residual, pre->delta, x, act, pre->norm, n, (int)w->shape[1],
-                          pre->eps, &d, s);
+        kc_add_rmsnorm_f8(pre->residual, pre->delta, x, act, pre->norm, n, K, pre->eps, &d, s);
     else if (pre)
-        k_cuda_add_rmsnorm(pre->residual, pre->delta, x, act, pre->norm, n,
-                           w && w->ndim == 2 ? (int)w->shape[1] : 0, pre->eps, stream);
+        k_cuda_add_rmsnorm(pre->residual, pre->delta, x, act, pre->norm, n, K, pre->eps, stream);
     if (!fits || !(fp8 || fused_takes(g, act, w, x, n))) {
         k_cuda_matmul(g, qkv, x, act, w, bias, n, stream);
         k_cuda_qkv_rope_cache(q_out, qkv, act, positions, slot_mapping, n, nh, rope, qk_norm,
@@ -189,7 +187,7 @@ void k_cuda_matmul_qkv_rope_cache(KCudaGemm *g, void *q_out, void *qkv, void *x,
     gemv_dtypes(act, w->dtype, [&](auto *xt, auto *wt) {
         with_epi(xt, [&](const auto &epi) {
             gemv_run<2, GEMV_FUSED_U, GEMV_FUSED_MAX_N>(n, tasks, epi, (decltype(xt))x,
-                                                        (decltype(wt))w->data, (int)w->shape[1], s);
+                                                        (decltype(wt))w->data, K, s);
         });
     });
 }

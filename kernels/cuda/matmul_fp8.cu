@@ -657,6 +657,16 @@ static bool f8_row_gemv(const KCudaGemm *g, DType act, const Tensor *w, const vo
     return kc_gemm_forced_rows(g) != 2 && gemv_fp8_takes(act, w, x, n);
 }
 
+/* out[N] (XT) = the one row x w^T (+ bias) on gemv_fp8.cuh's GEMV; X is XT, or uint8_t for a
+ * row already quantized with its scale at x_scale. */
+template <typename XT, typename X>
+static void f8_row_gemv_run(void *out, const X *x, const Tensor *w, const Tensor *bias,
+                            cudaStream_t s, const float *x_scale = NULL) {
+    const int N = (int)w->shape[0];
+    const GemvStore<XT> st = {(XT *)out, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, N};
+    gemv_fp8_run((N + 1) / 2, st, x, w, s, x_scale);
+}
+
 /* Rows [done, n) by a GEMV (f8_row_gemv's choice). */
 static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, const Tensor *w,
                          const Tensor *bias, int done, int n, cudaStream_t s) {
@@ -668,9 +678,7 @@ static void f8_gemv_rows(KCudaGemm *g, void *out, const void *x, DType act, cons
     f8_dispatch_act(act, [&](auto *xt) {
         using XT = std::remove_pointer_t<decltype(xt)>;
         if (rows) {
-            const GemvStore<XT> st = {(XT *)o, bias ? bias->data : NULL,
-                                      bias ? (int)bias->dtype : 0, N};
-            gemv_fp8_run((N + 1) / 2, st, (const XT *)xd, w, s);
+            f8_row_gemv_run<XT>(o, (const XT *)xd, w, bias, s);
             return;
         }
         f8_gemv<XT>(o, xd, w, bias, n - done, kc_gemm_forced_rows(g) == 2 ? 2 : 1, s);
@@ -767,14 +775,11 @@ static bool f8_gemv_produced(KCudaGemm *g, void *out, const void *x, DType act, 
         return false;
     produce(ctx, &d, 0, 1, s);
     CUDA_CHECK_LAUNCH();
-    const int N = (int)w->shape[0];
     f8_dispatch_act(act, [&](auto *xt) {
-        using XT = std::remove_pointer_t<decltype(xt)>;
-        const GemvStore<XT> st = {(XT *)out, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0,
-                                  N};
-        gemv_fp8_run((N + 1) / 2, st, (const uint8_t *)d.q, w, s, d.xs);
+        f8_row_gemv_run<std::remove_pointer_t<decltype(xt)>>(out, (const uint8_t *)d.q, w, bias, s,
+                                                             d.xs);
     });
-    f8_log(N, (int)w->shape[1], (int)w->fp8.kind, F8_PATH_GEMV);
+    f8_log((int)w->shape[0], (int)w->shape[1], (int)w->fp8.kind, F8_PATH_GEMV);
     return true;
 }
 
